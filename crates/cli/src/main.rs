@@ -1,0 +1,236 @@
+//! The `ipfs-accelerate` command line.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ipfs_accelerate::{Availability, BackendKind, Metrics, Pipeline, Task};
+
+/// Run HuggingFace models on the best hardware this machine has.
+#[derive(Parser)]
+#[command(name = "ipfs-accelerate", version, about, long_about = None)]
+struct Cli {
+    /// Model: a local directory, a hub id (org/name[@revision]), or `embedded` (the built-in
+    /// int8 all-MiniLM-L6-v2, no network needed).
+    #[arg(
+        long,
+        global = true,
+        default_value = "embedded",
+        env = "IPFS_ACCELERATE_MODEL"
+    )]
+    model: String,
+    /// Backend preference list, first usable wins (e.g. `cuda,wgpu,cpu`).
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        env = "IPFS_ACCELERATE_BACKENDS"
+    )]
+    backend: Vec<String>,
+    /// Print the timing breakdown (init, preprocess, inference, postprocess, total) to stderr.
+    #[arg(long, global = true)]
+    metrics: bool,
+    /// Never download; use local files and the HF cache only.
+    #[arg(long, global = true)]
+    offline: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sentence embeddings: prints one JSON array holding one vector per text.
+    Embed {
+        /// Texts to embed.
+        #[arg(required = true)]
+        texts: Vec<String>,
+        /// L2-normalise each vector.
+        #[arg(long)]
+        normalize: bool,
+        /// Print the cosine-similarity matrix instead of the vectors.
+        #[arg(long)]
+        similarity: bool,
+    },
+    /// Sequence classification: labels with probabilities for each text (JSON).
+    Classify {
+        /// Texts to classify.
+        #[arg(required = true)]
+        texts: Vec<String>,
+        /// Labels to print per text.
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        /// Label every token instead (token-classification checkpoints).
+        #[arg(long)]
+        tokens: bool,
+    },
+    /// Extractive question answering (JSON: answer text, offsets, score).
+    Qa {
+        /// The question.
+        #[arg(long)]
+        question: String,
+        /// The passage holding the answer.
+        #[arg(long)]
+        context: String,
+    },
+    /// Probe every backend and print what this machine offers.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IPFS_ACCELERATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Devices { json } = &cli.command {
+        return devices(*json);
+    }
+    let mut builder = Pipeline::builder(&cli.model).offline(cli.offline);
+    if !cli.backend.is_empty() {
+        let list = cli
+            .backend
+            .iter()
+            .map(|b| b.parse::<BackendKind>())
+            .collect::<Result<Vec<_>, _>>()?;
+        builder = builder.backends(list);
+    }
+    let task = match &cli.command {
+        Command::Embed { .. } => Task::Embed,
+        Command::Classify { tokens: true, .. } => Task::TokenClassify,
+        Command::Classify { .. } => Task::Classify,
+        Command::Qa { .. } => Task::QuestionAnswering,
+        Command::Devices { .. } => unreachable!("handled above"),
+    };
+    let pipe = builder
+        .task(task)
+        .build()
+        .with_context(|| format!("loading {}", cli.model))?;
+    for s in pipe.skipped() {
+        eprintln!("note: skipped backend {}: {}", s.kind, s.reason);
+    }
+    let metrics = match cli.command {
+        Command::Embed {
+            texts,
+            normalize,
+            similarity,
+        } => {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let out = pipe.embed(&refs, normalize || similarity)?;
+            if similarity {
+                let m: Vec<Vec<f32>> = out
+                    .value
+                    .iter()
+                    .map(|a| out.value.iter().map(|b| dot(a, b)).collect())
+                    .collect();
+                println!("{}", serde_json::to_string(&m)?);
+            } else {
+                println!("{}", serde_json::to_string(&out.value)?);
+            }
+            out.metrics
+        }
+        Command::Classify {
+            texts,
+            top_k,
+            tokens,
+        } => {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            if tokens {
+                let out = pipe.classify_tokens(&refs)?;
+                println!("{}", serde_json::to_string_pretty(&out.value)?);
+                out.metrics
+            } else {
+                let mut out = pipe.classify(&refs)?;
+                for labels in &mut out.value {
+                    labels.truncate(top_k.max(1));
+                }
+                println!("{}", serde_json::to_string_pretty(&out.value)?);
+                out.metrics
+            }
+        }
+        Command::Qa { question, context } => {
+            let out = pipe.answer(&question, &context)?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            out.metrics
+        }
+        Command::Devices { .. } => unreachable!("handled above"),
+    };
+    if cli.metrics {
+        print_metrics(&metrics, pipe.model_name());
+    }
+    Ok(())
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn print_metrics(m: &Metrics, model: &str) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!("model        {model}");
+    eprintln!("backend      {}", m.backend);
+    eprintln!("init         {:>9.2} ms", ms(m.init));
+    eprintln!("preprocess   {:>9.2} ms", ms(m.preprocess));
+    eprintln!("inference    {:>9.2} ms", ms(m.inference));
+    eprintln!("postprocess  {:>9.2} ms", ms(m.postprocess));
+    eprintln!("total        {:>9.2} ms", ms(m.total));
+    eprintln!(
+        "items        {} ({} tokens incl. padding, {} truncated); {:.1} tokens/s",
+        m.items,
+        m.tokens,
+        m.truncated,
+        m.tokens_per_second()
+    );
+}
+
+fn devices(json: bool) -> anyhow::Result<()> {
+    let rows = ipfs_accelerate::devices();
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(k, a)| serde_json::json!({ "backend": k.to_string(), "status": a }))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{:<16} {:<12} details", "backend", "status");
+    for (kind, availability) in rows {
+        let (status, details) = match &availability {
+            Availability::Available(info) => {
+                let mut d = info.name.clone();
+                if let Some(n) = info.compute_units {
+                    d += &format!(", {n} threads");
+                }
+                if let Some(m) = info.memory_total {
+                    d += &format!(", {:.1} GiB", m as f64 / (1u64 << 30) as f64);
+                }
+                if !info.capabilities.features.is_empty() {
+                    d += &format!(", [{}]", info.capabilities.features.join(" "));
+                }
+                ("available", d)
+            }
+            Availability::Unavailable(r) => ("unavailable", r.clone()),
+            Availability::NotCompiled => (
+                "absent",
+                format!("not compiled in (enable feature `{}`)", kind.feature()),
+            ),
+        };
+        println!("{:<16} {:<12} {}", kind.to_string(), status, details);
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! Backend kinds, device descriptions and the backend contract.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::Error;
+
+/// ONNX Runtime execution providers (the graph backends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionProvider {
+    /// ONNX Runtime's own CPU provider.
+    Cpu,
+    /// Intel OpenVINO (CPU / GPU / NPU).
+    OpenVino,
+    /// NVIDIA CUDA.
+    Cuda,
+    /// NVIDIA TensorRT.
+    TensorRt,
+    /// AMD ROCm / MIGraphX.
+    Rocm,
+    /// Apple Core ML.
+    CoreMl,
+    /// Microsoft DirectML.
+    DirectMl,
+    /// WebGPU through ONNX Runtime.
+    WebGpu,
+}
+
+impl ExecutionProvider {
+    /// Every provider.
+    pub const ALL: [ExecutionProvider; 8] = [
+        ExecutionProvider::Cpu,
+        ExecutionProvider::OpenVino,
+        ExecutionProvider::Cuda,
+        ExecutionProvider::TensorRt,
+        ExecutionProvider::Rocm,
+        ExecutionProvider::CoreMl,
+        ExecutionProvider::DirectMl,
+        ExecutionProvider::WebGpu,
+    ];
+
+    /// The lower-case name used on the command line (`onnx-<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecutionProvider::Cpu => "cpu",
+            ExecutionProvider::OpenVino => "openvino",
+            ExecutionProvider::Cuda => "cuda",
+            ExecutionProvider::TensorRt => "tensorrt",
+            ExecutionProvider::Rocm => "rocm",
+            ExecutionProvider::CoreMl => "coreml",
+            ExecutionProvider::DirectMl => "directml",
+            ExecutionProvider::WebGpu => "webgpu",
+        }
+    }
+}
+
+/// Every backend ipfs-accelerate knows about, compiled in or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum BackendKind {
+    /// burn on the CPU (SIMD + threads).
+    Cpu,
+    /// burn's CUDA backend (NVIDIA).
+    Cuda,
+    /// burn's ROCm backend (AMD).
+    Rocm,
+    /// burn's Metal backend (Apple).
+    Metal,
+    /// burn's wgpu backend on the native graphics API (Vulkan / Metal / DX12).
+    Wgpu,
+    /// burn's wgpu backend restricted to the WebGPU feature set (the browser-compatible path).
+    WebGpu,
+    /// ONNX Runtime with an execution provider.
+    Onnx(ExecutionProvider),
+    /// WebNN in a browser.
+    WebNn,
+}
+
+impl BackendKind {
+    /// Every backend, in the default preference order (fastest first).
+    pub fn all() -> Vec<BackendKind> {
+        let mut v = vec![
+            BackendKind::Cuda,
+            BackendKind::Rocm,
+            BackendKind::Metal,
+            BackendKind::Wgpu,
+            BackendKind::WebGpu,
+        ];
+        v.extend(ExecutionProvider::ALL.iter().map(|&p| BackendKind::Onnx(p)));
+        v.push(BackendKind::WebNn);
+        v.push(BackendKind::Cpu);
+        v
+    }
+
+    /// The cargo feature that compiles this backend in.
+    pub fn feature(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Rocm => "rocm",
+            BackendKind::Metal => "metal",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::WebGpu => "webgpu",
+            BackendKind::Onnx(ExecutionProvider::OpenVino) => "openvino",
+            BackendKind::Onnx(_) => "onnx",
+            BackendKind::WebNn => "webnn",
+        }
+    }
+
+    /// Parses a comma-separated preference list such as `cuda,wgpu,cpu`.
+    pub fn parse_list(list: &str) -> Result<Vec<BackendKind>, Error> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(BackendKind::from_str)
+            .collect()
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendKind::Cpu => f.write_str("cpu"),
+            BackendKind::Cuda => f.write_str("cuda"),
+            BackendKind::Rocm => f.write_str("rocm"),
+            BackendKind::Metal => f.write_str("metal"),
+            BackendKind::Wgpu => f.write_str("wgpu"),
+            BackendKind::WebGpu => f.write_str("webgpu"),
+            BackendKind::Onnx(p) => write!(f, "onnx-{}", p.name()),
+            BackendKind::WebNn => f.write_str("webnn"),
+        }
+    }
+}
+
+impl FromStr for BackendKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        let kind = match lower.as_str() {
+            "cpu" => BackendKind::Cpu,
+            "cuda" => BackendKind::Cuda,
+            "rocm" | "hip" => BackendKind::Rocm,
+            "metal" | "mps" => BackendKind::Metal,
+            "wgpu" | "vulkan" => BackendKind::Wgpu,
+            "webgpu" => BackendKind::WebGpu,
+            "webnn" => BackendKind::WebNn,
+            "onnx" => BackendKind::Onnx(ExecutionProvider::Cpu),
+            "openvino" => BackendKind::Onnx(ExecutionProvider::OpenVino),
+            other => {
+                let provider = other
+                    .strip_prefix("onnx-")
+                    .and_then(|p| ExecutionProvider::ALL.into_iter().find(|e| e.name() == p));
+                match provider {
+                    Some(p) => BackendKind::Onnx(p),
+                    None => return Err(Error::UnknownBackend(s.to_string())),
+                }
+            }
+        };
+        Ok(kind)
+    }
+}
+
+/// What a device can compute efficiently.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Capabilities {
+    /// Native half precision arithmetic.
+    pub f16: bool,
+    /// Native bfloat16 arithmetic.
+    pub bf16: bool,
+    /// Fast int8 dot products (VNNI, DP4A, ...).
+    pub int8: bool,
+    /// Free-form feature flags (`avx512f`, `amx_tile`, `sm_90`, ...).
+    pub features: Vec<String>,
+}
+
+/// A probed device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// The backend that found it.
+    pub kind: BackendKind,
+    /// Human-readable device name (CPU model, GPU name).
+    pub name: String,
+    /// Total memory in bytes, when known.
+    pub memory_total: Option<u64>,
+    /// Parallel compute units (CPU threads, GPU SMs / CUs), when known.
+    pub compute_units: Option<u32>,
+    /// What it supports.
+    pub capabilities: Capabilities,
+    /// Driver or runtime version, when known.
+    pub driver: Option<String>,
+}
+
+/// The outcome of probing a backend.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum Availability {
+    /// Usable: the device it will run on.
+    Available(DeviceInfo),
+    /// Compiled in, but this machine cannot run it.
+    Unavailable(String),
+    /// Not part of this build.
+    NotCompiled,
+}
+
+impl Availability {
+    /// The reason a backend cannot be used, or `None` if it can.
+    pub fn reason(&self, kind: BackendKind) -> Option<String> {
+        match self {
+            Availability::Available(_) => None,
+            Availability::Unavailable(r) => Some(format!("unavailable: {r}")),
+            Availability::NotCompiled => Some(format!(
+                "not compiled in (enable feature `{}`)",
+                kind.feature()
+            )),
+        }
+    }
+}
+
+/// The object-safe part of a backend: what selection and `devices` need.
+pub trait ProbeBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// Looks for usable hardware. Must not panic or abort when drivers are missing.
+    fn probe(&self) -> Availability;
+}
+
+/// The contract a backend crate implements: probing plus the burn device the models run on.
+pub trait Backend: ProbeBackend {
+    /// The burn backend type models are instantiated with.
+    type Burn: burn::tensor::backend::Backend;
+    /// The burn device to place tensors on.
+    fn device(&self) -> burn::tensor::Device<Self::Burn>;
+    /// Waits until all queued work on the device has finished (for honest timings).
+    fn synchronize(&self) -> Result<(), Error>;
+    /// Bytes of memory in use by this backend (device allocator, or process RSS on the CPU).
+    fn memory_in_use(&self) -> Option<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_display_round_trip() {
+        for kind in BackendKind::all() {
+            let text = kind.to_string();
+            assert_eq!(text.parse::<BackendKind>().unwrap(), kind, "{text}");
+        }
+        assert_eq!(
+            BackendKind::parse_list("cuda, wgpu ,cpu").unwrap(),
+            vec![BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu]
+        );
+        assert!(matches!(
+            "tpu".parse::<BackendKind>(),
+            Err(Error::UnknownBackend(_))
+        ));
+    }
+}

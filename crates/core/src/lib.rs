@@ -1,0 +1,26 @@
+//! # ipfs-accelerate-core
+//!
+//! The hardware abstraction layer of ipfs-accelerate:
+//!
+//! - [`BackendKind`] names every backend the SDK knows (CPU, CUDA, ROCm, Metal, WebGPU, ONNX Runtime
+//!   execution providers, WebNN) and [`Backend`] is the contract a backend crate implements: probe the
+//!   hardware, hand out a burn device, synchronise, report memory.
+//! - [`Selector`] walks a preference list, probes each backend and returns the first usable one together
+//!   with the reason every earlier preference was skipped.
+//! - [`HostTensor`] carries inputs, outputs and weights on the host (shape, dtype, shared bytes);
+//!   [`TensorSource`] is what weight files implement so that models can pull named tensors.
+//! - [`Metrics`] holds the measured timing breakdown of a call.
+
+mod backend;
+mod error;
+mod metrics;
+mod selector;
+mod tensor;
+
+pub use backend::{
+    Availability, Backend, BackendKind, Capabilities, DeviceInfo, ExecutionProvider, ProbeBackend,
+};
+pub use error::{Error, Result};
+pub use metrics::{Metrics, Stopwatch};
+pub use selector::{Selection, Selector, SkippedBackend};
+pub use tensor::{DType, HostTensor, ModelRunner, TensorMap, TensorSource};

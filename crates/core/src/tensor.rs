@@ -1,0 +1,247 @@
+//! Host tensors: shape + dtype + shared bytes, the currency between files, models and callers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+use half::{bf16, f16};
+
+use crate::{Error, Result};
+
+/// Element types a [`HostTensor`] can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 64-bit float.
+    F64,
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit signed integer.
+    I64,
+    /// 32-bit signed integer.
+    I32,
+    /// 8-bit signed integer.
+    I8,
+    /// 8-bit unsigned integer.
+    U8,
+    /// Boolean stored as one byte.
+    Bool,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            DType::F64 => "f64",
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A tensor on the host: a shape, a dtype and little-endian bytes that may be shared
+/// (for example a zero-copy slice of a memory-mapped weight file).
+#[derive(Clone, PartialEq)]
+pub struct HostTensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    data: Bytes,
+}
+
+impl fmt::Debug for HostTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostTensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+impl HostTensor {
+    /// Wraps bytes as a tensor, checking that their length matches `shape` and `dtype`.
+    pub fn from_bytes(
+        name: &str,
+        shape: Vec<usize>,
+        dtype: DType,
+        data: Bytes,
+    ) -> Result<HostTensor> {
+        let expected = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d));
+        if expected != Some(data.len()) {
+            return Err(Error::BadTensorBytes {
+                name: name.to_string(),
+                len: data.len(),
+                shape,
+                dtype,
+            });
+        }
+        Ok(HostTensor { shape, dtype, data })
+    }
+
+    /// A float32 tensor from values. Panics never: a length mismatch is an error.
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Result<HostTensor> {
+        Self::from_bytes(
+            "f32 values",
+            shape,
+            DType::F32,
+            Bytes::copy_from_slice(bytemuck::cast_slice(values)),
+        )
+    }
+
+    /// An int64 tensor from values.
+    pub fn from_i64(shape: Vec<usize>, values: &[i64]) -> Result<HostTensor> {
+        Self::from_bytes(
+            "i64 values",
+            shape,
+            DType::I64,
+            Bytes::copy_from_slice(bytemuck::cast_slice(values)),
+        )
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The raw little-endian bytes (shared, cheap to clone).
+    pub fn bytes(&self) -> &Bytes {
+        &self.data
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Reinterprets the shape without touching the data (same element count).
+    pub fn reshape(&self, shape: Vec<usize>) -> Result<HostTensor> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::InvalidInput(format!(
+                "cannot reshape {:?} into {:?}",
+                self.shape, shape
+            )));
+        }
+        Ok(HostTensor {
+            shape,
+            dtype: self.dtype,
+            data: self.data.clone(),
+        })
+    }
+
+    /// Values converted to f32 (floats are rounded, integers cast).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let b = &self.data[..];
+        match self.dtype {
+            DType::F32 => read_le(b, 4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::F64 => read_le(b, 8, |c| f64::from_le_bytes(arr8(c)) as f32),
+            DType::F16 => read_le(b, 2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::BF16 => read_le(b, 2, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::I64 => read_le(b, 8, |c| i64::from_le_bytes(arr8(c)) as f32),
+            DType::I32 => read_le(b, 4, |c| {
+                i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32
+            }),
+            DType::I8 => b.iter().map(|&v| v as i8 as f32).collect(),
+            DType::U8 | DType::Bool => b.iter().map(|&v| v as f32).collect(),
+        }
+    }
+
+    /// Values converted to f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self.dtype {
+            DType::F64 => read_le(&self.data, 8, |c| f64::from_le_bytes(arr8(c))),
+            DType::I64 => read_le(&self.data, 8, |c| i64::from_le_bytes(arr8(c)) as f64),
+            _ => self.to_f32_vec().into_iter().map(f64::from).collect(),
+        }
+    }
+
+    /// Integer values as i64; float tensors are an error (they would silently truncate).
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        let b = &self.data[..];
+        Ok(match self.dtype {
+            DType::I64 => read_le(b, 8, |c| i64::from_le_bytes(arr8(c))),
+            DType::I32 => read_le(b, 4, |c| {
+                i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64
+            }),
+            DType::I8 => b.iter().map(|&v| v as i8 as i64).collect(),
+            DType::U8 | DType::Bool => b.iter().map(|&v| v as i64).collect(),
+            other => {
+                return Err(Error::UnsupportedDType {
+                    name: "integer input".into(),
+                    dtype: other,
+                    context: "is not an integer type".into(),
+                })
+            }
+        })
+    }
+}
+
+fn arr8(c: &[u8]) -> [u8; 8] {
+    [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]
+}
+
+fn read_le<T>(bytes: &[u8], width: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
+    bytes.chunks_exact(width).map(f).collect()
+}
+
+/// Named tensors, ordered by name.
+pub type TensorMap = BTreeMap<String, HostTensor>;
+
+/// Anything that serves named weight tensors: a safetensors file, a set of shards, a GGUF file.
+pub trait TensorSource: Send + Sync {
+    /// A short description (usually the file path) used in error messages.
+    fn source_name(&self) -> String;
+    /// Whether a tensor of this name exists.
+    fn contains(&self, name: &str) -> bool;
+    /// The tensor's shape, if present, without reading its data.
+    fn shape_of(&self, name: &str) -> Option<Vec<usize>>;
+    /// The tensor itself. Missing tensors are [`Error::MissingTensor`].
+    fn tensor(&self, name: &str) -> Result<HostTensor>;
+    /// Every tensor name.
+    fn names(&self) -> Vec<String>;
+}
+
+/// A loaded model that maps named input tensors to named output tensors; the uniform interface
+/// the conformance runner and the benchmark runner drive every family through.
+pub trait ModelRunner: Send {
+    /// The family (`bert`, `t5`, ...).
+    fn family(&self) -> &str;
+    /// The backend it runs on.
+    fn backend(&self) -> crate::BackendKind;
+    /// Runs the model on named inputs (HF names: `input_ids`, `attention_mask`, ...) and returns
+    /// every output it computes under HF's names.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap>;
+}

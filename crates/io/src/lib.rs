@@ -1,0 +1,24 @@
+//! # ipfs-accelerate-io
+//!
+//! Where models come from and how their weights are read:
+//!
+//! - [`ModelSource`] / [`resolve`]: a local directory, the Hugging Face cache (`HF_HOME`,
+//!   `HF_HUB_CACHE` / `HUGGINGFACE_HUB_CACHE`), or a hub download with a progress bar (resumable);
+//!   offline, a missing file is an error naming it and the variable to point at a local copy.
+//! - [`SafeTensorsFile`] / [`WeightStore`]: memory-mapped safetensors (single file or sharded with
+//!   `model.safetensors.index.json`), zero-copy tensor views, F32/F16/BF16, and int8 blocks with scales
+//!   (the compact form the embedded default model uses), dequantised on access.
+//! - [`RandomWeights`]: deterministic random tensors for a named config (benchmarks, no download).
+//! - [`NameMap`]: renames checkpoint tensor names (legacy `gamma`/`beta`, prefixes) for a family.
+
+mod error;
+mod names;
+mod random;
+mod safetensors_file;
+mod source;
+
+pub use error::IoError;
+pub use names::NameMap;
+pub use random::RandomWeights;
+pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
+pub use source::{resolve, ModelFiles, ModelSource, ResolveOptions};

@@ -1,0 +1,95 @@
+//! Random weights for a named configuration: benchmarks and tests that need a model of real size
+//! but no download.
+
+use std::collections::BTreeMap;
+
+use ipfs_accelerate_core::{Error, HostTensor, Result, TensorSource};
+
+/// A weight source that serves deterministic pseudo-random f32 tensors for a fixed table of names
+/// and shapes (normal-ish values with standard deviation `std`; LayerNorm-style `weight`s of rank 1
+/// are ones, biases zeros, as a freshly initialised HF model).
+pub struct RandomWeights {
+    shapes: BTreeMap<String, Vec<usize>>,
+    seed: u64,
+    std: f32,
+}
+
+impl RandomWeights {
+    /// A source for `shapes`, seeded.
+    pub fn new(
+        shapes: impl IntoIterator<Item = (String, Vec<usize>)>,
+        seed: u64,
+        std: f32,
+    ) -> Self {
+        RandomWeights {
+            shapes: shapes.into_iter().collect(),
+            seed,
+            std,
+        }
+    }
+
+    /// Total number of parameters.
+    pub fn num_params(&self) -> usize {
+        self.shapes
+            .values()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
+    }
+}
+
+impl TensorSource for RandomWeights {
+    fn source_name(&self) -> String {
+        format!("random weights (seed {})", self.seed)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+
+    fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
+        self.shapes.get(name).cloned()
+    }
+
+    fn tensor(&self, name: &str) -> Result<HostTensor> {
+        let shape = self.shapes.get(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_string(),
+            source_name: self.source_name(),
+        })?;
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = if shape.len() == 1 && name.ends_with("bias") {
+            vec![0.0; n]
+        } else if shape.len() == 1 && name.ends_with("weight") {
+            vec![1.0; n]
+        } else {
+            let mut state = self.seed ^ fnv1a(name);
+            (0..n)
+                .map(|_| {
+                    // Sum of four uniforms: cheap, bounded, roughly normal (variance 1/3 → rescale).
+                    let s: f32 = (0..4).map(|_| next_unit(&mut state)).sum::<f32>() - 2.0;
+                    s * self.std * 1.732_050_8
+                })
+                .collect()
+        };
+        HostTensor::from_f32(shape.clone(), &values)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.shapes.keys().cloned().collect()
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn next_unit(state: &mut u64) -> f32 {
+    // splitmix64
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 24) as f32
+}

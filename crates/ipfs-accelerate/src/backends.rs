@@ -1,0 +1,57 @@
+//! The backends compiled into this build, and dispatch from a run-time [`BackendKind`] to the
+//! compile-time burn backend type.
+
+use ipfs_accelerate_core::{Availability, BackendKind, ProbeBackend, Selector};
+
+use crate::{Error, Result};
+
+/// Every backend compiled into this build.
+pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
+    #[allow(unused_mut)]
+    let mut v: Vec<Box<dyn ProbeBackend>> = Vec::new();
+    #[cfg(feature = "cpu")]
+    v.push(Box::new(ipfs_accelerate_backend_cpu::CpuBackend));
+    v
+}
+
+/// A selector over the compiled-in backends.
+pub fn selector() -> Selector {
+    Selector::new(compiled_backends())
+}
+
+/// Probe results for every backend kind (compiled in or not), as `devices` prints them.
+pub fn devices() -> Vec<(BackendKind, Availability)> {
+    selector().probe_all()
+}
+
+/// The default preference order: the environment's `IPFS_ACCELERATE_BACKENDS` if set, else every
+/// backend fastest-first with the CPU last.
+pub fn default_preferences() -> Result<Vec<BackendKind>> {
+    match std::env::var(crate::BACKENDS_ENV) {
+        Ok(list) if !list.trim().is_empty() => Ok(BackendKind::parse_list(&list)?),
+        _ => Ok(BackendKind::all()),
+    }
+}
+
+/// Work that needs a concrete backend type: implemented once, run on whichever backend is chosen.
+pub(crate) trait WithBackend {
+    type Output;
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output>;
+}
+
+/// Runs `work` on the backend `kind`, if it is compiled in.
+pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result<W::Output> {
+    match kind {
+        #[cfg(feature = "cpu")]
+        BackendKind::Cpu => work.run(&ipfs_accelerate_backend_cpu::CpuBackend),
+        other => {
+            let _ = work;
+            Err(Error::Core(
+                ipfs_accelerate_core::Error::BackendUnavailable {
+                    kind: other.to_string(),
+                    reason: format!("not compiled in (enable feature `{}`)", other.feature()),
+                },
+            ))
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Conformance against HF transformers reference fixtures.
+//!
+//! A fixture set is a directory of `<family>/<variant>/` folders, each with `config.json`,
+//! `model.safetensors`, `reference.safetensors` (inputs and float64 outputs computed by HF) and
+//! `meta.json` (which tensors are inputs and outputs, and the tolerance of each output).
+//! Nothing here knows any particular fixture's sizes: every shape comes from the files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ipfs_accelerate_core::{BackendKind, DType, HostTensor, ModelRunner, TensorMap, TensorSource};
+use ipfs_accelerate_io::SafeTensorsFile;
+
+use crate::backends::{with_backend, WithBackend};
+use crate::{Error, Result};
+
+/// Families this build can verify.
+pub fn implemented_families() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    #[cfg(feature = "bert")]
+    v.push("bert");
+    v
+}
+
+/// `meta.json` of a fixture.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Meta {
+    /// Names of the input tensors in reference.safetensors.
+    pub inputs: Vec<String>,
+    /// Names of the output tensors to compare.
+    pub outputs: Vec<String>,
+    /// Relative-error bar per output (absent for integer outputs, which must match exactly).
+    #[serde(default)]
+    pub tolerance: BTreeMap<String, f64>,
+    /// Free-form note on the architecture.
+    #[serde(default)]
+    pub note: String,
+}
+
+/// One `<family>/<variant>/` folder.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// Family folder name.
+    pub family: String,
+    /// Variant folder name.
+    pub variant: String,
+    /// The folder.
+    pub dir: PathBuf,
+}
+
+/// Every fixture under `root`, sorted, for the given families (all when `families` is empty).
+pub fn discover(root: &Path, families: &[String]) -> Result<Vec<Fixture>> {
+    let read = |p: &Path| -> Result<Vec<PathBuf>> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| ipfs_accelerate_core::Error::io(p, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir())
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let mut out = Vec::new();
+    for fam_dir in read(root)? {
+        let family = file_name(&fam_dir);
+        if !families.is_empty() && !families.contains(&family) {
+            continue;
+        }
+        for var_dir in read(&fam_dir)? {
+            if var_dir.join("meta.json").is_file() {
+                out.push(Fixture {
+                    family: family.clone(),
+                    variant: file_name(&var_dir),
+                    dir: var_dir,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The result of comparing one output.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Check {
+    /// Family.
+    pub family: String,
+    /// Variant.
+    pub variant: String,
+    /// Backend.
+    pub backend: String,
+    /// Output tensor name.
+    pub output: String,
+    /// ‖out − ref‖ / ‖ref‖ (for integer outputs: the fraction of elements that differ).
+    pub rel_error: f64,
+    /// The bar it had to meet.
+    pub tolerance: f64,
+    /// Whether it passed.
+    pub ok: bool,
+    /// Why it failed, when the comparison could not be made (shape, missing output, error).
+    pub note: String,
+}
+
+/// The relative-error bar on `backend` for a fixture tolerance: as given on the CPU; GPUs and
+/// graph runtimes computing in f32 with TF32-class matmuls get max(2e-3, tolerance).
+pub fn tolerance_for(backend: BackendKind, tolerance: f64) -> f64 {
+    match backend {
+        BackendKind::Cpu | BackendKind::Onnx(ipfs_accelerate_core::ExecutionProvider::Cpu) => {
+            tolerance
+        }
+        _ => tolerance.max(2e-3),
+    }
+}
+
+/// ‖out − ref‖₂ / ‖ref‖₂ (absolute norm of the difference when the reference is all zeros).
+pub fn relative_error(out: &[f64], reference: &[f64]) -> f64 {
+    let diff: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    let norm: f64 = reference.iter().map(|b| b * b).sum::<f64>().sqrt();
+    if !diff.is_finite() || out.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    if norm > 0.0 {
+        diff / norm
+    } else {
+        diff
+    }
+}
+
+/// Loads the model of a fixture folder on `backend`.
+pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
+    let weights: Arc<dyn TensorSource> = Arc::new(SafeTensorsFile::open(
+        fixture.dir.join("model.safetensors"),
+    )?);
+    match fixture.family.as_str() {
+        #[cfg(feature = "bert")]
+        "bert" => {
+            let config =
+                ipfs_accelerate_bert::BertConfig::from_file(&fixture.dir.join("config.json"))?;
+            with_backend(backend, LoadRunner { weights, config })
+        }
+        other => Err(Error::Unsupported(format!(
+            "family `{other}` is not implemented in this build"
+        ))),
+    }
+}
+
+#[cfg(feature = "bert")]
+struct LoadRunner {
+    weights: Arc<dyn TensorSource>,
+    config: ipfs_accelerate_bert::BertConfig,
+}
+
+#[cfg(feature = "bert")]
+impl WithBackend for LoadRunner {
+    type Output = Box<dyn ModelRunner>;
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        Ok(Box::new(ipfs_accelerate_bert::BertRunner::<H::Burn>::load(
+            self.weights,
+            &self.config,
+            &hal.device(),
+            hal.kind(),
+        )?))
+    }
+}
+
+/// Runs one fixture on `backend` and compares every output named in its meta.json.
+pub fn verify_fixture(fixture: &Fixture, backend: BackendKind) -> Result<Vec<Check>> {
+    let meta_path = fixture.dir.join("meta.json");
+    let meta_text = std::fs::read_to_string(&meta_path)
+        .map_err(|e| ipfs_accelerate_core::Error::io(&meta_path, e))?;
+    let meta: Meta = serde_json::from_str(&meta_text)
+        .map_err(|e| ipfs_accelerate_core::Error::config(&meta_path, e.to_string()))?;
+    let reference = SafeTensorsFile::open(fixture.dir.join("reference.safetensors"))?;
+    let mut inputs = TensorMap::new();
+    for name in &meta.inputs {
+        inputs.insert(name.clone(), reference.tensor(name)?);
+    }
+    let runner = load_runner(fixture, backend)?;
+    let outputs = runner.run(&inputs)?;
+    let mut checks = Vec::new();
+    for name in &meta.outputs {
+        let expected = reference.tensor(name)?;
+        let tol = tolerance_for(backend, meta.tolerance.get(name).copied().unwrap_or(1e-4));
+        let mut check = Check {
+            family: fixture.family.clone(),
+            variant: fixture.variant.clone(),
+            backend: backend.to_string(),
+            output: name.clone(),
+            rel_error: f64::INFINITY,
+            tolerance: tol,
+            ok: false,
+            note: String::new(),
+        };
+        match outputs.get(name) {
+            None => check.note = "output not produced".into(),
+            Some(got) => compare(got, &expected, &mut check)?,
+        }
+        checks.push(check);
+    }
+    Ok(checks)
+}
+
+fn compare(got: &HostTensor, expected: &HostTensor, check: &mut Check) -> Result<()> {
+    if got.shape() != expected.shape() {
+        check.note = format!("shape {:?}, reference {:?}", got.shape(), expected.shape());
+        return Ok(());
+    }
+    if expected.dtype().is_float() {
+        check.rel_error = relative_error(&got.to_f64_vec(), &expected.to_f64_vec());
+        check.ok = check.rel_error <= check.tolerance;
+    } else {
+        let want = expected.to_i64_vec()?;
+        let have: Vec<i64> = if got.dtype().is_float() {
+            got.to_f64_vec().iter().map(|v| v.round() as i64).collect()
+        } else {
+            got.to_i64_vec()?
+        };
+        let wrong = want.iter().zip(&have).filter(|(a, b)| a != b).count();
+        check.rel_error = wrong as f64 / want.len().max(1) as f64;
+        check.tolerance = 0.0;
+        check.ok = wrong == 0;
+        if expected.dtype() != DType::I64 && expected.dtype() != got.dtype() {
+            check.note = format!("dtype {} vs {}", got.dtype(), expected.dtype());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! # ipfs-accelerate
+//!
+//! Run HuggingFace model families on whatever hardware a machine has. A [`Pipeline`] resolves a
+//! model (local directory, HF cache, hub download, or the embedded default), probes the backends
+//! you allow in order of preference, loads the weights on the first usable one (falling back with
+//! the reason recorded), and measures every call.
+//!
+//! ```no_run
+//! use ipfs_accelerate::{BackendKind, Pipeline, Task};
+//!
+//! # fn main() -> ipfs_accelerate::Result<()> {
+//! let pipe = Pipeline::builder(ipfs_accelerate::EMBEDDED_SPEC)
+//!     .task(Task::Embed)
+//!     .backends([BackendKind::Cuda, BackendKind::Cpu])
+//!     .build()?;
+//! let out = pipe.embed(&["Hello, world!", "Bonjour le monde"], true)?;
+//! println!("{} vectors of {} on {}", out.value.len(), out.value[0].len(), out.metrics.backend);
+//! for skipped in pipe.skipped() {
+//!     println!("skipped {}: {}", skipped.kind, skipped.reason);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Features pick what is compiled in: backends (`cpu` by default) and families (`bert`).
+
+mod assets;
+mod backends;
+pub mod conformance;
+mod error;
+mod pipeline;
+
+#[cfg(feature = "embedded-default")]
+pub use assets::embedded;
+pub use assets::EMBEDDED_SPEC;
+pub use backends::{compiled_backends, default_preferences, devices, selector};
+pub use error::{Error, Result};
+pub use pipeline::{Answer, Label, Output, Pipeline, PipelineBuilder, Task, TokenLabel};
+
+pub use ipfs_accelerate_core as core;
+pub use ipfs_accelerate_core::{Availability, BackendKind, DeviceInfo, ExecutionProvider, Metrics};
+
+/// The environment variable that overrides the backend preference list (`cuda,wgpu,cpu`).
+pub const BACKENDS_ENV: &str = "IPFS_ACCELERATE_BACKENDS";
+
+/// Commonly used items.
+pub mod prelude {
+    pub use crate::{BackendKind, Pipeline, Task};
+}

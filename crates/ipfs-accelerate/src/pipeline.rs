@@ -1,0 +1,486 @@
+//! `Pipeline`: resolve → select → load once, then run tasks with measured metrics.
+
+use std::time::Duration;
+
+use ipfs_accelerate_bert::{
+    tasks::{best_span, softmax, Pooling, Span},
+    BertConfig, BertHead, BertInputs, BertRunner, BertTasks, HostLogits,
+};
+use ipfs_accelerate_core::{BackendKind, Metrics, Selection, SkippedBackend, Stopwatch};
+use ipfs_accelerate_io::ResolveOptions;
+use ipfs_accelerate_preprocess::{Encoded, TextTokenizer};
+
+use crate::assets::Assets;
+use crate::backends::{default_preferences, selector, with_backend, WithBackend};
+use crate::{Error, Result};
+
+/// What a pipeline is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Task {
+    /// Whatever the checkpoint's head does (embeddings for a bare encoder).
+    #[default]
+    Auto,
+    /// Sentence embeddings (any encoder).
+    Embed,
+    /// Sequence classification (labels with probabilities).
+    Classify,
+    /// Token classification (a label per token).
+    TokenClassify,
+    /// Extractive question answering.
+    QuestionAnswering,
+}
+
+/// Configures and builds a [`Pipeline`].
+#[derive(Debug, Clone)]
+pub struct PipelineBuilder {
+    model: String,
+    task: Task,
+    backends: Option<Vec<BackendKind>>,
+    resolve: ResolveOptions,
+    max_length: Option<usize>,
+}
+
+impl PipelineBuilder {
+    /// The task to run (default: [`Task::Auto`]).
+    pub fn task(mut self, task: Task) -> Self {
+        self.task = task;
+        self
+    }
+
+    /// Backend preference, first usable wins. `IPFS_ACCELERATE_BACKENDS` overrides it when set.
+    pub fn backends(mut self, backends: impl IntoIterator<Item = BackendKind>) -> Self {
+        self.backends = Some(backends.into_iter().collect());
+        self
+    }
+
+    /// Never download (also `HF_HUB_OFFLINE=1`).
+    pub fn offline(mut self, offline: bool) -> Self {
+        self.resolve.offline = offline;
+        self
+    }
+
+    /// Show download progress bars (default on).
+    pub fn progress(mut self, progress: bool) -> Self {
+        self.resolve.progress = progress;
+        self
+    }
+
+    /// Truncate inputs to this many tokens (default: sentence-transformers' `max_seq_length`, else
+    /// the model's positions).
+    pub fn max_length(mut self, tokens: usize) -> Self {
+        self.max_length = Some(tokens);
+        self
+    }
+
+    /// Resolves the model, selects a backend and loads the weights. A backend that fails to load
+    /// the model is recorded in [`Pipeline::skipped`] and the next one is tried.
+    pub fn build(self) -> Result<Pipeline> {
+        let mut clock = Stopwatch::start();
+        let preferences = match std::env::var(crate::BACKENDS_ENV) {
+            Ok(v) if !v.trim().is_empty() => BackendKind::parse_list(&v)?,
+            _ => match self.backends {
+                Some(b) => b,
+                None => default_preferences()?,
+            },
+        };
+        let assets = Assets::resolve(&self.model, self.resolve.clone())?;
+        let (config_text, config_path) = assets.config()?;
+        let model_type = serde_json::from_str::<serde_json::Value>(&config_text)
+            .map_err(|e| ipfs_accelerate_core::Error::config(&config_path, e.to_string()))?
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        if model_type != "bert" {
+            return Err(Error::Unsupported(format!(
+                "model_type `{model_type}` of {} (this build runs: bert)",
+                assets.name()
+            )));
+        }
+        let config = BertConfig::from_json(&config_text, &config_path)?;
+        let task = resolve_task(self.task, config.head())?;
+        let weights = assets.weights()?;
+        let st_max = assets
+            .optional_text("sentence_bert_config.json")?
+            .and_then(|(t, _)| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("max_seq_length").and_then(|m| m.as_u64()))
+            .map(|m| m as usize);
+        let max_len = self
+            .max_length
+            .or(st_max)
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        let tokenizer = assets.tokenizer(max_len)?.ok_or_else(|| {
+            Error::Unsupported(format!("{} has no tokenizer.json", assets.name()))
+        })?;
+        let pooling = match assets.optional_text("1_Pooling/config.json")? {
+            Some((text, path)) => Pooling::from_config_json(&text, &path)?,
+            None => Pooling::Mean,
+        };
+
+        let (usable, mut skipped) = selector().candidates(&preferences);
+        let mut loaded = None;
+        for device in usable {
+            let load = LoadBert {
+                weights: weights.clone(),
+                config: &config,
+            };
+            match with_backend(device.kind, load) {
+                Ok(model) => {
+                    loaded = Some((model, device));
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(backend = %device.kind, error = %e, "load failed, trying the next backend");
+                    skipped.push(SkippedBackend {
+                        kind: device.kind,
+                        reason: format!("load failed: {e}"),
+                    });
+                }
+            }
+        }
+        let Some((model, device)) = loaded else {
+            let reasons = skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.kind, s.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            // A model error (missing tensor, bad shape) is reported as itself when every backend
+            // failed the same way, so the user sees the file and tensor named.
+            return Err(Error::LoadFailed(if reasons.is_empty() {
+                "the preference list is empty".into()
+            } else {
+                reasons
+            }));
+        };
+        Ok(Pipeline {
+            model,
+            tokenizer,
+            pooling,
+            task,
+            model_name: assets.name(),
+            selection: Selection { device, skipped },
+            init: clock.lap(),
+            first_call: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+}
+
+fn resolve_task(task: Task, head: BertHead) -> Result<Task> {
+    let needed = match task {
+        Task::Auto => {
+            return Ok(match head {
+                BertHead::Base => Task::Embed,
+                BertHead::SequenceClassification => Task::Classify,
+                BertHead::TokenClassification => Task::TokenClassify,
+                BertHead::QuestionAnswering => Task::QuestionAnswering,
+            })
+        }
+        Task::Embed => return Ok(Task::Embed),
+        Task::Classify => BertHead::SequenceClassification,
+        Task::TokenClassify => BertHead::TokenClassification,
+        Task::QuestionAnswering => BertHead::QuestionAnswering,
+    };
+    if needed == head {
+        Ok(task)
+    } else {
+        Err(Error::Unsupported(format!(
+            "task {task:?} needs a checkpoint with the {needed:?} head; this one has {head:?}"
+        )))
+    }
+}
+
+struct LoadBert<'a> {
+    weights: std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>,
+    config: &'a BertConfig,
+}
+
+impl WithBackend for LoadBert<'_> {
+    type Output = Box<dyn BertTasks>;
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        let runner =
+            BertRunner::<H::Burn>::load(self.weights, self.config, &hal.device(), hal.kind())?;
+        Ok(Box::new(runner))
+    }
+}
+
+/// A loaded model on a selected backend.
+pub struct Pipeline {
+    model: Box<dyn BertTasks>,
+    tokenizer: TextTokenizer,
+    pooling: Pooling,
+    task: Task,
+    model_name: String,
+    selection: Selection,
+    init: Duration,
+    first_call: std::sync::atomic::AtomicBool,
+}
+
+/// A label with its probability.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Label {
+    /// Name from the config's `id2label`.
+    pub label: String,
+    /// Softmax probability.
+    pub score: f32,
+}
+
+/// A result with the metrics of the call that produced it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Output<T> {
+    /// The result.
+    pub value: T,
+    /// Measured timings.
+    pub metrics: Metrics,
+}
+
+/// An extracted answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Answer {
+    /// The answer text, cut from the context.
+    pub text: String,
+    /// Byte offset of the answer in the context.
+    pub start: usize,
+    /// Byte offset one past the answer's end.
+    pub end: usize,
+    /// p(start) · p(end).
+    pub score: f32,
+}
+
+/// A token and its predicted label.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenLabel {
+    /// The text of the token (from its offsets).
+    pub token: String,
+    /// Byte offsets in the input.
+    pub start: usize,
+    /// Byte offset one past the end.
+    pub end: usize,
+    /// Best label.
+    pub label: String,
+    /// Its probability.
+    pub score: f32,
+}
+
+impl Pipeline {
+    /// Starts configuring a pipeline for `model`: a local directory, a hub id (`org/name`,
+    /// `org/name@revision`), or [`EMBEDDED_SPEC`](crate::EMBEDDED_SPEC) for the built-in default.
+    pub fn builder(model: impl Into<String>) -> PipelineBuilder {
+        PipelineBuilder {
+            model: model.into(),
+            task: Task::Auto,
+            backends: None,
+            resolve: ResolveOptions::default(),
+            max_length: None,
+        }
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.selection.device.kind
+    }
+
+    /// The selected device and the preferences that were skipped, with reasons.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// Preferences that were skipped, with reasons.
+    pub fn skipped(&self) -> &[SkippedBackend] {
+        &self.selection.skipped
+    }
+
+    /// The task it runs.
+    pub fn task(&self) -> Task {
+        self.task
+    }
+
+    /// The model's name.
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &BertConfig {
+        self.model.config()
+    }
+
+    /// The sentence pooling used by [`Pipeline::embed`].
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The uniform named-tensor interface of the loaded model.
+    pub fn runner(&self) -> &dyn ipfs_accelerate_core::ModelRunner {
+        self.model.as_ref()
+    }
+
+    fn metrics(
+        &self,
+        clock: &Stopwatch,
+        enc: &Encoded,
+        pre: Duration,
+        inf: Duration,
+        post: Duration,
+    ) -> Metrics {
+        let first = self
+            .first_call
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        Metrics {
+            backend: self.backend().to_string(),
+            init: if first { self.init } else { Duration::ZERO },
+            preprocess: pre,
+            inference: inf,
+            postprocess: post,
+            total: clock.total(),
+            items: enc.batch,
+            tokens: enc.batch * enc.seq,
+            truncated: enc.truncated_count(),
+            memory_bytes: None,
+        }
+    }
+
+    /// Sentence embeddings, one vector per text (pooling from the model's sentence-transformers
+    /// config, mean by default), L2-normalised when `normalize`.
+    pub fn embed(&self, texts: &[&str], normalize: bool) -> Result<Output<Vec<Vec<f32>>>> {
+        let _span = tracing::info_span!("pipeline.run", task = "embed").entered();
+        let mut clock = Stopwatch::start();
+        let enc = self.tokenizer.encode_batch(texts)?;
+        let pre = clock.lap();
+        let vectors = self
+            .model
+            .embed(&to_inputs(&enc), self.pooling, normalize)?;
+        let inf = clock.lap();
+        let metrics = self.metrics(&clock, &enc, pre, inf, Duration::ZERO);
+        Ok(Output {
+            value: vectors,
+            metrics,
+        })
+    }
+
+    /// Sequence classification: for each text, every label with its probability, best first.
+    pub fn classify(&self, texts: &[&str]) -> Result<Output<Vec<Vec<Label>>>> {
+        let _span = tracing::info_span!("pipeline.run", task = "classify").entered();
+        let mut clock = Stopwatch::start();
+        let enc = self.tokenizer.encode_batch(texts)?;
+        let pre = clock.lap();
+        let logits = self.model.logits(&to_inputs(&enc))?;
+        let inf = clock.lap();
+        let HostLogits::Sequence { labels, data } = logits else {
+            return Err(Error::Unsupported(
+                "this checkpoint is not a sequence classifier".into(),
+            ));
+        };
+        let value = data
+            .chunks(labels.max(1))
+            .map(|row| self.ranked(row))
+            .collect();
+        let post = clock.lap();
+        let metrics = self.metrics(&clock, &enc, pre, inf, post);
+        Ok(Output { value, metrics })
+    }
+
+    /// Token classification: for each text, the best label of every (non-special) token.
+    pub fn classify_tokens(&self, texts: &[&str]) -> Result<Output<Vec<Vec<TokenLabel>>>> {
+        let _span = tracing::info_span!("pipeline.run", task = "token-classify").entered();
+        let mut clock = Stopwatch::start();
+        let enc = self.tokenizer.encode_batch(texts)?;
+        let pre = clock.lap();
+        let logits = self.model.logits(&to_inputs(&enc))?;
+        let inf = clock.lap();
+        let HostLogits::Token { labels, data } = logits else {
+            return Err(Error::Unsupported(
+                "this checkpoint is not a token classifier".into(),
+            ));
+        };
+        let mut value = Vec::with_capacity(enc.batch);
+        for (row, text) in texts.iter().enumerate() {
+            let mut tokens = Vec::new();
+            for t in 0..enc.seq {
+                if enc.sequence_ids[row].get(t).copied().flatten().is_none() {
+                    continue;
+                }
+                let at = (row * enc.seq + t) * labels;
+                let best = self.ranked(&data[at..at + labels]).remove(0);
+                let (s, e) = enc.offsets[row][t];
+                tokens.push(TokenLabel {
+                    token: text.get(s..e).unwrap_or_default().to_string(),
+                    start: s,
+                    end: e,
+                    label: best.label,
+                    score: best.score,
+                });
+            }
+            value.push(tokens);
+        }
+        let post = clock.lap();
+        let metrics = self.metrics(&clock, &enc, pre, inf, post);
+        Ok(Output { value, metrics })
+    }
+
+    /// Extractive question answering: the best span of `context` answering `question`.
+    pub fn answer(&self, question: &str, context: &str) -> Result<Output<Answer>> {
+        let _span = tracing::info_span!("pipeline.run", task = "qa").entered();
+        let mut clock = Stopwatch::start();
+        let enc = self.tokenizer.encode_pairs(&[(question, context)])?;
+        let pre = clock.lap();
+        let logits = self.model.logits(&to_inputs(&enc))?;
+        let inf = clock.lap();
+        let HostLogits::Span { start, end } = logits else {
+            return Err(Error::Unsupported(
+                "this checkpoint is not a question-answering model".into(),
+            ));
+        };
+        let allowed: Vec<bool> = enc.sequence_ids[0].iter().map(|s| *s == Some(1)).collect();
+        let Span {
+            start: s,
+            end: e,
+            score,
+        } = best_span(&start, &end, &allowed, 30).ok_or_else(|| {
+            ipfs_accelerate_core::Error::InvalidInput(
+                "the context has no tokens left after truncation".into(),
+            )
+        })?;
+        let (cs, _) = enc.offsets[0][s];
+        let (_, ce) = enc.offsets[0][e];
+        let value = Answer {
+            text: context.get(cs..ce).unwrap_or_default().to_string(),
+            start: cs,
+            end: ce,
+            score,
+        };
+        let post = clock.lap();
+        let metrics = self.metrics(&clock, &enc, pre, inf, post);
+        Ok(Output { value, metrics })
+    }
+
+    fn ranked(&self, logits: &[f32]) -> Vec<Label> {
+        let config = self.model.config();
+        let mut labels: Vec<Label> = softmax(logits)
+            .into_iter()
+            .enumerate()
+            .map(|(i, score)| Label {
+                label: config.label(i),
+                score,
+            })
+            .collect();
+        labels.sort_by(|a, b| b.score.total_cmp(&a.score));
+        labels
+    }
+}
+
+fn to_inputs(enc: &Encoded) -> BertInputs {
+    BertInputs {
+        batch: enc.batch,
+        seq: enc.seq,
+        input_ids: enc.input_ids.clone(),
+        attention_mask: enc.attention_mask.clone(),
+        token_type_ids: enc.token_type_ids.clone(),
+    }
+}

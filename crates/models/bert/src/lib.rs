@@ -1,0 +1,19 @@
+//! # ipfs-accelerate-bert
+//!
+//! A port of HF transformers' `modeling_bert.py`: [`BertModel`] (embeddings, encoder, pooler) and the
+//! heads of `BertForSequenceClassification`, `BertForTokenClassification` and
+//! `BertForQuestionAnswering`, generic over burn's `Backend`. Post-processing lives here too:
+//! sentence-transformers pooling, label softmax, and the best question-answering span.
+//!
+//! Checkpoints load from HF's tensor names (with or without the `bert.` prefix heads use, and with
+//! the legacy `LayerNorm.gamma` / `beta` spelling) through [`names::bert_names`].
+
+mod config;
+mod model;
+pub mod names;
+mod runner;
+pub mod tasks;
+
+pub use config::{preset, BertConfig, BertHead};
+pub use model::{Bert, BertModel, BertOutput, HeadLogits};
+pub use runner::{BertInputs, BertRunner, BertTasks, HostLogits};

@@ -1,0 +1,76 @@
+//! Conversions between host tensors and burn tensors.
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use ipfs_accelerate_core::{Error, HostTensor, Result};
+
+/// A host tensor (any float or integer dtype) as a float burn tensor of rank `D`.
+pub fn float_from_host<B: Backend, const D: usize>(
+    t: &HostTensor,
+    device: &B::Device,
+) -> Result<Tensor<B, D>> {
+    let shape = dims::<D>(t)?;
+    Ok(Tensor::from_data(
+        TensorData::new(t.to_f32_vec(), shape),
+        device,
+    ))
+}
+
+/// An integer host tensor as an Int burn tensor of rank `D`.
+pub fn int_from_host<B: Backend, const D: usize>(
+    t: &HostTensor,
+    device: &B::Device,
+) -> Result<Tensor<B, D, Int>> {
+    let shape = dims::<D>(t)?;
+    Ok(Tensor::from_data(
+        TensorData::new(t.to_i64_vec()?, shape),
+        device,
+    ))
+}
+
+/// Integer values as an Int burn tensor.
+pub fn int_tensor<B: Backend, const D: usize>(
+    values: Vec<i64>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Int> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A float burn tensor copied to the host as f32.
+pub fn float_to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<HostTensor> {
+    let shape = t.dims().to_vec();
+    let data = t
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))?;
+    HostTensor::from_f32(shape, &data)
+}
+
+/// A float burn tensor's values as a flat f32 vector.
+pub fn float_to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>> {
+    t.into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))
+}
+
+/// An Int burn tensor copied to the host as i64.
+pub fn int_to_host<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Result<HostTensor> {
+    let shape = t.dims().to_vec();
+    let data = t
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))?;
+    HostTensor::from_i64(shape, &data)
+}
+
+fn dims<const D: usize>(t: &HostTensor) -> Result<[usize; D]> {
+    t.shape().try_into().map_err(|_| {
+        Error::InvalidInput(format!(
+            "expected a rank-{D} tensor, got shape {:?}",
+            t.shape()
+        ))
+    })
+}

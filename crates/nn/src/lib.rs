@@ -1,0 +1,24 @@
+//! # ipfs-accelerate-nn
+//!
+//! Blocks every model family shares, written once over burn's `Backend` so they run on every backend:
+//! [`VarBuilder`] (named weights with shape checks), [`Linear`], [`LayerNorm`], [`RmsNorm`],
+//! [`Embedding`], [`Activation`] (every `hidden_act` HF configs use), attention helpers
+//! ([`attention::padding_mask`], [`attention::split_heads`], [`attention::sdpa`]) and conversions
+//! between [`HostTensor`](ipfs_accelerate_core::HostTensor) and burn tensors.
+
+pub mod activation;
+pub mod attention;
+pub mod convert;
+mod embedding;
+mod linear;
+mod norm;
+mod var_builder;
+
+pub use activation::Activation;
+pub use embedding::Embedding;
+pub use linear::Linear;
+pub use norm::{LayerNorm, RmsNorm};
+pub use var_builder::VarBuilder;
+
+/// Re-export of the burn backend trait models are generic over.
+pub use burn::tensor::backend::Backend as BurnBackend;

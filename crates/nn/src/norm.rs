@@ -1,0 +1,65 @@
+//! Normalisation layers.
+
+use burn::tensor::{backend::Backend, Tensor, TensorPrimitive};
+use ipfs_accelerate_core::Result;
+
+use crate::VarBuilder;
+
+/// Layer normalisation over the last dimension (biased variance, `eps` inside the square root),
+/// computed by the backend's fused kernel.
+#[derive(Debug, Clone)]
+pub struct LayerNorm<B: Backend> {
+    gamma: Tensor<B, 1>,
+    beta: Option<Tensor<B, 1>>,
+    eps: f64,
+}
+
+impl<B: Backend> LayerNorm<B> {
+    /// Loads `weight` and `bias` of size `dim` under `vb`.
+    pub fn load(vb: &VarBuilder<B>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(LayerNorm {
+            gamma: vb.tensor("weight", [dim])?,
+            beta: Some(vb.tensor("bias", [dim])?),
+            eps,
+        })
+    }
+
+    /// Normalises `x` over its last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        Tensor::from_primitive(TensorPrimitive::Float(B::layer_norm(
+            x.into_primitive().tensor(),
+            self.gamma.clone().into_primitive().tensor(),
+            self.beta.clone().map(|b| b.into_primitive().tensor()),
+            self.eps,
+        )))
+    }
+}
+
+/// Root-mean-square normalisation (LLaMA, T5): `x / sqrt(mean(x²) + eps) * weight`, computed in f32.
+#[derive(Debug, Clone)]
+pub struct RmsNorm<B: Backend> {
+    weight: Tensor<B, 1>,
+    eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// Loads `weight` of size `dim` under `vb`.
+    pub fn load(vb: &VarBuilder<B>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.tensor("weight", [dim])?,
+            eps,
+        })
+    }
+
+    /// Normalises `x` over its last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let rms = x
+            .clone()
+            .powi_scalar(2)
+            .mean_dim(D - 1)
+            .add_scalar(self.eps)
+            .sqrt();
+        let weight = self.weight.clone().unsqueeze::<D>();
+        x.div(rms).mul(weight)
+    }
+}

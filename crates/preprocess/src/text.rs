@@ -1,0 +1,203 @@
+//! Tokenizer glue.
+
+use std::path::Path;
+
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams, TruncationStrategy};
+
+/// Errors raised while preprocessing input.
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessError {
+    /// tokenizer.json could not be read or parsed.
+    #[error("tokenizer {origin}: {reason}")]
+    Tokenizer {
+        /// Where it came from.
+        origin: String,
+        /// What failed.
+        reason: String,
+    },
+    /// An input is empty.
+    #[error("empty input: {0}")]
+    Empty(String),
+    /// Encoding failed.
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+}
+
+impl From<PreprocessError> for ipfs_accelerate_core::Error {
+    fn from(e: PreprocessError) -> Self {
+        ipfs_accelerate_core::Error::InvalidInput(e.to_string())
+    }
+}
+
+/// A batch of tokenised text, row-major `[batch, seq]`, padded to the longest row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// Rows.
+    pub batch: usize,
+    /// Padded length.
+    pub seq: usize,
+    /// Token ids.
+    pub input_ids: Vec<i64>,
+    /// 1 for tokens, 0 for padding.
+    pub attention_mask: Vec<i64>,
+    /// Segment ids (1 for the second text of a pair).
+    pub token_type_ids: Vec<i64>,
+    /// Per row: whether it was cut to the maximum length.
+    pub truncated: Vec<bool>,
+    /// Per row and token: byte offsets into the text the token came from.
+    pub offsets: Vec<Vec<(usize, usize)>>,
+    /// Per row and token: which text of the pair (0 or 1) the token belongs to; `None` for special
+    /// tokens and padding.
+    pub sequence_ids: Vec<Vec<Option<usize>>>,
+}
+
+impl Encoded {
+    /// Number of rows that were truncated.
+    pub fn truncated_count(&self) -> usize {
+        self.truncated.iter().filter(|t| **t).count()
+    }
+}
+
+/// A `tokenizers` tokenizer configured for batched model input.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    max_len: usize,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json`; inputs are truncated to `max_len` tokens.
+    pub fn from_file(path: &Path, max_len: usize) -> Result<Self, PreprocessError> {
+        let inner = Tokenizer::from_file(path).map_err(|e| PreprocessError::Tokenizer {
+            origin: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::configure(inner, max_len, &path.display().to_string())
+    }
+
+    /// Parses tokenizer JSON held in memory.
+    pub fn from_bytes(bytes: &[u8], max_len: usize) -> Result<Self, PreprocessError> {
+        let inner = Tokenizer::from_bytes(bytes).map_err(|e| PreprocessError::Tokenizer {
+            origin: "embedded tokenizer.json".into(),
+            reason: e.to_string(),
+        })?;
+        Self::configure(inner, max_len, "embedded tokenizer.json")
+    }
+
+    fn configure(
+        mut inner: Tokenizer,
+        max_len: usize,
+        origin: &str,
+    ) -> Result<Self, PreprocessError> {
+        let pad_id = inner.get_padding().map(|p| p.pad_id).unwrap_or(0);
+        let pad_token = inner
+            .get_padding()
+            .map(|p| p.pad_token.clone())
+            .unwrap_or_else(|| "[PAD]".into());
+        inner.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            pad_id,
+            pad_token,
+            ..Default::default()
+        }));
+        inner
+            .with_truncation(Some(TruncationParams {
+                max_length: max_len,
+                strategy: TruncationStrategy::LongestFirst,
+                ..Default::default()
+            }))
+            .map_err(|e| PreprocessError::Tokenizer {
+                origin: origin.to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(TextTokenizer { inner, max_len })
+    }
+
+    /// The maximum number of tokens per row.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The underlying tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner
+    }
+
+    /// Tokenises single texts (with special tokens). An empty list or an empty / blank text is an
+    /// error naming it.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Encoded, PreprocessError> {
+        check_texts(texts, "text")?;
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| PreprocessError::Encode(e.to_string()))?;
+        Ok(collect(&encodings))
+    }
+
+    /// Tokenises `(first, second)` pairs, e.g. (question, context); only the second text is
+    /// truncated when a pair is too long.
+    pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Encoded, PreprocessError> {
+        let firsts: Vec<&str> = pairs.iter().map(|p| p.0).collect();
+        let seconds: Vec<&str> = pairs.iter().map(|p| p.1).collect();
+        check_texts(&firsts, "question")?;
+        check_texts(&seconds, "context")?;
+        let mut tok = self.inner.clone();
+        tok.with_truncation(Some(TruncationParams {
+            max_length: self.max_len,
+            strategy: TruncationStrategy::OnlySecond,
+            ..Default::default()
+        }))
+        .map_err(|e| PreprocessError::Encode(e.to_string()))?;
+        let inputs: Vec<tokenizers::EncodeInput> = pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()).into())
+            .collect();
+        let encodings = tok
+            .encode_batch(inputs, true)
+            .map_err(|e| PreprocessError::Encode(e.to_string()))?;
+        Ok(collect(&encodings))
+    }
+
+    /// Decodes ids back to text (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, PreprocessError> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| PreprocessError::Encode(e.to_string()))
+    }
+}
+
+fn check_texts(texts: &[&str], what: &str) -> Result<(), PreprocessError> {
+    if texts.is_empty() {
+        return Err(PreprocessError::Empty(format!("no {what} given")));
+    }
+    if let Some(i) = texts.iter().position(|t| t.trim().is_empty()) {
+        return Err(PreprocessError::Empty(format!("{what} #{i} is empty")));
+    }
+    Ok(())
+}
+
+fn collect(encodings: &[tokenizers::Encoding]) -> Encoded {
+    let batch = encodings.len();
+    let seq = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
+    let mut out = Encoded {
+        batch,
+        seq,
+        input_ids: Vec::with_capacity(batch * seq),
+        attention_mask: Vec::with_capacity(batch * seq),
+        token_type_ids: Vec::with_capacity(batch * seq),
+        truncated: Vec::with_capacity(batch),
+        offsets: Vec::with_capacity(batch),
+        sequence_ids: Vec::with_capacity(batch),
+    };
+    for e in encodings {
+        out.input_ids.extend(e.get_ids().iter().map(|&v| v as i64));
+        out.attention_mask
+            .extend(e.get_attention_mask().iter().map(|&v| v as i64));
+        out.token_type_ids
+            .extend(e.get_type_ids().iter().map(|&v| v as i64));
+        out.truncated.push(!e.get_overflowing().is_empty());
+        out.offsets.push(e.get_offsets().to_vec());
+        out.sequence_ids.push(e.get_sequence_ids());
+    }
+    out
+}

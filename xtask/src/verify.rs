@@ -1,0 +1,98 @@
+//! `cargo xtask verify`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ipfs_accelerate::conformance::{discover, implemented_families, verify_fixture, Check};
+use ipfs_accelerate::BackendKind;
+
+/// Arguments of `verify`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Fixture root holding `<family>/<variant>/` folders.
+    #[arg(long, default_value = "../shared/fixtures")]
+    fixtures: PathBuf,
+    /// Comma-separated families to check (default: every family found).
+    #[arg(long, value_delimiter = ',')]
+    family: Vec<String>,
+    /// Comma-separated backends to run on.
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    backend: Vec<String>,
+    /// Also print the results as JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let backends = args
+        .backend
+        .iter()
+        .map(|b| b.parse::<BackendKind>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let fixtures = discover(&args.fixtures, &args.family)?;
+    if fixtures.is_empty() {
+        anyhow::bail!(
+            "no fixtures found under {} for families {:?}",
+            args.fixtures.display(),
+            args.family
+        );
+    }
+    let implemented = implemented_families();
+    let mut checks: Vec<Check> = Vec::new();
+    let mut skipped = std::collections::BTreeSet::new();
+    for fixture in &fixtures {
+        if !implemented.contains(&fixture.family.as_str()) {
+            skipped.insert(fixture.family.clone());
+            continue;
+        }
+        for &backend in &backends {
+            match verify_fixture(fixture, backend) {
+                Ok(c) => checks.extend(c),
+                Err(e) => checks.push(Check {
+                    family: fixture.family.clone(),
+                    variant: fixture.variant.clone(),
+                    backend: backend.to_string(),
+                    output: "-".into(),
+                    rel_error: f64::INFINITY,
+                    tolerance: 0.0,
+                    ok: false,
+                    note: e.to_string(),
+                }),
+            }
+        }
+    }
+    println!(
+        "{:<10} {:<26} {:<8} {:<20} {:>12} {:>10}  ok",
+        "family", "variant", "backend", "output", "rel_error", "tolerance"
+    );
+    for c in &checks {
+        println!(
+            "{:<10} {:<26} {:<8} {:<20} {:>12.3e} {:>10.1e}  {}{}",
+            c.family,
+            c.variant,
+            c.backend,
+            c.output,
+            c.rel_error,
+            c.tolerance,
+            if c.ok { "ok" } else { "FAIL" },
+            if c.note.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", c.note)
+            }
+        );
+        if args.json {
+            println!("{}", serde_json::to_string(c)?);
+        }
+    }
+    for family in &skipped {
+        println!("skipped family `{family}`: not implemented yet");
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    println!("{} passed, {} failed", checks.len() - failed, failed);
+    Ok(if failed == 0 && !checks.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
