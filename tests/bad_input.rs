@@ -175,8 +175,7 @@ fn empty_and_over_long_text() {
         .unwrap();
     let err = pipe
         .embed(&["fine", ""], false)
-        .err()
-        .expect("empty text must fail");
+        .expect_err("empty text must fail");
     assert!(
         matches!(err, Error::Preprocess(_)) && err.to_string().contains("#1 is empty"),
         "{err}"

@@ -38,7 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let values = t.to_f32_vec();
         let shape = t.shape().to_vec();
         if shape.len() == 2 && shape[1] >= 16 {
-            let block = if shape[1] % args.block == 0 {
+            let block = if shape[1].is_multiple_of(args.block) {
                 args.block
             } else {
                 shape[1]

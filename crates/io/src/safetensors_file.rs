@@ -135,9 +135,9 @@ impl TensorSource for SafeTensorsFile {
 
 fn dequantize_blocks_i8(name: &str, q: &HostTensor, scales: &HostTensor) -> CoreResult<HostTensor> {
     let rows = q.shape().first().copied().unwrap_or(0);
-    let cols = if rows == 0 { 0 } else { q.numel() / rows };
+    let cols = q.numel().checked_div(rows).unwrap_or(0);
     let blocks = match scales.shape() {
-        [r, b] if *r == rows && *b > 0 && cols % *b == 0 => *b,
+        [r, b] if *r == rows && *b > 0 && cols.is_multiple_of(*b) => *b,
         [r] if *r == rows => 1,
         other => {
             return Err(Error::ShapeMismatch {

@@ -6,6 +6,7 @@ use ipfs_accelerate_core::{Availability, BackendKind, ProbeBackend, Selector};
 use crate::{Error, Result};
 
 /// Every backend compiled into this build.
+#[allow(clippy::vec_init_then_push)] // one push per backend feature
 pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
     #[allow(unused_mut)]
     let mut v: Vec<Box<dyn ProbeBackend>> = Vec::new();

@@ -16,7 +16,9 @@ use crate::backends::{with_backend, WithBackend};
 use crate::{Error, Result};
 
 /// Families this build can verify.
+#[allow(clippy::vec_init_then_push)] // one push per family feature
 pub fn implemented_families() -> Vec<&'static str> {
+    #[allow(unused_mut)]
     let mut v = Vec::new();
     #[cfg(feature = "bert")]
     v.push("bert");

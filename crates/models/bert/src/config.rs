@@ -102,7 +102,7 @@ impl BertConfig {
                 return bad(format!("`{name}` must be positive"));
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
