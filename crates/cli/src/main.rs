@@ -108,7 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .iter()
             .map(|b| b.parse::<BackendKind>())
             .collect::<Result<Vec<_>, _>>()?;
-        builder = builder.backends(list);
+        builder = builder.backends(list).env_override(false);
     }
     let task = match &cli.command {
         Command::Embed { .. } => Task::Embed,

@@ -216,24 +216,24 @@ impl Availability {
     }
 }
 
-/// The object-safe part of a backend: what selection and `devices` need.
+/// The object-safe part of a backend: what selection, `devices` and metrics need.
 pub trait ProbeBackend: Send + Sync {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// Looks for usable hardware. Must not panic or abort when drivers are missing.
     fn probe(&self) -> Availability;
+    /// Waits until all queued work on the device has finished, so clocks read after it are honest.
+    fn synchronize(&self) -> Result<(), Error>;
+    /// Bytes of memory in use by this backend (device allocator, or process RSS on the CPU).
+    fn memory_in_use(&self) -> Option<u64>;
 }
 
 /// The contract a backend crate implements: probing plus the burn device the models run on.
-pub trait Backend: ProbeBackend {
+pub trait Backend: ProbeBackend + Clone + 'static {
     /// The burn backend type models are instantiated with.
     type Burn: burn::tensor::backend::Backend;
     /// The burn device to place tensors on.
     fn device(&self) -> burn::tensor::Device<Self::Burn>;
-    /// Waits until all queued work on the device has finished (for honest timings).
-    fn synchronize(&self) -> Result<(), Error>;
-    /// Bytes of memory in use by this backend (device allocator, or process RSS on the CPU).
-    fn memory_in_use(&self) -> Option<u64>;
 }
 
 #[cfg(test)]

@@ -121,6 +121,12 @@ mod tests {
                 }),
             }
         }
+        fn synchronize(&self) -> Result<(), Error> {
+            Ok(())
+        }
+        fn memory_in_use(&self) -> Option<u64> {
+            None
+        }
     }
 
     #[test]

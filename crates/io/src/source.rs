@@ -23,11 +23,16 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
-    /// Interprets `spec`: an existing path is a directory, anything else a hub id
-    /// (`org/name` or `org/name@revision`).
+    /// Interprets `spec`: an existing path, or anything written as a path (`/…`, `./…`, `../…`,
+    /// `~/…`), is a directory; anything else a hub id (`org/name` or `org/name@revision`).
     pub fn parse(spec: &str) -> ModelSource {
         let path = Path::new(spec);
-        if path.exists() {
+        let looks_like_path = ["/", "./", "../", "~/", "\\"]
+            .iter()
+            .any(|p| spec.starts_with(p))
+            || spec == "."
+            || spec == "..";
+        if path.exists() || looks_like_path {
             return ModelSource::Dir(path.to_path_buf());
         }
         match spec.split_once('@') {
@@ -183,15 +188,15 @@ pub fn resolve(spec: &str, options: ResolveOptions) -> Result<ModelFiles, IoErro
         ModelSource::Dir(d) => {
             return Err(IoError::NotFound {
                 model: d.display().to_string(),
-                file: String::new(),
-                reason: "not a directory".into(),
+                file: "config.json".into(),
+                reason: "no such directory".into(),
                 env_var: MODELS_ENV,
             })
         }
         ModelSource::Hub { id, .. } if id.is_empty() || id.contains("..") => {
             return Err(IoError::NotFound {
                 model: id.clone(),
-                file: String::new(),
+                file: "config.json".into(),
                 reason: "not a valid model id or path".into(),
                 env_var: MODELS_ENV,
             })

@@ -6,7 +6,9 @@ use ipfs_accelerate_bert::{
     tasks::{best_span, softmax, Pooling, Span},
     BertConfig, BertHead, BertInputs, BertRunner, BertTasks, HostLogits,
 };
-use ipfs_accelerate_core::{BackendKind, Metrics, Selection, SkippedBackend, Stopwatch};
+use ipfs_accelerate_core::{
+    BackendKind, Metrics, ProbeBackend, Selection, SkippedBackend, Stopwatch,
+};
 use ipfs_accelerate_io::ResolveOptions;
 use ipfs_accelerate_preprocess::{Encoded, TextTokenizer};
 
@@ -36,6 +38,7 @@ pub struct PipelineBuilder {
     model: String,
     task: Task,
     backends: Option<Vec<BackendKind>>,
+    env_override: bool,
     resolve: ResolveOptions,
     max_length: Option<usize>,
 }
@@ -50,6 +53,14 @@ impl PipelineBuilder {
     /// Backend preference, first usable wins. `IPFS_ACCELERATE_BACKENDS` overrides it when set.
     pub fn backends(mut self, backends: impl IntoIterator<Item = BackendKind>) -> Self {
         self.backends = Some(backends.into_iter().collect());
+        self
+    }
+
+    /// Whether `IPFS_ACCELERATE_BACKENDS` may override [`backends`](Self::backends) (default: yes,
+    /// so deployments can steer a program without rebuilding it). Command lines that take an
+    /// explicit `--backend` turn it off.
+    pub fn env_override(mut self, allow: bool) -> Self {
+        self.env_override = allow;
         self
     }
 
@@ -76,12 +87,13 @@ impl PipelineBuilder {
     /// the model is recorded in [`Pipeline::skipped`] and the next one is tried.
     pub fn build(self) -> Result<Pipeline> {
         let mut clock = Stopwatch::start();
-        let preferences = match std::env::var(crate::BACKENDS_ENV) {
-            Ok(v) if !v.trim().is_empty() => BackendKind::parse_list(&v)?,
-            _ => match self.backends {
-                Some(b) => b,
-                None => default_preferences()?,
-            },
+        let from_env = std::env::var(crate::BACKENDS_ENV)
+            .ok()
+            .filter(|v| self.env_override && !v.trim().is_empty());
+        let preferences = match (from_env, self.backends) {
+            (Some(list), _) => BackendKind::parse_list(&list)?,
+            (None, Some(b)) => b,
+            (None, None) => default_preferences()?,
         };
         let assets = Assets::resolve(&self.model, self.resolve.clone())?;
         let (config_text, config_path) = assets.config()?;
@@ -126,8 +138,8 @@ impl PipelineBuilder {
                 config: &config,
             };
             match with_backend(device.kind, load) {
-                Ok(model) => {
-                    loaded = Some((model, device));
+                Ok((model, hal)) => {
+                    loaded = Some((model, hal, device));
                     break;
                 }
                 Err(e) => {
@@ -139,7 +151,7 @@ impl PipelineBuilder {
                 }
             }
         }
-        let Some((model, device)) = loaded else {
+        let Some((model, hal, device)) = loaded else {
             let reasons = skipped
                 .iter()
                 .map(|s| format!("{}: {}", s.kind, s.reason))
@@ -155,6 +167,7 @@ impl PipelineBuilder {
         };
         Ok(Pipeline {
             model,
+            hal,
             tokenizer,
             pooling,
             task,
@@ -196,18 +209,19 @@ struct LoadBert<'a> {
 }
 
 impl WithBackend for LoadBert<'_> {
-    type Output = Box<dyn BertTasks>;
+    type Output = (Box<dyn BertTasks>, Box<dyn ProbeBackend>);
 
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
         let runner =
             BertRunner::<H::Burn>::load(self.weights, self.config, &hal.device(), hal.kind())?;
-        Ok(Box::new(runner))
+        Ok((Box::new(runner), Box::new(hal.clone())))
     }
 }
 
 /// A loaded model on a selected backend.
 pub struct Pipeline {
     model: Box<dyn BertTasks>,
+    hal: Box<dyn ProbeBackend>,
     tokenizer: TextTokenizer,
     pooling: Pooling,
     task: Task,
@@ -271,6 +285,7 @@ impl Pipeline {
             model: model.into(),
             task: Task::Auto,
             backends: None,
+            env_override: true,
             resolve: ResolveOptions::default(),
             max_length: None,
         }
@@ -342,7 +357,7 @@ impl Pipeline {
             items: enc.batch,
             tokens: enc.batch * enc.seq,
             truncated: enc.truncated_count(),
-            memory_bytes: None,
+            memory_bytes: self.hal.memory_in_use(),
         }
     }
 
@@ -371,6 +386,7 @@ impl Pipeline {
         let enc = self.tokenizer.encode_batch(texts)?;
         let pre = clock.lap();
         let logits = self.model.logits(&to_inputs(&enc))?;
+        self.hal.synchronize()?;
         let inf = clock.lap();
         let HostLogits::Sequence { labels, data } = logits else {
             return Err(Error::Unsupported(
@@ -393,6 +409,7 @@ impl Pipeline {
         let enc = self.tokenizer.encode_batch(texts)?;
         let pre = clock.lap();
         let logits = self.model.logits(&to_inputs(&enc))?;
+        self.hal.synchronize()?;
         let inf = clock.lap();
         let HostLogits::Token { labels, data } = logits else {
             return Err(Error::Unsupported(
@@ -431,6 +448,7 @@ impl Pipeline {
         let enc = self.tokenizer.encode_pairs(&[(question, context)])?;
         let pre = clock.lap();
         let logits = self.model.logits(&to_inputs(&enc))?;
+        self.hal.synchronize()?;
         let inf = clock.lap();
         let HostLogits::Span { start, end } = logits else {
             return Err(Error::Unsupported(

@@ -1,8 +1,6 @@
 //! Attention helpers: masks, head splitting and scaled dot-product attention.
 
-use burn::tensor::{
-    backend::Backend, module::attention, ops::AttentionModuleOptions, Bool, Int, Tensor,
-};
+use burn::tensor::{activation, backend::Backend, Bool, Int, Tensor, TensorData};
 
 /// A key-padding mask for attention: `attention_mask` `[batch, keys]` (1 = attend, 0 = padding)
 /// becomes a boolean `[batch, 1, 1, keys]` that is `true` where attention is forbidden.
@@ -22,34 +20,68 @@ pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
     x.swap_dims(1, 2).reshape([b, s, h * d])
 }
 
-/// Scaled dot-product attention over `[batch, heads, seq, head_dim]` tensors by the backend's
-/// attention kernel. `mask` (`true` = forbidden) broadcasts from `[batch, 1, 1|q, k]`;
-/// `bias` is added to the scores (relative position biases); `scale` defaults to `1/sqrt(head_dim)`.
+/// The additive attention bias of a key-padding mask: `mask` `[batch, keys]` (row-major, 1 = attend,
+/// 0 = padding) becomes `[batch, heads, queries, keys]` holding 0 or `f32::MIN` (HF's convention),
+/// materialised once per forward so every layer adds it with one contiguous, vectorised add.
+/// With `causal`, keys after the query position are masked too (decoders).
+pub fn padding_bias<B: Backend>(
+    mask: &[i64],
+    batch: usize,
+    keys: usize,
+    heads: usize,
+    queries: usize,
+    causal: bool,
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    let offset = keys.saturating_sub(queries);
+    let mut rows = Vec::with_capacity(batch * queries * keys);
+    for b in 0..batch {
+        let m = &mask[b * keys..(b + 1) * keys];
+        for q in 0..queries {
+            rows.extend(m.iter().enumerate().map(|(k, &keep)| {
+                if keep == 0 || (causal && k > q + offset) {
+                    f32::MIN
+                } else {
+                    0.0
+                }
+            }));
+        }
+    }
+    let per_batch = queries * keys;
+    let mut data = Vec::with_capacity(batch * heads * per_batch);
+    for b in 0..batch {
+        for _ in 0..heads {
+            data.extend_from_slice(&rows[b * per_batch..(b + 1) * per_batch]);
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [batch, heads, queries, keys]), device)
+}
+
+/// Scaled dot-product attention over `[batch, heads, seq, head_dim]` tensors:
+/// `softmax(q kᵀ · scale + bias) v`, with `scale` defaulting to `1/sqrt(head_dim)` and `bias` an
+/// additive `[batch, heads, queries, keys]` tensor (padding / causal masks from [`padding_bias`],
+/// relative position biases). Written as two batched matmuls that read `q`, `k`, `v` through their
+/// strides, so the head split costs no copy.
 pub fn sdpa<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Option<Tensor<B, 4, Bool>>,
-    bias: Option<Tensor<B, 4>>,
+    bias: Option<&Tensor<B, 4>>,
     scale: Option<f64>,
-    causal: bool,
 ) -> Tensor<B, 4> {
-    let [b, h, sq, _] = q.dims();
-    let sk = k.dims()[2];
-    let mask = mask.map(|m| m.expand([b, h, sq, sk]));
-    let bias = bias.map(|x| x.expand([b, h, sq, sk]));
-    let options = AttentionModuleOptions {
-        scale,
-        softcap: None,
-        is_causal: causal,
-    };
-    attention(q, k, v, mask, bias, options)
+    let head_dim = q.dims()[3];
+    let scale = scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    if let Some(bias) = bias {
+        scores = scores + bias.clone();
+    }
+    activation::softmax(scores, 3).matmul(v)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{activation::softmax, TensorData};
+    use burn::tensor::activation::softmax;
     use burn_flex::Flex;
 
     #[test]
@@ -63,19 +95,10 @@ mod tests {
             Tensor::<Flex, 4>::from_data(TensorData::new(v, [2, 2, 3, 4]), &dev)
         };
         let (q, k, v) = (t(0), t(1), t(2));
-        let am = Tensor::<Flex, 2, Int>::from_data(
-            TensorData::new(vec![1i64, 1, 1, 1, 1, 0], [2, 3]),
-            &dev,
-        );
-        let out = sdpa(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            Some(padding_mask(am.clone())),
-            None,
-            None,
-            false,
-        );
+        let mask = vec![1i64, 1, 1, 1, 1, 0];
+        let am = Tensor::<Flex, 2, Int>::from_data(TensorData::new(mask.clone(), [2, 3]), &dev);
+        let bias = padding_bias::<Flex>(&mask, 2, 3, 2, 3, false, &dev);
+        let out = sdpa(q.clone(), k.clone(), v.clone(), Some(&bias), None);
         let scores = q.matmul(k.swap_dims(2, 3)) / 2.0;
         let m = padding_mask(am).expand([2, 2, 3, 3]);
         let naive = softmax(scores.mask_fill(m, f32::NEG_INFINITY), 3).matmul(v);

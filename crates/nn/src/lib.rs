@@ -3,7 +3,7 @@
 //! Blocks every model family shares, written once over burn's `Backend` so they run on every backend:
 //! [`VarBuilder`] (named weights with shape checks), [`Linear`], [`LayerNorm`], [`RmsNorm`],
 //! [`Embedding`], [`Activation`] (every `hidden_act` HF configs use), attention helpers
-//! ([`attention::padding_mask`], [`attention::split_heads`], [`attention::sdpa`]) and conversions
+//! ([`attention::padding_bias`], [`attention::split_heads`], [`attention::sdpa`]) and conversions
 //! between [`HostTensor`](ipfs_accelerate_core::HostTensor) and burn tensors.
 
 pub mod activation;

@@ -109,14 +109,6 @@ impl ProbeBackend for CpuBackend {
     fn probe(&self) -> Availability {
         Availability::Available(Self::device_info())
     }
-}
-
-impl Backend for CpuBackend {
-    type Burn = CpuBurn;
-
-    fn device(&self) -> burn_flex::FlexDevice {
-        burn_flex::FlexDevice
-    }
 
     fn synchronize(&self) -> Result<(), Error> {
         // burn-flex executes eagerly: results are ready when an op returns.
@@ -125,6 +117,14 @@ impl Backend for CpuBackend {
 
     fn memory_in_use(&self) -> Option<u64> {
         process_rss()
+    }
+}
+
+impl Backend for CpuBackend {
+    type Burn = CpuBurn;
+
+    fn device(&self) -> burn_flex::FlexDevice {
+        burn_flex::FlexDevice
     }
 }
 

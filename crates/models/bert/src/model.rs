@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn::tensor::{activation, backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
-    attention::{merge_heads, padding_mask, sdpa, split_heads},
+    attention::{merge_heads, padding_bias, sdpa, split_heads},
     convert::int_tensor,
     Embedding, LayerNorm, Linear, VarBuilder,
 };
@@ -82,11 +82,11 @@ impl<B: Backend> Layer<B> {
         })
     }
 
-    fn forward(&self, x: Tensor<B, 3>, mask: &Tensor<B, 4, burn::tensor::Bool>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, bias: &Tensor<B, 4>) -> Tensor<B, 3> {
         let q = split_heads(self.query.forward(x.clone()), self.heads);
         let k = split_heads(self.key.forward(x.clone()), self.heads);
         let v = split_heads(self.value.forward(x.clone()), self.heads);
-        let ctx = merge_heads(sdpa(q, k, v, Some(mask.clone()), None, None, false));
+        let ctx = merge_heads(sdpa(q, k, v, Some(bias), None));
         let x = self.attn_norm.forward(self.attn_out.forward(ctx) + x);
         let inner = self.act.forward(self.intermediate.forward(x.clone()));
         self.out_norm.forward(self.output.forward(inner) + x)
@@ -160,11 +160,12 @@ impl<B: Backend> BertModel<B> {
         Ok(())
     }
 
-    /// Runs the encoder. Inputs are `[batch, seq]`; `attention_mask` 1 = token, 0 = padding.
+    /// Runs the encoder. Inputs are `[batch, seq]`; `attention_mask` (row-major, on the host) is
+    /// 1 for tokens and 0 for padding.
     pub fn forward(
         &self,
         input_ids: Tensor<B, 2, Int>,
-        attention_mask: Tensor<B, 2, Int>,
+        attention_mask: &[i64],
         token_type_ids: Tensor<B, 2, Int>,
     ) -> BertOutput<B> {
         let [batch, seq] = input_ids.dims();
@@ -173,9 +174,10 @@ impl<B: Backend> BertModel<B> {
         let mut x = self
             .embeddings
             .forward(input_ids, token_type_ids, positions);
-        let mask = padding_mask(attention_mask);
+        let heads = self.config.num_attention_heads;
+        let bias = padding_bias::<B>(attention_mask, batch, seq, heads, seq, false, &self.device);
         for layer in &self.layers {
-            x = layer.forward(x, &mask);
+            x = layer.forward(x, &bias);
         }
         let pooler_output = self.pooler.as_ref().map(|p| {
             let first: Tensor<B, 2> = x

@@ -99,6 +99,20 @@ impl<B: Backend> BertRunner<B> {
 
     /// Validates `inputs` and runs the encoder.
     pub fn encode(&self, inputs: &BertInputs) -> Result<BertOutput<B>> {
+        for (name, v) in [
+            ("input_ids", &inputs.input_ids),
+            ("attention_mask", &inputs.attention_mask),
+            ("token_type_ids", &inputs.token_type_ids),
+        ] {
+            if v.len() != inputs.batch * inputs.seq {
+                return Err(Error::InvalidInput(format!(
+                    "{name} has {} values for shape [{}, {}]",
+                    v.len(),
+                    inputs.batch,
+                    inputs.seq
+                )));
+            }
+        }
         self.bert.model.check_inputs(
             &inputs.input_ids,
             Some(&inputs.token_type_ids),
@@ -108,7 +122,7 @@ impl<B: Backend> BertRunner<B> {
         let t = |v: &Vec<i64>| int_tensor::<B, 2>(v.clone(), shape, &self.device);
         Ok(self.bert.model.forward(
             t(&inputs.input_ids),
-            t(&inputs.attention_mask),
+            &inputs.attention_mask,
             t(&inputs.token_type_ids),
         ))
     }
