@@ -1,6 +1,9 @@
 //! BERT forward on the CPU backend: all-MiniLM-L6-v2 and bert-base shapes, batch 1 and 8, seq 128.
 //! Compare with `python3 ../shared/tools/peer_bench_torch.py --model minilm-l6 --batch 8 --seq 128`.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ipfs_accelerate_backend_cpu::CpuBurn;
 use ipfs_accelerate_benches::{bert_inputs, random_bert};

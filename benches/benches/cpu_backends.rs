@@ -4,6 +4,9 @@
 //! `cargo bench -p ipfs-accelerate-benches --features compare-cpu --bench cpu_backends`
 
 use burn::tensor::backend::Backend;
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ipfs_accelerate_benches::{bert_inputs, random_bert};
 use ipfs_accelerate_core::BackendKind;

@@ -15,7 +15,11 @@ fn embed_prints_one_vector_per_text() {
         .args(["embed", "--normalize", "Hello, world!", "Rust is fast."])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.len(), 2);
     assert_eq!(v[0].len(), 384);
@@ -38,13 +42,20 @@ fn similarity_matrix_and_metrics() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let m: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(m.len(), 3);
     assert!((m[1][1] - 1.0).abs() < 1e-4);
     assert!(m[0][1] > m[0][2]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("inference") && err.contains("backend      cpu"), "{err}");
+    assert!(
+        err.contains("inference") && err.contains("backend      cpu"),
+        "{err}"
+    );
     assert!(err.contains("skipped backend cuda"), "{err}");
 }
 
@@ -53,10 +64,24 @@ fn devices_lists_every_backend_without_panicking() {
     let out = cli().arg("devices").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for name in ["cpu", "cuda", "rocm", "metal", "wgpu", "webgpu", "onnx-openvino", "webnn"] {
-        assert!(text.lines().any(|l| l.starts_with(name)), "{name} missing:\n{text}");
+    for name in [
+        "cpu",
+        "cuda",
+        "rocm",
+        "metal",
+        "wgpu",
+        "webgpu",
+        "onnx-openvino",
+        "webnn",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} missing:\n{text}"
+        );
     }
-    assert!(text.lines().any(|l| l.starts_with("cpu") && l.contains("available")));
+    assert!(text
+        .lines()
+        .any(|l| l.starts_with("cpu") && l.contains("available")));
     let json = cli().args(["devices", "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert!(v.as_array().unwrap().len() >= 8);
@@ -70,7 +95,10 @@ fn bad_model_and_empty_text_fail_cleanly() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.starts_with("error:") && err.contains("/nonexistent/model"), "{err}");
+    assert!(
+        err.starts_with("error:") && err.contains("/nonexistent/model"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 
     let out = cli().args(["embed", ""]).output().unwrap();

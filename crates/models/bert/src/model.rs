@@ -82,11 +82,11 @@ impl<B: Backend> Layer<B> {
         })
     }
 
-    fn forward(&self, x: Tensor<B, 3>, bias: &Tensor<B, 4>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
         let q = split_heads(self.query.forward(x.clone()), self.heads);
         let k = split_heads(self.key.forward(x.clone()), self.heads);
         let v = split_heads(self.value.forward(x.clone()), self.heads);
-        let ctx = merge_heads(sdpa(q, k, v, Some(bias), None));
+        let ctx = merge_heads(sdpa(q, k, v, bias, None));
         let x = self.attn_norm.forward(self.attn_out.forward(ctx) + x);
         let inner = self.act.forward(self.intermediate.forward(x.clone()));
         self.out_norm.forward(self.output.forward(inner) + x)
@@ -174,10 +174,13 @@ impl<B: Backend> BertModel<B> {
         let mut x = self
             .embeddings
             .forward(input_ids, token_type_ids, positions);
-        let heads = self.config.num_attention_heads;
-        let bias = padding_bias::<B>(attention_mask, batch, seq, heads, seq, false, &self.device);
+        // No padding (one text, or texts of equal length): no mask to add.
+        let bias = attention_mask.contains(&0).then(|| {
+            let heads = self.config.num_attention_heads;
+            padding_bias::<B>(attention_mask, batch, seq, heads, seq, false, &self.device)
+        });
         for layer in &self.layers {
-            x = layer.forward(x, &bias);
+            x = layer.forward(x, bias.as_ref());
         }
         let pooler_output = self.pooler.as_ref().map(|p| {
             let first: Tensor<B, 2> = x
