@@ -9,17 +9,20 @@ fn cli() -> Command {
     c
 }
 
-#[test]
-fn embed_prints_one_vector_per_text() {
-    let out = cli()
-        .args(["embed", "--normalize", "Hello, world!", "Rust is fast."])
-        .output()
-        .unwrap();
+/// Runs the binary with `args`, asserting that it succeeds.
+fn run_ok(args: &[&str]) -> std::process::Output {
+    let out = cli().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+#[test]
+fn embed_prints_one_vector_per_text() {
+    let out = run_ok(&["embed", "--normalize", "Hello, world!", "Rust is fast."]);
     let v: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.len(), 2);
     assert_eq!(v[0].len(), 384);
@@ -29,24 +32,16 @@ fn embed_prints_one_vector_per_text() {
 
 #[test]
 fn similarity_matrix_and_metrics() {
-    let out = cli()
-        .args([
-            "embed",
-            "--similarity",
-            "--metrics",
-            "--backend",
-            "cuda,cpu",
-            "A man is playing a guitar.",
-            "Someone plays music.",
-            "The stock market fell.",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(&[
+        "embed",
+        "--similarity",
+        "--metrics",
+        "--backend",
+        "cuda,cpu",
+        "A man is playing a guitar.",
+        "Someone plays music.",
+        "The stock market fell.",
+    ]);
     let m: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(m.len(), 3);
     assert!((m[1][1] - 1.0).abs() < 1e-4);

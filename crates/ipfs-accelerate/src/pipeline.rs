@@ -10,7 +10,7 @@ use ipfs_accelerate_core::{
     BackendKind, Metrics, ProbeBackend, Selection, SkippedBackend, Stopwatch,
 };
 use ipfs_accelerate_io::ResolveOptions;
-use ipfs_accelerate_preprocess::{Encoded, TextTokenizer};
+use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
 use crate::backends::{default_preferences, selector, with_backend, WithBackend};
@@ -379,15 +379,26 @@ impl Pipeline {
         })
     }
 
-    /// Sequence classification: for each text, every label with its probability, best first.
-    pub fn classify(&self, texts: &[&str]) -> Result<Output<Vec<Vec<Label>>>> {
-        let _span = tracing::info_span!("pipeline.run", task = "classify").entered();
-        let mut clock = Stopwatch::start();
-        let enc = self.tokenizer.encode_batch(texts)?;
+    /// Tokenises with `encode`, runs the head, and times both (the device synchronised before the
+    /// inference clock is read).
+    fn timed_logits(
+        &self,
+        clock: &mut Stopwatch,
+        encode: impl FnOnce(&TextTokenizer) -> std::result::Result<Encoded, PreprocessError>,
+    ) -> Result<(Encoded, HostLogits, Duration, Duration)> {
+        let enc = encode(&self.tokenizer)?;
         let pre = clock.lap();
         let logits = self.model.logits(&to_inputs(&enc))?;
         self.hal.synchronize()?;
         let inf = clock.lap();
+        Ok((enc, logits, pre, inf))
+    }
+
+    /// Sequence classification: for each text, every label with its probability, best first.
+    pub fn classify(&self, texts: &[&str]) -> Result<Output<Vec<Vec<Label>>>> {
+        let _span = tracing::info_span!("pipeline.run", task = "classify").entered();
+        let mut clock = Stopwatch::start();
+        let (enc, logits, pre, inf) = self.timed_logits(&mut clock, |t| t.encode_batch(texts))?;
         let HostLogits::Sequence { labels, data } = logits else {
             return Err(Error::Unsupported(
                 "this checkpoint is not a sequence classifier".into(),
@@ -406,11 +417,7 @@ impl Pipeline {
     pub fn classify_tokens(&self, texts: &[&str]) -> Result<Output<Vec<Vec<TokenLabel>>>> {
         let _span = tracing::info_span!("pipeline.run", task = "token-classify").entered();
         let mut clock = Stopwatch::start();
-        let enc = self.tokenizer.encode_batch(texts)?;
-        let pre = clock.lap();
-        let logits = self.model.logits(&to_inputs(&enc))?;
-        self.hal.synchronize()?;
-        let inf = clock.lap();
+        let (enc, logits, pre, inf) = self.timed_logits(&mut clock, |t| t.encode_batch(texts))?;
         let HostLogits::Token { labels, data } = logits else {
             return Err(Error::Unsupported(
                 "this checkpoint is not a token classifier".into(),
@@ -445,11 +452,8 @@ impl Pipeline {
     pub fn answer(&self, question: &str, context: &str) -> Result<Output<Answer>> {
         let _span = tracing::info_span!("pipeline.run", task = "qa").entered();
         let mut clock = Stopwatch::start();
-        let enc = self.tokenizer.encode_pairs(&[(question, context)])?;
-        let pre = clock.lap();
-        let logits = self.model.logits(&to_inputs(&enc))?;
-        self.hal.synchronize()?;
-        let inf = clock.lap();
+        let (enc, logits, pre, inf) =
+            self.timed_logits(&mut clock, |t| t.encode_pairs(&[(question, context)]))?;
         let HostLogits::Span { start, end } = logits else {
             return Err(Error::Unsupported(
                 "this checkpoint is not a question-answering model".into(),
