@@ -175,6 +175,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Devices { .. } => unreachable!("handled above"),
     };
+    if metrics.truncated > 0 {
+        eprintln!(
+            "note: {} input(s) were longer than {} tokens and were truncated",
+            metrics.truncated,
+            pipe.tokenizer().max_len()
+        );
+    }
     if cli.metrics {
         print_metrics(&metrics, pipe.model_name());
     }

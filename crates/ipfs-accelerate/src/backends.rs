@@ -26,11 +26,18 @@ pub fn devices() -> Vec<(BackendKind, Availability)> {
 }
 
 /// The default preference order: the environment's `IPFS_ACCELERATE_BACKENDS` if set, else every
-/// backend fastest-first with the CPU last.
+/// backend compiled into this build, fastest first, the CPU last. (Backends that are not compiled
+/// in are left out here; naming one explicitly reports it as skipped, with the feature to enable.)
 pub fn default_preferences() -> Result<Vec<BackendKind>> {
     match std::env::var(crate::BACKENDS_ENV) {
         Ok(list) if !list.trim().is_empty() => Ok(BackendKind::parse_list(&list)?),
-        _ => Ok(BackendKind::all()),
+        _ => {
+            let compiled: Vec<BackendKind> = compiled_backends().iter().map(|b| b.kind()).collect();
+            Ok(BackendKind::all()
+                .into_iter()
+                .filter(|k| compiled.contains(k))
+                .collect())
+        }
     }
 }
 
