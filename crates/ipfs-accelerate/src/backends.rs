@@ -63,3 +63,38 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
         }
     }
 }
+
+#[cfg(all(test, feature = "cpu"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_skips_what_is_not_compiled_in_with_the_reason() {
+        let sel = selector()
+            .select(&[BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu])
+            .unwrap();
+        assert_eq!(sel.device.kind, BackendKind::Cpu);
+        let reasons: Vec<(BackendKind, &str)> = sel
+            .skipped
+            .iter()
+            .map(|s| (s.kind, s.reason.as_str()))
+            .collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (BackendKind::Cuda, "not compiled in (enable feature `cuda`)"),
+                (BackendKind::Wgpu, "not compiled in (enable feature `wgpu`)"),
+            ]
+        );
+        let err = selector().select(&[BackendKind::Metal]).unwrap_err();
+        assert!(err.to_string().contains("metal: not compiled in"), "{err}");
+        assert!(selector().select(&[]).is_err());
+    }
+
+    #[test]
+    fn defaults_are_the_compiled_in_backends() {
+        if std::env::var_os(crate::BACKENDS_ENV).is_none() {
+            assert_eq!(default_preferences().unwrap(), vec![BackendKind::Cpu]);
+        }
+    }
+}
