@@ -25,3 +25,32 @@ pub fn bert_inputs(batch: usize, seq: usize, vocab: usize) -> BertInputs {
         token_type_ids: vec![0; n],
     }
 }
+
+/// Criterion group `group`: BERT forward at seq 128 for the `minilm-l6` and `bert-base` presets,
+/// batch 1 and 8, on backend `B` (the shared body of the `bert_forward` and `cpu_backends` benches).
+pub fn bench_bert_forward<B: Backend>(c: &mut criterion::Criterion, group: &str) {
+    use criterion::{BenchmarkId, Throughput};
+    let device = B::Device::default();
+    let mut group = c.benchmark_group(group);
+    group.sample_size(10);
+    let seq = 128;
+    for model in ["minilm-l6", "bert-base"] {
+        let runner = random_bert::<B>(model, &device, BackendKind::Cpu);
+        for batch in [1usize, 8] {
+            let inputs = bert_inputs(batch, seq, 30522);
+            group.throughput(Throughput::Elements(batch as u64));
+            group.bench_with_input(
+                BenchmarkId::new(model, format!("b{batch}xs{seq}")),
+                &inputs,
+                |b, inputs| {
+                    b.iter(|| {
+                        let out = runner.encode(inputs).expect("forward");
+                        // Reading the result back forces the computation to finish.
+                        out.last_hidden_state.into_data()
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}

@@ -25,20 +25,30 @@ pub fn devices() -> Vec<(BackendKind, Availability)> {
     selector().probe_all()
 }
 
-/// The default preference order: the environment's `IPFS_ACCELERATE_BACKENDS` if set, else every
-/// backend compiled into this build, fastest first, the CPU last. (Backends that are not compiled
-/// in are left out here; naming one explicitly reports it as skipped, with the feature to enable.)
+/// Every backend compiled into this build, fastest first, the CPU last. (Backends that are not
+/// compiled in are left out; naming one explicitly reports it as skipped, with the feature to enable.)
+pub fn compiled_preferences() -> Vec<BackendKind> {
+    let compiled: Vec<BackendKind> = compiled_backends().iter().map(|b| b.kind()).collect();
+    BackendKind::all()
+        .into_iter()
+        .filter(|k| compiled.contains(k))
+        .collect()
+}
+
+/// The default preference order: `IPFS_ACCELERATE_BACKENDS` when set, else
+/// [`compiled_preferences`].
 pub fn default_preferences() -> Result<Vec<BackendKind>> {
-    match std::env::var(crate::BACKENDS_ENV) {
-        Ok(list) if !list.trim().is_empty() => Ok(BackendKind::parse_list(&list)?),
-        _ => {
-            let compiled: Vec<BackendKind> = compiled_backends().iter().map(|b| b.kind()).collect();
-            Ok(BackendKind::all()
-                .into_iter()
-                .filter(|k| compiled.contains(k))
-                .collect())
-        }
+    match backends_from_env() {
+        Some(list) => Ok(BackendKind::parse_list(&list)?),
+        None => Ok(compiled_preferences()),
     }
+}
+
+/// The non-empty value of `IPFS_ACCELERATE_BACKENDS`.
+pub(crate) fn backends_from_env() -> Option<String> {
+    std::env::var(crate::BACKENDS_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
 }
 
 /// Work that needs a concrete backend type: implemented once, run on whichever backend is chosen.
@@ -93,8 +103,6 @@ mod tests {
 
     #[test]
     fn defaults_are_the_compiled_in_backends() {
-        if std::env::var_os(crate::BACKENDS_ENV).is_none() {
-            assert_eq!(default_preferences().unwrap(), vec![BackendKind::Cpu]);
-        }
+        assert_eq!(compiled_preferences(), vec![BackendKind::Cpu]);
     }
 }

@@ -33,7 +33,9 @@ mod pipeline;
 #[cfg(feature = "embedded-default")]
 pub use assets::embedded;
 pub use assets::EMBEDDED_SPEC;
-pub use backends::{compiled_backends, default_preferences, devices, selector};
+pub use backends::{
+    compiled_backends, compiled_preferences, default_preferences, devices, selector,
+};
 pub use error::{Error, Result};
 pub use pipeline::{Answer, Label, Output, Pipeline, PipelineBuilder, Task, TokenLabel};
 

@@ -13,7 +13,9 @@ use ipfs_accelerate_io::ResolveOptions;
 use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
-use crate::backends::{default_preferences, selector, with_backend, WithBackend};
+use crate::backends::{
+    backends_from_env, compiled_preferences, selector, with_backend, WithBackend,
+};
 use crate::{Error, Result};
 
 /// What a pipeline is for.
@@ -87,13 +89,11 @@ impl PipelineBuilder {
     /// the model is recorded in [`Pipeline::skipped`] and the next one is tried.
     pub fn build(self) -> Result<Pipeline> {
         let mut clock = Stopwatch::start();
-        let from_env = std::env::var(crate::BACKENDS_ENV)
-            .ok()
-            .filter(|v| self.env_override && !v.trim().is_empty());
+        let from_env = backends_from_env().filter(|_| self.env_override);
         let preferences = match (from_env, self.backends) {
             (Some(list), _) => BackendKind::parse_list(&list)?,
             (None, Some(b)) => b,
-            (None, None) => default_preferences()?,
+            (None, None) => compiled_preferences(),
         };
         let assets = Assets::resolve(&self.model, self.resolve.clone())?;
         let (config_text, config_path) = assets.config()?;

@@ -1,12 +1,6 @@
 //! Attention helpers: masks, head splitting and scaled dot-product attention.
 
-use burn::tensor::{activation, backend::Backend, Bool, Int, Tensor, TensorData};
-
-/// A key-padding mask for attention: `attention_mask` `[batch, keys]` (1 = attend, 0 = padding)
-/// becomes a boolean `[batch, 1, 1, keys]` that is `true` where attention is forbidden.
-pub fn padding_mask<B: Backend>(attention_mask: Tensor<B, 2, Int>) -> Tensor<B, 4, Bool> {
-    attention_mask.equal_elem(0).unsqueeze_dims::<4>(&[1, 2])
-}
+use burn::tensor::{activation, backend::Backend, Tensor, TensorData};
 
 /// `[batch, seq, heads * head_dim]` → `[batch, heads, seq, head_dim]`.
 pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
@@ -81,7 +75,7 @@ pub fn sdpa<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::activation::softmax;
+    use burn::tensor::{activation::softmax, Bool, Int};
     use burn_flex::Flex;
 
     #[test]
@@ -100,7 +94,11 @@ mod tests {
         let bias = padding_bias::<Flex>(&mask, 2, 3, 2, 3, false, &dev);
         let out = sdpa(q.clone(), k.clone(), v.clone(), Some(&bias), None);
         let scores = q.matmul(k.swap_dims(2, 3)) / 2.0;
-        let m = padding_mask(am).expand([2, 2, 3, 3]);
+        // Independent reference: boolean mask filled with -inf, as HF's eager attention.
+        let m: Tensor<Flex, 4, Bool> = am
+            .equal_elem(0)
+            .unsqueeze_dims::<4>(&[1, 2])
+            .expand([2, 2, 3, 3]);
         let naive = softmax(scores.mask_fill(m, f32::NEG_INFINITY), 3).matmul(v);
         let diff = (out - naive).abs().max().into_scalar();
         assert!(diff < 1e-5, "max diff {diff}");
