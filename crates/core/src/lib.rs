@@ -23,4 +23,4 @@ pub use backend::{
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};
-pub use tensor::{DType, HostTensor, ModelRunner, TensorMap, TensorSource};
+pub use tensor::{DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource};

@@ -127,6 +127,16 @@ impl HostTensor {
         )
     }
 
+    /// A float64 tensor from values.
+    pub fn from_f64(shape: Vec<usize>, values: &[f64]) -> Result<HostTensor> {
+        Self::from_bytes(
+            "f64 values",
+            shape,
+            DType::F64,
+            Bytes::copy_from_slice(bytemuck::cast_slice(values)),
+        )
+    }
+
     /// The shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -244,4 +254,19 @@ pub trait ModelRunner: Send {
     /// Runs the model on named inputs (HF names: `input_ids`, `attention_mask`, ...) and returns
     /// every output it computes under HF's names.
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap>;
+}
+
+/// A model family that can load a checkpoint folder (HF `config.json` plus weights) as a
+/// [`ModelRunner`] on any burn backend. Each family crate implements it once on a unit struct; the
+/// facade's conformance and benchmark runners dispatch to it by [`Family::NAME`].
+pub trait Family {
+    /// The family name as used in fixture folders and on the command line (`bert`, `llama`, ...).
+    const NAME: &'static str;
+    /// Loads the checkpoint in `dir` (its `config.json` and `model.safetensors` or shards) on `device`;
+    /// `kind` is the backend the device belongs to, reported by [`ModelRunner::backend`].
+    fn load<B: burn::tensor::backend::Backend>(
+        dir: &std::path::Path,
+        device: &B::Device,
+        kind: crate::BackendKind,
+    ) -> Result<Box<dyn ModelRunner>>;
 }

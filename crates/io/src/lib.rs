@@ -22,3 +22,12 @@ pub use names::NameMap;
 pub use random::RandomWeights;
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
 pub use source::{resolve, ModelFiles, ModelSource, ResolveOptions};
+
+/// Memory-maps the weights of a local checkpoint folder: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists.
+pub fn open_weights(
+    dir: &std::path::Path,
+) -> Result<std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>, IoError> {
+    let files = ModelFiles::local(dir)?;
+    Ok(WeightStore::open(&files.weight_files()?)?.into_source())
+}

@@ -82,6 +82,27 @@ pub struct ModelFiles {
 }
 
 impl ModelFiles {
+    /// The files of a local checkpoint folder (no cache, no network).
+    pub fn local(dir: &Path) -> Result<Self, IoError> {
+        if !dir.is_dir() {
+            return Err(IoError::NotFound {
+                model: dir.display().to_string(),
+                file: "config.json".into(),
+                reason: "no such directory".into(),
+                env_var: MODELS_ENV,
+            });
+        }
+        Ok(ModelFiles {
+            source: ModelSource::Dir(dir.to_path_buf()),
+            local_dir: Some(dir.to_path_buf()),
+            options: ResolveOptions {
+                offline: true,
+                progress: false,
+                cache_dir: None,
+            },
+        })
+    }
+
     /// The source this was resolved from.
     pub fn source(&self) -> &ModelSource {
         &self.source

@@ -7,9 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use ipfs_accelerate_core::{BackendKind, DType, HostTensor, ModelRunner, TensorMap, TensorSource};
+use ipfs_accelerate_core::{
+    BackendKind, DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource,
+};
 use ipfs_accelerate_io::SafeTensorsFile;
 
 use crate::backends::{with_backend, WithBackend};
@@ -38,6 +39,12 @@ pub struct Meta {
     /// Free-form note on the architecture.
     #[serde(default)]
     pub note: String,
+    /// The decoding rule of generation fixtures ("10 argmax steps with full recompute, ...").
+    #[serde(default)]
+    pub greedy: Option<String>,
+    /// The post-processing call whose outputs are compared ("...(threshold=0.0, target_sizes=[(480,640)])").
+    #[serde(default)]
+    pub post: Option<String>,
 }
 
 /// One `<family>/<variant>/` folder.
@@ -140,40 +147,107 @@ pub fn relative_error(out: &[f64], reference: &[f64]) -> f64 {
 
 /// Loads the model of a fixture folder on `backend`.
 pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
-    let weights: Arc<dyn TensorSource> = Arc::new(SafeTensorsFile::open(
-        fixture.dir.join("model.safetensors"),
-    )?);
-    match fixture.family.as_str() {
-        #[cfg(feature = "bert")]
-        "bert" => {
-            let config =
-                ipfs_accelerate_bert::BertConfig::from_file(&fixture.dir.join("config.json"))?;
-            with_backend(backend, LoadRunner { weights, config })
-        }
-        other => Err(Error::Unsupported(format!(
-            "family `{other}` is not implemented in this build"
-        ))),
+    load_family(&fixture.family, &fixture.dir, backend)
+}
+
+/// Loads the checkpoint folder `dir` (config.json + safetensors) of `family` on `backend`.
+pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
+    macro_rules! dispatch {
+        ($($feature:literal => $fam:ty),* $(,)?) => {
+            match family {
+                $(
+                    #[cfg(feature = $feature)]
+                    <$fam as Family>::NAME => with_backend(backend, LoadFamily::<$fam>::new(dir)),
+                )*
+                other => Err(Error::Unsupported(format!(
+                    "family `{other}` is not implemented in this build"
+                ))),
+            }
+        };
+    }
+    dispatch! {
+        "bert" => ipfs_accelerate_bert::BertFamily,
     }
 }
 
-#[cfg(feature = "bert")]
-struct LoadRunner {
-    weights: Arc<dyn TensorSource>,
-    config: ipfs_accelerate_bert::BertConfig,
+/// Loading one family's checkpoint, as work for [`with_backend`].
+struct LoadFamily<F> {
+    dir: PathBuf,
+    family: std::marker::PhantomData<F>,
 }
 
-#[cfg(feature = "bert")]
-impl WithBackend for LoadRunner {
+impl<F> LoadFamily<F> {
+    #[allow(dead_code)] // unused only in builds without any family
+    fn new(dir: &Path) -> Self {
+        LoadFamily {
+            dir: dir.to_path_buf(),
+            family: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<F: Family> WithBackend for LoadFamily<F> {
     type Output = Box<dyn ModelRunner>;
 
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
-        Ok(Box::new(ipfs_accelerate_bert::BertRunner::<H::Burn>::load(
-            self.weights,
-            &self.config,
-            &hal.device(),
-            hal.kind(),
-        )?))
+        Ok(F::load::<H::Burn>(&self.dir, &hal.device(), hal.kind())?)
     }
+}
+
+/// The inputs a fixture's model is run on: every tensor of reference.safetensors that is not an
+/// output (the inputs meta.json lists plus extras such as `greedy_prompt`), and the decoding and
+/// post-processing parameters meta.json states in words, as tensors:
+/// - `greedy_steps` (i64 `[1]`) from "N argmax steps" in `greedy`;
+/// - `threshold` (f64 `[1]`) and `target_sizes` (i64 `[n, 2]`, height and width) from `post`.
+pub fn fixture_inputs(meta: &Meta, reference: &SafeTensorsFile) -> Result<TensorMap> {
+    let mut inputs = TensorMap::new();
+    for name in &meta.inputs {
+        inputs.insert(name.clone(), reference.tensor(name)?);
+    }
+    for name in reference.names() {
+        if !meta.outputs.contains(&name) && !inputs.contains_key(&name) {
+            inputs.insert(name.clone(), reference.tensor(&name)?);
+        }
+    }
+    if let Some(rule) = &meta.greedy {
+        if let Some(steps) = number_before(rule, "argmax steps") {
+            inputs.insert(
+                "greedy_steps".into(),
+                HostTensor::from_i64(vec![1], &[steps as i64])?,
+            );
+        }
+    }
+    if let Some(post) = &meta.post {
+        if let Some(t) = post
+            .split("threshold=")
+            .nth(1)
+            .and_then(|r| r.split([',', ')']).next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            inputs.insert("threshold".into(), HostTensor::from_f64(vec![1], &[t])?);
+        }
+        if let Some(list) = post.split("target_sizes=").nth(1) {
+            let list = list.split(']').next().unwrap_or("");
+            let nums: Vec<i64> = list
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            if !nums.is_empty() && nums.len() % 2 == 0 {
+                inputs.insert(
+                    "target_sizes".into(),
+                    HostTensor::from_i64(vec![nums.len() / 2, 2], &nums)?,
+                );
+            }
+        }
+    }
+    Ok(inputs)
+}
+
+/// The integer right before `word` in `text` ("10 argmax steps" → 10).
+fn number_before(text: &str, word: &str) -> Option<usize> {
+    let head = &text[..text.find(word)?];
+    head.split_whitespace().last()?.parse().ok()
 }
 
 /// Runs one fixture on `backend` and compares every output named in its meta.json.
@@ -184,10 +258,7 @@ pub fn verify_fixture(fixture: &Fixture, backend: BackendKind) -> Result<Vec<Che
     let meta: Meta = serde_json::from_str(&meta_text)
         .map_err(|e| ipfs_accelerate_core::Error::config(&meta_path, e.to_string()))?;
     let reference = SafeTensorsFile::open(fixture.dir.join("reference.safetensors"))?;
-    let mut inputs = TensorMap::new();
-    for name in &meta.inputs {
-        inputs.insert(name.clone(), reference.tensor(name)?);
-    }
+    let inputs = fixture_inputs(&meta, &reference)?;
     let runner = load_runner(fixture, backend)?;
     let outputs = runner.run(&inputs)?;
     let mut checks = Vec::new();

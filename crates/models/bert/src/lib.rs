@@ -16,4 +16,4 @@ pub mod tasks;
 
 pub use config::{preset, BertConfig, BertHead};
 pub use model::{Bert, BertModel, BertOutput, HeadLogits};
-pub use runner::{BertInputs, BertRunner, BertTasks, HostLogits};
+pub use runner::{BertFamily, BertInputs, BertRunner, BertTasks, HostLogits};

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
-use ipfs_accelerate_core::{BackendKind, Error, ModelRunner, Result, TensorMap, TensorSource};
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, ModelRunner, Result, TensorMap, TensorSource,
+};
 use ipfs_accelerate_nn::convert::{float_to_host, float_to_vec, int_tensor};
 
 use crate::tasks::{l2_normalize, Pooling};
@@ -57,6 +59,25 @@ impl BertInputs {
             attention_mask: optional("attention_mask", 1)?,
             token_type_ids: optional("token_type_ids", 0)?,
         })
+    }
+}
+
+/// The BERT family: loads a checkpoint folder as a [`BertRunner`].
+pub struct BertFamily;
+
+impl Family for BertFamily {
+    const NAME: &'static str = "bert";
+
+    fn load<B: Backend>(
+        dir: &std::path::Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        let config = BertConfig::from_file(&dir.join("config.json"))?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        Ok(Box::new(BertRunner::<B>::load(
+            weights, &config, device, kind,
+        )?))
     }
 }
 
