@@ -16,14 +16,27 @@ use ipfs_accelerate_io::SafeTensorsFile;
 use crate::backends::{with_backend, WithBackend};
 use crate::{Error, Result};
 
+/// The families compiled into this build: `feature => family type` (one line per family).
+macro_rules! for_each_family {
+    ($apply:ident $(, $arg:expr)*) => {
+        $apply!(
+            [$($arg),*]
+            "bert" => ipfs_accelerate_bert::BertFamily,
+        )
+    };
+}
+
 /// Families this build can verify.
-#[allow(clippy::vec_init_then_push)] // one push per family feature
 pub fn implemented_families() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(feature = "bert")]
-    v.push("bert");
-    v
+    macro_rules! names {
+        ([] $($feature:literal => $fam:ty,)*) => {
+            vec![$(
+                #[cfg(feature = $feature)]
+                <$fam as Family>::NAME,
+            )*]
+        };
+    }
+    for_each_family!(names)
 }
 
 /// `meta.json` of a fixture.
@@ -153,11 +166,11 @@ pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn Mo
 /// Loads the checkpoint folder `dir` (config.json + safetensors) of `family` on `backend`.
 pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
     macro_rules! dispatch {
-        ($($feature:literal => $fam:ty),* $(,)?) => {
-            match family {
+        ([$family:expr, $dir:expr, $backend:expr] $($feature:literal => $fam:ty,)*) => {
+            match $family {
                 $(
                     #[cfg(feature = $feature)]
-                    <$fam as Family>::NAME => with_backend(backend, LoadFamily::<$fam>::new(dir)),
+                    <$fam as Family>::NAME => with_backend($backend, LoadFamily::<$fam>::new($dir)),
                 )*
                 other => Err(Error::Unsupported(format!(
                     "family `{other}` is not implemented in this build"
@@ -165,9 +178,7 @@ pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box
             }
         };
     }
-    dispatch! {
-        "bert" => ipfs_accelerate_bert::BertFamily,
-    }
+    for_each_family!(dispatch, family, dir, backend)
 }
 
 /// Loading one family's checkpoint, as work for [`with_backend`].

@@ -1,6 +1,9 @@
 //! Attention helpers: masks, head splitting and scaled dot-product attention.
 
 use burn::tensor::{activation, backend::Backend, Tensor, TensorData};
+use ipfs_accelerate_core::{Error, Result};
+
+use crate::{Linear, VarBuilder};
 
 /// `[batch, seq, heads * head_dim]` → `[batch, heads, seq, head_dim]`.
 pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
@@ -70,6 +73,223 @@ pub fn sdpa<B: Backend>(
         scores = scores + bias.clone();
     }
     activation::softmax(scores, 3).matmul(v)
+}
+
+/// Which of the four projections of a [`MultiHeadAttention`] carry a bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectionBias {
+    /// Query projection.
+    pub q: bool,
+    /// Key projection.
+    pub k: bool,
+    /// Value projection.
+    pub v: bool,
+    /// Output projection.
+    pub o: bool,
+}
+
+impl ProjectionBias {
+    /// Every projection has a bias (BERT, ViT, CLIP, DETR).
+    pub const ALL: ProjectionBias = ProjectionBias {
+        q: true,
+        k: true,
+        v: true,
+        o: true,
+    };
+    /// No projection has a bias (LLaMA, T5).
+    pub const NONE: ProjectionBias = ProjectionBias {
+        q: false,
+        k: false,
+        v: false,
+        o: false,
+    };
+}
+
+/// The weight names of the four projections relative to the attention module's prefix, e.g.
+/// `q_proj` / `k_proj` / `v_proj` / `out_proj` (CLIP, Whisper), `q` / `k` / `v` / `o` (T5),
+/// `attention.query` / `attention.key` / `attention.value` / `output.dense` (ViT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectionNames<'a> {
+    /// Query.
+    pub q: &'a str,
+    /// Key.
+    pub k: &'a str,
+    /// Value.
+    pub v: &'a str,
+    /// Output.
+    pub o: &'a str,
+}
+
+impl ProjectionNames<'static> {
+    /// `q_proj`, `k_proj`, `v_proj`, `out_proj` (CLIP, Whisper, BART-style).
+    pub const OUT_PROJ: ProjectionNames<'static> = ProjectionNames {
+        q: "q_proj",
+        k: "k_proj",
+        v: "v_proj",
+        o: "out_proj",
+    };
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` (LLaMA, Qwen2).
+    pub const O_PROJ: ProjectionNames<'static> = ProjectionNames {
+        q: "q_proj",
+        k: "k_proj",
+        v: "v_proj",
+        o: "o_proj",
+    };
+}
+
+/// Sizes and options of a [`MultiHeadAttention`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionConfig {
+    /// Width of the query input (and of the output).
+    pub hidden: usize,
+    /// Width of the key / value input (equal to `hidden` except for some cross-attentions).
+    pub kv_input: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key / value heads (`heads` unless grouped-query attention).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Score scale; `None` is `1/sqrt(head_dim)` (T5 uses 1.0).
+    pub scale: Option<f64>,
+    /// Which projections have biases.
+    pub bias: ProjectionBias,
+}
+
+impl AttentionConfig {
+    /// Standard multi-head attention: `heads` heads of `hidden / heads`, keys from the same width.
+    pub fn new(hidden: usize, heads: usize, bias: ProjectionBias) -> Self {
+        AttentionConfig {
+            hidden,
+            kv_input: hidden,
+            heads,
+            kv_heads: heads,
+            head_dim: hidden / heads.max(1),
+            scale: None,
+            bias,
+        }
+    }
+}
+
+/// Multi-head attention with separate query, key, value and output projections, usable as self-
+/// or cross-attention, with grouped-query attention (`kv_heads < heads`), an optional additive bias
+/// (masks, relative positions) and access to the projected heads so callers can apply rotary
+/// embeddings or keep a KV cache between [`MultiHeadAttention::project_kv`] and
+/// [`MultiHeadAttention::attend`].
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttention<B: Backend> {
+    q: Linear<B>,
+    k: Linear<B>,
+    v: Linear<B>,
+    o: Linear<B>,
+    config: AttentionConfig,
+}
+
+impl<B: Backend> MultiHeadAttention<B> {
+    /// Loads the four projections under `vb` with the given names.
+    pub fn load(
+        vb: &VarBuilder<B>,
+        config: AttentionConfig,
+        names: ProjectionNames<'_>,
+    ) -> Result<Self> {
+        let AttentionConfig {
+            hidden,
+            kv_input,
+            heads,
+            kv_heads,
+            head_dim,
+            bias,
+            ..
+        } = config;
+        if heads == 0 || kv_heads == 0 || head_dim == 0 || heads % kv_heads != 0 {
+            return Err(Error::InvalidInput(format!(
+                "attention {}: {heads} heads, {kv_heads} key/value heads of width {head_dim} \
+                 (heads must be a positive multiple of key/value heads)",
+                vb.path("")
+            )));
+        }
+        Ok(MultiHeadAttention {
+            q: Linear::load(&vb.pp(names.q), hidden, heads * head_dim, bias.q)?,
+            k: Linear::load(&vb.pp(names.k), kv_input, kv_heads * head_dim, bias.k)?,
+            v: Linear::load(&vb.pp(names.v), kv_input, kv_heads * head_dim, bias.v)?,
+            o: Linear::load(&vb.pp(names.o), heads * head_dim, hidden, bias.o)?,
+            config,
+        })
+    }
+
+    /// The sizes and options.
+    pub fn config(&self) -> &AttentionConfig {
+        &self.config
+    }
+
+    /// Projects `x` `[batch, seq, hidden]` to query heads `[batch, heads, seq, head_dim]`.
+    pub fn project_q(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        split_heads(self.q.forward(x), self.config.heads)
+    }
+
+    /// Projects `x` to key heads `[batch, kv_heads, seq, head_dim]`.
+    pub fn project_k(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        split_heads(self.k.forward(x), self.config.kv_heads)
+    }
+
+    /// Projects `x` to value heads `[batch, kv_heads, seq, head_dim]`.
+    pub fn project_v(&self, x: Tensor<B, 3>) -> Tensor<B, 4> {
+        split_heads(self.v.forward(x), self.config.kv_heads)
+    }
+
+    /// Key and value heads of `x`.
+    pub fn project_kv(&self, x: Tensor<B, 3>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        (self.project_k(x.clone()), self.project_v(x))
+    }
+
+    /// Attention of query heads over key / value heads (repeated for grouped-query attention),
+    /// merged and passed through the output projection: `[batch, queries, hidden]`.
+    pub fn attend(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 3> {
+        let groups = self.config.heads / self.config.kv_heads;
+        let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
+        self.o
+            .forward(merge_heads(sdpa(q, k, v, bias, self.config.scale)))
+    }
+
+    /// Self-attention over `x` `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
+        let q = self.project_q(x.clone());
+        let (k, v) = self.project_kv(x);
+        self.attend(q, k, v, bias)
+    }
+
+    /// Attention with separate query, key and value inputs (cross-attention; DETR adds position
+    /// embeddings to queries and keys but not to values).
+    pub fn forward_qkv(
+        &self,
+        query: Tensor<B, 3>,
+        key: Tensor<B, 3>,
+        value: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 3> {
+        let q = self.project_q(query);
+        let k = self.project_k(key);
+        let v = self.project_v(value);
+        self.attend(q, k, v, bias)
+    }
+}
+
+/// Repeats each key / value head `groups` times: `[b, kv, s, d]` → `[b, kv * groups, s, d]`
+/// (grouped-query attention; a no-op when `groups` is 1).
+pub fn repeat_kv<B: Backend>(x: Tensor<B, 4>, groups: usize) -> Tensor<B, 4> {
+    if groups <= 1 {
+        return x;
+    }
+    let [b, kv, s, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, kv, groups, s, d])
+        .reshape([b, kv * groups, s, d])
 }
 
 #[cfg(test)]

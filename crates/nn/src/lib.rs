@@ -8,14 +8,18 @@
 
 pub mod activation;
 pub mod attention;
+pub mod conv;
 pub mod convert;
 mod embedding;
+pub mod generate;
+pub mod kv_cache;
 mod linear;
 mod norm;
 mod var_builder;
 
 pub use activation::Activation;
 pub use embedding::Embedding;
+pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use norm::{LayerNorm, RmsNorm};
 pub use var_builder::VarBuilder;

@@ -1,0 +1,398 @@
+//! Token generation shared by every generating family (LLaMA, Qwen2, T5, Whisper, LLaVA):
+//! a [`TokenDecoder`] turns tokens into next-token logits (with its own KV cache), and [`generate`]
+//! runs the loop — greedy or seeded sampling (temperature, top-k, top-p), repetition penalty, stop
+//! tokens, `max_new_tokens`, and a streaming callback per token.
+
+use std::ops::ControlFlow;
+
+use ipfs_accelerate_core::{Error, Result};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// A model that produces next-token logits for a batch of sequences, step by step.
+pub trait TokenDecoder {
+    /// Rows in the batch.
+    fn batch(&self) -> usize;
+    /// Vocabulary size (length of each row of logits).
+    fn vocab(&self) -> usize;
+    /// Processes the prompt the decoder was built with and returns the logits of the next token,
+    /// row-major `[batch, vocab]`.
+    fn prefill(&mut self) -> Result<Vec<f32>>;
+    /// Feeds one new token per row and returns the logits of the next token, `[batch, vocab]`.
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+}
+
+/// How the next token is chosen from the logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampling {
+    /// The most likely token (the first on ties, as `torch.argmax`).
+    Greedy,
+    /// A draw from the softmax of `logits / temperature`, restricted to the `top_k` most likely
+    /// tokens and then to the smallest set whose probability reaches `top_p` (HF's order).
+    Sample {
+        /// Softmax temperature (> 0).
+        temperature: f32,
+        /// Keep only this many most likely tokens.
+        top_k: Option<usize>,
+        /// Nucleus: keep the most likely tokens whose cumulative probability reaches this.
+        top_p: Option<f32>,
+    },
+}
+
+/// Options of [`generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationConfig {
+    /// Tokens to generate at most per row.
+    pub max_new_tokens: usize,
+    /// Greedy or sampling.
+    pub sampling: Sampling,
+    /// HF's `repetition_penalty` (1.0 = off): logits of tokens already in the sequence are divided
+    /// by it when positive and multiplied by it when negative.
+    pub repetition_penalty: f32,
+    /// Tokens that end a row (EOS); the stop token itself is kept in the output.
+    pub stop_tokens: Vec<u32>,
+    /// Seed of the sampler (sampling is reproducible for a given seed).
+    pub seed: u64,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_new_tokens: 32,
+            sampling: Sampling::Greedy,
+            repetition_penalty: 1.0,
+            stop_tokens: Vec::new(),
+            seed: 0,
+        }
+    }
+}
+
+impl GenerationConfig {
+    /// Checks the options are usable.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidInput(m));
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        if let Sampling::Sample {
+            temperature,
+            top_k,
+            top_p,
+        } = self.sampling
+        {
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return bad(format!("temperature must be > 0, got {temperature}"));
+            }
+            if top_k == Some(0) {
+                return bad("top_k must be at least 1".into());
+            }
+            if let Some(p) = top_p {
+                if !(p > 0.0 && p <= 1.0) {
+                    return bad(format!("top_p must be in (0, 1], got {p}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Picks next tokens from logits according to a [`GenerationConfig`].
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    config: GenerationConfig,
+    rng: StdRng,
+}
+
+impl Sampler {
+    /// A sampler seeded from `config.seed`.
+    pub fn new(config: GenerationConfig) -> Result<Self> {
+        config.validate()?;
+        let rng = StdRng::seed_from_u64(config.seed);
+        Ok(Sampler { config, rng })
+    }
+
+    /// The next token for one row of `logits`, given the tokens of that row so far (prompt and
+    /// generated) for the repetition penalty. `logits` is modified in place.
+    pub fn pick(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(Error::InvalidInput("empty logits row".into()));
+        }
+        let penalty = self.config.repetition_penalty;
+        if penalty != 1.0 {
+            for &t in history {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
+                }
+            }
+        }
+        if logits.iter().any(|v| v.is_nan()) {
+            return Err(Error::Compute("the model produced NaN logits".into()));
+        }
+        match self.config.sampling {
+            Sampling::Greedy => Ok(argmax(logits)),
+            Sampling::Sample {
+                temperature,
+                top_k,
+                top_p,
+            } => Ok(self.sample(logits, temperature, top_k, top_p)),
+        }
+    }
+
+    fn sample(
+        &mut self,
+        logits: &[f32],
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+    ) -> u32 {
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        // Most likely first; ties keep the lower id first.
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if let Some(k) = top_k {
+            order.truncate(k.max(1));
+        }
+        let max = logits[order[0]] / temperature;
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| f64::from(logits[i] / temperature - max).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        if let Some(p) = top_p {
+            // Keep the smallest prefix whose mass reaches p (at least one token).
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= f64::from(p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep.max(1));
+            let total: f64 = probs.iter().sum();
+            probs.iter_mut().for_each(|q| *q /= total);
+        }
+        let draw: f64 = self.rng.random();
+        let mut acc = 0.0;
+        for (i, q) in probs.iter().enumerate() {
+            acc += q;
+            if draw < acc {
+                return order[i] as u32;
+            }
+        }
+        order[probs.len() - 1] as u32
+    }
+}
+
+/// Index of the largest value (the first one on ties).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Runs `decoder` until every row produced a stop token or `max_new_tokens` tokens.
+///
+/// `prompts` are the tokens each row starts with (for the repetition penalty; the decoder already
+/// holds them). `on_token(row, token)` is called for every generated token as soon as it is
+/// chosen; returning `ControlFlow::Break(())` stops generation early. Rows that finished are fed
+/// their last token again so the batch stays aligned; their output does not grow. Returns the
+/// generated tokens per row (stop tokens included).
+pub fn generate(
+    decoder: &mut dyn TokenDecoder,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<Vec<Vec<u32>>> {
+    let batch = decoder.batch();
+    let vocab = decoder.vocab();
+    if prompts.len() != batch {
+        return Err(Error::InvalidInput(format!(
+            "{} prompts for a decoder batch of {batch}",
+            prompts.len()
+        )));
+    }
+    let mut sampler = Sampler::new(config.clone())?;
+    let mut history: Vec<Vec<u32>> = prompts.to_vec();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
+    let mut done = vec![false; batch];
+    if config.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let mut logits = decoder.prefill()?;
+    loop {
+        if logits.len() != batch * vocab {
+            return Err(Error::Compute(format!(
+                "decoder returned {} logits for batch {batch} × vocab {vocab}",
+                logits.len()
+            )));
+        }
+        let mut next = Vec::with_capacity(batch);
+        let mut stop = false;
+        for (row, chunk) in logits.chunks_mut(vocab).enumerate() {
+            if done[row] {
+                next.push(history[row].last().copied().unwrap_or(0));
+                continue;
+            }
+            let token = sampler.pick(chunk, &history[row])?;
+            history[row].push(token);
+            out[row].push(token);
+            if config.stop_tokens.contains(&token) || out[row].len() >= config.max_new_tokens {
+                done[row] = true;
+            }
+            if on_token(row, token).is_break() {
+                stop = true;
+            }
+            next.push(token);
+        }
+        if stop || done.iter().all(|d| *d) {
+            return Ok(out);
+        }
+        logits = decoder.step(&next)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real (if tiny) decoder: a bigram table, next logits = row of the last token.
+    struct Bigram {
+        table: Vec<Vec<f32>>,
+        last: Vec<u32>,
+    }
+
+    impl TokenDecoder for Bigram {
+        fn batch(&self) -> usize {
+            self.last.len()
+        }
+        fn vocab(&self) -> usize {
+            self.table.len()
+        }
+        fn prefill(&mut self) -> Result<Vec<f32>> {
+            Ok(self
+                .last
+                .iter()
+                .flat_map(|&t| self.table[t as usize].clone())
+                .collect())
+        }
+        fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+            self.last = tokens.to_vec();
+            self.prefill()
+        }
+    }
+
+    fn bigram(last: Vec<u32>) -> Bigram {
+        // token i prefers i+1 (mod 4), token 3 prefers 0
+        let table = (0..4)
+            .map(|i| {
+                (0..4)
+                    .map(|j| if j == (i + 1) % 4 { 2.0 } else { 0.5 * j as f32 })
+                    .collect()
+            })
+            .collect();
+        Bigram { table, last }
+    }
+
+    #[test]
+    fn greedy_stops_at_eos_and_max() {
+        let mut d = bigram(vec![0, 2]);
+        let cfg = GenerationConfig {
+            max_new_tokens: 5,
+            stop_tokens: vec![3],
+            ..Default::default()
+        };
+        let mut streamed = Vec::new();
+        let out = generate(&mut d, &[vec![0], vec![2]], &cfg, |r, t| {
+            streamed.push((r, t));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(out, vec![vec![1, 2, 3], vec![3]]);
+        assert_eq!(streamed.len(), 4);
+    }
+
+    #[test]
+    fn repetition_penalty_changes_the_choice() {
+        let mut s = Sampler::new(GenerationConfig {
+            repetition_penalty: 10.0,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut logits = vec![1.0, 3.0, 2.0];
+        assert_eq!(s.pick(&mut logits, &[1]).unwrap(), 2);
+        let mut neg = vec![-1.0, -0.5];
+        assert_eq!(s.pick(&mut neg, &[1]).unwrap(), 0);
+    }
+
+    #[test]
+    fn sampling_is_seeded_and_respects_top_k() {
+        let cfg = GenerationConfig {
+            sampling: Sampling::Sample {
+                temperature: 1.0,
+                top_k: Some(2),
+                top_p: None,
+            },
+            seed: 7,
+            ..Default::default()
+        };
+        let draw = |cfg: &GenerationConfig| {
+            let mut s = Sampler::new(cfg.clone()).unwrap();
+            (0..200)
+                .map(|_| s.pick(&mut [0.0, 1.0, 1.2, -3.0], &[]).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let a = draw(&cfg);
+        assert_eq!(a, draw(&cfg));
+        assert!(a.iter().all(|t| *t == 1 || *t == 2));
+        assert!(a.contains(&1) && a.contains(&2));
+        let tight = GenerationConfig {
+            sampling: Sampling::Sample {
+                temperature: 1.0,
+                top_k: None,
+                top_p: Some(0.01),
+            },
+            ..cfg
+        };
+        assert!(draw(&tight).iter().all(|t| *t == 2));
+    }
+
+    #[test]
+    fn invalid_options_are_errors() {
+        for sampling in [
+            Sampling::Sample {
+                temperature: 0.0,
+                top_k: None,
+                top_p: None,
+            },
+            Sampling::Sample {
+                temperature: 1.0,
+                top_k: Some(0),
+                top_p: None,
+            },
+            Sampling::Sample {
+                temperature: 1.0,
+                top_k: None,
+                top_p: Some(1.5),
+            },
+        ] {
+            let cfg = GenerationConfig {
+                sampling,
+                ..Default::default()
+            };
+            assert!(Sampler::new(cfg).is_err());
+        }
+        let mut d = bigram(vec![0]);
+        assert!(generate(&mut d, &[], &GenerationConfig::default(), |_, _| {
+            ControlFlow::Continue(())
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! Key / value caches for incremental decoding.
+
+use burn::tensor::{backend::Backend, Tensor};
+
+/// Per-layer key / value heads `[batch, kv_heads, seq, head_dim]` kept between decoding steps.
+///
+/// Self-attention appends each step's keys and values ([`KvCache::append`]); cross-attention
+/// computes the encoder's keys and values once and stores them ([`KvCache::set`]).
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        KvCache {
+            layers: vec![None; layers],
+        }
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Positions cached so far (the sequence length of layer 0; 0 when empty).
+    pub fn seq_len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.dims()[2])
+            .unwrap_or(0)
+    }
+
+    /// Appends `k` and `v` (`[batch, kv_heads, new, head_dim]`) to `layer` along the sequence and
+    /// returns everything cached for it. Panics never: a layer index past the end grows the cache.
+    pub fn append(
+        &mut self,
+        layer: usize,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        if layer >= self.layers.len() {
+            self.layers.resize(layer + 1, None);
+        }
+        let merged = match self.layers[layer].take() {
+            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+            None => (k, v),
+        };
+        self.layers[layer] = Some(merged.clone());
+        merged
+    }
+
+    /// Stores `k` and `v` for `layer`, replacing what was there (cross-attention keys).
+    pub fn set(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>) {
+        if layer >= self.layers.len() {
+            self.layers.resize(layer + 1, None);
+        }
+        self.layers[layer] = Some((k, v));
+    }
+
+    /// What is cached for `layer`.
+    pub fn get(&self, layer: usize) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        self.layers.get(layer).and_then(|l| l.clone())
+    }
+
+    /// Keeps only the batch rows in `rows` (in that order), e.g. after some sequences finished.
+    pub fn select_rows(&mut self, rows: &[usize]) {
+        if rows.is_empty() {
+            self.clear();
+            return;
+        }
+        for layer in self.layers.iter_mut().flatten() {
+            let device = layer.0.device();
+            let idx = Tensor::<B, 1, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(
+                    rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
+                    [rows.len()],
+                ),
+                &device,
+            );
+            *layer = (
+                layer.0.clone().select(0, idx.clone()),
+                layer.1.clone().select(0, idx),
+            );
+        }
+    }
+
+    /// Empties every layer.
+    pub fn clear(&mut self) {
+        self.layers.iter_mut().for_each(|l| *l = None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    use burn_flex::Flex;
+
+    #[test]
+    fn append_concatenates_along_the_sequence() {
+        let dev = Default::default();
+        let t = |s: usize, v: f32| {
+            Tensor::<Flex, 4>::from_data(TensorData::new(vec![v; 2 * s * 4], [1, 2, s, 4]), &dev)
+        };
+        let mut cache = KvCache::new(2);
+        assert_eq!(cache.seq_len(), 0);
+        cache.append(0, t(3, 1.0), t(3, 2.0));
+        let (k, v) = cache.append(0, t(1, 5.0), t(1, 6.0));
+        assert_eq!(k.dims(), [1, 2, 4, 4]);
+        assert_eq!(cache.seq_len(), 4);
+        let kv: Vec<f32> = k.into_data().to_vec().unwrap();
+        assert_eq!(kv[0], 1.0);
+        assert_eq!(kv[12], 5.0);
+        let vv: Vec<f32> = v.into_data().to_vec().unwrap();
+        assert_eq!(vv[15], 6.0);
+        assert!(cache.get(1).is_none());
+    }
+}
