@@ -254,6 +254,11 @@ pub trait ModelRunner: Send {
     /// Runs the model on named inputs (HF names: `input_ids`, `attention_mask`, ...) and returns
     /// every output it computes under HF's names.
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap>;
+    /// Where the work of the runs so far actually executed, when the backend can tell (ONNX
+    /// Runtime: nodes per execution provider); `None` otherwise.
+    fn placement(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A model family that can load a checkpoint folder (HF `config.json` plus weights) as a

@@ -12,6 +12,12 @@ pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
     let mut v: Vec<Box<dyn ProbeBackend>> = Vec::new();
     #[cfg(feature = "cpu")]
     v.push(Box::new(ipfs_accelerate_backend_cpu::CpuBackend));
+    #[cfg(feature = "onnx")]
+    v.extend(
+        ipfs_accelerate_backend_onnx::OnnxBackend::all()
+            .into_iter()
+            .map(|b| Box::new(b) as Box<dyn ProbeBackend>),
+    );
     v
 }
 
@@ -25,13 +31,15 @@ pub fn devices() -> Vec<(BackendKind, Availability)> {
     selector().probe_all()
 }
 
-/// Every backend compiled into this build, fastest first, the CPU last. (Backends that are not
-/// compiled in are left out; naming one explicitly reports it as skipped, with the feature to enable.)
+/// Every native (burn) backend compiled into this build, fastest first, the CPU last. Backends that
+/// are not compiled in are left out (naming one explicitly reports it as skipped, with the feature
+/// to enable); so are the ONNX Runtime kinds, which need an ONNX export of the model and are used
+/// when named (`--backend onnx-openvino`).
 pub fn compiled_preferences() -> Vec<BackendKind> {
     let compiled: Vec<BackendKind> = compiled_backends().iter().map(|b| b.kind()).collect();
     BackendKind::all()
         .into_iter()
-        .filter(|k| compiled.contains(k))
+        .filter(|k| compiled.contains(k) && !matches!(k, BackendKind::Onnx(_)))
         .collect()
 }
 

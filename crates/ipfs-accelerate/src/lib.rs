@@ -28,6 +28,8 @@ mod assets;
 mod backends;
 pub mod conformance;
 mod error;
+#[cfg(feature = "onnx")]
+pub mod onnx;
 mod pipeline;
 
 #[cfg(feature = "embedded-default")]

@@ -1,0 +1,286 @@
+//! Families on ONNX Runtime: a checkpoint folder's `model.onnx` (or `encoder.onnx` +
+//! `decoder.onnx`, also under `onnx/` as the hub's exports lay them out) run with the same named
+//! inputs and outputs as the native path. Generation goes through the shared loop
+//! ([`ipfs_accelerate_nn::generate`]), recomputing the graph over the whole sequence each step
+//! (the fixture exports have no past-key-value inputs).
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use ipfs_accelerate_backend_onnx::{OnnxSession, SessionOptions};
+use ipfs_accelerate_core::{
+    BackendKind, ExecutionProvider, HostTensor, ModelRunner, Result as CoreResult, TensorMap,
+};
+use ipfs_accelerate_nn::generate::{generate, GenerationConfig, TokenDecoder};
+
+use crate::{Error, Result};
+
+/// The graphs of one model.
+enum Graphs {
+    /// One graph (`model.onnx`).
+    Single(OnnxSession),
+    /// Encoder and decoder (`encoder.onnx`, `decoder.onnx`), joined by the encoder's
+    /// `encoder_last_hidden_state` fed as the decoder's `encoder_hidden_states`.
+    EncoderDecoder {
+        encoder: OnnxSession,
+        decoder: OnnxSession,
+    },
+}
+
+/// A family's ONNX export on one execution provider.
+pub struct OnnxRunner {
+    family: String,
+    provider: ExecutionProvider,
+    graphs: Graphs,
+    decoder_start: Option<i64>,
+}
+
+/// Where the ONNX files of a checkpoint folder are: the folder itself or its `onnx/` subfolder.
+fn onnx_dir(dir: &Path) -> Option<PathBuf> {
+    [dir.to_path_buf(), dir.join("onnx")]
+        .into_iter()
+        .find(|d| d.join("model.onnx").is_file() || d.join("encoder.onnx").is_file())
+}
+
+impl OnnxRunner {
+    /// Loads the ONNX export in `dir` for `family` on `provider`.
+    pub fn load(
+        family: &str,
+        dir: &Path,
+        provider: ExecutionProvider,
+        options: &SessionOptions,
+    ) -> Result<Self> {
+        let onnx = onnx_dir(dir).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{} has no ONNX export (model.onnx, or encoder.onnx + decoder.onnx, here or under onnx/)",
+                dir.display()
+            ))
+        })?;
+        let load = |name: &str| -> Result<OnnxSession> {
+            Ok(OnnxSession::load(&onnx.join(name), provider, options)
+                .map_err(ipfs_accelerate_core::Error::from)?)
+        };
+        let graphs = if onnx.join("model.onnx").is_file() {
+            Graphs::Single(load("model.onnx")?)
+        } else {
+            Graphs::EncoderDecoder {
+                encoder: load("encoder.onnx")?,
+                decoder: load("decoder.onnx")?,
+            }
+        };
+        let decoder_start = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|c| c.get("decoder_start_token_id").and_then(|v| v.as_i64()));
+        Ok(OnnxRunner {
+            family: family.to_string(),
+            provider,
+            graphs,
+            decoder_start,
+        })
+    }
+
+    /// Runs the encoder (when there is one) and returns its outputs plus the decoder's inputs.
+    fn encode(&self, inputs: &TensorMap) -> CoreResult<(TensorMap, TensorMap)> {
+        match &self.graphs {
+            Graphs::Single(_) => Ok((TensorMap::new(), inputs.clone())),
+            Graphs::EncoderDecoder { encoder, .. } => {
+                let enc = encoder.run(inputs)?;
+                let hidden = enc
+                    .get("encoder_last_hidden_state")
+                    .or_else(|| enc.values().next())
+                    .cloned()
+                    .ok_or_else(|| {
+                        ipfs_accelerate_core::Error::Compute("the encoder has no output".into())
+                    })?;
+                let mut dec_inputs = inputs.clone();
+                dec_inputs.insert("encoder_hidden_states".into(), hidden);
+                Ok((enc, dec_inputs))
+            }
+        }
+    }
+
+    fn decoder_graph(&self) -> &OnnxSession {
+        match &self.graphs {
+            Graphs::Single(s) => s,
+            Graphs::EncoderDecoder { decoder, .. } => decoder,
+        }
+    }
+
+    /// Greedy tokens for `steps` steps through the shared generation loop.
+    fn greedy(&self, inputs: &TensorMap, steps: usize) -> CoreResult<HostTensor> {
+        let (_, context) = self.encode(inputs)?;
+        let (key, prompts): (&str, Vec<Vec<i64>>) = match &self.graphs {
+            Graphs::Single(_) => {
+                let prompt = inputs
+                    .get("greedy_prompt")
+                    .or_else(|| inputs.get("input_ids"))
+                    .ok_or_else(|| {
+                        ipfs_accelerate_core::Error::InvalidInput(
+                            "greedy decoding needs `greedy_prompt` or `input_ids`".into(),
+                        )
+                    })?;
+                ("input_ids", rows(prompt)?)
+            }
+            Graphs::EncoderDecoder { .. } => {
+                let start = self.decoder_start.ok_or_else(|| {
+                    ipfs_accelerate_core::Error::InvalidInput(
+                        "config.json has no decoder_start_token_id".into(),
+                    )
+                })?;
+                let batch = context
+                    .get("encoder_hidden_states")
+                    .map(|t| t.shape()[0])
+                    .unwrap_or(1);
+                ("decoder_input_ids", vec![vec![start]; batch])
+            }
+        };
+        let batch = prompts.len();
+        let mut decoder = GraphDecoder {
+            graph: self.decoder_graph(),
+            key,
+            context,
+            seqs: prompts.clone(),
+            vocab: 0,
+            primed: None,
+        };
+        // The vocabulary size comes from the first run.
+        let first = decoder.last_logits()?;
+        decoder.vocab = first.len() / batch.max(1);
+        decoder.primed = Some(first);
+        let histories: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|r| r.iter().map(|&t| t.max(0) as u32).collect())
+            .collect();
+        let config = GenerationConfig {
+            max_new_tokens: steps,
+            ..Default::default()
+        };
+        let out = generate(&mut decoder, &histories, &config, |_, _| {
+            ControlFlow::Continue(())
+        })?;
+        let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
+        HostTensor::from_i64(vec![batch, steps], &flat)
+    }
+}
+
+fn rows(t: &HostTensor) -> CoreResult<Vec<Vec<i64>>> {
+    let v = t.to_i64_vec()?;
+    let width = t.shape().last().copied().unwrap_or(0).max(1);
+    Ok(v.chunks(width).map(<[i64]>::to_vec).collect())
+}
+
+/// A decoder graph run over the whole sequence each step.
+struct GraphDecoder<'a> {
+    graph: &'a OnnxSession,
+    key: &'a str,
+    context: TensorMap,
+    seqs: Vec<Vec<i64>>,
+    vocab: usize,
+    /// Logits already computed for the prompt (served by the first `prefill`).
+    primed: Option<Vec<f32>>,
+}
+
+impl GraphDecoder<'_> {
+    /// Logits of the last position of every row, `[batch * vocab]`.
+    fn last_logits(&mut self) -> CoreResult<Vec<f32>> {
+        let batch = self.seqs.len();
+        let len = self.seqs.first().map(Vec::len).unwrap_or(0);
+        let flat: Vec<i64> = self.seqs.iter().flatten().copied().collect();
+        let mut inputs = self.context.clone();
+        inputs.insert(self.key.into(), HostTensor::from_i64(vec![batch, len], &flat)?);
+        let out = self.graph.run(&inputs)?;
+        let logits = out.get("logits").ok_or_else(|| {
+            ipfs_accelerate_core::Error::Compute(format!(
+                "{} has no `logits` output",
+                self.graph.path().display()
+            ))
+        })?;
+        let shape = logits.shape().to_vec();
+        let (seq, vocab) = match shape.as_slice() {
+            [b, s, v] if *b == batch => (*s, *v),
+            other => {
+                return Err(ipfs_accelerate_core::Error::Compute(format!(
+                    "logits of shape {other:?} for batch {batch}"
+                )))
+            }
+        };
+        let all = logits.to_f32_vec();
+        Ok((0..batch)
+            .flat_map(|b| {
+                let start = (b * seq + seq - 1) * vocab;
+                all[start..start + vocab].to_vec()
+            })
+            .collect())
+    }
+}
+
+impl TokenDecoder for GraphDecoder<'_> {
+    fn batch(&self) -> usize {
+        self.seqs.len()
+    }
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+    fn prefill(&mut self) -> CoreResult<Vec<f32>> {
+        match self.primed.take() {
+            Some(l) => Ok(l),
+            None => self.last_logits(),
+        }
+    }
+    fn step(&mut self, tokens: &[u32]) -> CoreResult<Vec<f32>> {
+        for (row, &t) in self.seqs.iter_mut().zip(tokens) {
+            row.push(i64::from(t));
+        }
+        self.last_logits()
+    }
+}
+
+impl ModelRunner for OnnxRunner {
+    fn family(&self) -> &str {
+        &self.family
+    }
+
+    fn backend(&self) -> BackendKind {
+        BackendKind::Onnx(self.provider)
+    }
+
+    fn placement(&self) -> Option<String> {
+        let graphs: Vec<&OnnxSession> = match &self.graphs {
+            Graphs::Single(s) => vec![s],
+            Graphs::EncoderDecoder { encoder, decoder } => vec![encoder, decoder],
+        };
+        let mut total: std::collections::BTreeMap<String, usize> = Default::default();
+        for g in graphs {
+            for (provider, n) in g.node_placement().ok()? {
+                *total.entry(provider).or_default() += n;
+            }
+        }
+        Some(
+            total
+                .iter()
+                .map(|(p, n)| format!("{} {n}", p.trim_end_matches("ExecutionProvider")))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+
+    fn run(&self, inputs: &TensorMap) -> CoreResult<TensorMap> {
+        let (mut out, dec_inputs) = self.encode(inputs)?;
+        let needs_decoder = match &self.graphs {
+            Graphs::Single(_) => true,
+            Graphs::EncoderDecoder { decoder, .. } => decoder
+                .input_names()
+                .iter()
+                .all(|n| dec_inputs.contains_key(*n)),
+        };
+        if needs_decoder {
+            out.extend(self.decoder_graph().run(&dec_inputs)?);
+        }
+        if let Some(steps) = inputs.get("greedy_steps") {
+            let steps = steps.to_i64_vec()?.first().copied().unwrap_or(0).max(0) as usize;
+            out.insert("greedy_tokens".into(), self.greedy(inputs, steps)?);
+        }
+        Ok(out)
+    }
+}
