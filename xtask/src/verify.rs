@@ -40,12 +40,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let implemented = implemented_families();
     let mut checks: Vec<Check> = Vec::new();
     let mut skipped = std::collections::BTreeSet::new();
+    let mut no_export = Vec::new();
     for fixture in &fixtures {
         if !implemented.contains(&fixture.family.as_str()) {
             skipped.insert(fixture.family.clone());
             continue;
         }
         for &backend in &backends {
+            if matches!(backend, BackendKind::Onnx(_)) && !fixture.has_onnx_export() {
+                no_export.push(format!("{}/{} on {backend}", fixture.family, fixture.variant));
+                continue;
+            }
             match verify_fixture(fixture, backend) {
                 Ok(c) => checks.extend(c),
                 Err(e) => checks.push(Check {
@@ -84,6 +89,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if args.json {
             println!("{}", serde_json::to_string(c)?);
         }
+    }
+    for what in &no_export {
+        println!("skipped {what}: the fixture has no ONNX export");
     }
     for family in &skipped {
         println!("skipped family `{family}`: not implemented yet");

@@ -77,6 +77,39 @@ enum Command {
         #[arg(long)]
         context: String,
     },
+    /// Text generation with a decoder LM (LLaMA / Qwen2): `--model` is a `.gguf` file, a checkpoint
+    /// folder or a hub id. Streams exactly the generated text to stdout.
+    Generate {
+        /// The prompt.
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+        /// Argmax decoding (the default when no sampling flag is given).
+        #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p"])]
+        greedy: bool,
+        /// Sample with this softmax temperature.
+        #[arg(long)]
+        temperature: Option<f32>,
+        /// Sample from the k most likely tokens.
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// Sample from the smallest set of tokens whose probability reaches p.
+        #[arg(long)]
+        top_p: Option<f32>,
+        /// HF repetition penalty (1.0 = off).
+        #[arg(long, default_value_t = 1.0)]
+        repetition_penalty: f32,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Wrap the prompt as a user message with the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// Keep generating past the end-of-sequence token.
+        #[arg(long)]
+        ignore_eos: bool,
+    },
     /// Probe every backend and print what this machine offers.
     Devices {
         /// Print JSON instead of a table.
@@ -102,17 +135,27 @@ fn main() -> ExitCode {
     }
 }
 
+fn backend_list(cli: &Cli) -> anyhow::Result<Option<Vec<BackendKind>>> {
+    if cli.backend.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        cli.backend
+            .iter()
+            .map(|b| b.parse::<BackendKind>())
+            .collect::<Result<Vec<_>, _>>()?,
+    ))
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Devices { json } = &cli.command {
         return devices(*json);
     }
+    if matches!(cli.command, Command::Generate { .. }) {
+        return generate(cli);
+    }
     let mut builder = Pipeline::builder(&cli.model).offline(cli.offline);
-    if !cli.backend.is_empty() {
-        let list = cli
-            .backend
-            .iter()
-            .map(|b| b.parse::<BackendKind>())
-            .collect::<Result<Vec<_>, _>>()?;
+    if let Some(list) = backend_list(&cli)? {
         builder = builder.backends(list).env_override(false);
     }
     let task = match &cli.command {
@@ -120,7 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Classify { tokens: true, .. } => Task::TokenClassify,
         Command::Classify { .. } => Task::Classify,
         Command::Qa { .. } => Task::QuestionAnswering,
-        Command::Devices { .. } => unreachable!("handled above"),
+        Command::Devices { .. } | Command::Generate { .. } => unreachable!("handled above"),
     };
     let pipe = builder
         .task(task)
@@ -173,7 +216,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&out.value)?);
             out.metrics
         }
-        Command::Devices { .. } => unreachable!("handled above"),
+        Command::Devices { .. } | Command::Generate { .. } => unreachable!("handled above"),
     };
     if metrics.truncated > 0 {
         eprintln!(
@@ -184,6 +227,76 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.metrics {
         print_metrics(&metrics, pipe.model_name());
+    }
+    Ok(())
+}
+
+fn generate(cli: Cli) -> anyhow::Result<()> {
+    use ipfs_accelerate::text::{GenerateOptions, Sampling, TextGenerator};
+    use std::io::Write;
+    let backends = backend_list(&cli)?;
+    let Command::Generate {
+        prompt,
+        max_new_tokens,
+        greedy,
+        temperature,
+        top_k,
+        top_p,
+        repetition_penalty,
+        seed,
+        chat,
+        ignore_eos,
+    } = cli.command
+    else {
+        unreachable!("called for generate only")
+    };
+    if cli.model == "embedded" {
+        anyhow::bail!(
+            "generate needs a decoder LM: pass --model with a .gguf file, a checkpoint folder or a hub id"
+        );
+    }
+    let generator = TextGenerator::load(&cli.model, backends, cli.offline)
+        .with_context(|| format!("loading {}", cli.model))?;
+    for s in &generator.selection().skipped {
+        eprintln!("note: skipped backend {}: {}", s.kind, s.reason);
+    }
+    let sampling = if greedy || (temperature.is_none() && top_k.is_none() && top_p.is_none()) {
+        Sampling::Greedy
+    } else {
+        Sampling::Sample {
+            temperature: temperature.unwrap_or(1.0),
+            top_k,
+            top_p,
+        }
+    };
+    let options = GenerateOptions {
+        max_new_tokens,
+        sampling,
+        repetition_penalty,
+        seed,
+        chat,
+        stop_at_eos: !ignore_eos,
+    };
+    let stdout = std::io::stdout();
+    let out = generator.generate(&prompt, &options, |piece| {
+        let mut lock = stdout.lock();
+        let _ = lock.write_all(piece.as_bytes());
+        let _ = lock.flush();
+    })?;
+    // stdout carries exactly the generated text; a terminal also gets a final newline.
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        println!();
+    }
+    if cli.metrics {
+        let m = &out.metrics;
+        print_metrics(m, &cli.model);
+        eprintln!(
+            "generation   {} prompt tokens at {:.1} tokens/s, {} new tokens at {:.1} tokens/s",
+            out.value.prompt_ids.len(),
+            out.value.prefill_tokens_per_s,
+            out.value.token_ids.len(),
+            out.value.decode_tokens_per_s
+        );
     }
     Ok(())
 }

@@ -101,3 +101,56 @@ fn bad_model_and_empty_text_fail_cleanly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("empty"), "{err}");
 }
+
+/// The SmolLM2 GGUF in ../shared, when present.
+fn smollm2() -> Option<std::path::PathBuf> {
+    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let gguf = shared.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if gguf.is_file() {
+        return Some(gguf);
+    }
+    assert!(
+        std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() != Ok("1"),
+        "{} missing (IPFS_ACCELERATE_REQUIRE_SHARED=1)",
+        gguf.display()
+    );
+    eprintln!("skipped: needs {}", gguf.display());
+    None
+}
+
+#[test]
+fn generate_streams_exactly_the_greedy_continuation_from_a_gguf() {
+    let Some(gguf) = smollm2() else { return };
+    let out = run_ok(&[
+        "generate",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--metrics",
+        "The capital of France is",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        " Paris.\n\nThe answer is: 2018-01"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("16 new tokens at"), "{err}");
+}
+
+#[test]
+fn generate_rejects_an_empty_prompt_and_the_embedded_encoder() {
+    let Some(gguf) = smollm2() else { return };
+    let out = cli()
+        .args(["generate", "--model", gguf.to_str().unwrap(), ""])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty prompt"));
+    let out = cli().args(["generate", "hello"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("decoder LM"));
+}

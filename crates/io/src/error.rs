@@ -22,6 +22,32 @@ pub enum IoError {
         /// What is wrong.
         reason: String,
     },
+    /// A GGUF file is malformed (bad magic, unsupported version, truncated, counts or offsets out
+    /// of range, unknown tensor type, non-UTF-8 string, ...).
+    #[error("malformed GGUF file {path}: {reason}")]
+    MalformedGguf {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Quantized tensor data cannot be dequantized (unsupported type, length not a whole number of
+    /// blocks).
+    #[error("cannot dequantize {ty} data: {reason}")]
+    Dequantize {
+        /// The ggml type name.
+        ty: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A GGUF file's tokenizer metadata is missing, inconsistent or of an unsupported kind.
+    #[error("cannot build the tokenizer of GGUF file {path}: {reason}")]
+    GgufTokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A model file is not available locally and cannot be downloaded.
     #[error("model file `{file}` of `{model}` not found: {reason}. Download it elsewhere and point {env_var} (or --model) at a local directory holding it")]
     NotFound {

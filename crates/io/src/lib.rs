@@ -10,14 +10,18 @@
 //!   (the compact form the embedded default model uses), dequantised on access.
 //! - [`RandomWeights`]: deterministic random tensors for a named config (benchmarks, no download).
 //! - [`NameMap`]: renames checkpoint tensor names (legacy `gamma`/`beta`, prefixes) for a family.
+//! - [`GgufFile`] ([`gguf`]): memory-mapped GGUF files — metadata, tensor table, ggml
+//!   dequantisation (F32/F16/BF16, Q4_0 … Q8_0, k-quants, IQ4), and the tokenizer in the metadata.
 
 mod error;
+pub mod gguf;
 mod names;
 mod random;
 mod safetensors_file;
 mod source;
 
 pub use error::IoError;
+pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, SpecialTokens};
 pub use names::NameMap;
 pub use random::RandomWeights;
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};

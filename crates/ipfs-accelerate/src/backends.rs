@@ -59,6 +59,57 @@ pub(crate) fn backends_from_env() -> Option<String> {
         .filter(|v| !v.trim().is_empty())
 }
 
+/// The preference list of a pipeline: `IPFS_ACCELERATE_BACKENDS` when set and `env_override` allows
+/// it, else `explicit`, else [`compiled_preferences`].
+pub(crate) fn resolve_preferences(
+    explicit: Option<Vec<BackendKind>>,
+    env_override: bool,
+) -> Result<Vec<BackendKind>> {
+    let from_env = backends_from_env().filter(|_| env_override);
+    Ok(match (from_env, explicit) {
+        (Some(list), _) => BackendKind::parse_list(&list)?,
+        (None, Some(b)) => b,
+        (None, None) => compiled_preferences(),
+    })
+}
+
+/// Probes `preferences` in order and runs the load `work` (made fresh per attempt) on the first
+/// usable backend; a backend whose load fails is recorded as skipped with the error and the next
+/// one is tried.
+pub(crate) fn load_on_first_usable<W: WithBackend>(
+    preferences: &[BackendKind],
+    mut work: impl FnMut() -> W,
+) -> Result<(W::Output, ipfs_accelerate_core::Selection)> {
+    let (usable, mut skipped) = selector().candidates(preferences);
+    for device in usable {
+        match with_backend(device.kind, work()) {
+            Ok(out) => {
+                return Ok((
+                    out,
+                    ipfs_accelerate_core::Selection { device, skipped },
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(backend = %device.kind, error = %e, "load failed, trying the next backend");
+                skipped.push(ipfs_accelerate_core::SkippedBackend {
+                    kind: device.kind,
+                    reason: format!("load failed: {e}"),
+                });
+            }
+        }
+    }
+    let reasons = skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.kind, s.reason))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(Error::LoadFailed(if reasons.is_empty() {
+        "the preference list is empty".into()
+    } else {
+        reasons
+    }))
+}
+
 /// Work that needs a concrete backend type: implemented once, run on whichever backend is chosen.
 pub(crate) trait WithBackend {
     type Output;

@@ -22,6 +22,14 @@ macro_rules! for_each_family {
         $apply!(
             [$($arg),*]
             "bert" => ipfs_accelerate_bert::BertFamily,
+            "llama" => ipfs_accelerate_llama::LlamaFamily,
+            "qwen2" => ipfs_accelerate_llama::Qwen2Family,
+            "detr" => ipfs_accelerate_detr::DetrFamily,
+            "t5" => ipfs_accelerate_t5::T5Family,
+            "whisper" => ipfs_accelerate_whisper::WhisperFamily,
+            "wav2vec2" => ipfs_accelerate_wav2vec2::Wav2Vec2Family,
+            "vit" => ipfs_accelerate_vit::VitFamily,
+            "clip" => ipfs_accelerate_clip::ClipFamily,
         )
     };
 }
@@ -101,6 +109,14 @@ pub fn discover(root: &Path, families: &[String]) -> Result<Vec<Fixture>> {
     Ok(out)
 }
 
+impl Fixture {
+    /// Whether the folder has an ONNX export (`model.onnx`, or `encoder.onnx` + `decoder.onnx`).
+    pub fn has_onnx_export(&self) -> bool {
+        self.dir.join("model.onnx").is_file()
+            || (self.dir.join("encoder.onnx").is_file() && self.dir.join("decoder.onnx").is_file())
+    }
+}
+
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -165,6 +181,16 @@ pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn Mo
 
 /// Loads the checkpoint folder `dir` (config.json + safetensors) of `family` on `backend`.
 pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
+    #[cfg(feature = "onnx")]
+    if let BackendKind::Onnx(provider) = backend {
+        let options = ipfs_accelerate_backend_onnx::SessionOptions {
+            profile: true,
+            ..Default::default()
+        };
+        return Ok(Box::new(crate::onnx::OnnxRunner::load(
+            family, dir, provider, &options,
+        )?));
+    }
     macro_rules! dispatch {
         ([$family:expr, $dir:expr, $backend:expr] $($feature:literal => $fam:ty,)*) => {
             match $family {
@@ -291,6 +317,11 @@ pub fn verify_fixture(fixture: &Fixture, backend: BackendKind) -> Result<Vec<Che
             Some(got) => compare(got, &expected, &mut check)?,
         }
         checks.push(check);
+    }
+    if let Some(placement) = runner.placement() {
+        for c in checks.iter_mut().filter(|c| c.note.is_empty()) {
+            c.note = format!("nodes ran on: {placement}");
+        }
     }
     Ok(checks)
 }

@@ -31,6 +31,8 @@ mod error;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 mod pipeline;
+#[cfg(feature = "llama")]
+pub mod text;
 
 #[cfg(feature = "embedded-default")]
 pub use assets::embedded;

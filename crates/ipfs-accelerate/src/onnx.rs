@@ -33,6 +33,8 @@ pub struct OnnxRunner {
     provider: ExecutionProvider,
     graphs: Graphs,
     decoder_start: Option<i64>,
+    /// The checkpoint folder (config.json for family post-processing).
+    dir: PathBuf,
 }
 
 /// Where the ONNX files of a checkpoint folder are: the folder itself or its `onnx/` subfolder.
@@ -77,6 +79,7 @@ impl OnnxRunner {
             provider,
             graphs,
             decoder_start,
+            dir: dir.to_path_buf(),
         })
     }
 
@@ -276,6 +279,20 @@ impl ModelRunner for OnnxRunner {
         };
         if needs_decoder {
             out.extend(self.decoder_graph().run(&dec_inputs)?);
+        }
+        #[cfg(feature = "detr")]
+        if self.family == "detr" {
+            if let (Some(logits), Some(boxes)) = (out.get("logits"), out.get("pred_boxes")) {
+                // The same post-processing as the native path.
+                let config = ipfs_accelerate_detr::DetrConfig::from_file(&self.dir.join("config.json"))?;
+                let post = ipfs_accelerate_detr::post_outputs(
+                    logits.clone(),
+                    boxes.clone(),
+                    inputs,
+                    &|i| config.label(i),
+                )?;
+                out.extend(post);
+            }
         }
         if let Some(steps) = inputs.get("greedy_steps") {
             let steps = steps.to_i64_vec()?.first().copied().unwrap_or(0).max(0) as usize;

@@ -13,9 +13,7 @@ use ipfs_accelerate_io::ResolveOptions;
 use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
-use crate::backends::{
-    backends_from_env, compiled_preferences, selector, with_backend, WithBackend,
-};
+use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
 use crate::{Error, Result};
 
 /// What a pipeline is for.
@@ -89,12 +87,7 @@ impl PipelineBuilder {
     /// the model is recorded in [`Pipeline::skipped`] and the next one is tried.
     pub fn build(self) -> Result<Pipeline> {
         let mut clock = Stopwatch::start();
-        let from_env = backends_from_env().filter(|_| self.env_override);
-        let preferences = match (from_env, self.backends) {
-            (Some(list), _) => BackendKind::parse_list(&list)?,
-            (None, Some(b)) => b,
-            (None, None) => compiled_preferences(),
-        };
+        let preferences = resolve_preferences(self.backends, self.env_override)?;
         let assets = Assets::resolve(&self.model, self.resolve.clone())?;
         let (config_text, config_path) = assets.config()?;
         let model_type = serde_json::from_str::<serde_json::Value>(&config_text)
@@ -130,41 +123,10 @@ impl PipelineBuilder {
             None => Pooling::Mean,
         };
 
-        let (usable, mut skipped) = selector().candidates(&preferences);
-        let mut loaded = None;
-        for device in usable {
-            let load = LoadBert {
-                weights: weights.clone(),
-                config: &config,
-            };
-            match with_backend(device.kind, load) {
-                Ok((model, hal)) => {
-                    loaded = Some((model, hal, device));
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(backend = %device.kind, error = %e, "load failed, trying the next backend");
-                    skipped.push(SkippedBackend {
-                        kind: device.kind,
-                        reason: format!("load failed: {e}"),
-                    });
-                }
-            }
-        }
-        let Some((model, hal, device)) = loaded else {
-            let reasons = skipped
-                .iter()
-                .map(|s| format!("{}: {}", s.kind, s.reason))
-                .collect::<Vec<_>>()
-                .join("; ");
-            // A model error (missing tensor, bad shape) is reported as itself when every backend
-            // failed the same way, so the user sees the file and tensor named.
-            return Err(Error::LoadFailed(if reasons.is_empty() {
-                "the preference list is empty".into()
-            } else {
-                reasons
-            }));
-        };
+        let ((model, hal), selection) = load_on_first_usable(&preferences, || LoadBert {
+            weights: weights.clone(),
+            config: &config,
+        })?;
         Ok(Pipeline {
             model,
             hal,
@@ -172,7 +134,7 @@ impl PipelineBuilder {
             pooling,
             task,
             model_name: assets.name(),
-            selection: Selection { device, skipped },
+            selection,
             init: clock.lap(),
             first_call: std::sync::atomic::AtomicBool::new(true),
         })

@@ -30,13 +30,48 @@ pub fn padding_bias<B: Backend>(
     causal: bool,
     device: &B::Device,
 ) -> Tensor<B, 4> {
+    mask_bias(mask, batch, keys, heads, queries, device, |q, k| {
+        !causal || k <= q
+    })
+}
+
+/// The causal bias of a decoder layer with a sliding window (Mistral, Qwen2's sliding layers), as
+/// HF's `sliding_window_overlay`: the query at cache position `q` (the queries are the last
+/// `queries` of `keys` positions) sees key `k` when `k` is not padding and `q - window < k <= q`.
+/// Same layout and values as [`padding_bias`].
+pub fn sliding_window_bias<B: Backend>(
+    mask: &[i64],
+    batch: usize,
+    keys: usize,
+    heads: usize,
+    queries: usize,
+    window: usize,
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    mask_bias(mask, batch, keys, heads, queries, device, |q, k| {
+        k <= q && k + window > q
+    })
+}
+
+/// `[batch, heads, queries, keys]` of 0 where `mask` keeps the key and `visible(query position,
+/// key position)` holds (query positions offset so the queries are the last of the keys), else
+/// `f32::MIN`.
+fn mask_bias<B: Backend>(
+    mask: &[i64],
+    batch: usize,
+    keys: usize,
+    heads: usize,
+    queries: usize,
+    device: &B::Device,
+    visible: impl Fn(usize, usize) -> bool,
+) -> Tensor<B, 4> {
     let offset = keys.saturating_sub(queries);
     let mut rows = Vec::with_capacity(batch * queries * keys);
     for b in 0..batch {
         let m = &mask[b * keys..(b + 1) * keys];
         for q in 0..queries {
             rows.extend(m.iter().enumerate().map(|(k, &keep)| {
-                if keep == 0 || (causal && k > q + offset) {
+                if keep == 0 || !visible(q + offset, k) {
                     f32::MIN
                 } else {
                     0.0
@@ -251,10 +286,26 @@ impl<B: Backend> MultiHeadAttention<B> {
         v: Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 3> {
+        self.output(self.attend_heads(q, k, v, bias))
+    }
+
+    /// The per-head attention result before merging, `[batch, heads, queries, head_dim]`, for
+    /// callers that adjust it before [`MultiHeadAttention::output`].
+    pub fn attend_heads(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 4> {
         let groups = self.config.heads / self.config.kv_heads;
         let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
-        self.o
-            .forward(merge_heads(sdpa(q, k, v, bias, self.config.scale)))
+        sdpa(q, k, v, bias, self.config.scale)
+    }
+
+    /// Merges heads `[batch, heads, seq, head_dim]` and applies the output projection.
+    pub fn output(&self, heads: Tensor<B, 4>) -> Tensor<B, 3> {
+        self.o.forward(merge_heads(heads))
     }
 
     /// Self-attention over `x` `[batch, seq, hidden]`.

@@ -14,8 +14,13 @@ mod embedding;
 pub mod generate;
 pub mod kv_cache;
 mod linear;
+pub mod mlp;
 mod norm;
+pub mod position;
+pub mod rope;
+pub mod transformer;
 mod var_builder;
+pub mod vision;
 
 pub use activation::Activation;
 pub use embedding::Embedding;

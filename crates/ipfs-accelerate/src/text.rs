@@ -1,0 +1,326 @@
+//! Text generation with the decoder LMs (LLaMA, Qwen2): from an HF checkpoint folder / hub id or a
+//! llama.cpp `.gguf` file, on the first usable backend, with the tokenizer (tokenizer.json or the
+//! GGUF's own vocabulary), the chat template, streaming and tokens/s metrics.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipfs_accelerate_core::{BackendKind, Metrics, Selection, Stopwatch};
+use ipfs_accelerate_io::{gguf::GgufFile, ResolveOptions};
+use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner, TextGeneration};
+use ipfs_accelerate_nn::generate::GenerationConfig;
+
+pub use ipfs_accelerate_nn::generate::Sampling;
+
+use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
+use crate::{Error, Output, Result};
+
+/// Options of one [`TextGenerator::generate`] call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// Tokens to generate at most.
+    pub max_new_tokens: usize,
+    /// Greedy (default) or sampling.
+    pub sampling: Sampling,
+    /// HF's repetition penalty (1.0 = off).
+    pub repetition_penalty: f32,
+    /// Sampling seed.
+    pub seed: u64,
+    /// Wrap the prompt as a user message with the checkpoint's chat template.
+    pub chat: bool,
+    /// Stop at the checkpoint's end-of-sequence token(s) (default on).
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 64,
+            sampling: Sampling::Greedy,
+            repetition_penalty: 1.0,
+            seed: 0,
+            chat: false,
+            stop_at_eos: true,
+        }
+    }
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Generated {
+    /// The generated text (without the prompt).
+    pub text: String,
+    /// The prompt's token ids (after the chat template, with special tokens).
+    pub prompt_ids: Vec<u32>,
+    /// The generated token ids.
+    pub token_ids: Vec<u32>,
+    /// Prompt tokens per second (time to the first generated token).
+    pub prefill_tokens_per_s: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tokens_per_s: f64,
+}
+
+/// A loaded decoder LM with its tokenizer.
+pub struct TextGenerator {
+    model: Box<dyn TextGeneration>,
+    tokenizer: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    selection: Selection,
+    init: Duration,
+    name: String,
+}
+
+struct LoadLlama<'a> {
+    source: &'a LoadSource,
+}
+
+enum LoadSource {
+    Gguf(PathBuf),
+    Dir {
+        weights: std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>,
+        config: LlamaConfig,
+    },
+}
+
+impl WithBackend for LoadLlama<'_> {
+    type Output = Box<dyn TextGeneration>;
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        Ok(match self.source {
+            LoadSource::Gguf(path) => Box::new(LlamaRunner::<H::Burn>::from_gguf(
+                path,
+                &hal.device(),
+                hal.kind(),
+            )?),
+            LoadSource::Dir { weights, config } => Box::new(LlamaRunner::<H::Burn>::load(
+                weights.clone(),
+                config,
+                &hal.device(),
+                hal.kind(),
+            )?),
+        })
+    }
+}
+
+fn tokenizer_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Core(ipfs_accelerate_core::Error::InvalidInput(format!(
+        "{what}: {e}"
+    )))
+}
+
+impl TextGenerator {
+    /// Loads `model` — a `.gguf` file, a checkpoint folder or a hub id — on the first usable backend
+    /// of `backends` (`None`: the default preferences, `IPFS_ACCELERATE_BACKENDS` honoured).
+    pub fn load(model: &str, backends: Option<Vec<BackendKind>>, offline: bool) -> Result<Self> {
+        let mut clock = Stopwatch::start();
+        let preferences = resolve_preferences(backends, true)?;
+        let path = Path::new(model);
+        let (source, tokenizer, template, bos, eos) = if path.is_file()
+            && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            let file = GgufFile::open(path)?;
+            let tokenizer = file.tokenizer()?;
+            let special = file.special_tokens();
+            let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
+            let (bos, eos) = (name_of(special.bos), name_of(special.eos));
+            let template = file.chat_template().map(str::to_string);
+            (LoadSource::Gguf(path.to_path_buf()), tokenizer, template, bos, eos)
+        } else {
+            let files = ipfs_accelerate_io::resolve(
+                model,
+                ResolveOptions {
+                    offline,
+                    ..Default::default()
+                },
+            )?;
+            let config_path = files.get("config.json")?;
+            let config = LlamaConfig::from_file(&config_path, Architecture::Llama)?;
+            let tok_path = files.get("tokenizer.json")?;
+            let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
+                .map_err(|e| tokenizer_err(&tok_path.display().to_string(), e))?;
+            let tok_config: Option<serde_json::Value> = files
+                .get_optional("tokenizer_config.json")?
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| serde_json::from_str(&t).ok());
+            let field = |k: &str| {
+                tok_config.as_ref().and_then(|c| {
+                    c.get(k).and_then(|v| {
+                        v.as_str()
+                            .map(str::to_string)
+                            .or_else(|| v.get("content").and_then(|c| c.as_str()).map(str::to_string))
+                    })
+                })
+            };
+            let template = field("chat_template");
+            let (bos, eos) = (field("bos_token"), field("eos_token"));
+            let weights = ipfs_accelerate_io::WeightStore::open(&files.weight_files()?)?.into_source();
+            (LoadSource::Dir { weights, config }, tokenizer, template, bos, eos)
+        };
+        let (model_box, selection) =
+            load_on_first_usable(&preferences, || LoadLlama { source: &source })?;
+        Ok(TextGenerator {
+            model: model_box,
+            tokenizer,
+            chat_template: template,
+            bos_token: bos,
+            eos_token: eos,
+            selection,
+            init: clock.lap(),
+            name: model.to_string(),
+        })
+    }
+
+    /// The backend it runs on and the preferences that were skipped.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        self.model.config()
+    }
+
+    /// The chat template, if the checkpoint has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// `prompt` as a single user message through the chat template (with the generation prompt).
+    pub fn apply_chat_template(&self, prompt: &str) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            Error::Unsupported(format!("{} has no chat template", self.name))
+        })?;
+        let mut env = minijinja::Environment::new();
+        env.add_template("chat", template)
+            .map_err(|e| tokenizer_err("chat template", e))?;
+        let ctx = minijinja::context! {
+            messages => vec![minijinja::context! { role => "user", content => prompt }],
+            add_generation_prompt => true,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(ctx))
+            .map_err(|e| tokenizer_err("chat template", e))
+    }
+
+    /// Token ids of `text` as the model sees them (with the tokenizer's special tokens).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        if text.is_empty() {
+            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                "empty prompt".into(),
+            )));
+        }
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| tokenizer_err("tokenizing the prompt", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of token ids (special tokens dropped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| tokenizer_err("decoding tokens", e))
+    }
+
+    /// Generates a continuation of `prompt`; `on_text` receives the text as it grows (exactly the
+    /// generated text, in pieces, ending on whole characters).
+    pub fn generate(
+        &self,
+        prompt: &str,
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Output<Generated>> {
+        let mut clock = Stopwatch::start();
+        let text = if options.chat {
+            self.apply_chat_template(prompt)?
+        } else {
+            prompt.to_string()
+        };
+        let prompt_ids = self.encode(&text)?;
+        let max_positions = self.config().max_position_embeddings();
+        if prompt_ids.len() + options.max_new_tokens > max_positions {
+            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(format!(
+                "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} positions",
+                prompt_ids.len(),
+                options.max_new_tokens
+            ))));
+        }
+        let preprocess = clock.lap();
+        let mut config: GenerationConfig = self.model.default_generation_config();
+        if !options.stop_at_eos {
+            config.stop_tokens.clear();
+        }
+        config.max_new_tokens = options.max_new_tokens;
+        config.sampling = options.sampling;
+        config.repetition_penalty = options.repetition_penalty;
+        config.seed = options.seed;
+        let mut generated: Vec<u32> = Vec::new();
+        let mut printed = 0usize;
+        let mut first_token_at: Option<Duration> = None;
+        let start = std::time::Instant::now();
+        let mut decode_err = None;
+        let tokens = self.model.generate(&prompt_ids, &config, &mut |t| {
+            if first_token_at.is_none() {
+                first_token_at = Some(start.elapsed());
+            }
+            generated.push(t);
+            match self.tokenizer.decode(&generated, true) {
+                // Emit only complete characters: a byte-level token may end mid-character.
+                Ok(s) if !s.ends_with('\u{FFFD}') => {
+                    if s.len() > printed && s.is_char_boundary(printed) {
+                        on_text(&s[printed..]);
+                        printed = s.len();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    decode_err = Some(e.to_string());
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(e) = decode_err {
+            return Err(tokenizer_err("decoding tokens", e));
+        }
+        let inference = clock.lap();
+        let full = self.decode(&tokens)?;
+        if full.len() > printed && full.is_char_boundary(printed) {
+            on_text(&full[printed..]);
+        }
+        let total = start.elapsed();
+        let first = first_token_at.unwrap_or(total);
+        let prefill_tokens_per_s = prompt_ids.len() as f64 / first.as_secs_f64().max(1e-9);
+        let rest = tokens.len().saturating_sub(1);
+        let decode_tokens_per_s = if rest > 0 {
+            rest as f64 / (total - first).as_secs_f64().max(1e-9)
+        } else {
+            0.0
+        };
+        let metrics = Metrics {
+            backend: self.selection.device.kind.to_string(),
+            init: self.init,
+            preprocess,
+            inference,
+            postprocess: clock.lap(),
+            total: clock.total(),
+            ..Default::default()
+        };
+        Ok(Output {
+            value: Generated {
+                text: full,
+                prompt_ids,
+                token_ids: tokens,
+                prefill_tokens_per_s,
+                decode_tokens_per_s,
+            },
+            metrics,
+        })
+    }
+}

@@ -1,0 +1,23 @@
+//! # ipfs-accelerate-clip
+//!
+//! A port of HF transformers' `modeling_clip.py` (`CLIPModel`), generic over burn's `Backend`:
+//! the text tower (token + position embeddings, causal pre-LN encoder with the attention mask,
+//! final layer norm, pooled at the first `eos_token_id` — or the largest id for the legacy
+//! `eos_token_id == 2`), the vision tower (patch embedding, class embedding, `pre_layrnorm`,
+//! encoder, `post_layernorm` on the class token; position embeddings interpolated for other image
+//! sizes), both projections and `logit_scale`. Both towers share the pre-LN layer of
+//! [`ipfs_accelerate_nn::transformer`]; [`ClipVisionTransformer`] is public for LLaVA.
+//!
+//! Tasks ([`ClipTasks`]): normalised text and image embeddings, and zero-shot classification
+//! (label prompts → probabilities, the softmax of `logits_per_image`).
+
+mod config;
+mod model;
+mod runner;
+
+pub use config::{ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
+pub use model::{
+    l2_normalize, ClipModel, ClipOutput, ClipTextInputs, ClipTextTransformer, ClipVisionOutput,
+    ClipVisionTransformer,
+};
+pub use runner::{ClipFamily, ClipRunner, ClipTasks};

@@ -1,0 +1,231 @@
+//! CLIP against the HF reference fixtures (`fixtures/clip/*`) on the CPU backend, its task APIs,
+//! and bad input / bad checkpoints as typed errors.
+
+use std::path::{Path, PathBuf};
+
+use burn_flex::Flex;
+use ipfs_accelerate_clip::{
+    ClipConfig, ClipFamily, ClipRunner, ClipTasks, ClipTextInputs, TokenIds,
+};
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, ModelRunner, TensorMap, TensorSource,
+};
+use ipfs_accelerate_io::SafeTensorsFile;
+
+/// `(folder, meta.json, reference.safetensors)` of every CLIP fixture; empty (and the test
+/// skipped, by name) when the shared data is absent unless `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
+fn fixtures(test: &str) -> Vec<(PathBuf, serde_json::Value, SafeTensorsFile)> {
+    let base = match std::env::var_os("IPFS_ACCELERATE_SHARED") {
+        Some(s) => PathBuf::from(s),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"),
+    }
+    .join("fixtures/clip");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let dir = entry.path();
+        if let Ok(text) = std::fs::read_to_string(dir.join("meta.json")) {
+            let meta = serde_json::from_str(&text).expect("meta.json");
+            let reference =
+                SafeTensorsFile::open(dir.join("reference.safetensors")).expect("reference");
+            found.push((dir, meta, reference));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    let required = std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1");
+    assert!(
+        !(found.is_empty() && required),
+        "{test}: no fixtures in {}",
+        base.display()
+    );
+    if found.is_empty() {
+        eprintln!(
+            "skipped {test}: needs fixtures in {} (set IPFS_ACCELERATE_SHARED)",
+            base.display()
+        );
+    }
+    found
+}
+
+fn named_inputs(meta: &serde_json::Value, reference: &SafeTensorsFile) -> TensorMap {
+    let mut map = TensorMap::new();
+    for name in meta["inputs"].as_array().unwrap() {
+        let name = name.as_str().unwrap();
+        map.insert(name.into(), reference.tensor(name).unwrap());
+    }
+    map
+}
+
+fn rel_error(got: &[f64], want: &[f64]) -> f64 {
+    let diff: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
+    let norm: f64 = want.iter().map(|b| b * b).sum();
+    (diff / norm).sqrt()
+}
+
+fn runner(dir: &Path) -> ClipRunner<Flex> {
+    ClipRunner::load_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
+}
+
+#[test]
+fn outputs_match_hf_within_tolerance() {
+    for (dir, meta, reference) in fixtures("outputs_match_hf_within_tolerance") {
+        let model = ClipFamily::load::<Flex>(&dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let out = model.run(&named_inputs(&meta, &reference)).unwrap();
+        for name in meta["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+        {
+            let want = reference.tensor(name).unwrap();
+            let got = &out[name];
+            assert_eq!(got.shape(), want.shape(), "{name}");
+            let rel = rel_error(&got.to_f64_vec(), &want.to_f64_vec());
+            let tol = meta["tolerance"][name].as_f64().unwrap_or(1e-4);
+            println!(
+                "{}: {name} rel error {rel:.3e} (tolerance {tol:.0e})",
+                dir.display()
+            );
+            assert!(rel <= tol, "{name}: {rel} > {tol}");
+        }
+    }
+}
+
+#[test]
+fn task_apis_agree_with_the_model_outputs() {
+    for (dir, meta, reference) in fixtures("task_apis_agree_with_the_model_outputs") {
+        let clip = runner(&dir);
+        let inputs = named_inputs(&meta, &reference);
+        let text = ClipTextInputs::from_tensors(&inputs).unwrap();
+        let pixels = &inputs["pixel_values"];
+        let full = clip.run(&inputs).unwrap();
+        let flat =
+            |rows: Vec<Vec<f32>>| rows.concat().into_iter().map(f64::from).collect::<Vec<_>>();
+        let text_embeds = flat(clip.text_embeds(&text).unwrap());
+        assert!(rel_error(&text_embeds, &full["text_embeds"].to_f64_vec()) < 1e-6);
+        let image_embeds = flat(clip.image_embeds(pixels).unwrap());
+        assert!(rel_error(&image_embeds, &full["image_embeds"].to_f64_vec()) < 1e-6);
+        // Zero-shot probabilities are the softmax of HF's logits_per_image over the labels.
+        let probs = clip.zero_shot(pixels, &text).unwrap();
+        let logits = reference.tensor("logits_per_image").unwrap();
+        let labels = logits.shape()[1];
+        for (row, l) in probs.iter().zip(logits.to_f64_vec().chunks(labels)) {
+            let max = l.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = l.iter().map(|v| (v - max).exp()).sum();
+            for (p, v) in row.iter().zip(l) {
+                assert!((*p as f64 - (v - max).exp() / z).abs() < 1e-4);
+            }
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        }
+        // One tower at a time.
+        let only_text: TensorMap = inputs
+            .iter()
+            .filter(|(k, _)| *k != "pixel_values")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let out = clip.run(&only_text).unwrap();
+        assert!(out.contains_key("text_embeds") && !out.contains_key("image_embeds"));
+    }
+}
+
+#[test]
+fn pooling_follows_eos_rules() {
+    for (dir, _, _) in fixtures("pooling_follows_eos_rules") {
+        let clip = runner(&dir);
+        let eos = clip.config().text_config.eos_token_id.first().unwrap();
+        let text = ClipTextInputs::from_rows(&[vec![0, eos, 1, eos], vec![0, 1, 1, 1]]).unwrap();
+        let positions = clip.model().text.pool_positions(&text);
+        if eos == 2 {
+            // Legacy: the largest id, first occurrence.
+            let max_at = |r: &[i64]| r.iter().position(|v| v == r.iter().max().unwrap()).unwrap();
+            assert_eq!(
+                positions,
+                vec![max_at(&[0, 2, 1, 2]), max_at(&[0, 1, 1, 1])]
+            );
+        } else {
+            assert_eq!(positions, vec![1, 0]);
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    for (dir, _, _) in fixtures("bad_inputs_are_typed_errors") {
+        let clip = runner(&dir);
+        let cfg = clip.config().text_config.clone();
+        let ids = |v: Vec<i64>, shape: Vec<usize>| HostTensor::from_i64(shape, &v).unwrap();
+        let run = |pairs: Vec<(&str, HostTensor)>| {
+            clip.run(&pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        };
+        let too_long = cfg.max_position_embeddings + 1;
+        for case in [
+            vec![("input_ids", ids(vec![cfg.vocab_size as i64], vec![1, 1]))],
+            vec![("input_ids", ids(vec![-1], vec![1, 1]))],
+            vec![("input_ids", ids(vec![], vec![1, 0]))],
+            vec![("input_ids", ids(vec![0; too_long], vec![1, too_long]))],
+            vec![("input_ids", ids(vec![0, 1], vec![2]))],
+            vec![
+                ("input_ids", ids(vec![0, 1], vec![1, 2])),
+                ("attention_mask", ids(vec![1], vec![1, 1])),
+            ],
+            vec![(
+                "pixel_values",
+                HostTensor::from_f32(vec![1, 1, 8, 8], &[0.0; 64]).unwrap(),
+            )],
+            vec![],
+        ] {
+            let names: Vec<String> = case
+                .iter()
+                .map(|(k, v)| format!("{k}{:?}", v.shape()))
+                .collect();
+            assert!(
+                matches!(run(case), Err(Error::InvalidInput(_))),
+                "{names:?}"
+            );
+        }
+        assert!(ClipTextInputs::from_rows(&[vec![1, 2], vec![3]]).is_err());
+    }
+}
+
+#[test]
+fn broken_checkpoints_and_configs_are_typed_errors() {
+    for (dir, _, _) in fixtures("broken_checkpoints_and_configs_are_typed_errors") {
+        let config = ClipConfig::from_file(&dir.join("config.json")).unwrap();
+        // Weights of a checkpoint with a different projection width.
+        let mut wrong = config.clone();
+        wrong.projection_dim += 1;
+        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let e = ClipRunner::<Flex>::load(weights, &wrong, &Default::default(), BackendKind::Cpu);
+        assert!(
+            matches!(e, Err(Error::ShapeMismatch { .. })),
+            "{:?}",
+            e.err()
+        );
+        let mut deeper = config.clone();
+        deeper.vision_config.num_hidden_layers += 1;
+        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let e = ClipRunner::<Flex>::load(weights, &deeper, &Default::default(), BackendKind::Cpu);
+        assert!(
+            matches!(e, Err(Error::MissingTensor { .. })),
+            "{:?}",
+            e.err()
+        );
+    }
+    let origin = Path::new("config.json");
+    for bad in [
+        r#"{"vision_config": {}}"#,
+        r#"{"text_config": {"hidden_size": 10, "num_attention_heads": 3}, "vision_config": {}}"#,
+        r#"{"text_config": {"eos_token_id": []}, "vision_config": {}}"#,
+        r#"{"text_config": {}, "vision_config": {"patch_size": 0}}"#,
+        r#"{"text_config": {}, "vision_config": {"image_size": 8, "patch_size": 16}}"#,
+        r#"{"text_config": {}, "vision_config": {}, "projection_dim": 0}"#,
+    ] {
+        assert!(
+            matches!(
+                ClipConfig::from_json(bad, origin),
+                Err(Error::InvalidConfig { .. })
+            ),
+            "{bad}"
+        );
+    }
+    assert_eq!(TokenIds::Many(vec![7, 8]).first(), Some(7));
+}

@@ -1,0 +1,168 @@
+//! Incremental decoding: [`LlamaDecoder`] implements the shared [`TokenDecoder`] over a KV cache
+//! (or, for reference checks, by recomputing the whole sequence every step).
+
+use burn::tensor::backend::Backend;
+use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_nn::{convert::float_to_vec, generate::TokenDecoder, KvCache};
+
+use crate::model::{positions_from_mask, DecoderInput, LlamaModel};
+
+/// How each step is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeMode {
+    /// Keys and values of earlier positions are cached; a step runs one position per row.
+    Cached,
+    /// Every step runs the whole sequence again (no cache), as the reference fixtures decode.
+    Recompute,
+}
+
+/// A batch of prompts being decoded by a [`LlamaModel`]. Prompts of different lengths are
+/// left-padded; the padding is masked out of attention and position ids come from the mask's
+/// cumulative sum, as HF's `generate` does, so each row decodes as it would alone.
+pub struct LlamaDecoder<'m, B: Backend> {
+    model: &'m LlamaModel<B>,
+    mode: DecodeMode,
+    cache: KvCache<B>,
+    /// Token ids per row (padding included).
+    ids: Vec<Vec<i64>>,
+    /// Attention mask per row.
+    mask: Vec<Vec<i64>>,
+    /// Position ids per row.
+    positions: Vec<Vec<i64>>,
+    /// Columns already run through the model.
+    done: usize,
+}
+
+impl<'m, B: Backend> LlamaDecoder<'m, B> {
+    /// A decoder over `prompts` (at least one row, none empty, every id in the vocabulary).
+    pub fn new(model: &'m LlamaModel<B>, prompts: &[Vec<u32>], mode: DecodeMode) -> Result<Self> {
+        if prompts.is_empty() {
+            return Err(Error::InvalidInput("no prompts to decode".into()));
+        }
+        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+            return Err(Error::InvalidInput(format!("prompt {i} is empty")));
+        }
+        let vocab = model.config().vocab_size;
+        let pad = model
+            .config()
+            .pad_token_id
+            .filter(|&p| p >= 0 && (p as usize) < vocab)
+            .unwrap_or(0);
+        let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(prompts.len());
+        let mut mask = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let padding = len - p.len();
+            let mut row = vec![pad; padding];
+            row.extend(p.iter().map(|&t| i64::from(t)));
+            ids.push(row);
+            let mut m = vec![0i64; padding];
+            m.resize(len, 1);
+            mask.push(m);
+        }
+        let positions = mask
+            .iter()
+            .map(|m| positions_from_mask(m, 1, m.len()))
+            .collect();
+        Ok(LlamaDecoder {
+            model,
+            mode,
+            cache: model.new_cache(),
+            ids,
+            mask,
+            positions,
+            done: 0,
+        })
+    }
+
+    /// Columns (padded length) of the sequence so far.
+    pub fn len(&self) -> usize {
+        self.ids.first().map_or(0, Vec::len)
+    }
+
+    /// Whether nothing is held (never true: a decoder has a prompt).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache (empty in [`DecodeMode::Recompute`]).
+    pub fn cache(&self) -> &KvCache<B> {
+        &self.cache
+    }
+
+    /// Runs the columns not yet processed and returns the last position's logits.
+    fn run_pending(&mut self) -> Result<Vec<f32>> {
+        let len = self.len();
+        let start = match self.mode {
+            DecodeMode::Cached => self.done,
+            DecodeMode::Recompute => 0,
+        };
+        let flat = |rows: &[Vec<i64>], from: usize| -> Vec<i64> {
+            rows.iter()
+                .flat_map(|r| r[from..].iter().copied())
+                .collect()
+        };
+        let ids = flat(&self.ids, start);
+        let positions = flat(&self.positions, start);
+        let mask = flat(&self.mask, 0);
+        let input = DecoderInput {
+            batch: self.ids.len(),
+            seq: len - start,
+            ids: &ids,
+            positions: &positions,
+            mask: &mask,
+        };
+        let cache = match self.mode {
+            DecodeMode::Cached => Some(&mut self.cache),
+            DecodeMode::Recompute => None,
+        };
+        let logits = self.model.forward_last(&input, cache)?;
+        self.done = len;
+        float_to_vec(logits)
+    }
+}
+
+impl<B: Backend> TokenDecoder for LlamaDecoder<'_, B> {
+    fn batch(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.vocab()
+    }
+
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        if self.done != 0 {
+            return Err(Error::InvalidInput(
+                "prefill called twice on one decoder".into(),
+            ));
+        }
+        self.run_pending()
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if self.done == 0 {
+            return Err(Error::InvalidInput("step called before prefill".into()));
+        }
+        if tokens.len() != self.ids.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} tokens for a batch of {}",
+                tokens.len(),
+                self.ids.len()
+            )));
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::InvalidInput(format!(
+                "token {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        for (row, &t) in tokens.iter().enumerate() {
+            let next = self.positions[row].last().map_or(0, |p| p + 1);
+            self.ids[row].push(i64::from(t));
+            self.mask[row].push(1);
+            self.positions[row].push(next);
+        }
+        self.run_pending()
+    }
+}

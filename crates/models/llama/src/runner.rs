@@ -1,0 +1,342 @@
+//! LLaMA and Qwen2 behind the uniform [`ModelRunner`] interface, the two [`Family`] entries and
+//! the text-generation task API.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
+};
+use ipfs_accelerate_io::gguf::GgufFile;
+use ipfs_accelerate_nn::{
+    convert::float_to_host,
+    generate::{generate, GenerationConfig},
+};
+
+use crate::decoder::{DecodeMode, LlamaDecoder};
+use crate::gguf::GgufWeights;
+use crate::model::{DecoderInput, LlamaModel};
+use crate::{Architecture, LlamaConfig};
+
+/// The LLaMA family (`LlamaForCausalLM` checkpoints).
+pub struct LlamaFamily;
+
+/// The Qwen2 family (`Qwen2ForCausalLM` checkpoints).
+pub struct Qwen2Family;
+
+fn load_dir<B: Backend>(
+    dir: &Path,
+    arch: Architecture,
+    device: &B::Device,
+    kind: BackendKind,
+) -> Result<Box<dyn ModelRunner>> {
+    let path = dir.join("config.json");
+    let config = LlamaConfig::from_file(&path, arch)?;
+    if config.architecture != arch {
+        return Err(Error::config(
+            &path,
+            format!(
+                "a {} checkpoint cannot be loaded as {}",
+                config.architecture.name(),
+                arch.name()
+            ),
+        ));
+    }
+    let weights = ipfs_accelerate_io::open_weights(dir)?;
+    let mut runner = LlamaRunner::<B>::load(weights, &config, device, kind)?;
+    runner.chat_template = read_chat_template(dir)?;
+    Ok(Box::new(runner))
+}
+
+impl Family for LlamaFamily {
+    const NAME: &'static str = "llama";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        load_dir::<B>(dir, Architecture::Llama, device, kind)
+    }
+}
+
+impl Family for Qwen2Family {
+    const NAME: &'static str = "qwen2";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        load_dir::<B>(dir, Architecture::Qwen2, device, kind)
+    }
+}
+
+/// `chat_template` of `tokenizer_config.json` in `dir`, when the file and the key exist (a
+/// string; the list form picks the template named `default`).
+pub fn read_chat_template(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join("tokenizer_config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::config(&path, e.to_string()))?;
+    Ok(match value.get("chat_template") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string),
+        _ => None,
+    })
+}
+
+/// A loaded LLaMA / Qwen2 checkpoint on one backend.
+pub struct LlamaRunner<B: Backend> {
+    model: LlamaModel<B>,
+    kind: BackendKind,
+    chat_template: Option<String>,
+}
+
+impl<B: Backend> LlamaRunner<B> {
+    /// Loads HF-named weights from `source` onto `device`.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &LlamaConfig,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        Ok(LlamaRunner {
+            model: LlamaModel::load(source, config, device)?,
+            kind,
+            chat_template: None,
+        })
+    }
+
+    /// Loads a llama.cpp GGUF file (architecture `llama` or `qwen2`): the configuration from its
+    /// metadata, the weights dequantized to f32 (LLaMA's permuted q / k rows restored), and its
+    /// chat template.
+    pub fn from_gguf(path: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let file = Arc::new(GgufFile::open(path)?);
+        let config = LlamaConfig::from_gguf(&file)?;
+        let weights = GgufWeights::new(file.clone(), &config);
+        let mut runner = Self::load(Arc::new(weights), &config, device, kind)?;
+        runner.chat_template = file.chat_template().map(str::to_string);
+        Ok(runner)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LlamaModel<B> {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        self.model.config()
+    }
+
+    /// The chat template (Jinja) of the checkpoint's tokenizer, if it ships one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Sets the chat template (e.g. read from a tokenizer config elsewhere).
+    pub fn set_chat_template(&mut self, template: Option<String>) {
+        self.chat_template = template;
+    }
+
+    /// Generation defaults of this checkpoint: greedy, stopping at its EOS token(s).
+    pub fn default_generation_config(&self) -> GenerationConfig {
+        GenerationConfig {
+            stop_tokens: self.config().eos_token_ids(),
+            ..GenerationConfig::default()
+        }
+    }
+
+    /// Generates a continuation of `prompt` with the KV cache; `on_token` sees every token as soon
+    /// as it is chosen and may stop generation with `ControlFlow::Break`. Returns the new tokens.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let mut out = self.generate_batch(&[prompt.to_vec()], config, |_, t| on_token(t))?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Generates continuations of several prompts at once (left-padded into one batch);
+    /// `on_token(row, token)` streams them.
+    pub fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.generate_with(prompts, config, DecodeMode::Cached, on_token)
+    }
+
+    /// [`generate_batch`](Self::generate_batch) with an explicit decoding mode.
+    pub fn generate_with(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        mode: DecodeMode,
+        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let mut decoder = LlamaDecoder::new(&self.model, prompts, mode)?;
+        generate(&mut decoder, prompts, config, on_token)
+    }
+
+    /// Logits `[batch, seq, vocab]` for `input_ids` with an optional `attention_mask` and
+    /// `position_ids` (`0..seq` when absent, as HF's forward; generation derives them from the
+    /// mask instead, see [`positions_from_mask`](crate::positions_from_mask)).
+    fn logits(&self, inputs: &TensorMap, ids: &HostTensor) -> Result<HostTensor> {
+        let [batch, seq] = matrix("input_ids", ids)?;
+        let same_shape = |name: &str| -> Result<Option<Vec<i64>>> {
+            match inputs.get(name) {
+                None => Ok(None),
+                Some(t) if t.shape() == ids.shape() => Ok(Some(t.to_i64_vec()?)),
+                Some(t) => Err(Error::InvalidInput(format!(
+                    "{name} has shape {:?}, input_ids {:?}",
+                    t.shape(),
+                    ids.shape()
+                ))),
+            }
+        };
+        let positions = same_shape("position_ids")?
+            .unwrap_or_else(|| (0..batch).flat_map(|_| 0..seq as i64).collect());
+        let mask = same_shape("attention_mask")?.unwrap_or_else(|| vec![1; batch * seq]);
+        let ids = ids.to_i64_vec()?;
+        let input = DecoderInput {
+            batch,
+            seq,
+            ids: &ids,
+            positions: &positions,
+            mask: &mask,
+        };
+        float_to_host(self.model.forward(&input, None)?)
+    }
+
+    /// `greedy_steps` argmax tokens after each row of `greedy_prompt`, recomputing the whole
+    /// sequence each step as the reference fixtures do: I64 `[rows, steps]`.
+    fn greedy(&self, inputs: &TensorMap, prompt: &HostTensor) -> Result<HostTensor> {
+        let [rows, _] = matrix("greedy_prompt", prompt)?;
+        let steps = inputs
+            .get("greedy_steps")
+            .ok_or_else(|| Error::InvalidInput("greedy_prompt given without greedy_steps".into()))?
+            .to_i64_vec()?;
+        let steps = match steps.as_slice() {
+            [n] if *n >= 0 => *n as usize,
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "greedy_steps must be one non-negative count, got {other:?}"
+                )))
+            }
+        };
+        let vocab = self.config().vocab_size as i64;
+        let ids = prompt.to_i64_vec()?;
+        if let Some(bad) = ids.iter().find(|&&t| t < 0 || t >= vocab) {
+            return Err(Error::InvalidInput(format!(
+                "greedy_prompt contains {bad}, outside the vocabulary of {vocab}"
+            )));
+        }
+        let cols = ids.len() / rows.max(1);
+        let prompts: Vec<Vec<u32>> = ids
+            .chunks(cols.max(1))
+            .map(|r| r.iter().map(|&t| t as u32).collect())
+            .collect();
+        let config = GenerationConfig {
+            max_new_tokens: steps,
+            ..GenerationConfig::default()
+        };
+        let out = self.generate_with(&prompts, &config, DecodeMode::Recompute, |_, _| {
+            ControlFlow::Continue(())
+        })?;
+        let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
+        HostTensor::from_i64(vec![rows, steps], &flat)
+    }
+}
+
+fn matrix(name: &str, t: &HostTensor) -> Result<[usize; 2]> {
+    match *t.shape() {
+        [b, s] if b > 0 && s > 0 => Ok([b, s]),
+        ref other => Err(Error::InvalidInput(format!(
+            "{name} must be a non-empty [batch, seq] matrix, got shape {other:?}"
+        ))),
+    }
+}
+
+impl<B: Backend> ModelRunner for LlamaRunner<B> {
+    fn family(&self) -> &str {
+        self.config().architecture.name()
+    }
+
+    fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// `input_ids` (+ optional `attention_mask` / `position_ids`) → `logits`; `greedy_prompt` +
+    /// `greedy_steps` → `greedy_tokens`. At least one of the two inputs is required.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let mut map = TensorMap::new();
+        if let Some(ids) = inputs.get("input_ids") {
+            map.insert("logits".into(), self.logits(inputs, ids)?);
+        }
+        if let Some(prompt) = inputs.get("greedy_prompt") {
+            map.insert("greedy_tokens".into(), self.greedy(inputs, prompt)?);
+        }
+        if map.is_empty() {
+            return Err(Error::InvalidInput(
+                "missing input: `input_ids` or `greedy_prompt`".into(),
+            ));
+        }
+        Ok(map)
+    }
+}
+
+/// The object-safe text-generation interface of a loaded LLaMA / Qwen2, whatever backend it
+/// runs on.
+pub trait TextGeneration: ModelRunner {
+    /// The configuration.
+    fn config(&self) -> &LlamaConfig;
+    /// The chat template, if the checkpoint ships one.
+    fn chat_template(&self) -> Option<&str>;
+    /// Greedy decoding stopping at the checkpoint's EOS token(s).
+    fn default_generation_config(&self) -> GenerationConfig;
+    /// New tokens after `prompt`, streamed through `on_token`.
+    fn generate(
+        &self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>>;
+}
+
+impl<B: Backend> TextGeneration for LlamaRunner<B> {
+    fn config(&self) -> &LlamaConfig {
+        self.model.config()
+    }
+
+    fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    fn default_generation_config(&self) -> GenerationConfig {
+        LlamaRunner::default_generation_config(self)
+    }
+
+    fn generate(
+        &self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        LlamaRunner::generate(self, prompt, config, on_token)
+    }
+}

@@ -1,0 +1,221 @@
+//! T5 behind the uniform [`ModelRunner`] interface, and text-to-text generation.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
+};
+use ipfs_accelerate_nn::{
+    convert::float_to_host,
+    generate::{GenerationConfig, Sampling},
+};
+use ipfs_accelerate_preprocess::TextTokenizer;
+
+use crate::model::matrix_dims;
+use crate::{T5Config, T5Inputs, T5};
+
+/// The T5 family: loads a checkpoint folder as a [`T5Runner`].
+pub struct T5Family;
+
+impl T5Family {
+    /// Loads the checkpoint in `dir` with its task interface (text-to-text when the folder has a
+    /// `tokenizer.json`).
+    pub fn load_tasks<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn T5Tasks>> {
+        Ok(Box::new(T5Runner::<B>::from_dir(dir, device, kind)?))
+    }
+}
+
+impl Family for T5Family {
+    const NAME: &'static str = "t5";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        Ok(Box::new(T5Runner::<B>::from_dir(dir, device, kind)?))
+    }
+}
+
+/// A loaded T5 checkpoint on one backend, with its tokenizer when the folder has one.
+pub struct T5Runner<B: Backend> {
+    model: T5<B>,
+    tokenizer: Option<TextTokenizer>,
+    kind: BackendKind,
+}
+
+impl<B: Backend> T5Runner<B> {
+    /// Loads `config.json`, the weights and (if present) `tokenizer.json` from `dir`.
+    pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let config = T5Config::from_file(&dir.join("config.json"))?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        let mut runner = Self::load(weights, &config, device, kind)?;
+        let tok = dir.join("tokenizer.json");
+        if tok.is_file() {
+            runner.tokenizer = Some(TextTokenizer::from_file(&tok, config.max_input_tokens)?);
+        }
+        Ok(runner)
+    }
+
+    /// Loads the model from a weight source (no tokenizer).
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &T5Config,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        Ok(T5Runner {
+            model: T5::load(source, config, device)?,
+            tokenizer: None,
+            kind,
+        })
+    }
+
+    /// Uses `tokenizer` for text input and output.
+    pub fn with_tokenizer(mut self, tokenizer: TextTokenizer) -> Self {
+        self.tokenizer = Some(tokenizer);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &T5<B> {
+        &self.model
+    }
+}
+
+/// `greedy_steps` (an integer tensor of one value ≥ 0), if given.
+fn greedy_steps(inputs: &TensorMap) -> Result<Option<usize>> {
+    let Some(t) = inputs.get("greedy_steps") else {
+        return Ok(None);
+    };
+    match t.to_i64_vec()?.as_slice() {
+        &[n] if n >= 0 => Ok(Some(n as usize)),
+        other => Err(Error::InvalidInput(format!(
+            "greedy_steps must be one value ≥ 0, got {other:?}"
+        ))),
+    }
+}
+
+impl<B: Backend> ModelRunner for T5Runner<B> {
+    fn family(&self) -> &str {
+        "t5"
+    }
+
+    fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// Inputs: `input_ids`, optional `attention_mask`, optional `decoder_input_ids` (→ `logits`),
+    /// optional `greedy_steps` (→ `greedy_tokens`: that many argmax steps from the decoder start
+    /// token, no EOS stop, through the KV-cached generation loop). Always returns
+    /// `encoder_last_hidden_state`.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let enc_inputs = T5Inputs::from_tensors(inputs)?;
+        let encoder = self.model.encode(&enc_inputs)?;
+        let mut out = TensorMap::new();
+        if let Some(dec) = inputs.get("decoder_input_ids") {
+            let [batch, len] = matrix_dims("decoder_input_ids", dec.shape())?;
+            if batch != enc_inputs.batch {
+                return Err(Error::InvalidInput(format!(
+                    "decoder_input_ids has {batch} rows, input_ids {}",
+                    enc_inputs.batch
+                )));
+            }
+            let hidden = self.model.decode(
+                &dec.to_i64_vec()?,
+                len,
+                &encoder,
+                &enc_inputs.attention_mask,
+                None,
+            )?;
+            out.insert(
+                "logits".into(),
+                float_to_host(self.model.lm_logits(hidden))?,
+            );
+        }
+        if let Some(steps) = greedy_steps(inputs)? {
+            let config = GenerationConfig {
+                max_new_tokens: steps,
+                sampling: Sampling::Greedy,
+                ..Default::default()
+            };
+            let tokens = self.model.generate_from_encoder(
+                encoder.clone(),
+                &enc_inputs.attention_mask,
+                &config,
+                true,
+                |_, _| ControlFlow::Continue(()),
+            )?;
+            let flat: Vec<i64> = tokens.iter().flatten().map(|&t| i64::from(t)).collect();
+            out.insert(
+                "greedy_tokens".into(),
+                HostTensor::from_i64(vec![enc_inputs.batch, steps], &flat)?,
+            );
+        }
+        out.insert("encoder_last_hidden_state".into(), float_to_host(encoder)?);
+        Ok(out)
+    }
+}
+
+/// The object-safe task interface of a loaded T5, whatever backend it runs on.
+pub trait T5Tasks: ModelRunner {
+    /// The configuration.
+    fn config(&self) -> &T5Config;
+    /// Token-level generation (see [`T5::generate`]); `on_token(row, token)` streams tokens.
+    fn generate(
+        &self,
+        input_ids: &[Vec<i64>],
+        attention_mask: Option<&[Vec<i64>]>,
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>>;
+    /// Text-to-text: tokenises `texts` (the tokenizer appends `</s>`), generates, and decodes each
+    /// row without special tokens. Needs a tokenizer.
+    fn generate_text(&self, texts: &[&str], config: &GenerationConfig) -> Result<Vec<String>>;
+}
+
+impl<B: Backend> T5Tasks for T5Runner<B> {
+    fn config(&self) -> &T5Config {
+        self.model.config()
+    }
+
+    fn generate(
+        &self,
+        input_ids: &[Vec<i64>],
+        attention_mask: Option<&[Vec<i64>]>,
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.model
+            .generate(input_ids, attention_mask, config, |r, t| on_token(r, t))
+    }
+
+    fn generate_text(&self, texts: &[&str], config: &GenerationConfig) -> Result<Vec<String>> {
+        let tok = self.tokenizer.as_ref().ok_or_else(|| {
+            Error::InvalidInput(
+                "this checkpoint has no tokenizer.json: text input is unavailable".into(),
+            )
+        })?;
+        let enc = tok.encode_batch(texts)?;
+        let inputs = T5Inputs {
+            batch: enc.batch,
+            seq: enc.seq,
+            input_ids: enc.input_ids,
+            attention_mask: enc.attention_mask,
+        };
+        let tokens = self
+            .model
+            .generate_inputs(&inputs, config, true, |_, _| ControlFlow::Continue(()))?;
+        tokens
+            .iter()
+            .map(|row| tok.decode(row).map_err(Error::from))
+            .collect()
+    }
+}

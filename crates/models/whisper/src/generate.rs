@@ -1,0 +1,222 @@
+//! Generation: Whisper's decoder as a [`TokenDecoder`] for the shared generation loop, with the
+//! token suppression of Whisper's generation config and language detection.
+
+use std::ops::ControlFlow;
+
+use burn::tensor::{backend::Backend, Tensor};
+use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_nn::{
+    convert::float_to_vec,
+    generate::{argmax, generate, GenerationConfig, TokenDecoder},
+};
+
+use crate::{DecoderCache, Whisper};
+
+/// Tokens whose logits are set to −∞: `always` at every step (`suppress_tokens`), `at_begin` only
+/// for the first generated token (`begin_suppress_tokens`), as HF's logits processors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Suppression {
+    /// Never generated.
+    pub always: Vec<u32>,
+    /// Not generated first.
+    pub at_begin: Vec<u32>,
+}
+
+/// Whisper's decoder over one encoded batch. With a KV cache each step feeds only the new token
+/// and reuses the cross-attention keys computed once; without one every step recomputes the whole
+/// decoder (HF's `use_cache=False`), the reference the cached path must match.
+pub struct WhisperTokenDecoder<'a, B: Backend> {
+    model: &'a Whisper<B>,
+    encoder: Tensor<B, 3>,
+    prompts: Vec<Vec<i64>>,
+    use_cache: bool,
+    cache: Option<DecoderCache<B>>,
+    tokens: Vec<Vec<i64>>,
+    suppression: Suppression,
+    generated: usize,
+}
+
+impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
+    /// A decoder over `encoder` `[batch, frames, d_model]` whose rows start from `prompts` (one
+    /// per row, all of the same non-zero length, e.g. `[<|startoftranscript|>]`).
+    pub fn new(
+        model: &'a Whisper<B>,
+        encoder: Tensor<B, 3>,
+        prompts: &[Vec<u32>],
+        suppression: Suppression,
+        use_cache: bool,
+    ) -> Result<Self> {
+        let [batch, _, _] = encoder.dims();
+        let len = prompts.first().map_or(0, Vec::len);
+        if prompts.len() != batch || len == 0 || prompts.iter().any(|p| p.len() != len) {
+            return Err(Error::InvalidInput(format!(
+                "decoder prompts must be {batch} non-empty rows of equal length, got lengths {:?}",
+                prompts.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        let vocab = model.config().vocab_size;
+        if let Some(bad) = suppression
+            .always
+            .iter()
+            .chain(&suppression.at_begin)
+            .find(|t| **t as usize >= vocab)
+        {
+            return Err(Error::InvalidInput(format!(
+                "suppressed token {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        Ok(WhisperTokenDecoder {
+            model,
+            encoder,
+            prompts: prompts
+                .iter()
+                .map(|p| p.iter().map(|&t| i64::from(t)).collect())
+                .collect(),
+            use_cache,
+            cache: None,
+            tokens: Vec::new(),
+            suppression,
+            generated: 0,
+        })
+    }
+
+    /// The decoder tokens of each row so far (prompt included).
+    pub fn tokens(&self) -> &[Vec<i64>] {
+        &self.tokens
+    }
+
+    /// Runs the decoder on `fed` (row-major, `len` per row) and returns the suppressed logits of
+    /// each row's last position, `[batch, vocab]`.
+    fn logits_after(&mut self, fed: &[i64], len: usize) -> Result<Vec<f32>> {
+        let batch = self.tokens.len();
+        let mut fresh;
+        let cache = match self.cache.as_mut() {
+            Some(c) => c,
+            None => {
+                fresh = self.model.new_cache(&self.encoder);
+                &mut fresh
+            }
+        };
+        let hidden = self.model.decode(fed, len, cache, None)?;
+        let d = self.model.config().d_model;
+        let last: Tensor<B, 3> = hidden.narrow(1, len - 1, 1).reshape([batch, 1, d]);
+        let mut logits = float_to_vec(self.model.logits(last))?;
+        let vocab = self.model.config().vocab_size;
+        let begin = self.generated == 0;
+        for row in logits.chunks_mut(vocab) {
+            let banned = self
+                .suppression
+                .always
+                .iter()
+                .chain(self.suppression.at_begin.iter().filter(|_| begin));
+            for &t in banned {
+                row[t as usize] = f32::NEG_INFINITY;
+            }
+        }
+        self.generated += 1;
+        Ok(logits)
+    }
+}
+
+impl<B: Backend> TokenDecoder for WhisperTokenDecoder<'_, B> {
+    fn batch(&self) -> usize {
+        self.prompts.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        self.tokens = self.prompts.clone();
+        self.generated = 0;
+        self.cache = self.use_cache.then(|| self.model.new_cache(&self.encoder));
+        let len = self.prompts[0].len();
+        let fed = self.tokens.concat();
+        self.logits_after(&fed, len)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if self.tokens.is_empty() {
+            return Err(Error::InvalidInput(
+                "the decoder must be prefilled before stepping".into(),
+            ));
+        }
+        if tokens.len() != self.tokens.len() {
+            return Err(Error::InvalidInput(format!(
+                "step with {} tokens for {} rows",
+                tokens.len(),
+                self.tokens.len()
+            )));
+        }
+        for (row, &t) in self.tokens.iter_mut().zip(tokens) {
+            row.push(i64::from(t));
+        }
+        if self.cache.is_some() {
+            let fed: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+            self.logits_after(&fed, 1)
+        } else {
+            let len = self.tokens[0].len();
+            let fed = self.tokens.concat();
+            self.logits_after(&fed, len)
+        }
+    }
+}
+
+impl<B: Backend> Whisper<B> {
+    /// Generates from an encoder output through the shared loop: each row starts from its prompt;
+    /// `on_token(row, token)` streams tokens. Returns the generated tokens per row (prompt
+    /// excluded, stop token included). Errors when prompt plus generated tokens would exceed the
+    /// decoder's positions.
+    pub fn generate_from_encoder(
+        &self,
+        encoder: Tensor<B, 3>,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        suppression: Suppression,
+        use_cache: bool,
+        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        config.validate()?;
+        let prompt_len = prompts.first().map_or(0, Vec::len);
+        let positions = self.config().max_target_positions;
+        // The last generated token is never fed back, so prompt + max_new_tokens - 1 positions.
+        if prompt_len + config.max_new_tokens.saturating_sub(1) > positions {
+            return Err(Error::InvalidInput(format!(
+                "a prompt of {prompt_len} tokens plus {} new tokens exceeds the decoder's {positions} positions",
+                config.max_new_tokens
+            )));
+        }
+        let mut decoder = WhisperTokenDecoder::new(self, encoder, prompts, suppression, use_cache)?;
+        generate(&mut decoder, prompts, config, on_token)
+    }
+
+    /// HF's language detection: the most likely of `language_tokens` after
+    /// `<|startoftranscript|>` (`decoder_start_token_id`), per row of the encoder output.
+    pub fn detect_language(
+        &self,
+        encoder: &Tensor<B, 3>,
+        language_tokens: &[u32],
+    ) -> Result<Vec<u32>> {
+        if language_tokens.is_empty() {
+            return Err(Error::InvalidInput(
+                "no language tokens to choose from".into(),
+            ));
+        }
+        let [batch, _, _] = encoder.dims();
+        let start = vec![i64::from(self.config().decoder_start_token_id); batch];
+        let mut cache = self.new_cache(encoder);
+        let logits = float_to_vec(self.logits(self.decode(&start, 1, &mut cache, None)?))?;
+        let vocab = self.config().vocab_size;
+        logits
+            .chunks(vocab)
+            .map(|row| {
+                let scores: Vec<f32> = language_tokens
+                    .iter()
+                    .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY))
+                    .collect();
+                Ok(language_tokens[argmax(&scores) as usize])
+            })
+            .collect()
+    }
+}

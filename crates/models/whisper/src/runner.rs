@@ -1,0 +1,431 @@
+//! Whisper behind the uniform [`ModelRunner`] interface, and the transcription task.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
+};
+use ipfs_accelerate_nn::{
+    convert::{float_from_host, float_to_host},
+    generate::GenerationConfig,
+};
+use ipfs_accelerate_preprocess::{
+    audio::{conform_rate, LogMel, WhisperFeatureConfig, WhisperFeatureExtractor},
+    TextTokenizer,
+};
+
+use crate::{Suppression, Whisper, WhisperConfig, WhisperGenerationConfig};
+
+/// The Whisper family: loads a checkpoint folder as a [`WhisperRunner`].
+pub struct WhisperFamily;
+
+impl Family for WhisperFamily {
+    const NAME: &'static str = "whisper";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        Ok(Box::new(WhisperRunner::<B>::from_dir(dir, device, kind)?))
+    }
+}
+
+/// Options of a transcription.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranscribeOptions {
+    /// Language token (`"en"` or `"<|en|>"`) for multilingual checkpoints; detected when `None`.
+    pub language: Option<String>,
+    /// `"transcribe"` (default) or `"translate"`, for checkpoints with task tokens.
+    pub task: String,
+    /// Tokens to generate at most (default: up to the generation config's `max_length`).
+    pub max_new_tokens: Option<usize>,
+    /// Resample audio whose rate differs from the feature extractor's (else it is an error).
+    pub resample: bool,
+    /// Decode with the KV cache (the default) or recompute every step.
+    pub use_cache: bool,
+}
+
+impl Default for TranscribeOptions {
+    fn default() -> Self {
+        TranscribeOptions {
+            language: None,
+            task: "transcribe".into(),
+            max_new_tokens: None,
+            resample: true,
+            use_cache: true,
+        }
+    }
+}
+
+/// The result of a transcription.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transcription {
+    /// The decoder prompt (`<|startoftranscript|>`, language, task, `<|notimestamps|>`).
+    pub prompt: Vec<u32>,
+    /// Generated token ids (end-of-text included when reached).
+    pub tokens: Vec<u32>,
+    /// The text (special tokens skipped), when the checkpoint has a `tokenizer.json`.
+    pub text: Option<String>,
+    /// Whether the audio was longer than the model's window and was cut.
+    pub truncated: bool,
+}
+
+/// A loaded Whisper checkpoint on one backend, with its feature extractor, generation config
+/// and (optional) tokenizer.
+pub struct WhisperRunner<B: Backend> {
+    model: Whisper<B>,
+    features: WhisperFeatureExtractor,
+    generation: WhisperGenerationConfig,
+    tokenizer: Option<TextTokenizer>,
+    device: B::Device,
+    kind: BackendKind,
+}
+
+impl<B: Backend> WhisperRunner<B> {
+    /// Loads `config.json`, the weights, and when present `generation_config.json`,
+    /// `preprocessor_config.json` (else features sized for the model) and `tokenizer.json`.
+    pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let config = WhisperConfig::from_file(&dir.join("config.json"))?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        let generation = WhisperGenerationConfig::from_dir(dir)?;
+        let pre = dir.join("preprocessor_config.json");
+        let features = if pre.is_file() {
+            WhisperFeatureConfig::from_file(&pre)?
+        } else {
+            WhisperFeatureConfig::for_model(config.num_mel_bins, config.input_frames())?
+        };
+        let tok = dir.join("tokenizer.json");
+        let tokenizer = if tok.is_file() {
+            Some(TextTokenizer::from_file(&tok, config.max_target_positions)?)
+        } else {
+            None
+        };
+        let mut runner = Self::load(weights, &config, features, device, kind)?;
+        generation.validate(config.vocab_size, &dir.join("generation_config.json"))?;
+        runner.generation = generation;
+        runner.tokenizer = tokenizer;
+        Ok(runner)
+    }
+
+    /// Loads the model from a weight source with a feature extractor config (which must produce
+    /// the model's mel bins and input frames); no tokenizer, default generation config.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &WhisperConfig,
+        features: WhisperFeatureConfig,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        if features.feature_size != config.num_mel_bins
+            || features.num_frames() != config.input_frames()
+        {
+            return Err(Error::config(
+                "preprocessor_config.json",
+                format!(
+                    "the feature extractor gives {} mel bins × {} frames, the model takes {} × {}",
+                    features.feature_size,
+                    features.num_frames(),
+                    config.num_mel_bins,
+                    config.input_frames()
+                ),
+            ));
+        }
+        Ok(WhisperRunner {
+            model: Whisper::load(source, config, device)?,
+            features: WhisperFeatureExtractor::new(features)?,
+            generation: WhisperGenerationConfig::default(),
+            tokenizer: None,
+            device: device.clone(),
+            kind,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Whisper<B> {
+        &self.model
+    }
+
+    /// The feature extractor.
+    pub fn feature_extractor(&self) -> &WhisperFeatureExtractor {
+        &self.features
+    }
+
+    /// The generation config.
+    pub fn generation_config(&self) -> &WhisperGenerationConfig {
+        &self.generation
+    }
+
+    fn features_tensor(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
+        let c = self.model.config();
+        if features.mels != c.num_mel_bins
+            || features.frames != c.input_frames()
+            || features.data.len() != features.mels * features.frames
+        {
+            return Err(Error::InvalidInput(format!(
+                "log-mel of {} × {} (with {} values) for a model taking {} × {}",
+                features.mels,
+                features.frames,
+                features.data.len(),
+                c.num_mel_bins,
+                c.input_frames()
+            )));
+        }
+        Ok(Tensor::from_data(
+            TensorData::new(features.data.clone(), [1, features.mels, features.frames]),
+            &self.device,
+        ))
+    }
+
+    /// The decoder prompt for `options`: `<|startoftranscript|>`, then for checkpoints that have
+    /// them the language (given or detected), the task and `<|notimestamps|>`.
+    fn prompt(&self, encoder: &Tensor<B, 3>, options: &TranscribeOptions) -> Result<Vec<u32>> {
+        let g = &self.generation;
+        let mut prompt = vec![self.model.config().decoder_start_token_id];
+        if g.multilingual() && !g.lang_to_id.is_empty() {
+            let lang = match &options.language {
+                Some(l) => {
+                    let key = if l.starts_with("<|") {
+                        l.clone()
+                    } else {
+                        format!("<|{l}|>")
+                    };
+                    *g.lang_to_id.get(&key).ok_or_else(|| {
+                        Error::InvalidInput(format!("unknown language `{l}` for this checkpoint"))
+                    })?
+                }
+                None => {
+                    let ids: Vec<u32> = g.lang_to_id.values().copied().collect();
+                    self.model.detect_language(encoder, &ids)?[0]
+                }
+            };
+            prompt.push(lang);
+        }
+        if !g.task_to_id.is_empty() {
+            let task = g.task_to_id.get(&options.task).ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "unknown task `{}` (this checkpoint knows {:?})",
+                    options.task,
+                    g.task_to_id.keys().collect::<Vec<_>>()
+                ))
+            })?;
+            prompt.push(*task);
+        }
+        if let Some(t) = g.no_timestamps_token_id {
+            prompt.push(t);
+        }
+        Ok(prompt)
+    }
+
+    /// Transcribes log-mel features of one waveform.
+    pub fn transcribe_features(
+        &self,
+        features: &LogMel,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        let encoder = self.model.encode(self.features_tensor(features)?)?;
+        let prompt = self.prompt(&encoder, options)?;
+        let c = self.model.config();
+        let max_length = self
+            .generation
+            .max_length
+            .unwrap_or(c.max_target_positions)
+            .min(c.max_target_positions + 1);
+        let max_new_tokens = options
+            .max_new_tokens
+            .unwrap_or(max_length.saturating_sub(prompt.len()));
+        let eos = self.generation.eos_token_id.or(c.eos_token_id);
+        let config = GenerationConfig {
+            max_new_tokens,
+            stop_tokens: eos.into_iter().collect(),
+            ..Default::default()
+        };
+        let suppression = Suppression {
+            always: self.generation.suppress_tokens.clone(),
+            at_begin: self.generation.begin_suppress_tokens.clone(),
+        };
+        let tokens = self
+            .model
+            .generate_from_encoder(
+                encoder,
+                std::slice::from_ref(&prompt),
+                &config,
+                suppression,
+                options.use_cache,
+                |_, _| ControlFlow::Continue(()),
+            )?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let text = match &self.tokenizer {
+            Some(t) => Some(t.decode(&tokens)?),
+            None => None,
+        };
+        Ok(Transcription {
+            prompt,
+            tokens,
+            text,
+            truncated: features.truncated,
+        })
+    }
+
+    /// Transcribes mono `samples` at `sample_rate` Hz (resampled to the feature extractor's rate
+    /// when `options.resample`): log-mel → encoder → greedy decoding with the KV cache, timestamps
+    /// off.
+    pub fn transcribe_with(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        let target = self.features.config().sampling_rate;
+        let samples = conform_rate(samples, sample_rate, target, options.resample)?;
+        let features = self.features.extract(&samples, target)?;
+        self.transcribe_features(&features, options)
+    }
+
+    /// [`WhisperRunner::transcribe_with`] with the default options.
+    pub fn transcribe(&self, samples: &[f32], sample_rate: u32) -> Result<Transcription> {
+        self.transcribe_with(samples, sample_rate, &TranscribeOptions::default())
+    }
+}
+
+/// An integer input tensor of shape `[batch, n]` as rows.
+fn int_rows(inputs: &TensorMap, name: &str, batch: usize) -> Result<Option<(Vec<i64>, usize)>> {
+    let Some(t) = inputs.get(name) else {
+        return Ok(None);
+    };
+    match t.shape() {
+        &[b, n] if b == batch && n > 0 => Ok(Some((t.to_i64_vec()?, n))),
+        other => Err(Error::InvalidInput(format!(
+            "{name} must be [{batch}, n ≥ 1] for {batch} audio inputs, got {other:?}"
+        ))),
+    }
+}
+
+impl<B: Backend> ModelRunner for WhisperRunner<B> {
+    fn family(&self) -> &str {
+        WhisperFamily::NAME
+    }
+
+    fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// Inputs: `input_features` `[batch, mels, frames]`; optional `decoder_input_ids` `[batch, n]`
+    /// (→ `logits`) with `decoder_attention_mask`, and `greedy_steps` `[1]` (→ `greedy_tokens`,
+    /// argmax from `greedy_prompt` or `decoder_start_token_id`, no stop token, no suppression).
+    /// Always returns `encoder_last_hidden_state`.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let features = inputs
+            .get("input_features")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
+        let encoder = self
+            .model
+            .encode(float_from_host::<B, 3>(features, &self.device)?)?;
+        let batch = encoder.dims()[0];
+        let mut out = TensorMap::new();
+        if let Some((ids, len)) = int_rows(inputs, "decoder_input_ids", batch)? {
+            let mask = int_rows(inputs, "decoder_attention_mask", batch)?;
+            if let Some((_, n)) = &mask {
+                if *n != len {
+                    return Err(Error::InvalidInput(format!(
+                        "decoder_attention_mask has {n} columns, decoder_input_ids {len}"
+                    )));
+                }
+            }
+            let logits = self.model.forward_logits(
+                &encoder,
+                &ids,
+                len,
+                mask.as_ref().map(|(m, _)| m.as_slice()),
+            )?;
+            out.insert("logits".into(), float_to_host(logits)?);
+        }
+        if let Some(steps) = inputs.get("greedy_steps") {
+            let steps = match steps.to_i64_vec()?.as_slice() {
+                [n] if *n >= 0 => *n as usize,
+                other => {
+                    return Err(Error::InvalidInput(format!(
+                        "greedy_steps must be one non-negative integer, got {other:?}"
+                    )))
+                }
+            };
+            let prompts: Vec<Vec<u32>> = match int_rows(inputs, "greedy_prompt", batch)? {
+                Some((ids, n)) => ids
+                    .chunks(n)
+                    .map(|r| {
+                        r.iter()
+                            .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
+                            .collect()
+                    })
+                    .collect(),
+                None => vec![vec![self.model.config().decoder_start_token_id]; batch],
+            };
+            let config = GenerationConfig {
+                max_new_tokens: steps,
+                ..Default::default()
+            };
+            let rows = self.model.generate_from_encoder(
+                encoder.clone(),
+                &prompts,
+                &config,
+                Suppression::default(),
+                true,
+                |_, _| ControlFlow::Continue(()),
+            )?;
+            let flat: Vec<i64> = rows.iter().flatten().map(|&t| i64::from(t)).collect();
+            out.insert(
+                "greedy_tokens".into(),
+                HostTensor::from_i64(vec![batch, steps], &flat)?,
+            );
+        }
+        out.insert("encoder_last_hidden_state".into(), float_to_host(encoder)?);
+        Ok(out)
+    }
+}
+
+/// The object-safe task interface of a loaded Whisper, whatever backend it runs on.
+pub trait WhisperTasks: ModelRunner {
+    /// The configuration.
+    fn config(&self) -> &WhisperConfig;
+    /// Transcribes mono samples at `sample_rate` Hz with `options`.
+    fn transcribe_with(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription>;
+    /// Transcribes a log-mel spectrogram with `options`.
+    fn transcribe_features(
+        &self,
+        features: &LogMel,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription>;
+}
+
+impl<B: Backend> WhisperTasks for WhisperRunner<B> {
+    fn config(&self) -> &WhisperConfig {
+        self.model.config()
+    }
+
+    fn transcribe_with(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        WhisperRunner::transcribe_with(self, samples, sample_rate, options)
+    }
+
+    fn transcribe_features(
+        &self,
+        features: &LogMel,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        WhisperRunner::transcribe_features(self, features, options)
+    }
+}

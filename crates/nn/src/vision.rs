@@ -1,0 +1,333 @@
+//! Vision-transformer input blocks shared by ViT, CLIP's vision tower, LLaVA and X-CLIP: the patch
+//! embedding (a convolution whose stride equals its kernel, computed as a reshape and a matmul) and
+//! PyTorch's bicubic interpolation of position-embedding grids (`interpolate_pos_encoding`).
+
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+use ipfs_accelerate_core::{Error, HostTensor, Result};
+
+use crate::VarBuilder;
+
+/// Checks that `t` is float `pixel_values` `[batch, channels, height, width]` with the model's
+/// channel count, no empty dimension and only finite values, and moves it to `device`.
+pub fn pixel_values<B: Backend>(
+    t: &HostTensor,
+    channels: usize,
+    device: &B::Device,
+) -> Result<Tensor<B, 4>> {
+    let &[b, c, h, w] = t.shape() else {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values must be [batch, channels, height, width], got {:?}",
+            t.shape()
+        )));
+    };
+    if !t.dtype().is_float() {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values must be floats, got {}",
+            t.dtype()
+        )));
+    }
+    if c != channels {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values have {c} channels, the model expects {channels}"
+        )));
+    }
+    if b == 0 || h == 0 || w == 0 {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values {:?} are empty",
+            t.shape()
+        )));
+    }
+    let values = t.to_f32_vec();
+    if values.iter().any(|v| !v.is_finite()) {
+        return Err(Error::InvalidInput(
+            "pixel_values hold NaN or infinite values".into(),
+        ));
+    }
+    Ok(Tensor::from_data(
+        TensorData::new(values, [b, c, h, w]),
+        device,
+    ))
+}
+
+/// `nn.Conv2d(channels, hidden, kernel_size=patch, stride=patch)`: non-overlapping patches, each
+/// flattened (channel, row, column) and projected, giving `[batch, patches, hidden]` in row-major
+/// patch order (`conv(x).flatten(2).transpose(1, 2)`).
+#[derive(Debug, Clone)]
+pub struct PatchEmbedding<B: Backend> {
+    /// `[channels * patch * patch, hidden]`.
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    channels: usize,
+    patch: usize,
+}
+
+impl<B: Backend> PatchEmbedding<B> {
+    /// Loads `weight` `[hidden, channels, patch, patch]` (and `bias` `[hidden]` when `bias`) under
+    /// `vb`.
+    pub fn load(
+        vb: &VarBuilder<B>,
+        channels: usize,
+        hidden: usize,
+        patch: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        if patch == 0 || channels == 0 {
+            return Err(Error::InvalidInput(format!(
+                "patch embedding {}: patch size {patch}, {channels} channels",
+                vb.path("")
+            )));
+        }
+        let w: Tensor<B, 4> = vb.tensor("weight", [hidden, channels, patch, patch])?;
+        let w = w.reshape([hidden, channels * patch * patch]).transpose();
+        let weight = Tensor::from_data(w.to_data(), vb.device());
+        let bias = if bias {
+            Some(vb.tensor("bias", [hidden])?)
+        } else {
+            None
+        };
+        Ok(PatchEmbedding {
+            weight,
+            bias,
+            channels,
+            patch,
+        })
+    }
+
+    /// Patch size in pixels.
+    pub fn patch(&self) -> usize {
+        self.patch
+    }
+
+    /// The `(rows, columns)` patch grid of an image of `height × width` (trailing pixels that do
+    /// not fill a patch are dropped, as the strided convolution drops them).
+    pub fn grid(&self, height: usize, width: usize) -> (usize, usize) {
+        (height / self.patch, width / self.patch)
+    }
+
+    /// `pixel_values` `[batch, channels, height, width]` → `[batch, rows * columns, hidden]`.
+    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+        let [b, c, h, w] = pixel_values.dims();
+        let p = self.patch;
+        if c != self.channels {
+            return Err(Error::InvalidInput(format!(
+                "pixel_values have {c} channels, the model expects {}",
+                self.channels
+            )));
+        }
+        let (gh, gw) = self.grid(h, w);
+        if b == 0 || gh == 0 || gw == 0 {
+            return Err(Error::InvalidInput(format!(
+                "pixel_values [{b}, {c}, {h}, {w}] hold no {p}x{p} patch"
+            )));
+        }
+        let x = if (gh * p, gw * p) != (h, w) {
+            pixel_values.narrow(2, 0, gh * p).narrow(3, 0, gw * p)
+        } else {
+            pixel_values
+        };
+        let patches: Tensor<B, 2> = x
+            .reshape([b, c, gh, p, gw, p])
+            .permute([0, 2, 4, 1, 3, 5])
+            .reshape([b * gh * gw, c * p * p]);
+        let y = burn::tensor::module::linear(patches, self.weight.clone(), self.bias.clone());
+        let hidden = self.weight.dims()[1];
+        Ok(y.reshape([b, gh * gw, hidden]))
+    }
+}
+
+/// The `[out, in]` matrix of PyTorch's `interpolate(mode="bicubic", align_corners=False)` along
+/// one axis (no antialiasing): source `scale · (o + 0.5) − 0.5` with `scale = in / out`, Keys'
+/// cubic with `A = -0.75`, border taps clamped. Row-major.
+pub fn bicubic_matrix(input: usize, output: usize) -> Vec<f32> {
+    const A: f64 = -0.75;
+    let cc1 = |x: f64| ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
+    let cc2 = |x: f64| ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
+    // PyTorch computes the scale and source index in f32.
+    let scale = input as f32 / output as f32;
+    let mut m = vec![0f32; output * input];
+    for o in 0..output {
+        let real = scale * (o as f32 + 0.5) - 0.5;
+        let base = real.floor();
+        let t = (real - base) as f64;
+        let weights = [cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(2.0 - t)];
+        for (k, w) in weights.iter().enumerate() {
+            let i = (base as i64 - 1 + k as i64).clamp(0, input as i64 - 1) as usize;
+            m[o * input + i] += *w as f32;
+        }
+    }
+    m
+}
+
+/// Bicubic resize (PyTorch's, see [`bicubic_matrix`]) of a `[channels, height, width]` grid to
+/// `[channels, out_h, out_w]`, as two matmuls on the device.
+pub fn interpolate_bicubic<B: Backend>(
+    grid: Tensor<B, 3>,
+    out_h: usize,
+    out_w: usize,
+) -> Tensor<B, 3> {
+    let [c, h, w] = grid.dims();
+    let device = grid.device();
+    if (h, w) == (out_h, out_w) {
+        return grid;
+    }
+    let mx: Tensor<B, 2> = Tensor::from_data(
+        TensorData::new(bicubic_matrix(w, out_w), [out_w, w]),
+        &device,
+    );
+    let my: Tensor<B, 2> = Tensor::from_data(
+        TensorData::new(bicubic_matrix(h, out_h), [out_h, h]),
+        &device,
+    );
+    // Along the width: [c·h, w] × [w, out_w].
+    let x = grid
+        .reshape([c * h, w])
+        .matmul(mx.transpose())
+        .reshape([c, h, out_w]);
+    // Along the height: [out_h, h] × [c, h, out_w] for every channel.
+    my.unsqueeze::<3>().expand([c, out_h, h]).matmul(x)
+}
+
+/// ViT / CLIP `interpolate_pos_encoding`: `positions` `[1 + n, hidden]` (class position first,
+/// then an `s × s` grid with `s² = n`) adapted to a `rows × cols` patch grid: the class position
+/// is kept, the grid is resized bicubically. Returned unchanged when the grid already matches.
+pub fn interpolate_positions<B: Backend>(
+    positions: Tensor<B, 2>,
+    rows: usize,
+    cols: usize,
+) -> Result<Tensor<B, 2>> {
+    let [n1, dim] = positions.dims();
+    let n = n1.saturating_sub(1);
+    let side = (n as f64).sqrt().round() as usize;
+    if side * side != n || n == 0 {
+        return Err(Error::InvalidInput(format!(
+            "cannot interpolate {n} position embeddings: not a square grid"
+        )));
+    }
+    if (side, side) == (rows, cols) {
+        return Ok(positions);
+    }
+    let class = positions.clone().narrow(0, 0, 1);
+    let grid = positions
+        .narrow(0, 1, n)
+        .reshape([side, side, dim])
+        .permute([2, 0, 1]);
+    let resized = interpolate_bicubic(grid, rows, cols)
+        .permute([1, 2, 0])
+        .reshape([rows * cols, dim]);
+    Ok(Tensor::cat(vec![class, resized], 0))
+}
+
+/// The input of a ViT-style encoder: a learned class token, then the patch embeddings, plus
+/// learned position embeddings (`ViTEmbeddings`, `CLIPVisionEmbeddings`). Images of another size
+/// than the one the positions were trained for get bicubically interpolated positions
+/// ([`interpolate_positions`], HF's `interpolate_pos_encoding=True`).
+#[derive(Debug, Clone)]
+pub struct ClassPatchEmbedding<B: Backend> {
+    class: Tensor<B, 3>,
+    patches: PatchEmbedding<B>,
+    positions: Tensor<B, 2>,
+    image_hw: (usize, usize),
+}
+
+impl<B: Backend> ClassPatchEmbedding<B> {
+    /// From the class token `[hidden]`, the patch embedding, the positions `[1 + patches, hidden]`
+    /// and the `(height, width)` they were trained for.
+    pub fn new(
+        class: Tensor<B, 1>,
+        patches: PatchEmbedding<B>,
+        positions: Tensor<B, 2>,
+        image_hw: (usize, usize),
+    ) -> Self {
+        let hidden = class.dims()[0];
+        ClassPatchEmbedding {
+            class: class.reshape([1, 1, hidden]),
+            patches,
+            positions,
+            image_hw,
+        }
+    }
+
+    /// `[batch, channels, height, width]` → `[batch, 1 + patches, hidden]`.
+    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+        let [b, _, height, width] = pixel_values.dims();
+        let patches = self.patches.forward(pixel_values)?;
+        let hidden = patches.dims()[2];
+        let x = Tensor::cat(vec![self.class.clone().expand([b, 1, hidden]), patches], 1);
+        let positions = if (height, width) == self.image_hw {
+            self.positions.clone()
+        } else {
+            let (rows, cols) = self.patches.grid(height, width);
+            interpolate_positions(self.positions.clone(), rows, cols)?
+        };
+        Ok(x + positions.unsqueeze::<3>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_flex::Flex;
+
+    #[test]
+    fn bicubic_rows_sum_to_one_and_identity_at_scale_one() {
+        for (i, o) in [(4, 7), (7, 4), (5, 5), (1, 3)] {
+            let m = bicubic_matrix(i, o);
+            for r in 0..o {
+                let s: f32 = m[r * i..(r + 1) * i].iter().sum();
+                assert!((s - 1.0).abs() < 1e-5, "{i}->{o} row {r}: {s}");
+            }
+        }
+        let m = bicubic_matrix(3, 3);
+        assert_eq!(m, vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]);
+    }
+
+    #[test]
+    fn bicubic_upscale_matches_pytorch_values() {
+        // torch.nn.functional.interpolate(torch.tensor([[[0., 1., 4., 9.]]]), size=6,
+        // mode="bicubic" on a [1, 1, 1, 4] grid) = these values.
+        let m = bicubic_matrix(4, 6);
+        let x = [0f32, 1., 4., 9.];
+        let y: Vec<f32> = (0..6)
+            .map(|r| (0..4).map(|c| m[r * 4 + c] * x[c]).sum())
+            .collect();
+        let want = [
+            -0.086_805_58f32,
+            0.21875,
+            1.430_555,
+            3.152_777_7,
+            6.78125,
+            9.434_029,
+        ];
+        for (a, b) in y.iter().zip(want) {
+            assert!((a - b).abs() < 1e-5, "{y:?}");
+        }
+    }
+
+    #[test]
+    fn patch_embedding_equals_a_strided_convolution() {
+        let dev = Default::default();
+        let (c, hid, p) = (2, 3, 2);
+        let wv: Vec<f32> = (0..hid * c * p * p)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let xv: Vec<f32> = (0..c * 4 * 6).map(|i| (i as f32 * 0.11).cos()).collect();
+        let w = Tensor::<Flex, 4>::from_data(TensorData::new(wv.clone(), [hid, c, p, p]), &dev);
+        let x = Tensor::<Flex, 4>::from_data(TensorData::new(xv, [1, c, 4, 6]), &dev);
+        let pe = PatchEmbedding::<Flex> {
+            weight: w.clone().reshape([hid, c * p * p]).transpose(),
+            bias: None,
+            channels: c,
+            patch: p,
+        };
+        let got = pe.forward(x.clone()).unwrap();
+        let conv = burn::tensor::module::conv2d(
+            x,
+            w,
+            None,
+            burn::tensor::ops::ConvOptions::new([p, p], [0, 0], [1, 1], 1),
+        );
+        let want = conv.reshape([1, hid, 6]).swap_dims(1, 2);
+        let diff = (got - want).abs().max().into_scalar();
+        assert!(diff < 1e-5, "{diff}");
+    }
+}

@@ -1,0 +1,40 @@
+//! Audio preprocessing as HF's feature extractors do it.
+//!
+//! - [`decode_wav`] / [`read_wav`]: WAV files (8/16/24/32-bit PCM, 32-bit float, any channel
+//!   count mixed down to mono) through `hound`.
+//! - [`resample`] / [`conform_rate`]: sampling-rate conversion through `rubato`.
+//! - [`WhisperFeatureExtractor`]: the log-mel spectrogram of `WhisperFeatureExtractor`
+//!   (STFT with `realfft`, Slaney mel filters, log10 clamped 8 below the peak, `(x + 4) / 4`).
+//! - [`Wav2Vec2FeatureExtractor`]: padding and zero-mean / unit-variance normalisation of raw
+//!   waveforms.
+//!
+//! Bad audio (not a WAV, empty, NaN samples, the wrong sampling rate) is an [`AudioError`], which
+//! converts into [`ipfs_accelerate_core::Error`].
+
+mod error;
+mod resample;
+pub mod spectrogram;
+mod wav;
+mod wav2vec2;
+mod whisper;
+
+pub use error::{AudioError, AudioResult};
+pub use resample::{conform_rate, resample};
+pub use wav::{decode_wav, read_wav, Audio};
+pub use wav2vec2::{
+    zero_mean_unit_var, Wav2Vec2FeatureConfig, Wav2Vec2FeatureExtractor, WaveformBatch,
+};
+pub use whisper::{WhisperFeatureConfig, WhisperFeatureExtractor};
+
+/// A log-mel spectrogram, row-major `[mels, frames]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogMel {
+    /// Mel bins (rows).
+    pub mels: usize,
+    /// Frames (columns).
+    pub frames: usize,
+    /// Values.
+    pub data: Vec<f32>,
+    /// Whether the waveform was longer than the extractor's window and was cut.
+    pub truncated: bool,
+}
