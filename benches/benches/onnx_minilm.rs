@@ -42,7 +42,13 @@ fn onnx_minilm(c: &mut Criterion) {
     }) {
         Ok(runner) => {
             group.bench_function(BenchmarkId::new("native", "cpu"), |b| {
-                b.iter(|| runner.encode(&inputs).expect("forward").last_hidden_state.into_data())
+                b.iter(|| {
+                    runner
+                        .encode(&inputs)
+                        .expect("forward")
+                        .last_hidden_state
+                        .into_data()
+                })
             });
         }
         Err(e) => eprintln!("skipped native cpu: {e}"),
@@ -58,11 +64,18 @@ fn onnx_minilm(c: &mut Criterion) {
         ("attention_mask", &inputs.attention_mask),
         ("token_type_ids", &inputs.token_type_ids),
     ] {
-        map.insert(name.into(), HostTensor::from_i64(shape.clone(), v).expect("shape"));
+        map.insert(
+            name.into(),
+            HostTensor::from_i64(shape.clone(), v).expect("shape"),
+        );
     }
     for provider in [ExecutionProvider::Cpu, ExecutionProvider::OpenVino] {
         let kind = BackendKind::Onnx(provider);
-        match OnnxSession::load(&onnx.join("model.onnx"), provider, &SessionOptions::default()) {
+        match OnnxSession::load(
+            &onnx.join("model.onnx"),
+            provider,
+            &SessionOptions::default(),
+        ) {
             Ok(session) => {
                 group.bench_function(BenchmarkId::new("onnx", kind.to_string()), |b| {
                     b.iter(|| session.run(&map).expect("run"))

@@ -46,7 +46,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let download = tempfile::tempdir()?;
     eprintln!("downloading {wheel} from PyPI ...");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+        ])
         .arg(download.path())
         .arg(&wheel)
         .status()

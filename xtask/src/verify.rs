@@ -48,7 +48,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         for &backend in &backends {
             if matches!(backend, BackendKind::Onnx(_)) && !fixture.has_onnx_export() {
-                no_export.push(format!("{}/{} on {backend}", fixture.family, fixture.variant));
+                no_export.push(format!(
+                    "{}/{} on {backend}",
+                    fixture.family, fixture.variant
+                ));
                 continue;
             }
             match verify_fixture(fixture, backend) {

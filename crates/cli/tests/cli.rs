@@ -106,7 +106,9 @@ fn bad_model_and_empty_text_fail_cleanly() {
 fn smollm2() -> Option<std::path::PathBuf> {
     let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+        });
     let gguf = shared.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
     if gguf.is_file() {
         return Some(gguf);

@@ -83,12 +83,7 @@ pub(crate) fn load_on_first_usable<W: WithBackend>(
     let (usable, mut skipped) = selector().candidates(preferences);
     for device in usable {
         match with_backend(device.kind, work()) {
-            Ok(out) => {
-                return Ok((
-                    out,
-                    ipfs_accelerate_core::Selection { device, skipped },
-                ))
-            }
+            Ok(out) => return Ok((out, ipfs_accelerate_core::Selection { device, skipped })),
             Err(e) => {
                 tracing::warn!(backend = %device.kind, error = %e, "load failed, trying the next backend");
                 skipped.push(ipfs_accelerate_core::SkippedBackend {

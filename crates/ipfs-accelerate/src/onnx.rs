@@ -191,7 +191,10 @@ impl GraphDecoder<'_> {
         let len = self.seqs.first().map(Vec::len).unwrap_or(0);
         let flat: Vec<i64> = self.seqs.iter().flatten().copied().collect();
         let mut inputs = self.context.clone();
-        inputs.insert(self.key.into(), HostTensor::from_i64(vec![batch, len], &flat)?);
+        inputs.insert(
+            self.key.into(),
+            HostTensor::from_i64(vec![batch, len], &flat)?,
+        );
         let out = self.graph.run(&inputs)?;
         let logits = out.get("logits").ok_or_else(|| {
             ipfs_accelerate_core::Error::Compute(format!(
@@ -284,7 +287,8 @@ impl ModelRunner for OnnxRunner {
         if self.family == "detr" {
             if let (Some(logits), Some(boxes)) = (out.get("logits"), out.get("pred_boxes")) {
                 // The same post-processing as the native path.
-                let config = ipfs_accelerate_detr::DetrConfig::from_file(&self.dir.join("config.json"))?;
+                let config =
+                    ipfs_accelerate_detr::DetrConfig::from_file(&self.dir.join("config.json"))?;
                 let post = ipfs_accelerate_detr::post_outputs(
                     logits.clone(),
                     boxes.clone(),

@@ -119,7 +119,9 @@ impl TextGenerator {
         let preferences = resolve_preferences(backends, true)?;
         let path = Path::new(model);
         let (source, tokenizer, template, bos, eos) = if path.is_file()
-            && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
         {
             let file = GgufFile::open(path)?;
             let tokenizer = file.tokenizer()?;
@@ -127,7 +129,13 @@ impl TextGenerator {
             let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
             let (bos, eos) = (name_of(special.bos), name_of(special.eos));
             let template = file.chat_template().map(str::to_string);
-            (LoadSource::Gguf(path.to_path_buf()), tokenizer, template, bos, eos)
+            (
+                LoadSource::Gguf(path.to_path_buf()),
+                tokenizer,
+                template,
+                bos,
+                eos,
+            )
         } else {
             let files = ipfs_accelerate_io::resolve(
                 model,
@@ -148,16 +156,25 @@ impl TextGenerator {
             let field = |k: &str| {
                 tok_config.as_ref().and_then(|c| {
                     c.get(k).and_then(|v| {
-                        v.as_str()
-                            .map(str::to_string)
-                            .or_else(|| v.get("content").and_then(|c| c.as_str()).map(str::to_string))
+                        v.as_str().map(str::to_string).or_else(|| {
+                            v.get("content")
+                                .and_then(|c| c.as_str())
+                                .map(str::to_string)
+                        })
                     })
                 })
             };
             let template = field("chat_template");
             let (bos, eos) = (field("bos_token"), field("eos_token"));
-            let weights = ipfs_accelerate_io::WeightStore::open(&files.weight_files()?)?.into_source();
-            (LoadSource::Dir { weights, config }, tokenizer, template, bos, eos)
+            let weights =
+                ipfs_accelerate_io::WeightStore::open(&files.weight_files()?)?.into_source();
+            (
+                LoadSource::Dir { weights, config },
+                tokenizer,
+                template,
+                bos,
+                eos,
+            )
         };
         let (model_box, selection) =
             load_on_first_usable(&preferences, || LoadLlama { source: &source })?;
@@ -190,9 +207,10 @@ impl TextGenerator {
 
     /// `prompt` as a single user message through the chat template (with the generation prompt).
     pub fn apply_chat_template(&self, prompt: &str) -> Result<String> {
-        let template = self.chat_template.as_deref().ok_or_else(|| {
-            Error::Unsupported(format!("{} has no chat template", self.name))
-        })?;
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| Error::Unsupported(format!("{} has no chat template", self.name)))?;
         let mut env = minijinja::Environment::new();
         env.add_template("chat", template)
             .map_err(|e| tokenizer_err("chat template", e))?;
@@ -245,11 +263,13 @@ impl TextGenerator {
         let prompt_ids = self.encode(&text)?;
         let max_positions = self.config().max_position_embeddings();
         if prompt_ids.len() + options.max_new_tokens > max_positions {
-            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(format!(
+            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                format!(
                 "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} positions",
                 prompt_ids.len(),
                 options.max_new_tokens
-            ))));
+            ),
+            )));
         }
         let preprocess = clock.lap();
         let mut config: GenerationConfig = self.model.default_generation_config();

@@ -294,7 +294,13 @@ mod tests {
         let table = (0..4)
             .map(|i| {
                 (0..4)
-                    .map(|j| if j == (i + 1) % 4 { 2.0 } else { 0.5 * j as f32 })
+                    .map(|j| {
+                        if j == (i + 1) % 4 {
+                            2.0
+                        } else {
+                            0.5 * j as f32
+                        }
+                    })
                     .collect()
             })
             .collect();

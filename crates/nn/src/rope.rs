@@ -72,7 +72,10 @@ impl RopeConfig {
         if !(self.theta.is_finite() && self.theta > 0.0) {
             return bad(format!("rope_theta must be > 0, got {}", self.theta));
         }
-        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
             return bad(format!(
                 "rotary dimension {} must be even, positive and at most head_dim {}",
                 self.rotary_dim, self.head_dim

@@ -45,16 +45,19 @@ pub fn openvino_report(ort_library: &Path) -> Result<OpenVinoReport, String> {
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libopenvino_c.so") || n == "openvino_c.dll" || n.starts_with("libopenvino_c.") )
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("libopenvino_c.so")
+                    || n == "openvino_c.dll"
+                    || n.starts_with("libopenvino_c.")
+            })
         })
         .min()
         .ok_or_else(|| format!("no libopenvino_c next to {}", ort_library.display()))?;
     // SAFETY: libopenvino_c's documented C API; every pointer it returns is freed with its own
     // free function, and nothing is used after the library is dropped.
     unsafe {
-        let lib = libloading::Library::new(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let lib =
+            libloading::Library::new(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         let sym = |name: &[u8]| -> Result<*mut c_void, String> {
             lib.get::<*mut c_void>(name)
                 .map(|s| *s)
@@ -62,8 +65,7 @@ pub fn openvino_report(ort_library: &Path) -> Result<OpenVinoReport, String> {
         };
         let core_create: CoreCreate = std::mem::transmute(sym(b"ov_core_create\0")?);
         let core_free: CoreFree = std::mem::transmute(sym(b"ov_core_free\0")?);
-        let get_devices: GetDevices =
-            std::mem::transmute(sym(b"ov_core_get_available_devices\0")?);
+        let get_devices: GetDevices = std::mem::transmute(sym(b"ov_core_get_available_devices\0")?);
         let free_devices: FreeDevices = std::mem::transmute(sym(b"ov_available_devices_free\0")?);
         let get_property: GetProperty = std::mem::transmute(sym(b"ov_core_get_property\0")?);
         let free: Free = std::mem::transmute(sym(b"ov_free\0")?);
@@ -75,7 +77,9 @@ pub fn openvino_report(ort_library: &Path) -> Result<OpenVinoReport, String> {
             description: std::ptr::null(),
         };
         let version = if get_version(&mut v) == 0 && !v.build_number.is_null() {
-            let s = CStr::from_ptr(v.build_number).to_string_lossy().into_owned();
+            let s = CStr::from_ptr(v.build_number)
+                .to_string_lossy()
+                .into_owned();
             free_version(&mut v);
             s
         } else {

@@ -47,13 +47,20 @@ pub fn library_path() -> Result<PathBuf, OnnxError> {
         }
     }
     Err(OnnxError::LibraryNotFound {
-        searched: format!("ORT_DYLIB_PATH unset; no libonnxruntime in {}", searched.join(", ")),
+        searched: format!(
+            "ORT_DYLIB_PATH unset; no libonnxruntime in {}",
+            searched.join(", ")
+        ),
     })
 }
 
 /// The versioned `libonnxruntime` file in `dir` (the highest version when there are several).
 fn find_library(dir: &Path) -> Option<PathBuf> {
-    let prefix = format!("{}onnxruntime{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let prefix = format!(
+        "{}onnxruntime{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -158,7 +165,9 @@ fn ort_version() -> String {
     // SAFETY: the runtime is loaded; GetVersionString returns a static NUL-terminated string.
     unsafe {
         let base = (ort::api().GetBuildInfoString)();
-        let build = std::ffi::CStr::from_ptr(base).to_string_lossy().into_owned();
+        let build = std::ffi::CStr::from_ptr(base)
+            .to_string_lossy()
+            .into_owned();
         // "ORT Build Info: git-branch=rel-1.24.1, ..." → "1.24.1"
         build
             .split("git-branch=rel-")

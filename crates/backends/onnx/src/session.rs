@@ -320,8 +320,14 @@ fn to_value(
         }
         Some(TensorElementType::Float32) | None => {
             if !host.dtype().is_float() {
-                Tensor::from_array((shape, host.to_f64_vec().iter().map(|&x| x as f32).collect::<Vec<f32>>()))
-                    .map(|t| t.into_dyn())
+                Tensor::from_array((
+                    shape,
+                    host.to_f64_vec()
+                        .iter()
+                        .map(|&x| x as f32)
+                        .collect::<Vec<f32>>(),
+                ))
+                .map(|t| t.into_dyn())
             } else {
                 Tensor::from_array((shape, host.to_f32_vec())).map(|t| t.into_dyn())
             }
@@ -351,24 +357,34 @@ fn from_value(name: &str, value: &ort::value::DynValueRef<'_>) -> Result<HostTen
     let dims = |s: &ort::value::Shape| s.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>();
     match ty {
         TensorElementType::Float32 => {
-            let (s, v) = value.try_extract_tensor::<f32>().map_err(runtime_err(&context))?;
+            let (s, v) = value
+                .try_extract_tensor::<f32>()
+                .map_err(runtime_err(&context))?;
             wrap(HostTensor::from_f32(dims(s), v))
         }
         TensorElementType::Float64 => {
-            let (s, v) = value.try_extract_tensor::<f64>().map_err(runtime_err(&context))?;
+            let (s, v) = value
+                .try_extract_tensor::<f64>()
+                .map_err(runtime_err(&context))?;
             wrap(HostTensor::from_f64(dims(s), v))
         }
         TensorElementType::Int64 => {
-            let (s, v) = value.try_extract_tensor::<i64>().map_err(runtime_err(&context))?;
+            let (s, v) = value
+                .try_extract_tensor::<i64>()
+                .map_err(runtime_err(&context))?;
             wrap(HostTensor::from_i64(dims(s), v))
         }
         TensorElementType::Int32 => {
-            let (s, v) = value.try_extract_tensor::<i32>().map_err(runtime_err(&context))?;
+            let (s, v) = value
+                .try_extract_tensor::<i32>()
+                .map_err(runtime_err(&context))?;
             let v: Vec<i64> = v.iter().map(|&x| i64::from(x)).collect();
             wrap(HostTensor::from_i64(dims(s), &v))
         }
         TensorElementType::Bool => {
-            let (s, v) = value.try_extract_tensor::<bool>().map_err(runtime_err(&context))?;
+            let (s, v) = value
+                .try_extract_tensor::<bool>()
+                .map_err(runtime_err(&context))?;
             let v: Vec<i64> = v.iter().map(|&x| i64::from(x)).collect();
             wrap(HostTensor::from_i64(dims(s), &v))
         }

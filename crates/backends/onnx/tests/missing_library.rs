@@ -9,5 +9,8 @@ fn a_missing_library_says_how_to_install_one() {
     assert!(matches!(err, OnnxError::LibraryNotFound { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("cargo xtask fetch-ort"), "{msg}");
-    assert!(msg.contains("/nonexistent/libonnxruntime.so.1.31.1"), "{msg}");
+    assert!(
+        msg.contains("/nonexistent/libonnxruntime.so.1.31.1"),
+        "{msg}"
+    );
 }

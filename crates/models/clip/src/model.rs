@@ -236,7 +236,9 @@ impl<B: Backend> ClipVisionTransformer<B> {
     /// Embeddings after `pre_layrnorm` (HF's `hidden_states[0]`); images of another size than
     /// the configured one get bicubically interpolated position embeddings.
     pub fn embed(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
-        Ok(self.pre_norm.forward(self.embeddings.forward(pixel_values)?))
+        Ok(self
+            .pre_norm
+            .forward(self.embeddings.forward(pixel_values)?))
     }
 
     /// HF's `hidden_states[layers]`: the embeddings after the first `layers` encoder layers

@@ -20,6 +20,6 @@ mod runner;
 pub use backbone::ResNetBackbone;
 pub use config::{DetrConfig, ResNetConfig, ResNetLayerType, BATCH_NORM_EPS, LAYER_NORM_EPS};
 pub use model::{Detr, DetrOutput};
-pub use post::{post_process_object_detection, Detection};
 pub use post::{post_outputs, DEFAULT_THRESHOLD};
+pub use post::{post_process_object_detection, Detection};
 pub use runner::{DetrFamily, DetrRunner, DetrTasks, HostDetections};

@@ -182,9 +182,18 @@ pub fn post_outputs(
     let boxes: Vec<f32> = all.flat_map(|d| d.box_xyxy).collect();
     let counts: Vec<i64> = detections.iter().map(|d| d.len() as i64).collect();
     let n = scores.len();
-    map.insert("post_scores".into(), HostTensor::from_f32(vec![n], &scores)?);
-    map.insert("post_labels".into(), HostTensor::from_i64(vec![n], &labels)?);
-    map.insert("post_boxes".into(), HostTensor::from_f32(vec![n, 4], &boxes)?);
+    map.insert(
+        "post_scores".into(),
+        HostTensor::from_f32(vec![n], &scores)?,
+    );
+    map.insert(
+        "post_labels".into(),
+        HostTensor::from_i64(vec![n], &labels)?,
+    );
+    map.insert(
+        "post_boxes".into(),
+        HostTensor::from_f32(vec![n, 4], &boxes)?,
+    );
     map.insert(
         "post_counts".into(),
         HostTensor::from_i64(vec![counts.len()], &counts)?,
@@ -226,4 +235,3 @@ fn threshold_from(t: Option<&HostTensor>) -> Result<f64> {
         },
     }
 }
-

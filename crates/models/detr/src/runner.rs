@@ -11,7 +11,6 @@ use ipfs_accelerate_nn::convert::{float_from_host, float_to_host, float_to_vec};
 use crate::post::{post_outputs, post_process_object_detection, Detection};
 use crate::{Detr, DetrConfig, DetrOutput};
 
-
 /// The DETR family: loads a checkpoint folder as a [`DetrRunner`].
 pub struct DetrFamily;
 

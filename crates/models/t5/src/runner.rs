@@ -194,7 +194,7 @@ impl<B: Backend> T5Tasks for T5Runner<B> {
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
         self.model
-            .generate(input_ids, attention_mask, config, |r, t| on_token(r, t))
+            .generate(input_ids, attention_mask, config, on_token)
     }
 
     fn generate_text(&self, texts: &[&str], config: &GenerationConfig) -> Result<Vec<String>> {

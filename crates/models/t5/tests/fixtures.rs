@@ -436,3 +436,81 @@ fn bad_checkpoints_are_typed_errors() {
         other => panic!("expected InvalidConfig, got {:?}", other.err()),
     }
 }
+
+/// A word-level tokenizer.json over `vocab` ids: `<pad>` 0, `</s>` 1, `<unk>` 2 (special), then
+/// `w3` … `w{vocab-1}`.
+fn word_tokenizer(vocab: usize) -> String {
+    let mut words = vec![
+        r#""<pad>":0"#.to_string(),
+        r#""</s>":1"#.into(),
+        r#""<unk>":2"#.into(),
+    ];
+    words.extend((3..vocab).map(|i| format!(r#""w{i}":{i}"#)));
+    let special = |id: usize, content: &str| {
+        format!(
+            r#"{{"id":{id},"content":"{content}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#
+        )
+    };
+    format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,
+            "added_tokens":[{},{},{}],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},
+            "post_processor":null,"decoder":null,
+            "model":{{"type":"WordLevel","vocab":{{{}}},"unk_token":"<unk>"}}}}"#,
+        special(0, "<pad>"),
+        special(1, "</s>"),
+        special(2, "<unk>"),
+        words.join(",")
+    )
+}
+
+#[test]
+fn text_to_text_goes_through_the_tokenizer() {
+    let Some(root) = t5_fixtures("text_to_text_goes_through_the_tokenizer") else {
+        return;
+    };
+    let src = root.join("t5");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let config = T5Config::from_file(&src.join("config.json")).unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        word_tokenizer(config.vocab_size),
+    )
+    .unwrap();
+    let tasks =
+        T5Family::load_tasks::<Flex>(dir.path(), &Default::default(), BackendKind::Cpu).unwrap();
+    let cfg = GenerationConfig {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let texts = tasks.generate_text(&["w5 w17 w40", "w8"], &cfg).unwrap();
+    // The same through ids: right-padded rows, no special tokens added by this tokenizer.
+    let ids = tasks
+        .generate(&[vec![5, 17, 40], vec![8]], None, &cfg, &mut |_, _| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    let words: Vec<String> = ids
+        .iter()
+        .map(|row| {
+            row.iter()
+                .filter(|&&t| t > 2)
+                .map(|t| format!("w{t}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(texts, words);
+    assert!(matches!(
+        tasks.generate_text(&[""], &cfg),
+        Err(Error::InvalidInput(_))
+    ));
+    // Without a tokenizer.json, text input is a typed error.
+    let bare = T5Family::load_tasks::<Flex>(&src, &Default::default(), BackendKind::Cpu).unwrap();
+    assert!(matches!(
+        bare.generate_text(&["w5"], &cfg),
+        Err(Error::InvalidInput(_))
+    ));
+}

@@ -51,7 +51,10 @@ impl VitLayout {
 }
 
 /// `ViTEmbeddings`: CLS token, patch embeddings and position embeddings.
-fn load_embeddings<B: Backend>(vb: &VarBuilder<B>, c: &VitConfig) -> Result<ClassPatchEmbedding<B>> {
+fn load_embeddings<B: Backend>(
+    vb: &VarBuilder<B>,
+    c: &VitConfig,
+) -> Result<ClassPatchEmbedding<B>> {
     let (rows, cols) = c.grid();
     let h = c.hidden_size;
     let cls: Tensor<B, 3> = vb.tensor("cls_token", [1, 1, h])?;

@@ -10,6 +10,7 @@ use ipfs_accelerate_nn::{
         padding_bias, AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames,
     },
     conv::{load_weight_normed, Conv1d, ConvParams, GroupNorm},
+    transformer::{Mlp, PreLnConfig, PreLnLayer, PreLnNames},
     Activation, LayerNorm, Linear, VarBuilder,
 };
 
@@ -131,61 +132,80 @@ impl<B: Backend> PositionalConv<B> {
     }
 }
 
-struct EncoderLayer<B: Backend> {
-    attention: MultiHeadAttention<B>,
-    layer_norm: LayerNorm<B>,
-    intermediate: Linear<B>,
-    output: Linear<B>,
-    final_layer_norm: LayerNorm<B>,
-    act: Activation,
-    pre_ln: bool,
+/// The weight names of a transformer layer (`Wav2Vec2EncoderLayer[StableLayerNorm]`).
+const LAYER_NAMES: PreLnNames<'static> = PreLnNames {
+    norm1: "layer_norm",
+    attention: ProjectionNames {
+        q: "attention.q_proj",
+        k: "attention.k_proj",
+        v: "attention.v_proj",
+        o: "attention.out_proj",
+    },
+    norm2: "final_layer_norm",
+    fc1: "feed_forward.intermediate_dense",
+    fc2: "feed_forward.output_dense",
+};
+
+enum EncoderLayer<B: Backend> {
+    /// `Wav2Vec2EncoderLayer`: `ln(x + attn(x))`, then `final_ln(h + ff(h))`.
+    PostLn {
+        attention: MultiHeadAttention<B>,
+        layer_norm: LayerNorm<B>,
+        feed_forward: Mlp<B>,
+        final_layer_norm: LayerNorm<B>,
+    },
+    /// `Wav2Vec2EncoderLayerStableLayerNorm`: the shared pre-LN layer.
+    Stable(PreLnLayer<B>),
 }
 
 impl<B: Backend> EncoderLayer<B> {
     fn load(vb: &VarBuilder<B>, c: &Wav2Vec2Config) -> Result<Self> {
         let (h, eps) = (c.hidden_size, c.layer_norm_eps);
-        Ok(EncoderLayer {
+        if c.do_stable_layer_norm {
+            let config = PreLnConfig {
+                hidden: h,
+                heads: c.num_attention_heads,
+                intermediate: c.intermediate_size,
+                act: c.hidden_act,
+                eps,
+                bias: ProjectionBias::ALL,
+            };
+            return Ok(EncoderLayer::Stable(PreLnLayer::load(
+                vb,
+                &config,
+                &LAYER_NAMES,
+            )?));
+        }
+        Ok(EncoderLayer::PostLn {
             attention: MultiHeadAttention::load(
-                &vb.pp("attention"),
+                vb,
                 AttentionConfig::new(h, c.num_attention_heads, ProjectionBias::ALL),
-                ProjectionNames::OUT_PROJ,
+                LAYER_NAMES.attention,
             )?,
-            layer_norm: LayerNorm::load(&vb.pp("layer_norm"), h, eps)?,
-            intermediate: Linear::load(
-                &vb.pp("feed_forward.intermediate_dense"),
+            layer_norm: LayerNorm::load(&vb.pp(LAYER_NAMES.norm1), h, eps)?,
+            feed_forward: Mlp::load(
+                vb,
+                (LAYER_NAMES.fc1, LAYER_NAMES.fc2),
                 h,
                 c.intermediate_size,
-                true,
+                c.hidden_act,
             )?,
-            output: Linear::load(
-                &vb.pp("feed_forward.output_dense"),
-                c.intermediate_size,
-                h,
-                true,
-            )?,
-            final_layer_norm: LayerNorm::load(&vb.pp("final_layer_norm"), h, eps)?,
-            act: c.hidden_act,
-            pre_ln: c.do_stable_layer_norm,
+            final_layer_norm: LayerNorm::load(&vb.pp(LAYER_NAMES.norm2), h, eps)?,
         })
     }
 
-    fn feed_forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.output
-            .forward(self.act.forward(self.intermediate.forward(x)))
-    }
-
     fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        if self.pre_ln {
-            // Wav2Vec2EncoderLayerStableLayerNorm.
-            let x = x.clone() + self.attention.forward(self.layer_norm.forward(x), bias);
-            x.clone() + self.feed_forward(self.final_layer_norm.forward(x))
-        } else {
-            // Wav2Vec2EncoderLayer.
-            let x = self
-                .layer_norm
-                .forward(x.clone() + self.attention.forward(x, bias));
-            self.final_layer_norm
-                .forward(x.clone() + self.feed_forward(x))
+        match self {
+            EncoderLayer::Stable(layer) => layer.forward(x, bias),
+            EncoderLayer::PostLn {
+                attention,
+                layer_norm,
+                feed_forward,
+                final_layer_norm,
+            } => {
+                let h = layer_norm.forward(x.clone() + attention.forward(x, bias));
+                final_layer_norm.forward(h.clone() + feed_forward.forward(h))
+            }
         }
     }
 }

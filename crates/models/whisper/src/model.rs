@@ -12,6 +12,7 @@ use ipfs_accelerate_nn::{
     },
     conv::{Conv1d, ConvParams},
     convert::int_tensor,
+    transformer::{Mlp, PreLnConfig, PreLnEncoder, PreLnNames},
     Activation, Embedding, KvCache, LayerNorm, Linear, VarBuilder,
 };
 
@@ -23,6 +24,20 @@ const WHISPER_BIAS: ProjectionBias = ProjectionBias {
     k: false,
     v: true,
     o: true,
+};
+
+/// The weight names of `WhisperEncoderLayer` for the shared pre-LN layer.
+const ENCODER_LAYER_NAMES: PreLnNames<'static> = PreLnNames {
+    norm1: "self_attn_layer_norm",
+    attention: ProjectionNames {
+        q: "self_attn.q_proj",
+        k: "self_attn.k_proj",
+        v: "self_attn.v_proj",
+        o: "self_attn.out_proj",
+    },
+    norm2: "final_layer_norm",
+    fc1: "fc1",
+    fc2: "fc2",
 };
 
 fn attention<B: Backend>(
@@ -37,53 +52,22 @@ fn attention<B: Backend>(
     )
 }
 
-/// The pre-LN feed-forward sub-block `x + fc2(act(fc1(final_layer_norm(x))))`.
+/// The decoder's pre-LN feed-forward sub-block `x + fc2(act(fc1(final_layer_norm(x))))`.
 struct FeedForward<B: Backend> {
     norm: LayerNorm<B>,
-    fc1: Linear<B>,
-    fc2: Linear<B>,
-    act: Activation,
+    mlp: Mlp<B>,
 }
 
 impl<B: Backend> FeedForward<B> {
     fn load(vb: &VarBuilder<B>, d: usize, ffn: usize, act: Activation) -> Result<Self> {
         Ok(FeedForward {
             norm: LayerNorm::load(&vb.pp("final_layer_norm"), d, LAYER_NORM_EPS)?,
-            fc1: Linear::load(&vb.pp("fc1"), d, ffn, true)?,
-            fc2: Linear::load(&vb.pp("fc2"), ffn, d, true)?,
-            act,
+            mlp: Mlp::load(vb, ("fc1", "fc2"), d, ffn, act)?,
         })
     }
 
     fn residual(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let inner = self
-            .act
-            .forward(self.fc1.forward(self.norm.forward(x.clone())));
-        x + self.fc2.forward(inner)
-    }
-}
-
-struct EncoderLayer<B: Backend> {
-    self_attn: MultiHeadAttention<B>,
-    self_attn_norm: LayerNorm<B>,
-    ffn: FeedForward<B>,
-}
-
-impl<B: Backend> EncoderLayer<B> {
-    fn load(vb: &VarBuilder<B>, c: &WhisperConfig) -> Result<Self> {
-        let d = c.d_model;
-        Ok(EncoderLayer {
-            self_attn: attention(&vb.pp("self_attn"), d, c.encoder_attention_heads)?,
-            self_attn_norm: LayerNorm::load(&vb.pp("self_attn_layer_norm"), d, LAYER_NORM_EPS)?,
-            ffn: FeedForward::load(vb, d, c.encoder_ffn_dim, c.activation_function)?,
-        })
-    }
-
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let h = self
-            .self_attn
-            .forward(self.self_attn_norm.forward(x.clone()), None);
-        self.ffn.residual(x + h)
+        x.clone() + self.mlp.forward(self.norm.forward(x))
     }
 }
 
@@ -93,7 +77,7 @@ pub struct WhisperEncoder<B: Backend> {
     conv1: Conv1d<B>,
     conv2: Conv1d<B>,
     positions: Tensor<B, 2>,
-    layers: Vec<EncoderLayer<B>>,
+    layers: PreLnEncoder<B>,
     norm: LayerNorm<B>,
     num_mel_bins: usize,
     frames: usize,
@@ -108,9 +92,19 @@ impl<B: Backend> WhisperEncoder<B> {
             conv1: Conv1d::load(&vb.pp("conv1"), c.num_mel_bins, d, [3], same)?,
             conv2: Conv1d::load(&vb.pp("conv2"), d, d, [3], same.with_stride(2))?,
             positions: vb.tensor("embed_positions.weight", [c.max_source_positions, d])?,
-            layers: (0..c.encoder_layers)
-                .map(|i| EncoderLayer::load(&vb.pp(format!("layers.{i}")), c))
-                .collect::<Result<_>>()?,
+            layers: PreLnEncoder::load(
+                &vb.pp("layers"),
+                c.encoder_layers,
+                &PreLnConfig {
+                    hidden: d,
+                    heads: c.encoder_attention_heads,
+                    intermediate: c.encoder_ffn_dim,
+                    act: c.activation_function,
+                    eps: LAYER_NORM_EPS,
+                    bias: WHISPER_BIAS,
+                },
+                &ENCODER_LAYER_NAMES,
+            )?,
             norm: LayerNorm::load(&vb.pp("layer_norm"), d, LAYER_NORM_EPS)?,
             num_mel_bins: c.num_mel_bins,
             frames: c.input_frames(),
@@ -132,20 +126,17 @@ impl<B: Backend> WhisperEncoder<B> {
         }
         let x = gelu(self.conv1.forward(features));
         let x = gelu(self.conv2.forward(x)).swap_dims(1, 2);
-        let mut x = x + self.positions.clone().unsqueeze::<3>();
-        for layer in &self.layers {
-            x = layer.forward(x);
-        }
-        Ok(self.norm.forward(x))
+        let x = x + self.positions.clone().unsqueeze::<3>();
+        Ok(self.norm.forward(self.layers.forward(x, None)))
     }
 }
 
 struct DecoderLayer<B: Backend> {
     self_attn: MultiHeadAttention<B>,
-    self_attn_norm: LayerNorm<B>,
-    cross_attn: MultiHeadAttention<B>,
-    cross_attn_norm: LayerNorm<B>,
-    ffn: FeedForward<B>,
+    self_attn_layer_norm: LayerNorm<B>,
+    encoder_attn: MultiHeadAttention<B>,
+    encoder_attn_layer_norm: LayerNorm<B>,
+    feed_forward: FeedForward<B>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -153,10 +144,10 @@ impl<B: Backend> DecoderLayer<B> {
         let (d, heads) = (c.d_model, c.decoder_attention_heads);
         Ok(DecoderLayer {
             self_attn: attention(&vb.pp("self_attn"), d, heads)?,
-            self_attn_norm: LayerNorm::load(&vb.pp("self_attn_layer_norm"), d, LAYER_NORM_EPS)?,
-            cross_attn: attention(&vb.pp("encoder_attn"), d, heads)?,
-            cross_attn_norm: LayerNorm::load(&vb.pp("encoder_attn_layer_norm"), d, LAYER_NORM_EPS)?,
-            ffn: FeedForward::load(vb, d, c.decoder_ffn_dim, c.activation_function)?,
+            self_attn_layer_norm: LayerNorm::load(&vb.pp("self_attn_layer_norm"), d, LAYER_NORM_EPS)?,
+            encoder_attn: attention(&vb.pp("encoder_attn"), d, heads)?,
+            encoder_attn_layer_norm: LayerNorm::load(&vb.pp("encoder_attn_layer_norm"), d, LAYER_NORM_EPS)?,
+            feed_forward: FeedForward::load(vb, d, c.decoder_ffn_dim, c.activation_function)?,
         })
     }
 }
@@ -200,7 +191,7 @@ impl<B: Backend> WhisperDecoder<B> {
     pub fn new_cache(&self, encoder: &Tensor<B, 3>) -> DecoderCache<B> {
         let mut cross = KvCache::new(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
-            let (k, v) = layer.cross_attn.project_kv(encoder.clone());
+            let (k, v) = layer.encoder_attn.project_kv(encoder.clone());
             cross.set(i, k, v);
         }
         DecoderCache {
@@ -264,7 +255,7 @@ impl<B: Backend> WhisperDecoder<B> {
                 .narrow(0, offset, len)
                 .unsqueeze::<3>();
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.self_attn_norm.forward(x.clone());
+            let h = layer.self_attn_layer_norm.forward(x.clone());
             let q = layer.self_attn.project_q(h.clone());
             let (k, v) = layer.self_attn.project_kv(h);
             let (k, v) = cache.self_attn.append(i, k, v);
@@ -276,10 +267,10 @@ impl<B: Backend> WhisperDecoder<B> {
                 ))
             })?;
             let q = layer
-                .cross_attn
-                .project_q(layer.cross_attn_norm.forward(x.clone()));
-            x = x + layer.cross_attn.attend(q, ck, cv, None);
-            x = layer.ffn.residual(x);
+                .encoder_attn
+                .project_q(layer.encoder_attn_layer_norm.forward(x.clone()));
+            x = x + layer.encoder_attn.attend(q, ck, cv, None);
+            x = layer.feed_forward.residual(x);
         }
         Ok(self.norm.forward(x))
     }

@@ -186,8 +186,8 @@ mod tests {
             adpcm.extend(v.to_le_bytes());
         }
         adpcm.extend(16_000u32.to_le_bytes());
-        adpcm.extend(8_000u32.to_le_bytes());
-        for v in [256u16, 4] {
+        adpcm.extend(32_000u32.to_le_bytes());
+        for v in [2u16, 16] {
             adpcm.extend(v.to_le_bytes());
         }
         adpcm.extend(b"data");

@@ -39,7 +39,7 @@ impl ProcessorKind {
 }
 
 const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 const IMAGENET_DEFAULT_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const IMAGENET_DEFAULT_STD: [f32; 3] = [0.229, 0.224, 0.225];
 const IMAGENET_STANDARD: [f32; 3] = [0.5, 0.5, 0.5];
@@ -339,7 +339,7 @@ impl ImageProcessorConfig {
         if let Some(s) = present("image_std") {
             c.image_std = channels(origin, "image_std", s)?;
         }
-        if c.do_normalize && c.image_std.iter().any(|&s| s == 0.0) {
+        if c.do_normalize && c.image_std.contains(&0.0) {
             return Err(bad(origin, "`image_std` has a zero entry"));
         }
         if let Some(p) = present("image_grid_pinpoints") {
