@@ -270,7 +270,7 @@ pub fn fixture_inputs(meta: &Meta, reference: &SafeTensorsFile) -> Result<Tensor
                 .filter(|s| !s.is_empty())
                 .filter_map(|s| s.parse().ok())
                 .collect();
-            if !nums.is_empty() && nums.len() % 2 == 0 {
+            if !nums.is_empty() && nums.len().is_multiple_of(2) {
                 inputs.insert(
                     "target_sizes".into(),
                     HostTensor::from_i64(vec![nums.len() / 2, 2], &nums)?,

@@ -81,7 +81,7 @@ enum LoadSource {
     Gguf(PathBuf),
     Dir {
         weights: std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>,
-        config: LlamaConfig,
+        config: Box<LlamaConfig>,
     },
 }
 
@@ -169,7 +169,10 @@ impl TextGenerator {
             let weights =
                 ipfs_accelerate_io::WeightStore::open(&files.weight_files()?)?.into_source();
             (
-                LoadSource::Dir { weights, config },
+                LoadSource::Dir {
+                    weights,
+                    config: Box::new(config),
+                },
                 tokenizer,
                 template,
                 bos,

@@ -99,44 +99,6 @@ pub fn post_process_object_detection(
     Ok(results)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn softmax_threshold_and_boxes() {
-        // One image, two queries, two classes + no-object.
-        let logits = [2.0, 0.0, 0.0, 0.0, 0.0, 5.0];
-        let boxes = [0.5, 0.5, 0.2, 0.4, 0.1, 0.1, 0.1, 0.1];
-        let name = |i: usize| format!("c{i}");
-        let out = post_process_object_detection(
-            &logits,
-            &boxes,
-            [1, 2, 3],
-            0.5,
-            Some(&[[100, 200]]),
-            &name,
-        )
-        .unwrap();
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].len(), 1, "the second query is no-object");
-        let d = &out[0][0];
-        let e = 2f64.exp();
-        let want = e / (e + 2.0);
-        assert_eq!((d.label_id, d.label.as_str()), (0, "c0"));
-        assert!((f64::from(d.score) - want).abs() < 1e-6);
-        let want_box = [80.0, 30.0, 120.0, 70.0];
-        for (g, w) in d.box_xyxy.iter().zip(want_box) {
-            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
-        }
-        // A wrong number of target sizes is an error.
-        assert!(
-            post_process_object_detection(&logits, &boxes, [1, 2, 3], 0.5, Some(&[]), &name)
-                .is_err()
-        );
-    }
-}
-
 /// The score threshold of `post_process_object_detection` when none is given.
 pub const DEFAULT_THRESHOLD: f64 = 0.5;
 
@@ -233,5 +195,43 @@ fn threshold_from(t: Option<&HostTensor>) -> Result<f64> {
                 "threshold must be one finite number, got {other:?}"
             ))),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_threshold_and_boxes() {
+        // One image, two queries, two classes + no-object.
+        let logits = [2.0, 0.0, 0.0, 0.0, 0.0, 5.0];
+        let boxes = [0.5, 0.5, 0.2, 0.4, 0.1, 0.1, 0.1, 0.1];
+        let name = |i: usize| format!("c{i}");
+        let out = post_process_object_detection(
+            &logits,
+            &boxes,
+            [1, 2, 3],
+            0.5,
+            Some(&[[100, 200]]),
+            &name,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].len(), 1, "the second query is no-object");
+        let d = &out[0][0];
+        let e = 2f64.exp();
+        let want = e / (e + 2.0);
+        assert_eq!((d.label_id, d.label.as_str()), (0, "c0"));
+        assert!((f64::from(d.score) - want).abs() < 1e-6);
+        let want_box = [80.0, 30.0, 120.0, 70.0];
+        for (g, w) in d.box_xyxy.iter().zip(want_box) {
+            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
+        // A wrong number of target sizes is an error.
+        assert!(
+            post_process_object_detection(&logits, &boxes, [1, 2, 3], 0.5, Some(&[]), &name)
+                .is_err()
+        );
     }
 }

@@ -144,9 +144,17 @@ impl<B: Backend> DecoderLayer<B> {
         let (d, heads) = (c.d_model, c.decoder_attention_heads);
         Ok(DecoderLayer {
             self_attn: attention(&vb.pp("self_attn"), d, heads)?,
-            self_attn_layer_norm: LayerNorm::load(&vb.pp("self_attn_layer_norm"), d, LAYER_NORM_EPS)?,
+            self_attn_layer_norm: LayerNorm::load(
+                &vb.pp("self_attn_layer_norm"),
+                d,
+                LAYER_NORM_EPS,
+            )?,
             encoder_attn: attention(&vb.pp("encoder_attn"), d, heads)?,
-            encoder_attn_layer_norm: LayerNorm::load(&vb.pp("encoder_attn_layer_norm"), d, LAYER_NORM_EPS)?,
+            encoder_attn_layer_norm: LayerNorm::load(
+                &vb.pp("encoder_attn_layer_norm"),
+                d,
+                LAYER_NORM_EPS,
+            )?,
             feed_forward: FeedForward::load(vb, d, c.decoder_ffn_dim, c.activation_function)?,
         })
     }

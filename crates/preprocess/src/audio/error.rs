@@ -5,12 +5,12 @@ use std::path::PathBuf;
 /// Errors raised while decoding, resampling or featurising audio.
 #[derive(Debug, thiserror::Error)]
 pub enum AudioError {
-    /// The audio file could not be read.
+    /// Reading an audio or config file failed.
     #[error("{path}: {source}")]
     Io {
-        /// The file.
+        /// The path that could not be read.
         path: PathBuf,
-        /// The underlying error.
+        /// What the operating system reported.
         #[source]
         source: std::io::Error,
     },
@@ -73,6 +73,14 @@ impl From<AudioError> for ipfs_accelerate_core::Error {
             other => ipfs_accelerate_core::Error::InvalidInput(other.to_string()),
         }
     }
+}
+
+/// The text of a config file, a read failure being [`AudioError::Io`].
+pub(crate) fn read_text(path: &std::path::Path) -> AudioResult<String> {
+    std::fs::read_to_string(path).map_err(|source| AudioError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The first non-finite sample, as an error.

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::error::{check_finite, AudioError, AudioResult};
+use super::error::{check_finite, read_text, AudioError, AudioResult};
 
 /// The fields of a Wav2Vec2 `preprocessor_config.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,11 +36,7 @@ impl Default for Wav2Vec2FeatureConfig {
 impl Wav2Vec2FeatureConfig {
     /// Reads `preprocessor_config.json`.
     pub fn from_file(path: &Path) -> AudioResult<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| AudioError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json(&text, &path.display().to_string())
+        Self::from_json(&read_text(path)?, &path.display().to_string())
     }
 
     /// Parses config JSON; absent fields take HF's defaults.
