@@ -8,6 +8,7 @@
 //! ```
 //! Without the export or the runtime the ONNX rows are skipped with the reason.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

@@ -12,6 +12,7 @@
 //! - [`Metrics`] holds the measured timing breakdown of a call.
 
 mod backend;
+mod config;
 mod error;
 mod metrics;
 mod selector;
@@ -20,7 +21,8 @@ mod tensor;
 pub use backend::{
     Availability, Backend, BackendKind, Capabilities, DeviceInfo, ExecutionProvider, ProbeBackend,
 };
+pub use config::JsonConfig;
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};
-pub use tensor::{DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource};
+pub use tensor::{DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource, TokenBatch};

@@ -230,6 +230,58 @@ fn read_le<T>(bytes: &[u8], width: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
 /// Named tensors, ordered by name.
 pub type TensorMap = BTreeMap<String, HostTensor>;
 
+/// The token inputs of a text model, row-major `[batch, seq]`, read from named host tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// Rows.
+    pub batch: usize,
+    /// Columns (padded length).
+    pub seq: usize,
+    /// Token ids.
+    pub input_ids: Vec<i64>,
+    /// 1 for tokens, 0 for padding.
+    pub attention_mask: Vec<i64>,
+}
+
+impl TokenBatch {
+    /// `input_ids` `[batch, seq]` (required) and `attention_mask` of the same shape (ones when
+    /// absent).
+    pub fn from_tensors(inputs: &TensorMap) -> Result<Self> {
+        let ids = inputs
+            .get("input_ids")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
+        let &[batch, seq] = ids.shape() else {
+            return Err(Error::InvalidInput(format!(
+                "input_ids must be [batch, seq], got {:?}",
+                ids.shape()
+            )));
+        };
+        let mut tokens = TokenBatch {
+            batch,
+            seq,
+            input_ids: ids.to_i64_vec()?,
+            attention_mask: Vec::new(),
+        };
+        tokens.attention_mask = tokens.optional(inputs, "attention_mask", 1)?;
+        Ok(tokens)
+    }
+
+    /// Another `[batch, seq]` input (`token_type_ids`, ...), checked against the ids' shape;
+    /// `fill` everywhere when absent.
+    pub fn optional(&self, inputs: &TensorMap, name: &str, fill: i64) -> Result<Vec<i64>> {
+        match inputs.get(name) {
+            Some(t) if t.shape() == [self.batch, self.seq] => t.to_i64_vec(),
+            Some(t) => Err(Error::InvalidInput(format!(
+                "{name} has shape {:?}, input_ids [{}, {}]",
+                t.shape(),
+                self.batch,
+                self.seq
+            ))),
+            None => Ok(vec![fill; self.batch * self.seq]),
+        }
+    }
+}
+
 /// Anything that serves named weight tensors: a safetensors file, a set of shards, a GGUF file.
 pub trait TensorSource: Send + Sync {
     /// A short description (usually the file path) used in error messages.

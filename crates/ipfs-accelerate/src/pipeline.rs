@@ -1,5 +1,6 @@
 //! `Pipeline`: resolve → select → load once, then run tasks with measured metrics.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::time::Duration;
 
 use ipfs_accelerate_bert::{

@@ -1,5 +1,6 @@
 //! `config.json` of BERT checkpoints.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -73,22 +74,14 @@ pub enum BertHead {
     QuestionAnswering,
 }
 
-impl BertConfig {
-    /// Reads and validates `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text, path)
-    }
-
-    /// Parses and validates config JSON (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: BertConfig =
-            serde_json::from_str(text).map_err(|e| Error::config(origin, e.to_string()))?;
-        cfg.validate(origin)?;
-        Ok(cfg)
-    }
-
+impl ipfs_accelerate_core::JsonConfig for BertConfig {
     fn validate(&self, origin: &Path) -> Result<()> {
+        self.check(origin)
+    }
+}
+
+impl BertConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
         let bad = |reason: String| Err(Error::config(origin, reason));
         for (name, v) in [
             ("vocab_size", self.vocab_size),

@@ -1,5 +1,6 @@
 //! BERT behind the uniform [`ModelRunner`] interface, and the tokenised-input type.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
@@ -30,34 +31,13 @@ impl BertInputs {
     /// Builds inputs from named host tensors (`input_ids` required; `attention_mask` defaults to
     /// ones, `token_type_ids` to zeros), checking that the shapes agree.
     pub fn from_tensors(inputs: &TensorMap) -> Result<Self> {
-        let ids = inputs
-            .get("input_ids")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        let [batch, seq] = match ids.shape() {
-            &[b, s] => [b, s],
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "input_ids must be [batch, seq], got {other:?}"
-                )))
-            }
-        };
-        let optional = |name: &str, fill: i64| -> Result<Vec<i64>> {
-            match inputs.get(name) {
-                Some(t) if t.shape() == ids.shape() => t.to_i64_vec(),
-                Some(t) => Err(Error::InvalidInput(format!(
-                    "{name} has shape {:?}, input_ids {:?}",
-                    t.shape(),
-                    ids.shape()
-                ))),
-                None => Ok(vec![fill; batch * seq]),
-            }
-        };
+        let t = ipfs_accelerate_core::TokenBatch::from_tensors(inputs)?;
         Ok(BertInputs {
-            batch,
-            seq,
-            input_ids: ids.to_i64_vec()?,
-            attention_mask: optional("attention_mask", 1)?,
-            token_type_ids: optional("token_type_ids", 0)?,
+            token_type_ids: t.optional(inputs, "token_type_ids", 0)?,
+            batch: t.batch,
+            seq: t.seq,
+            input_ids: t.input_ids,
+            attention_mask: t.attention_mask,
         })
     }
 }

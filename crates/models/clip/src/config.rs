@@ -185,22 +185,14 @@ fn check_tower(
     Ok(())
 }
 
-impl ClipConfig {
-    /// Reads and validates `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text, path)
-    }
-
-    /// Parses and validates config JSON (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: ClipConfig =
-            serde_json::from_str(text).map_err(|e| Error::config(origin, e.to_string()))?;
-        cfg.validate(origin)?;
-        Ok(cfg)
-    }
-
+impl ipfs_accelerate_core::JsonConfig for ClipConfig {
     fn validate(&self, origin: &Path) -> Result<()> {
+        self.check(origin)
+    }
+}
+
+impl ClipConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
         let t = &self.text_config;
         check_tower(
             origin,

@@ -1,6 +1,7 @@
 //! CLIP behind the uniform [`ModelRunner`] interface, and its tasks: text embeddings, image
 //! embeddings, zero-shot classification.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::sync::Arc;
 
 use burn::tensor::{activation::softmax, backend::Backend, Tensor};
@@ -19,31 +20,12 @@ impl ClipTextInputs {
     /// Builds inputs from named host tensors: `input_ids` `[batch, seq]` required,
     /// `attention_mask` (same shape) defaulting to ones.
     pub fn from_tensors(inputs: &TensorMap) -> Result<Self> {
-        let ids = inputs
-            .get("input_ids")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        let &[batch, seq] = ids.shape() else {
-            return Err(Error::InvalidInput(format!(
-                "input_ids must be [batch, seq], got {:?}",
-                ids.shape()
-            )));
-        };
-        let attention_mask = match inputs.get("attention_mask") {
-            Some(m) if m.shape() == ids.shape() => m.to_i64_vec()?,
-            Some(m) => {
-                return Err(Error::InvalidInput(format!(
-                    "attention_mask has shape {:?}, input_ids {:?}",
-                    m.shape(),
-                    ids.shape()
-                )))
-            }
-            None => vec![1; batch * seq],
-        };
+        let t = ipfs_accelerate_core::TokenBatch::from_tensors(inputs)?;
         Ok(ClipTextInputs {
-            batch,
-            seq,
-            input_ids: ids.to_i64_vec()?,
-            attention_mask,
+            batch: t.batch,
+            seq: t.seq,
+            input_ids: t.input_ids,
+            attention_mask: t.attention_mask,
         })
     }
 }

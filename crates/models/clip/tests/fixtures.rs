@@ -1,6 +1,7 @@
 //! CLIP against the HF reference fixtures (`fixtures/clip/*`) on the CPU backend, its task APIs,
 //! and bad input / bad checkpoints as typed errors.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::path::{Path, PathBuf};
 
 use burn_flex::Flex;

@@ -233,26 +233,12 @@ impl T5Inputs {
     /// From named host tensors: `input_ids` `[batch, seq]` and optional `attention_mask` (ones when
     /// absent) of the same shape.
     pub fn from_tensors(inputs: &TensorMap) -> Result<Self> {
-        let ids = inputs
-            .get("input_ids")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        let [batch, seq] = matrix_dims("input_ids", ids.shape())?;
-        let attention_mask = match inputs.get("attention_mask") {
-            Some(m) if m.shape() == ids.shape() => m.to_i64_vec()?,
-            Some(m) => {
-                return Err(Error::InvalidInput(format!(
-                    "attention_mask has shape {:?}, input_ids {:?}",
-                    m.shape(),
-                    ids.shape()
-                )))
-            }
-            None => vec![1; batch * seq],
-        };
+        let t = ipfs_accelerate_core::TokenBatch::from_tensors(inputs)?;
         Ok(T5Inputs {
-            batch,
-            seq,
-            input_ids: ids.to_i64_vec()?,
-            attention_mask,
+            batch: t.batch,
+            seq: t.seq,
+            input_ids: t.input_ids,
+            attention_mask: t.attention_mask,
         })
     }
 }

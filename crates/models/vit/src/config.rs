@@ -119,22 +119,14 @@ pub enum VitHead {
     ImageClassification,
 }
 
-impl VitConfig {
-    /// Reads and validates `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text, path)
-    }
-
-    /// Parses and validates config JSON (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: VitConfig =
-            serde_json::from_str(text).map_err(|e| Error::config(origin, e.to_string()))?;
-        cfg.validate(origin)?;
-        Ok(cfg)
-    }
-
+impl ipfs_accelerate_core::JsonConfig for VitConfig {
     fn validate(&self, origin: &Path) -> Result<()> {
+        self.check(origin)
+    }
+}
+
+impl VitConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
         let bad = |reason: String| Err(Error::config(origin, reason));
         let (ih, iw) = self.image_size.hw();
         let (ph, pw) = self.patch_size.hw();

@@ -1,5 +1,6 @@
 //! ViT behind the uniform [`ModelRunner`] interface, and the image-classification task.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::sync::Arc;
 
 use burn::tensor::{activation::softmax, backend::Backend};

@@ -1,6 +1,7 @@
 //! ViT against the HF reference fixtures (`fixtures/vit/*`): every output within the tolerance of
 //! its meta.json on the CPU backend; bad input and bad checkpoints are typed errors.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;

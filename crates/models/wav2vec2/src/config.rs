@@ -120,22 +120,14 @@ fn d_pos_g() -> usize {
     16
 }
 
-impl Wav2Vec2Config {
-    /// Reads and validates `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text, path)
-    }
-
-    /// Parses and validates config JSON (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: Wav2Vec2Config =
-            serde_json::from_str(text).map_err(|e| Error::config(origin, e.to_string()))?;
-        cfg.validate(origin)?;
-        Ok(cfg)
-    }
-
+impl ipfs_accelerate_core::JsonConfig for Wav2Vec2Config {
     fn validate(&self, origin: &Path) -> Result<()> {
+        self.check(origin)
+    }
+}
+
+impl Wav2Vec2Config {
+    fn check(&self, origin: &Path) -> Result<()> {
         let bad = |reason: String| Err(Error::config(origin, reason));
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -222,6 +214,7 @@ impl Wav2Vec2Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipfs_accelerate_core::JsonConfig;
 
     #[test]
     fn defaults_lengths_and_errors() {

@@ -1,5 +1,6 @@
 //! Wav2Vec2 behind the uniform [`ModelRunner`] interface, and speech recognition with CTC.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -57,22 +57,14 @@ fn default_true() -> bool {
 /// `nn.LayerNorm`'s default epsilon, which every Whisper layer norm uses.
 pub const LAYER_NORM_EPS: f64 = 1e-5;
 
-impl WhisperConfig {
-    /// Reads and validates `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text, path)
-    }
-
-    /// Parses and validates config JSON (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: WhisperConfig =
-            serde_json::from_str(text).map_err(|e| Error::config(origin, e.to_string()))?;
-        cfg.validate(origin)?;
-        Ok(cfg)
-    }
-
+impl ipfs_accelerate_core::JsonConfig for WhisperConfig {
     fn validate(&self, origin: &Path) -> Result<()> {
+        self.check(origin)
+    }
+}
+
+impl WhisperConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
         let bad = |reason: String| Err(Error::config(origin, reason));
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -198,6 +190,7 @@ impl WhisperGenerationConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipfs_accelerate_core::JsonConfig;
 
     const TINY: &str = r#"{"vocab_size": 99, "num_mel_bins": 16, "d_model": 32,
         "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 37,

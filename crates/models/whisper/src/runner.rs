@@ -1,5 +1,6 @@
 //! Whisper behind the uniform [`ModelRunner`] interface, and the transcription task.
 
+use ipfs_accelerate_core::JsonConfig;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
