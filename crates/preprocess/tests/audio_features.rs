@@ -1,40 +1,18 @@
 //! HF's `WhisperFeatureExtractor` (transformers 5.23) on the shared fixture
 //! `fixtures/whisper/feature_extractor`: the log-mel of its waveform within 1e-4 max |Δ|.
 
-use std::path::PathBuf;
-
 use ipfs_accelerate_core::TensorSource;
 use ipfs_accelerate_io::SafeTensorsFile;
 use ipfs_accelerate_preprocess::audio::{WhisperFeatureConfig, WhisperFeatureExtractor};
 
-/// The fixture folder, or `None` (test skipped, by name) when the shared data is absent, unless
-/// `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
-fn fixture_dir(test: &str) -> Option<PathBuf> {
-    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/whisper/feature_extractor");
-    if dir.join("reference.safetensors").is_file() {
-        return Some(dir);
-    }
-    if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!(
-            "{test}: {} not found (IPFS_ACCELERATE_REQUIRE_SHARED=1)",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "skipped {test}: needs {} (set IPFS_ACCELERATE_SHARED)",
-        dir.display()
-    );
-    None
-}
-
 #[test]
 fn whisper_log_mel_matches_hf_reference() {
-    let Some(dir) = fixture_dir("whisper_log_mel_matches_hf_reference") else {
+    let Some(shared) =
+        ipfs_accelerate_conformance::shared_dir("whisper_log_mel_matches_hf_reference")
+    else {
         return;
     };
+    let dir = shared.join("fixtures/whisper/feature_extractor");
     let config = WhisperFeatureConfig::from_file(&dir.join("preprocessor_config.json")).unwrap();
     let fe = WhisperFeatureExtractor::new(config.clone()).unwrap();
     let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();

@@ -2,34 +2,9 @@
 //! `fixtures/image_processors`: pixel values within mean |Δ| ≤ 1e-2 and max |Δ| ≤ 0.1 after
 //! normalisation, masks and image sizes exactly equal.
 
-use std::path::PathBuf;
-
 use ipfs_accelerate_core::{HostTensor, TensorSource};
 use ipfs_accelerate_io::SafeTensorsFile;
 use ipfs_accelerate_preprocess::image::{load_image, ImageProcessor, ProcessorKind};
-
-/// The fixture folder, or `None` (test skipped, by name) when the shared data is absent, unless
-/// `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
-fn fixture_dir(test: &str) -> Option<PathBuf> {
-    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/image_processors");
-    if dir.join("meta.json").is_file() {
-        return Some(dir);
-    }
-    if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!(
-            "{test}: {} not found (IPFS_ACCELERATE_REQUIRE_SHARED=1)",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "skipped {test}: needs {} (set IPFS_ACCELERATE_SHARED)",
-        dir.display()
-    );
-    None
-}
 
 fn compare_floats(name: &str, got: &HostTensor, want: &HostTensor) -> (f64, f64) {
     assert_eq!(got.shape(), want.shape(), "{name}: shape");
@@ -44,9 +19,11 @@ fn compare_floats(name: &str, got: &HostTensor, want: &HostTensor) -> (f64, f64)
 
 #[test]
 fn processors_match_hf_reference() {
-    let Some(dir) = fixture_dir("processors_match_hf_reference") else {
+    let Some(shared) = ipfs_accelerate_conformance::shared_dir("processors_match_hf_reference")
+    else {
         return;
     };
+    let dir = shared.join("fixtures/image_processors");
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
     let image = load_image(dir.join(meta["image"].as_str().unwrap())).unwrap();

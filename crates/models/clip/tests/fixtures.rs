@@ -1,66 +1,16 @@
 //! CLIP against the HF reference fixtures (`fixtures/clip/*`) on the CPU backend, its task APIs,
 //! and bad input / bad checkpoints as typed errors.
 
-use ipfs_accelerate_core::JsonConfig;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn_flex::Flex;
 use ipfs_accelerate_clip::{
     ClipConfig, ClipFamily, ClipRunner, ClipTasks, ClipTextInputs, TokenIds,
 };
+use ipfs_accelerate_conformance::{assert_checks, family_fixtures, relative_error, verify_runner};
 use ipfs_accelerate_core::{
-    BackendKind, Error, Family, HostTensor, ModelRunner, TensorMap, TensorSource,
+    BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, TensorMap, TensorSource,
 };
-use ipfs_accelerate_io::SafeTensorsFile;
-
-/// `(folder, meta.json, reference.safetensors)` of every CLIP fixture; empty (and the test
-/// skipped, by name) when the shared data is absent unless `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
-fn fixtures(test: &str) -> Vec<(PathBuf, serde_json::Value, SafeTensorsFile)> {
-    let base = match std::env::var_os("IPFS_ACCELERATE_SHARED") {
-        Some(s) => PathBuf::from(s),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"),
-    }
-    .join("fixtures/clip");
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-        let dir = entry.path();
-        if let Ok(text) = std::fs::read_to_string(dir.join("meta.json")) {
-            let meta = serde_json::from_str(&text).expect("meta.json");
-            let reference =
-                SafeTensorsFile::open(dir.join("reference.safetensors")).expect("reference");
-            found.push((dir, meta, reference));
-        }
-    }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    let required = std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1");
-    assert!(
-        !(found.is_empty() && required),
-        "{test}: no fixtures in {}",
-        base.display()
-    );
-    if found.is_empty() {
-        eprintln!(
-            "skipped {test}: needs fixtures in {} (set IPFS_ACCELERATE_SHARED)",
-            base.display()
-        );
-    }
-    found
-}
-
-fn named_inputs(meta: &serde_json::Value, reference: &SafeTensorsFile) -> TensorMap {
-    let mut map = TensorMap::new();
-    for name in meta["inputs"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
-        map.insert(name.into(), reference.tensor(name).unwrap());
-    }
-    map
-}
-
-fn rel_error(got: &[f64], want: &[f64]) -> f64 {
-    let diff: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let norm: f64 = want.iter().map(|b| b * b).sum();
-    (diff / norm).sqrt()
-}
 
 fn runner(dir: &Path) -> ClipRunner<Flex> {
     ClipRunner::load_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
@@ -68,43 +18,30 @@ fn runner(dir: &Path) -> ClipRunner<Flex> {
 
 #[test]
 fn outputs_match_hf_within_tolerance() {
-    for (dir, meta, reference) in fixtures("outputs_match_hf_within_tolerance") {
-        let model = ClipFamily::load::<Flex>(&dir, &Default::default(), BackendKind::Cpu).unwrap();
-        let out = model.run(&named_inputs(&meta, &reference)).unwrap();
-        for name in meta["outputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n.as_str().unwrap())
-        {
-            let want = reference.tensor(name).unwrap();
-            let got = &out[name];
-            assert_eq!(got.shape(), want.shape(), "{name}");
-            let rel = rel_error(&got.to_f64_vec(), &want.to_f64_vec());
-            let tol = meta["tolerance"][name].as_f64().unwrap_or(1e-4);
-            println!(
-                "{}: {name} rel error {rel:.3e} (tolerance {tol:.0e})",
-                dir.display()
-            );
-            assert!(rel <= tol, "{name}: {rel} > {tol}");
-        }
+    for f in family_fixtures("outputs_match_hf_within_tolerance", "clip") {
+        let model =
+            ClipFamily::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let checks = verify_runner(&f, BackendKind::Cpu, model.as_ref()).unwrap();
+        println!("{checks:?}");
+        assert_checks(&checks);
     }
 }
 
 #[test]
 fn task_apis_agree_with_the_model_outputs() {
-    for (dir, meta, reference) in fixtures("task_apis_agree_with_the_model_outputs") {
-        let clip = runner(&dir);
-        let inputs = named_inputs(&meta, &reference);
+    for f in family_fixtures("task_apis_agree_with_the_model_outputs", "clip") {
+        let clip = runner(&f.dir);
+        let inputs = f.inputs().unwrap();
+        let reference = f.reference().unwrap();
         let text = ClipTextInputs::from_tensors(&inputs).unwrap();
         let pixels = &inputs["pixel_values"];
         let full = clip.run(&inputs).unwrap();
         let flat =
             |rows: Vec<Vec<f32>>| rows.concat().into_iter().map(f64::from).collect::<Vec<_>>();
         let text_embeds = flat(clip.text_embeds(&text).unwrap());
-        assert!(rel_error(&text_embeds, &full["text_embeds"].to_f64_vec()) < 1e-6);
+        assert!(relative_error(&text_embeds, &full["text_embeds"].to_f64_vec()) < 1e-6);
         let image_embeds = flat(clip.image_embeds(pixels).unwrap());
-        assert!(rel_error(&image_embeds, &full["image_embeds"].to_f64_vec()) < 1e-6);
+        assert!(relative_error(&image_embeds, &full["image_embeds"].to_f64_vec()) < 1e-6);
         // Zero-shot probabilities are the softmax of HF's logits_per_image over the labels.
         let probs = clip.zero_shot(pixels, &text).unwrap();
         let logits = reference.tensor("logits_per_image").unwrap();
@@ -130,8 +67,8 @@ fn task_apis_agree_with_the_model_outputs() {
 
 #[test]
 fn pooling_follows_eos_rules() {
-    for (dir, _, _) in fixtures("pooling_follows_eos_rules") {
-        let clip = runner(&dir);
+    for f in family_fixtures("pooling_follows_eos_rules", "clip") {
+        let clip = runner(&f.dir);
         let eos = clip.config().text_config.eos_token_id.first().unwrap();
         let text = ClipTextInputs::from_rows(&[vec![0, eos, 1, eos], vec![0, 1, 1, 1]]).unwrap();
         let positions = clip.model().text.pool_positions(&text);
@@ -150,8 +87,8 @@ fn pooling_follows_eos_rules() {
 
 #[test]
 fn bad_inputs_are_typed_errors() {
-    for (dir, _, _) in fixtures("bad_inputs_are_typed_errors") {
-        let clip = runner(&dir);
+    for f in family_fixtures("bad_inputs_are_typed_errors", "clip") {
+        let clip = runner(&f.dir);
         let cfg = clip.config().text_config.clone();
         let ids = |v: Vec<i64>, shape: Vec<usize>| HostTensor::from_i64(shape, &v).unwrap();
         let run = |pairs: Vec<(&str, HostTensor)>| {
@@ -189,12 +126,12 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn broken_checkpoints_and_configs_are_typed_errors() {
-    for (dir, _, _) in fixtures("broken_checkpoints_and_configs_are_typed_errors") {
-        let config = ClipConfig::from_file(&dir.join("config.json")).unwrap();
+    for f in family_fixtures("broken_checkpoints_and_configs_are_typed_errors", "clip") {
+        let config = ClipConfig::from_file(&f.dir.join("config.json")).unwrap();
         // Weights of a checkpoint with a different projection width.
         let mut wrong = config.clone();
         wrong.projection_dim += 1;
-        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(&f.dir).unwrap();
         let e = ClipRunner::<Flex>::load(weights, &wrong, &Default::default(), BackendKind::Cpu);
         assert!(
             matches!(e, Err(Error::ShapeMismatch { .. })),
@@ -203,7 +140,7 @@ fn broken_checkpoints_and_configs_are_typed_errors() {
         );
         let mut deeper = config.clone();
         deeper.vision_config.num_hidden_layers += 1;
-        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(&f.dir).unwrap();
         let e = ClipRunner::<Flex>::load(weights, &deeper, &Default::default(), BackendKind::Cpu);
         assert!(
             matches!(e, Err(Error::MissingTensor { .. })),

@@ -1,155 +1,42 @@
 //! DETR against HF transformers' reference outputs: every `detr/<variant>/` fixture of the shared
-//! set (`$IPFS_ACCELERATE_SHARED`, else `../shared` beside the workspace), plus the variant folders
-//! under `$IPFS_ACCELERATE_DETR_FIXTURES` when set (fixtures generated elsewhere with HF).
+//! set (`$IPFS_ACCELERATE_SHARED`, else `../shared` beside the workspace), plus those under the
+//! fixture roots in `$IPFS_ACCELERATE_EXTRA_FIXTURES` (colon-separated roots holding
+//! `detr/<variant>/`, e.g. a set generated elsewhere with HF).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn_flex::Flex;
+use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner, Fixture};
 use ipfs_accelerate_core::{BackendKind, Family, HostTensor, ModelRunner, TensorMap, TensorSource};
 use ipfs_accelerate_detr::{DetrFamily, DetrRunner, DetrTasks};
-use ipfs_accelerate_io::SafeTensorsFile;
 
-fn shared_dir(test: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"));
-    if dir.join("fixtures").is_dir() {
-        return Some(dir);
-    }
-    if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!("{test}: shared data not found at {}", dir.display());
-    }
-    eprintln!(
-        "skipped {test}: needs the shared fixtures at {} (set IPFS_ACCELERATE_SHARED)",
-        dir.display()
-    );
-    None
-}
-
-fn variant_dirs(root: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    v.retain(|p| p.join("meta.json").is_file());
-    v.sort();
-    v
-}
-
-/// `threshold=` and `target_sizes=[(h,w),...]` of meta.json's `post` sentence.
-fn post_params(post: &str) -> (Option<f64>, Vec<i64>) {
-    let threshold = post.find("threshold=").and_then(|i| {
-        let rest = &post[i + "threshold=".len()..];
-        let end = rest.find([',', ')']).unwrap_or(rest.len());
-        rest[..end].trim().parse().ok()
-    });
-    let sizes = post
-        .find("target_sizes=")
-        .map(|i| {
-            let rest = &post[i..];
-            let list = &rest[..rest.find(']').unwrap_or(rest.len())];
-            list.split(|c: char| !c.is_ascii_digit())
-                .filter_map(|s| s.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    (threshold, sizes)
-}
-
-fn rel_error(got: &[f64], want: &[f64]) -> f64 {
-    let diff: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
-    let norm: f64 = want.iter().map(|b| b * b).sum();
-    if norm > 0.0 {
-        (diff / norm).sqrt()
-    } else {
-        diff.sqrt()
-    }
-}
-
-fn check_fixture(dir: &Path) {
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    let mut inputs = TensorMap::new();
-    for name in ["pixel_values", "pixel_mask"] {
-        if reference.contains(name) {
-            inputs.insert(name.into(), reference.tensor(name).unwrap());
-        }
-    }
-    let (threshold, sizes) = post_params(meta["post"].as_str().unwrap_or(""));
-    if let Some(t) = threshold {
-        inputs.insert(
-            "threshold".into(),
-            HostTensor::from_f64(vec![1], &[t]).unwrap(),
-        );
-    }
-    if !sizes.is_empty() {
-        inputs.insert(
-            "target_sizes".into(),
-            HostTensor::from_i64(vec![sizes.len() / 2, 2], &sizes).unwrap(),
-        );
-    }
-    let runner = DetrFamily::load::<Flex>(dir, &Default::default(), BackendKind::Cpu).unwrap();
-    let outputs = runner.run(&inputs).unwrap();
-    for name in meta["outputs"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
-        let want = reference.tensor(name).unwrap();
-        let got = outputs
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} missing"));
-        assert_eq!(got.shape(), want.shape(), "{}: {name} shape", dir.display());
-        if want.dtype().is_float() {
-            let tol = meta["tolerance"][name].as_f64().unwrap_or(1e-4);
-            let err = rel_error(&got.to_f64_vec(), &want.to_f64_vec());
-            eprintln!(
-                "{} {name}: rel error {err:.3e} (tolerance {tol:.1e})",
-                dir.display()
-            );
-            assert!(
-                err <= tol,
-                "{}: {name} rel error {err:e} > {tol:e}",
-                dir.display()
-            );
-        } else {
-            assert_eq!(
-                got.to_i64_vec().unwrap(),
-                want.to_i64_vec().unwrap(),
-                "{}: {name}",
-                dir.display()
-            );
-        }
-    }
+/// The first DETR fixture, or `None` (skipped, by name) when there is none.
+fn first_fixture(test: &str) -> Option<Fixture> {
+    family_fixtures(test, "detr").into_iter().next()
 }
 
 #[test]
 fn detr_fixtures_match_hf_on_cpu() {
-    let mut dirs = Vec::new();
-    if let Some(shared) = shared_dir("detr_fixtures_match_hf_on_cpu") {
-        dirs.extend(variant_dirs(&shared.join("fixtures/detr")));
-    }
-    if let Some(extra) = std::env::var_os("IPFS_ACCELERATE_DETR_FIXTURES") {
-        dirs.extend(variant_dirs(Path::new(&extra)));
-    }
-    for dir in &dirs {
-        check_fixture(dir);
+    for f in &family_fixtures("detr_fixtures_match_hf_on_cpu", "detr") {
+        let runner =
+            DetrFamily::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let checks = verify_runner(f, BackendKind::Cpu, runner.as_ref()).unwrap();
+        eprintln!("{checks:?}");
+        assert_checks(&checks);
     }
 }
 
 #[test]
 fn detect_api_and_bad_input() {
-    let Some(shared) = shared_dir("detect_api_and_bad_input") else {
+    let Some(f) = first_fixture("detect_api_and_bad_input") else {
         return;
     };
-    let Some(dir) = variant_dirs(&shared.join("fixtures/detr"))
-        .into_iter()
-        .next()
-    else {
-        return;
-    };
+    let dir = &f.dir;
     let config = ipfs_accelerate_detr::DetrConfig::from_file(&dir.join("config.json")).unwrap();
-    let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+    let weights = ipfs_accelerate_io::open_weights(dir).unwrap();
     let runner =
         DetrRunner::<Flex>::load(weights, &config, &Default::default(), BackendKind::Cpu).unwrap();
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
+    let reference = f.reference().unwrap();
     let pv = reference.tensor("pixel_values").unwrap();
     let mask = reference.tensor("pixel_mask").unwrap();
     let batch = pv.shape()[0];
@@ -245,15 +132,10 @@ fn bad_configs_are_typed_errors() {
 
 #[test]
 fn weights_that_do_not_fit_the_config_are_typed_errors() {
-    let Some(shared) = shared_dir("weights_that_do_not_fit_the_config_are_typed_errors") else {
+    let Some(f) = first_fixture("weights_that_do_not_fit_the_config_are_typed_errors") else {
         return;
     };
-    let Some(dir) = variant_dirs(&shared.join("fixtures/detr"))
-        .into_iter()
-        .next()
-    else {
-        return;
-    };
+    let dir = &f.dir;
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let load = |json: &serde_json::Value| {
@@ -262,7 +144,7 @@ fn weights_that_do_not_fit_the_config_are_typed_errors() {
             Path::new("config.json"),
         )
         .unwrap();
-        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(dir).unwrap();
         DetrRunner::<Flex>::load(weights, &config, &Default::default(), BackendKind::Cpu).err()
     };
     assert!(load(&json).is_none(), "the fixture's own config loads");

@@ -3,7 +3,7 @@
 //! tokens identical. Skipped, by name, when the shared model or refs are absent.
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn_flex::Flex;
 use ipfs_accelerate_core::{BackendKind, HostTensor, ModelRunner, TensorMap, TensorSource};
@@ -11,25 +11,25 @@ use ipfs_accelerate_io::{gguf::GgufFile, SafeTensorsFile};
 use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner, TextGeneration};
 use ipfs_accelerate_nn::generate::GenerationConfig;
 
+/// The shared data folder when it holds the SmolLM2 GGUF and its references (see
+/// `ipfs_accelerate_conformance::shared_dir`); `None` (skipped, by name) when they are absent.
 fn shared() -> Option<PathBuf> {
-    let root = match std::env::var_os("IPFS_ACCELERATE_SHARED") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"),
-    };
+    let root = ipfs_accelerate_conformance::shared_dir("smollm2_q4_1_matches_hf")?;
     let needed = [
         "models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf",
         "refs/smollm2_public.safetensors",
     ];
-    if needed.iter().all(|f| root.join(f).is_file()) {
+    let missing: Vec<&str> = needed
+        .into_iter()
+        .filter(|f| !root.join(f).is_file())
+        .collect();
+    if missing.is_empty() {
         return Some(root);
     }
-    if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!("gguf_smollm2: {needed:?} missing under {}", root.display());
-    }
-    eprintln!(
-        "skipped gguf_smollm2: needs {needed:?} under {} (set IPFS_ACCELERATE_SHARED)",
-        root.display()
-    );
+    let why = format!("needs {missing:?} under {}", root.display());
+    let required = std::env::var_os("IPFS_ACCELERATE_REQUIRE_SHARED").is_some_and(|v| v == "1");
+    assert!(!required, "smollm2_q4_1_matches_hf: {why}");
+    eprintln!("skipped smollm2_q4_1_matches_hf: {why}");
     None
 }
 

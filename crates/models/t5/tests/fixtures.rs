@@ -2,127 +2,39 @@
 //! KV-cached decoding against full recompute, and typed errors for bad input.
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use burn_flex::Flex;
-use ipfs_accelerate_core::{
-    BackendKind, Error, Family, HostTensor, ModelRunner, TensorMap, TensorSource,
-};
-use ipfs_accelerate_io::{RandomWeights, SafeTensorsFile};
+use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner, Fixture};
+use ipfs_accelerate_core::{BackendKind, Error, Family, HostTensor, ModelRunner, TensorMap};
+use ipfs_accelerate_io::RandomWeights;
 use ipfs_accelerate_nn::{
     convert::float_to_vec,
     generate::{GenerationConfig, Sampling},
 };
 use ipfs_accelerate_t5::{names, T5Config, T5Family, T5Inputs, T5Runner, T5};
 
-/// `<shared>/fixtures/t5`, or `None` (skipped, by name) when the shared data is absent.
-fn t5_fixtures(test: &str) -> Option<PathBuf> {
-    let shared = match std::env::var_os("IPFS_ACCELERATE_SHARED") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"),
-    };
-    let dir = shared.join("fixtures").join("t5");
-    if dir.is_dir() {
-        Some(dir)
-    } else if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!("{test}: no T5 fixtures at {}", dir.display());
-    } else {
-        eprintln!("skipped {test}: no T5 fixtures at {}", dir.display());
-        None
+/// Every T5 fixture (shared set and `$IPFS_ACCELERATE_EXTRA_FIXTURES` roots); skipped, by name,
+/// when there is no shared data, and a failure when there is none under
+/// `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
+fn t5_fixtures(test: &str) -> Vec<Fixture> {
+    let fixtures = family_fixtures(test, "t5");
+    if fixtures.is_empty()
+        && std::env::var_os("IPFS_ACCELERATE_REQUIRE_SHARED").is_some_and(|v| v == "1")
+    {
+        panic!("{test}: no T5 fixtures");
     }
-}
-
-fn variants(root: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("reference.safetensors").is_file())
-        .collect();
-    v.sort();
-    assert!(!v.is_empty(), "no fixture variants in {}", root.display());
-    v
-}
-
-fn meta(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap()
-}
-
-/// The number N in the meta's "N argmax steps".
-fn greedy_steps(meta: &serde_json::Value) -> Option<i64> {
-    let rule = meta["greedy"].as_str()?;
-    let before = rule.split("argmax steps").next()?;
-    before.split_whitespace().last()?.parse().ok()
-}
-
-fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
-    let diff: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).powi(2))
-        .sum();
-    let norm: f64 = reference.iter().map(|b| b * b).sum();
-    diff.sqrt() / norm.sqrt().max(1e-30)
-}
-
-fn fixture_inputs(dir: &Path, reference: &SafeTensorsFile) -> TensorMap {
-    let m = meta(dir);
-    let mut inputs = TensorMap::new();
-    for name in m["inputs"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
-        inputs.insert(name.to_string(), reference.tensor(name).unwrap());
-    }
-    if let Some(n) = greedy_steps(&m) {
-        inputs.insert(
-            "greedy_steps".into(),
-            HostTensor::from_i64(vec![1], &[n]).unwrap(),
-        );
-    }
-    inputs
-}
-
-fn load(dir: &Path) -> Box<dyn ModelRunner> {
-    T5Family::load::<Flex>(dir, &Default::default(), BackendKind::Cpu).unwrap()
+    fixtures
 }
 
 #[test]
 fn fixtures_match_hf() {
-    let Some(root) = t5_fixtures("fixtures_match_hf") else {
-        return;
-    };
-    for dir in variants(&root) {
-        let m = meta(&dir);
-        let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-        let out = load(&dir).run(&fixture_inputs(&dir, &reference)).unwrap();
-        for name in m["outputs"].as_array().unwrap() {
-            let name = name.as_str().unwrap();
-            let want = reference.tensor(name).unwrap();
-            let got = out
-                .get(name)
-                .unwrap_or_else(|| panic!("{}: no output {name}", dir.display()));
-            assert_eq!(got.shape(), want.shape(), "{name}");
-            if want.dtype().is_float() {
-                let err = rel_error(&got.to_f64_vec(), &want.to_f64_vec());
-                let tol = m["tolerance"][name].as_f64().unwrap();
-                eprintln!(
-                    "{} {name}: rel error {err:.3e} (tolerance {tol:.1e})",
-                    dir.display()
-                );
-                assert!(
-                    err <= tol,
-                    "{}: {name} rel error {err} > {tol}",
-                    dir.display()
-                );
-            } else {
-                assert_eq!(
-                    got.to_i64_vec().unwrap(),
-                    want.to_i64_vec().unwrap(),
-                    "{}: {name}",
-                    dir.display()
-                );
-            }
-        }
+    for f in &t5_fixtures("fixtures_match_hf") {
+        let runner = T5Family::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let checks = verify_runner(f, BackendKind::Cpu, runner.as_ref()).unwrap();
+        eprintln!("{checks:?}");
+        assert_checks(&checks);
     }
 }
 
@@ -130,16 +42,14 @@ fn fixtures_match_hf() {
 /// the full forward, and cached greedy / sampled generation gives the tokens of full recompute.
 #[test]
 fn cached_decoding_matches_full_recompute_on_fixtures() {
-    let Some(root) = t5_fixtures("cached_decoding_matches_full_recompute_on_fixtures") else {
-        return;
-    };
-    for dir in variants(&root) {
-        let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
+    for f in t5_fixtures("cached_decoding_matches_full_recompute_on_fixtures") {
+        let dir = &f.dir;
         let config = T5Config::from_file(&dir.join("config.json")).unwrap();
-        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(dir).unwrap();
         let model = T5::<Flex>::load(weights, &config, &Default::default()).unwrap();
-        let inputs = T5Inputs::from_tensors(&fixture_inputs(&dir, &reference)).unwrap();
-        let dec = reference.tensor("decoder_input_ids").unwrap();
+        let fixture_inputs = f.inputs().unwrap();
+        let inputs = T5Inputs::from_tensors(&fixture_inputs).unwrap();
+        let dec = fixture_inputs["decoder_input_ids"].clone();
         let (batch, len) = (dec.shape()[0], dec.shape()[1]);
         let dec = dec.to_i64_vec().unwrap();
         let (encoder, full) = model.forward(&inputs, &dec, len).unwrap();
@@ -465,10 +375,16 @@ fn word_tokenizer(vocab: usize) -> String {
 
 #[test]
 fn text_to_text_goes_through_the_tokenizer() {
-    let Some(root) = t5_fixtures("text_to_text_goes_through_the_tokenizer") else {
+    let fixtures = t5_fixtures("text_to_text_goes_through_the_tokenizer");
+    // The plain T5 variant when there is one, else any.
+    let Some(f) = fixtures
+        .iter()
+        .find(|f| f.variant == "t5")
+        .or(fixtures.first())
+    else {
         return;
     };
-    let src = root.join("t5");
+    let src = &f.dir;
     let dir = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
@@ -508,7 +424,7 @@ fn text_to_text_goes_through_the_tokenizer() {
         Err(Error::InvalidInput(_))
     ));
     // Without a tokenizer.json, text input is a typed error.
-    let bare = T5Family::load_tasks::<Flex>(&src, &Default::default(), BackendKind::Cpu).unwrap();
+    let bare = T5Family::load_tasks::<Flex>(src, &Default::default(), BackendKind::Cpu).unwrap();
     assert!(matches!(
         bare.generate_text(&["w5"], &cfg),
         Err(Error::InvalidInput(_))

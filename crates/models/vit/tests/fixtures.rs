@@ -1,100 +1,54 @@
-//! ViT against the HF reference fixtures (`fixtures/vit/*`): every output within the tolerance of
-//! its meta.json on the CPU backend; bad input and bad checkpoints are typed errors.
+//! ViT against the HF reference fixtures (`fixtures/vit/*` of the shared set, plus the
+//! `vit/<variant>/` folders under the roots of `$IPFS_ACCELERATE_EXTRA_FIXTURES`): every output
+//! within the tolerance of its meta.json on the CPU backend; bad input and bad checkpoints are
+//! typed errors.
 
 use ipfs_accelerate_core::JsonConfig;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use burn_flex::Flex;
+use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner, Fixture};
 use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
 };
 use ipfs_accelerate_io::SafeTensorsFile;
 use ipfs_accelerate_vit::{VitConfig, VitFamily, VitRunner, VitTasks};
 
-fn variants(test: &str) -> Vec<PathBuf> {
-    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"));
-    let root = shared.join("fixtures/vit");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.join("meta.json").is_file());
-    dirs.sort();
-    if dirs.is_empty() {
-        if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-            panic!("{test}: no fixtures under {}", root.display());
-        }
-        eprintln!(
-            "skipped {test}: needs fixtures under {} (set IPFS_ACCELERATE_SHARED)",
-            root.display()
-        );
-    }
-    dirs
+/// Every ViT fixture; none is a failure under `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
+fn variants(test: &str) -> Vec<Fixture> {
+    let fixtures = family_fixtures(test, "vit");
+    let required = std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1");
+    assert!(
+        !(required && fixtures.is_empty()),
+        "{test}: no vit fixtures"
+    );
+    fixtures
 }
 
-fn meta(dir: &std::path::Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap()
-}
-
-fn inputs(dir: &std::path::Path) -> TensorMap {
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    meta(dir)["inputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let n = n.as_str().unwrap();
-            (n.to_string(), reference.tensor(n).unwrap())
-        })
-        .collect()
-}
-
-fn load(dir: &std::path::Path) -> Box<dyn ModelRunner> {
-    VitFamily::load::<Flex>(dir, &Default::default(), BackendKind::Cpu).unwrap()
+fn load(f: &Fixture) -> Box<dyn ModelRunner> {
+    VitFamily::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap()
 }
 
 #[test]
 fn outputs_match_hf_within_tolerance() {
-    for dir in variants("outputs_match_hf_within_tolerance") {
-        let meta = meta(&dir);
-        let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-        let out = load(&dir).run(&inputs(&dir)).unwrap();
-        for name in meta["outputs"].as_array().unwrap() {
-            let name = name.as_str().unwrap();
-            let want = reference.tensor(name).unwrap().to_f64_vec();
-            let got = out.get(name).unwrap_or_else(|| panic!("{name} missing"));
-            assert_eq!(got.shape(), reference.tensor(name).unwrap().shape());
-            let (num, den) = got
-                .to_f64_vec()
-                .iter()
-                .zip(&want)
-                .fold((0.0, 0.0), |(n, d), (a, b)| {
-                    (n + (a - b) * (a - b), d + b * b)
-                });
-            let rel = (num / den).sqrt();
-            let tol = meta["tolerance"][name].as_f64().unwrap_or(1e-4);
-            println!(
-                "{}: {name} rel error {rel:.3e} (tolerance {tol:.0e})",
-                dir.display()
-            );
-            assert!(rel <= tol, "{name}: {rel} > {tol}");
-        }
+    for f in variants("outputs_match_hf_within_tolerance") {
+        let checks = verify_runner(&f, BackendKind::Cpu, load(&f).as_ref()).unwrap();
+        println!("{checks:?}");
+        assert_checks(&checks);
     }
 }
 
 #[test]
 fn classify_ranks_labels_by_probability() {
-    for dir in variants("classify_ranks_labels_by_probability") {
-        let config = VitConfig::from_file(&dir.join("config.json")).unwrap();
+    for f in variants("classify_ranks_labels_by_probability") {
+        let config = VitConfig::from_file(&f.dir.join("config.json")).unwrap();
         if config.head() != ipfs_accelerate_vit::VitHead::ImageClassification {
             continue;
         }
         let runner =
-            VitRunner::<Flex>::load_dir(&dir, &Default::default(), BackendKind::Cpu).unwrap();
-        let pixels = inputs(&dir)["pixel_values"].clone();
+            VitRunner::<Flex>::load_dir(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let pixels = f.inputs().unwrap()["pixel_values"].clone();
         let top = runner.classify(&pixels, 3).unwrap();
         assert_eq!(top.len(), pixels.shape()[0]);
         for row in &top {
@@ -110,9 +64,9 @@ fn classify_ranks_labels_by_probability() {
 
 #[test]
 fn other_image_sizes_interpolate_position_embeddings() {
-    for dir in variants("other_image_sizes_interpolate_position_embeddings") {
-        let runner = load(&dir);
-        let patch = VitConfig::from_file(&dir.join("config.json"))
+    for f in variants("other_image_sizes_interpolate_position_embeddings") {
+        let runner = load(&f);
+        let patch = VitConfig::from_file(&f.dir.join("config.json"))
             .unwrap()
             .patch();
         let (h, w) = (patch * 3, patch * 5);
@@ -128,8 +82,8 @@ fn other_image_sizes_interpolate_position_embeddings() {
 
 #[test]
 fn bad_pixel_values_are_typed_errors() {
-    for dir in variants("bad_pixel_values_are_typed_errors") {
-        let runner = load(&dir);
+    for f in variants("bad_pixel_values_are_typed_errors") {
+        let runner = load(&f);
         let run = |t: HostTensor| runner.run(&TensorMap::from([("pixel_values".to_string(), t)]));
         for bad in [
             HostTensor::from_f32(vec![1, 2, 32, 32], &vec![0.0; 2 * 32 * 32]).unwrap(),
@@ -189,49 +143,38 @@ impl TensorSource for Edited {
 
 #[test]
 fn broken_checkpoints_are_typed_errors() {
-    for dir in variants("broken_checkpoints_are_typed_errors") {
-        let config = VitConfig::from_file(&dir.join("config.json")).unwrap();
-        let open = || SafeTensorsFile::open(dir.join("model.safetensors")).unwrap();
+    for f in variants("broken_checkpoints_are_typed_errors") {
+        let config = VitConfig::from_file(&f.dir.join("config.json")).unwrap();
+        let open = || SafeTensorsFile::open(f.dir.join("model.safetensors")).unwrap();
+        let load = |source: Edited| {
+            VitRunner::<Flex>::load(
+                Arc::new(source),
+                &config,
+                &Default::default(),
+                BackendKind::Cpu,
+            )
+            .err()
+        };
         let layer_weight = open()
             .names()
             .into_iter()
             .find(|n| n.ends_with("layernorm_before.weight"))
             .unwrap();
-        let missing = Edited {
+        let e = load(Edited {
             inner: open(),
             hide: layer_weight.clone(),
             replace: BTreeMap::new(),
-        };
-        let e = VitRunner::<Flex>::load(
-            Arc::new(missing),
-            &config,
-            &Default::default(),
-            BackendKind::Cpu,
-        );
-        assert!(
-            matches!(e, Err(Error::MissingTensor { .. })),
-            "{:?}",
-            e.err()
-        );
-        let wrong = Edited {
+        });
+        assert!(matches!(e, Some(Error::MissingTensor { .. })), "{e:?}");
+        let e = load(Edited {
             inner: open(),
             hide: String::new(),
             replace: BTreeMap::from([(
                 layer_weight,
                 HostTensor::from_f32(vec![1], &[1.0]).unwrap(),
             )]),
-        };
-        let e = VitRunner::<Flex>::load(
-            Arc::new(wrong),
-            &config,
-            &Default::default(),
-            BackendKind::Cpu,
-        );
-        assert!(
-            matches!(e, Err(Error::ShapeMismatch { .. })),
-            "{:?}",
-            e.err()
-        );
+        });
+        assert!(matches!(e, Some(Error::ShapeMismatch { .. })), "{e:?}");
     }
 }
 

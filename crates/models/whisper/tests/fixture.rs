@@ -1,229 +1,166 @@
-//! Whisper against the HF reference fixture `fixtures/whisper/base` (encoder output and logits
+//! Whisper against the HF reference fixtures `fixtures/whisper/*` (encoder output and logits
 //! within the fixture's tolerance, greedy tokens exactly), cached vs. recomputed generation, bad
-//! input, and the end-to-end path WAV → log-mel → tokens.
+//! input, and the end-to-end path WAV → log-mel → tokens. Extra fixture roots are read from
+//! `IPFS_ACCELERATE_EXTRA_FIXTURES`.
 
 use std::io::Cursor;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 
 use burn::tensor::{Tensor, TensorData};
 use burn_flex::Flex;
+use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner};
 use ipfs_accelerate_core::{BackendKind, Family, HostTensor, TensorMap, TensorSource};
 use ipfs_accelerate_io::SafeTensorsFile;
 use ipfs_accelerate_nn::generate::GenerationConfig;
 use ipfs_accelerate_preprocess::audio::{decode_wav, WhisperFeatureConfig};
 use ipfs_accelerate_whisper::{Suppression, TranscribeOptions, WhisperFamily, WhisperRunner};
 
-/// The fixture folder, or `None` (test skipped, by name) when the shared data is absent, unless
-/// `IPFS_ACCELERATE_REQUIRE_SHARED=1`.
-fn fixture_dir(test: &str) -> Option<PathBuf> {
-    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared"));
-    let dir = shared.join("fixtures/whisper/base");
-    if dir.join("meta.json").is_file() {
-        return Some(dir);
-    }
-    if std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() == Ok("1") {
-        panic!(
-            "{test}: {} not found (IPFS_ACCELERATE_REQUIRE_SHARED=1)",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "skipped {test}: needs {} (set IPFS_ACCELERATE_SHARED)",
-        dir.display()
-    );
-    None
-}
-
 fn runner(dir: &std::path::Path) -> WhisperRunner<Flex> {
     WhisperRunner::<Flex>::from_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
 }
 
-fn rel_error(got: &HostTensor, want: &HostTensor) -> f64 {
-    assert_eq!(got.shape(), want.shape());
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    let diff: f64 = g
-        .iter()
-        .zip(&w)
-        .map(|(a, b)| (a - b).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    diff / w.iter().map(|b| b * b).sum::<f64>().sqrt()
-}
-
 #[test]
 fn matches_hf_reference() {
-    let Some(dir) = fixture_dir("matches_hf_reference") else {
-        return;
-    };
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    let mut inputs = TensorMap::new();
-    for name in meta["inputs"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
-        inputs.insert(name.into(), reference.tensor(name).unwrap());
-    }
-    let steps = reference.tensor("greedy_tokens").unwrap().shape()[1] as i64;
-    inputs.insert(
-        "greedy_steps".into(),
-        HostTensor::from_i64(vec![1], &[steps]).unwrap(),
-    );
-    let model = WhisperFamily::load::<Flex>(&dir, &Default::default(), BackendKind::Cpu).unwrap();
-    let out = model.run(&inputs).unwrap();
-    for name in meta["outputs"].as_array().unwrap() {
-        let name = name.as_str().unwrap();
-        let want = reference.tensor(name).unwrap();
-        let got = out.get(name).unwrap_or_else(|| panic!("no output {name}"));
-        match meta["tolerance"].get(name).and_then(|t| t.as_f64()) {
-            Some(tol) => {
-                let e = rel_error(got, &want);
-                println!("{name}: rel error {e:.3e} (tolerance {tol:.0e})");
-                assert!(e <= tol, "{name}: {e} > {tol}");
-            }
-            None => {
-                assert_eq!(
-                    got.to_i64_vec().unwrap(),
-                    want.to_i64_vec().unwrap(),
-                    "{name}"
-                );
-                println!("{name}: exact");
-            }
-        }
+    for f in family_fixtures("matches_hf_reference", "whisper") {
+        let model =
+            WhisperFamily::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
+        let checks = verify_runner(&f, BackendKind::Cpu, model.as_ref()).unwrap();
+        println!("{checks:?}");
+        assert_checks(&checks);
     }
 }
 
 #[test]
 fn cached_generation_equals_full_recompute() {
-    let Some(dir) = fixture_dir("cached_generation_equals_full_recompute") else {
-        return;
-    };
-    let r = runner(&dir);
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    let features = reference.tensor("input_features").unwrap();
-    // Two rows: the fixture's features and a scaled copy, so the batch rows differ.
-    let mut values = features.to_f32_vec();
-    let second: Vec<f32> = values.iter().map(|v| v * 0.5 - 0.1).collect();
-    values.extend(second);
-    let [_, mels, frames] = <[usize; 3]>::try_from(features.shape()).unwrap();
-    let x = Tensor::<Flex, 3>::from_data(
-        TensorData::new(values, [2, mels, frames]),
-        &Default::default(),
-    );
-    let model = r.model();
-    let encoder = model.encode(x).unwrap();
-    let start = model.config().decoder_start_token_id;
-    let prompts = vec![vec![start], vec![start]];
-    let config = GenerationConfig {
-        max_new_tokens: 12,
-        ..Default::default()
-    };
-    let run = |cache: bool| {
-        model
+    for f in family_fixtures("cached_generation_equals_full_recompute", "whisper") {
+        let dir = &f.dir;
+        let r = runner(dir);
+        let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
+        let features = reference.tensor("input_features").unwrap();
+        // Two rows: the fixture's features and a scaled copy, so the batch rows differ.
+        let mut values = features.to_f32_vec();
+        let second: Vec<f32> = values.iter().map(|v| v * 0.5 - 0.1).collect();
+        values.extend(second);
+        let [_, mels, frames] = <[usize; 3]>::try_from(features.shape()).unwrap();
+        let x = Tensor::<Flex, 3>::from_data(
+            TensorData::new(values, [2, mels, frames]),
+            &Default::default(),
+        );
+        let model = r.model();
+        let encoder = model.encode(x).unwrap();
+        let start = model.config().decoder_start_token_id;
+        let prompts = vec![vec![start], vec![start]];
+        let config = GenerationConfig {
+            max_new_tokens: 12,
+            ..Default::default()
+        };
+        let run = |cache: bool| {
+            model
+                .generate_from_encoder(
+                    encoder.clone(),
+                    &prompts,
+                    &config,
+                    Suppression::default(),
+                    cache,
+                    |_, _| ControlFlow::Continue(()),
+                )
+                .unwrap()
+        };
+        let cached = run(true);
+        assert_eq!(cached, run(false));
+        assert_eq!(cached[0].len(), 12);
+        // Suppression: a token banned at every step never appears; one banned at the start is not first.
+        let first = cached[0][0];
+        let banned = model
             .generate_from_encoder(
                 encoder.clone(),
                 &prompts,
                 &config,
-                Suppression::default(),
-                cache,
+                Suppression {
+                    always: vec![first],
+                    at_begin: vec![cached[1][0]],
+                },
+                true,
                 |_, _| ControlFlow::Continue(()),
             )
-            .unwrap()
-    };
-    let cached = run(true);
-    assert_eq!(cached, run(false));
-    assert_eq!(cached[0].len(), 12);
-    // Suppression: a token banned at every step never appears; one banned at the start is not first.
-    let first = cached[0][0];
-    let banned = model
-        .generate_from_encoder(
-            encoder.clone(),
-            &prompts,
-            &config,
-            Suppression {
-                always: vec![first],
-                at_begin: vec![cached[1][0]],
-            },
-            true,
-            |_, _| ControlFlow::Continue(()),
-        )
-        .unwrap();
-    assert!(!banned[0].contains(&first));
-    assert_ne!(banned[1][0], cached[1][0]);
+            .unwrap();
+        assert!(!banned[0].contains(&first));
+        assert_ne!(banned[1][0], cached[1][0]);
+    }
 }
 
 #[test]
 fn bad_inputs_are_errors() {
-    let Some(dir) = fixture_dir("bad_inputs_are_errors") else {
-        return;
-    };
-    let r = runner(&dir);
-    let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    let features = reference.tensor("input_features").unwrap();
-    let run = |extra: Vec<(&str, HostTensor)>| {
+    for f in family_fixtures("bad_inputs_are_errors", "whisper") {
+        let dir = &f.dir;
+        let r = runner(dir);
+        let reference = SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
+        let features = reference.tensor("input_features").unwrap();
+        let run = |extra: Vec<(&str, HostTensor)>| {
+            let mut m = TensorMap::new();
+            m.insert("input_features".into(), features.clone());
+            for (k, v) in extra {
+                m.insert(k.into(), v);
+            }
+            ipfs_accelerate_core::ModelRunner::run(&r, &m)
+        };
+        let c = r.model().config().clone();
+        // Out-of-range and over-long decoder ids, bad greedy steps, wrong feature shapes.
+        let ids = |v: Vec<i64>| HostTensor::from_i64(vec![1, v.len()], &v).unwrap();
+        assert!(run(vec![(
+            "decoder_input_ids",
+            ids(vec![1, c.vocab_size as i64])
+        )])
+        .is_err());
+        assert!(run(vec![("decoder_input_ids", ids(vec![-1]))]).is_err());
+        assert!(run(vec![(
+            "decoder_input_ids",
+            ids(vec![1; c.max_target_positions + 1])
+        )])
+        .is_err());
+        assert!(run(vec![(
+            "greedy_steps",
+            HostTensor::from_i64(vec![1], &[c.max_target_positions as i64 + 1]).unwrap()
+        )])
+        .is_err());
+        assert!(run(vec![(
+            "greedy_steps",
+            HostTensor::from_i64(vec![1], &[-3]).unwrap()
+        )])
+        .is_err());
         let mut m = TensorMap::new();
-        m.insert("input_features".into(), features.clone());
-        for (k, v) in extra {
-            m.insert(k.into(), v);
-        }
-        ipfs_accelerate_core::ModelRunner::run(&r, &m)
-    };
-    let c = r.model().config().clone();
-    // Out-of-range and over-long decoder ids, bad greedy steps, wrong feature shapes.
-    let ids = |v: Vec<i64>| HostTensor::from_i64(vec![1, v.len()], &v).unwrap();
-    assert!(run(vec![(
-        "decoder_input_ids",
-        ids(vec![1, c.vocab_size as i64])
-    )])
-    .is_err());
-    assert!(run(vec![("decoder_input_ids", ids(vec![-1]))]).is_err());
-    assert!(run(vec![(
-        "decoder_input_ids",
-        ids(vec![1; c.max_target_positions + 1])
-    )])
-    .is_err());
-    assert!(run(vec![(
-        "greedy_steps",
-        HostTensor::from_i64(vec![1], &[c.max_target_positions as i64 + 1]).unwrap()
-    )])
-    .is_err());
-    assert!(run(vec![(
-        "greedy_steps",
-        HostTensor::from_i64(vec![1], &[-3]).unwrap()
-    )])
-    .is_err());
-    let mut m = TensorMap::new();
-    m.insert(
-        "input_features".into(),
-        HostTensor::from_f32(vec![1, c.num_mel_bins, 7], &vec![0.0; c.num_mel_bins * 7]).unwrap(),
-    );
-    assert!(ipfs_accelerate_core::ModelRunner::run(&r, &m).is_err());
-    assert!(ipfs_accelerate_core::ModelRunner::run(&r, &TensorMap::new()).is_err());
-    // Audio errors.
-    assert!(r.transcribe(&[], 16_000).is_err());
-    assert!(r.transcribe(&[0.0, f32::NAN], 16_000).is_err());
-    let strict = TranscribeOptions {
-        resample: false,
-        ..Default::default()
-    };
-    assert!(r.transcribe_with(&[0.1; 800], 8_000, &strict).is_err());
-    // A missing tensor names itself.
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::copy(dir.join("config.json"), tmp.path().join("config.json")).unwrap();
-    let src = SafeTensorsFile::open(dir.join("model.safetensors")).unwrap();
-    let kept: Vec<(String, HostTensor)> = src
-        .names()
-        .into_iter()
-        .filter(|n| !n.ends_with("encoder.conv2.bias"))
-        .map(|n| (n.clone(), src.tensor(&n).unwrap()))
-        .collect();
-    write_safetensors(&tmp.path().join("model.safetensors"), &kept);
-    let err = WhisperRunner::<Flex>::from_dir(tmp.path(), &Default::default(), BackendKind::Cpu)
-        .err()
-        .expect("a checkpoint without conv2.bias must not load");
-    assert!(err.to_string().contains("conv2.bias"), "{err}");
+        m.insert(
+            "input_features".into(),
+            HostTensor::from_f32(vec![1, c.num_mel_bins, 7], &vec![0.0; c.num_mel_bins * 7])
+                .unwrap(),
+        );
+        assert!(ipfs_accelerate_core::ModelRunner::run(&r, &m).is_err());
+        assert!(ipfs_accelerate_core::ModelRunner::run(&r, &TensorMap::new()).is_err());
+        // Audio errors.
+        assert!(r.transcribe(&[], 16_000).is_err());
+        assert!(r.transcribe(&[0.0, f32::NAN], 16_000).is_err());
+        let strict = TranscribeOptions {
+            resample: false,
+            ..Default::default()
+        };
+        assert!(r.transcribe_with(&[0.1; 800], 8_000, &strict).is_err());
+        // A missing tensor names itself.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::copy(dir.join("config.json"), tmp.path().join("config.json")).unwrap();
+        let src = SafeTensorsFile::open(dir.join("model.safetensors")).unwrap();
+        let kept: Vec<(String, HostTensor)> = src
+            .names()
+            .into_iter()
+            .filter(|n| !n.ends_with("encoder.conv2.bias"))
+            .map(|n| (n.clone(), src.tensor(&n).unwrap()))
+            .collect();
+        write_safetensors(&tmp.path().join("model.safetensors"), &kept);
+        let err =
+            WhisperRunner::<Flex>::from_dir(tmp.path(), &Default::default(), BackendKind::Cpu)
+                .err()
+                .expect("a checkpoint without conv2.bias must not load");
+        assert!(err.to_string().contains("conv2.bias"), "{err}");
+    }
 }
 
 /// A float32 safetensors file (the format is an 8-byte header length, a JSON header, the data).
@@ -279,62 +216,67 @@ fn sweep_wav(rate: u32, secs: f64) -> Vec<u8> {
 
 #[test]
 fn wav_to_tokens_end_to_end() {
-    let Some(dir) = fixture_dir("wav_to_tokens_end_to_end") else {
-        return;
-    };
-    let r = runner(&dir);
-    let c = r.model().config().clone();
-    // The fixture has no preprocessor_config.json: features sized for the model.
-    assert_eq!(
-        r.feature_extractor().config(),
-        &WhisperFeatureConfig::for_model(c.num_mel_bins, c.input_frames()).unwrap()
-    );
-    let bytes = sweep_wav(16_000, 0.5);
-    let audio = decode_wav(&bytes).unwrap();
-    assert_eq!((audio.sample_rate, audio.channels), (16_000, 2));
-    let options = TranscribeOptions {
-        max_new_tokens: Some(10),
-        ..Default::default()
-    };
-    let from_wav = r
-        .transcribe_with(&audio.samples, audio.sample_rate, &options)
-        .unwrap();
-    assert_eq!(from_wav.prompt, vec![c.decoder_start_token_id]);
-    assert!(!from_wav.tokens.is_empty() && from_wav.tokens.len() <= 10);
-    assert!(from_wav.text.is_none(), "the fixture has no tokenizer.json");
+    for f in family_fixtures("wav_to_tokens_end_to_end", "whisper") {
+        let dir = &f.dir;
+        let r = runner(dir);
+        let c = r.model().config().clone();
+        // Without a preprocessor_config.json the features are sized for the model.
+        if !dir.join("preprocessor_config.json").is_file() {
+            assert_eq!(
+                r.feature_extractor().config(),
+                &WhisperFeatureConfig::for_model(c.num_mel_bins, c.input_frames()).unwrap()
+            );
+        }
+        let bytes = sweep_wav(16_000, 0.5);
+        let audio = decode_wav(&bytes).unwrap();
+        assert_eq!((audio.sample_rate, audio.channels), (16_000, 2));
+        let options = TranscribeOptions {
+            max_new_tokens: Some(10),
+            ..Default::default()
+        };
+        let from_wav = r
+            .transcribe_with(&audio.samples, audio.sample_rate, &options)
+            .unwrap();
+        assert_eq!(from_wav.prompt, vec![c.decoder_start_token_id]);
+        assert!(!from_wav.tokens.is_empty() && from_wav.tokens.len() <= 10);
+        assert_eq!(
+            from_wav.text.is_some(),
+            dir.join("tokenizer.json").is_file()
+        );
 
-    // The same features fed directly give the same tokens.
-    let features = r
-        .feature_extractor()
-        .extract(&audio.samples, audio.sample_rate)
-        .unwrap();
-    let direct = r.transcribe_features(&features, &options).unwrap();
-    assert_eq!(direct.tokens, from_wav.tokens);
-    // And so does the ModelRunner path (greedy from the start token, no stop token) for as many
-    // tokens as the transcription produced before its end-of-text.
-    let mut m = TensorMap::new();
-    m.insert(
-        "input_features".into(),
-        HostTensor::from_f32(vec![1, features.mels, features.frames], &features.data).unwrap(),
-    );
-    let n = from_wav.tokens.len();
-    m.insert(
-        "greedy_steps".into(),
-        HostTensor::from_i64(vec![1], &[n as i64]).unwrap(),
-    );
-    let out = ipfs_accelerate_core::ModelRunner::run(&r, &m).unwrap();
-    let greedy: Vec<u32> = out["greedy_tokens"]
-        .to_i64_vec()
-        .unwrap()
-        .into_iter()
-        .map(|t| t as u32)
-        .collect();
-    assert_eq!(greedy, from_wav.tokens);
+        // The same features fed directly give the same tokens.
+        let features = r
+            .feature_extractor()
+            .extract(&audio.samples, audio.sample_rate)
+            .unwrap();
+        let direct = r.transcribe_features(&features, &options).unwrap();
+        assert_eq!(direct.tokens, from_wav.tokens);
+        // And so does the ModelRunner path (greedy from the start token, no stop token) for as many
+        // tokens as the transcription produced before its end-of-text.
+        let mut m = TensorMap::new();
+        m.insert(
+            "input_features".into(),
+            HostTensor::from_f32(vec![1, features.mels, features.frames], &features.data).unwrap(),
+        );
+        let n = from_wav.tokens.len();
+        m.insert(
+            "greedy_steps".into(),
+            HostTensor::from_i64(vec![1], &[n as i64]).unwrap(),
+        );
+        let out = ipfs_accelerate_core::ModelRunner::run(&r, &m).unwrap();
+        let greedy: Vec<u32> = out["greedy_tokens"]
+            .to_i64_vec()
+            .unwrap()
+            .into_iter()
+            .map(|t| t as u32)
+            .collect();
+        assert_eq!(greedy, from_wav.tokens);
 
-    // 44.1 kHz audio is resampled on the way in.
-    let hi = decode_wav(&sweep_wav(44_100, 0.5)).unwrap();
-    let resampled = r
-        .transcribe_with(&hi.samples, hi.sample_rate, &options)
-        .unwrap();
-    assert!(!resampled.tokens.is_empty());
+        // 44.1 kHz audio is resampled on the way in.
+        let hi = decode_wav(&sweep_wav(44_100, 0.5)).unwrap();
+        let resampled = r
+            .transcribe_with(&hi.samples, hi.sample_rate, &options)
+            .unwrap();
+        assert!(!resampled.tokens.is_empty());
+    }
 }
