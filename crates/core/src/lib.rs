@@ -21,7 +21,7 @@ mod tensor;
 pub use backend::{
     Availability, Backend, BackendKind, Capabilities, DeviceInfo, ExecutionProvider, ProbeBackend,
 };
-pub use config::JsonConfig;
+pub use config::{label_count, label_name, JsonConfig};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};

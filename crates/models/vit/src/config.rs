@@ -172,19 +172,12 @@ impl VitConfig {
 
     /// Number of labels of the classification head.
     pub fn num_labels(&self) -> usize {
-        if !self.id2label.is_empty() {
-            self.id2label.len()
-        } else {
-            self.num_labels.unwrap_or(2)
-        }
+        ipfs_accelerate_core::label_count(&self.id2label, self.num_labels)
     }
 
     /// The label name of class `i` (`LABEL_i` when the config names none).
     pub fn label(&self, i: usize) -> String {
-        self.id2label
-            .get(&i.to_string())
-            .cloned()
-            .unwrap_or_else(|| format!("LABEL_{i}"))
+        ipfs_accelerate_core::label_name(&self.id2label, i)
     }
 
     /// Patch side in pixels.
