@@ -33,8 +33,9 @@ pub struct OnnxRunner {
     provider: ExecutionProvider,
     graphs: Graphs,
     decoder_start: Option<i64>,
-    /// The checkpoint folder (config.json for family post-processing).
-    dir: PathBuf,
+    /// DETR's configuration (class names for post-processing), read once at load.
+    #[cfg(feature = "detr")]
+    detr: Option<ipfs_accelerate_detr::DetrConfig>,
 }
 
 /// Where the ONNX files of a checkpoint folder are: the folder itself or its `onnx/` subfolder.
@@ -79,7 +80,14 @@ impl OnnxRunner {
             provider,
             graphs,
             decoder_start,
-            dir: dir.to_path_buf(),
+            #[cfg(feature = "detr")]
+            detr: if family == "detr" {
+                Some(ipfs_accelerate_detr::DetrConfig::from_file(
+                    &dir.join("config.json"),
+                )?)
+            } else {
+                None
+            },
         })
     }
 
@@ -284,11 +292,9 @@ impl ModelRunner for OnnxRunner {
             out.extend(self.decoder_graph().run(&dec_inputs)?);
         }
         #[cfg(feature = "detr")]
-        if self.family == "detr" {
+        if let Some(config) = &self.detr {
             if let (Some(logits), Some(boxes)) = (out.get("logits"), out.get("pred_boxes")) {
                 // The same post-processing as the native path.
-                let config =
-                    ipfs_accelerate_detr::DetrConfig::from_file(&self.dir.join("config.json"))?;
                 let post = ipfs_accelerate_detr::post_outputs(
                     logits.clone(),
                     boxes.clone(),

@@ -333,6 +333,8 @@ impl TextGenerator {
             inference,
             postprocess: clock.lap(),
             total: clock.total(),
+            items: 1,
+            tokens: tokens.len(),
             ..Default::default()
         };
         Ok(Output {
