@@ -1,6 +1,10 @@
 //! The `ipfs-accelerate` command line.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+mod draw;
+mod tasks;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -110,6 +114,99 @@ enum Command {
         #[arg(long)]
         ignore_eos: bool,
     },
+    /// Speech recognition of a WAV file with Whisper or Wav2Vec2 (by the checkpoint's model type);
+    /// prints the text.
+    Transcribe {
+        /// The WAV file (any rate: resampled to the model's; channels are mixed down).
+        file: PathBuf,
+        /// Whisper's language code (`en`); detected when absent.
+        #[arg(long)]
+        language: Option<String>,
+        /// Whisper: tokens to generate at most.
+        #[arg(long)]
+        max_new_tokens: Option<usize>,
+        /// Print JSON (text, token ids, duration) instead of the text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Text-to-text generation with T5 / FLAN-T5: one output line per input text.
+    T2t {
+        /// Input texts (e.g. `translate English to German: Hello`).
+        #[arg(required = true)]
+        texts: Vec<String>,
+        /// Tokens to generate at most per text.
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+    },
+    /// Image classification (ViT): the top labels of each image (JSON).
+    ClassifyImage {
+        /// PNG / JPEG files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Labels to print per image.
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+    },
+    /// Zero-shot image classification (CLIP): the probability of each label per image (JSON).
+    ZeroShot {
+        /// PNG / JPEG files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Candidate labels, comma-separated.
+        #[arg(long, required = true, value_delimiter = ',')]
+        labels: Vec<String>,
+        /// Prompt each label is put into (`{}` is the label).
+        #[arg(long, default_value = "a photo of a {}")]
+        template: String,
+    },
+    /// Object detection (DETR): labels, scores and pixel boxes per image (JSON).
+    Detect {
+        /// PNG / JPEG files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Keep detections scoring at least this.
+        #[arg(long, default_value_t = 0.9)]
+        threshold: f64,
+        /// Write the (single) image with the boxes drawn to this PNG.
+        #[arg(long)]
+        draw: Option<PathBuf>,
+    },
+    /// Answer a question about an image with LLaVA / LLaVA-NeXT; streams the answer to stdout.
+    DescribeImage {
+        /// PNG / JPEG file(s); each gets an `<image>` in the prompt.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The question.
+        #[arg(long, default_value = "Describe this image.")]
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+    },
+    /// Video classification with X-CLIP: the probability of each label (JSON). The model's frame
+    /// count is sampled uniformly from the frames given.
+    ClassifyVideo {
+        /// Frame image files in order (PNG / JPEG).
+        #[arg(required = true)]
+        frames: Vec<PathBuf>,
+        /// Candidate labels, comma-separated.
+        #[arg(long, required = true, value_delimiter = ',')]
+        labels: Vec<String>,
+        /// Prompt each label is put into (`{}` is the label).
+        #[arg(long, default_value = "{}")]
+        template: String,
+    },
+    /// Zero-shot audio classification with CLAP: the probability of each label (JSON).
+    ClassifyAudio {
+        /// The WAV file.
+        file: PathBuf,
+        /// Candidate labels, comma-separated.
+        #[arg(long, required = true, value_delimiter = ',')]
+        labels: Vec<String>,
+        /// Prompt each label is put into (`{}` is the label).
+        #[arg(long, default_value = "This is a sound of {}.")]
+        template: String,
+    },
     /// Probe every backend and print what this machine offers.
     Devices {
         /// Print JSON instead of a table.
@@ -154,6 +251,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if matches!(cli.command, Command::Generate { .. }) {
         return generate(cli);
     }
+    if !matches!(
+        cli.command,
+        Command::Embed { .. } | Command::Classify { .. } | Command::Qa { .. }
+    ) {
+        return tasks::run(cli);
+    }
     let mut builder = Pipeline::builder(&cli.model).offline(cli.offline);
     if let Some(list) = backend_list(&cli)? {
         builder = builder.backends(list).env_override(false);
@@ -163,7 +266,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Classify { tokens: true, .. } => Task::TokenClassify,
         Command::Classify { .. } => Task::Classify,
         Command::Qa { .. } => Task::QuestionAnswering,
-        Command::Devices { .. } | Command::Generate { .. } => unreachable!("handled above"),
+        _ => unreachable!("handled above"),
     };
     let pipe = builder
         .task(task)
@@ -216,7 +319,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&out.value)?);
             out.metrics
         }
-        Command::Devices { .. } | Command::Generate { .. } => unreachable!("handled above"),
+        _ => unreachable!("handled above"),
     };
     if metrics.truncated > 0 {
         eprintln!(

@@ -159,13 +159,25 @@ pub fn fixture_inputs(meta: &Meta, reference: &SafeTensorsFile) -> Result<Tensor
             inputs.insert(name.clone(), reference.tensor(&name)?);
         }
     }
-    if let Some(rule) = &meta.greedy {
-        if let Some(steps) = number_before(rule, "argmax steps") {
-            inputs.insert(
-                "greedy_steps".into(),
-                HostTensor::from_i64(vec![1], &[steps as i64])?,
-            );
-        }
+    // The number of greedy steps: stated in words in `greedy`, or else (fixtures whose meta.json
+    // has no rule) the length of the reference `greedy_tokens` — a decoding parameter, not a result.
+    let stated = meta
+        .greedy
+        .as_deref()
+        .and_then(|rule| number_before(rule, "argmax steps"));
+    let implied = || {
+        meta.outputs
+            .iter()
+            .any(|o| o == "greedy_tokens")
+            .then(|| reference.shape_of("greedy_tokens"))
+            .flatten()
+            .and_then(|shape| shape.last().copied())
+    };
+    if let Some(steps) = stated.or_else(implied) {
+        inputs.insert(
+            "greedy_steps".into(),
+            HostTensor::from_i64(vec![1], &[steps as i64])?,
+        );
     }
     if let Some(post) = &meta.post {
         if let Some(t) = post

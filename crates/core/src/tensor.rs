@@ -294,6 +294,13 @@ pub trait TensorSource: Send + Sync {
     fn tensor(&self, name: &str) -> Result<HostTensor>;
     /// Every tensor name.
     fn names(&self) -> Vec<String>;
+    /// The tensor a model asks for with the shape it expects. Stored sources ignore `expected`
+    /// (the caller checks it); generated ones (random initialisation for benchmarks) make a tensor
+    /// of that shape.
+    fn tensor_shaped(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
+        let _ = expected;
+        self.tensor(name)
+    }
 }
 
 /// A loaded model that maps named input tensors to named output tensors; the uniform interface

@@ -9,6 +9,7 @@
 //!   `model.safetensors.index.json`), zero-copy tensor views, F32/F16/BF16, and int8 blocks with scales
 //!   (the compact form the embedded default model uses), dequantised on access.
 //! - [`RandomWeights`]: deterministic random tensors for a named config (benchmarks, no download).
+//! - [`RandomInit`]: random tensors of whatever shape the model asks for (any family, any config).
 //! - [`NameMap`]: renames checkpoint tensor names (legacy `gamma`/`beta`, prefixes) for a family.
 //! - [`GgufFile`] ([`gguf`]): memory-mapped GGUF files — metadata, tensor table, ggml
 //!   dequantisation (F32/F16/BF16, Q4_0 … Q8_0, k-quants, IQ4), and the tokenizer in the metadata.
@@ -23,7 +24,7 @@ mod source;
 pub use error::IoError;
 pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, SpecialTokens};
 pub use names::NameMap;
-pub use random::RandomWeights;
+pub use random::{RandomInit, RandomWeights};
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
 pub use source::{resolve, ModelFiles, ModelSource, ResolveOptions};
 

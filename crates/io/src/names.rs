@@ -64,4 +64,11 @@ impl TensorSource for NameMap {
     fn names(&self) -> Vec<String> {
         self.inner.names()
     }
+
+    fn tensor_shaped(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
+        match self.lookup(name) {
+            Some(n) => self.inner.tensor_shaped(&n, expected),
+            None => self.inner.tensor_shaped(name, expected),
+        }
+    }
 }

@@ -55,26 +55,80 @@ impl TensorSource for RandomWeights {
             name: name.to_string(),
             source_name: self.source_name(),
         })?;
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = if shape.len() == 1 && name.ends_with("bias") {
-            vec![0.0; n]
-        } else if shape.len() == 1 && name.ends_with("weight") {
-            vec![1.0; n]
-        } else {
-            let mut state = self.seed ^ fnv1a(name);
-            (0..n)
-                .map(|_| {
-                    // Sum of four uniforms: cheap, bounded, roughly normal (variance 1/3 → rescale).
-                    let s: f32 = (0..4).map(|_| next_unit(&mut state)).sum::<f32>() - 2.0;
-                    s * self.std * 1.732_050_8
-                })
-                .collect()
-        };
-        HostTensor::from_f32(shape.clone(), &values)
+        random_tensor(name, shape, self.seed, self.std)
     }
 
     fn names(&self) -> Vec<String> {
         self.shapes.keys().cloned().collect()
+    }
+}
+
+/// A deterministic tensor for `name`: rank-1 biases zeros, rank-1 weights ones, else roughly normal
+/// values with standard deviation `std`.
+fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<HostTensor> {
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = if shape.len() == 1 && name.ends_with("bias") {
+        vec![0.0; n]
+    } else if shape.len() == 1 && name.ends_with("weight") {
+        vec![1.0; n]
+    } else {
+        let mut state = seed ^ fnv1a(name);
+        (0..n)
+            .map(|_| {
+                // Sum of four uniforms: cheap, bounded, roughly normal (variance 1/3 → rescale).
+                let s: f32 = (0..4).map(|_| next_unit(&mut state)).sum::<f32>() - 2.0;
+                s * std * 1.732_050_8
+            })
+            .collect()
+    };
+    HostTensor::from_f32(shape.to_vec(), &values)
+}
+
+/// Random initialisation of any model from its configuration alone: every tensor the model asks
+/// for exists and has the shape it expects (see [`TensorSource::tensor_shaped`]), so benchmarks of
+/// real-size configurations need neither a download nor a per-family table of shapes. Optional
+/// tensors count as present. Not for loading a real checkpoint: `tensor` without a shape is an
+/// error.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomInit {
+    seed: u64,
+    std: f32,
+}
+
+impl RandomInit {
+    /// A source seeded with `seed`, weights of standard deviation `std` (HF uses 0.02).
+    pub fn new(seed: u64, std: f32) -> Self {
+        RandomInit { seed, std }
+    }
+}
+
+impl TensorSource for RandomInit {
+    fn source_name(&self) -> String {
+        format!("random initialisation (seed {})", self.seed)
+    }
+
+    fn contains(&self, _name: &str) -> bool {
+        true
+    }
+
+    fn shape_of(&self, _name: &str) -> Option<Vec<usize>> {
+        None
+    }
+
+    fn tensor(&self, name: &str) -> Result<HostTensor> {
+        Err(Error::InvalidInput(format!(
+            "{}: `{name}` was requested without a shape; random initialisation needs the shape \
+             the model expects",
+            self.source_name()
+        )))
+    }
+
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn tensor_shaped(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
+        random_tensor(name, expected, self.seed, self.std)
     }
 }
 

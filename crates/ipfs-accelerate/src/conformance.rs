@@ -28,6 +28,10 @@ macro_rules! for_each_family {
             "wav2vec2" => ipfs_accelerate_wav2vec2::Wav2Vec2Family,
             "vit" => ipfs_accelerate_vit::VitFamily,
             "clip" => ipfs_accelerate_clip::ClipFamily,
+            "clap" => ipfs_accelerate_clap::ClapFamily,
+            "llava" => ipfs_accelerate_llava::LlavaFamily,
+            "llava_next" => ipfs_accelerate_llava::LlavaNextFamily,
+            "xclip" => ipfs_accelerate_xclip::XclipFamily,
         )
     };
 }

@@ -28,11 +28,20 @@ mod assets;
 mod backends;
 pub mod conformance;
 mod error;
+mod loaded;
+#[cfg(any(feature = "llava", feature = "xclip", feature = "clap"))]
+pub mod multimodal;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 mod pipeline;
+#[cfg(any(feature = "whisper", feature = "wav2vec2"))]
+pub mod speech;
 #[cfg(feature = "llama")]
 pub mod text;
+#[cfg(feature = "t5")]
+pub mod text2text;
+#[cfg(any(feature = "vit", feature = "clip", feature = "detr"))]
+pub mod vision;
 
 #[cfg(feature = "embedded-default")]
 pub use assets::embedded;
@@ -41,6 +50,7 @@ pub use backends::{
     compiled_backends, compiled_preferences, default_preferences, devices, selector,
 };
 pub use error::{Error, Result};
+pub use loaded::{LabelScore, LoadOptions};
 pub use pipeline::{Answer, Label, Output, Pipeline, PipelineBuilder, Task, TokenLabel};
 
 pub use ipfs_accelerate_core as core;

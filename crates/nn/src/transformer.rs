@@ -168,7 +168,17 @@ impl<B: Backend> PreLnLayer<B> {
     /// `x` `[batch, seq, hidden]` through the layer; `bias` is an additive attention bias
     /// `[batch, heads, seq, seq]` (padding / causal masks).
     pub fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        let h = x.clone() + self.attn.forward(self.norm1.forward(x), bias);
+        self.forward_mlp(self.forward_attention(x, bias))
+    }
+
+    /// The attention half alone, `x + attn(ln1(x))` (X-CLIP attends over the frame tokens plus
+    /// a message token, then drops the message token before the MLP half).
+    pub fn forward_attention(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
+        x.clone() + self.attn.forward(self.norm1.forward(x), bias)
+    }
+
+    /// The MLP half alone, `h + fc2(act(fc1(ln2(h))))`.
+    pub fn forward_mlp(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
         h.clone() + self.mlp.forward(self.norm2.forward(h))
     }
 }

@@ -71,7 +71,7 @@ impl<B: Backend> VarBuilder<B> {
     /// Loads `name` as float32, checking it has exactly `shape`.
     pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D]) -> Result<Tensor<B, D>> {
         let full = self.path(name);
-        let host = self.source.tensor(&full)?;
+        let host = self.source.tensor_shaped(&full, &shape)?;
         if host.shape() != shape {
             return Err(Error::ShapeMismatch {
                 name: full,

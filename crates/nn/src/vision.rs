@@ -139,16 +139,34 @@ impl<B: Backend> PatchEmbedding<B> {
 /// one axis (no antialiasing): source `scale · (o + 0.5) − 0.5` with `scale = in / out`, Keys'
 /// cubic with `A = -0.75`, border taps clamped. Row-major.
 pub fn bicubic_matrix(input: usize, output: usize) -> Vec<f32> {
+    // PyTorch computes the scale and source index in f32.
+    let scale = input as f32 / output as f32;
+    cubic_matrix(input, output, |o| scale * (o as f32 + 0.5) - 0.5)
+}
+
+/// The `[out, in]` matrix of PyTorch's `interpolate(mode="bicubic", align_corners=True)` along
+/// one axis: source `o · (in − 1) / (out − 1)` (0 when `out` is 1), otherwise as
+/// [`bicubic_matrix`]. Row-major.
+pub fn bicubic_matrix_align_corners(input: usize, output: usize) -> Vec<f32> {
+    let scale = if output > 1 {
+        (input as f32 - 1.0) / (output as f32 - 1.0)
+    } else {
+        0.0
+    };
+    cubic_matrix(input, output, |o| scale * o as f32)
+}
+
+/// Keys' cubic (`A = -0.75`) interpolation weights from source positions `source(o)`, the index
+/// guarded as PyTorch's `guard_index_and_lambda`, border taps clamped.
+fn cubic_matrix(input: usize, output: usize, source: impl Fn(usize) -> f32) -> Vec<f32> {
     const A: f64 = -0.75;
     let cc1 = |x: f64| ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
     let cc2 = |x: f64| ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
-    // PyTorch computes the scale and source index in f32.
-    let scale = input as f32 / output as f32;
     let mut m = vec![0f32; output * input];
     for o in 0..output {
-        let real = scale * (o as f32 + 0.5) - 0.5;
-        let base = real.floor();
-        let t = (real - base) as f64;
+        let real = source(o);
+        let base = real.floor().min(input as f32 - 1.0);
+        let t = (real - base).clamp(0.0, 1.0) as f64;
         let weights = [cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(2.0 - t)];
         for (k, w) in weights.iter().enumerate() {
             let i = (base as i64 - 1 + k as i64).clamp(0, input as i64 - 1) as usize;

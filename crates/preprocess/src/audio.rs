@@ -5,12 +5,15 @@
 //! - [`resample`] / [`conform_rate`]: sampling-rate conversion through `rubato`.
 //! - [`WhisperFeatureExtractor`]: the log-mel spectrogram of `WhisperFeatureExtractor`
 //!   (STFT with `realfft`, Slaney mel filters, log10 clamped 8 below the peak, `(x + 4) / 4`).
+//! - [`ClapFeatureExtractor`]: the dB mel spectrogram of `ClapFeatureExtractor` without fusion
+//!   (repeat-padding, Slaney mel filters, `power_to_db`), `[frames, mels]`.
 //! - [`Wav2Vec2FeatureExtractor`]: padding and zero-mean / unit-variance normalisation of raw
 //!   waveforms.
 //!
 //! Bad audio (not a WAV, empty, NaN samples, the wrong sampling rate) is an [`AudioError`], which
 //! converts into [`ipfs_accelerate_core::Error`].
 
+mod clap;
 mod error;
 mod resample;
 pub mod spectrogram;
@@ -18,6 +21,9 @@ mod wav;
 mod wav2vec2;
 mod whisper;
 
+pub use clap::{
+    ClapFeatureConfig, ClapFeatureExtractor, ClapFeatures, ClapPadding, ClapTruncation,
+};
 pub use error::{AudioError, AudioResult};
 pub use resample::{conform_rate, resample};
 pub use wav::{decode_wav, read_wav, Audio};

@@ -10,5 +10,6 @@
 pub mod audio;
 pub mod image;
 mod text;
+pub mod video;
 
 pub use text::{Encoded, PreprocessError, TextTokenizer};

@@ -15,5 +15,5 @@ mod runner;
 pub mod tasks;
 
 pub use config::{preset, BertConfig, BertHead};
-pub use model::{Bert, BertModel, BertOutput, HeadLogits};
+pub use model::{roberta_position_ids, Bert, BertModel, BertOutput, HeadLogits};
 pub use runner::{BertFamily, BertInputs, BertRunner, BertTasks, HostLogits};

@@ -171,9 +171,29 @@ impl<B: Backend> BertModel<B> {
         let [batch, seq] = input_ids.dims();
         let positions: Vec<i64> = (0..batch).flat_map(|_| 0..seq as i64).collect();
         let positions = int_tensor::<B, 2>(positions, [batch, seq], &self.device);
+        self.forward_with_positions(input_ids, attention_mask, token_type_ids, positions)
+    }
+
+    /// Whether the checkpoint has a pooler (`pooler.dense`).
+    pub fn has_pooler(&self) -> bool {
+        self.pooler.is_some()
+    }
+
+    /// [`BertModel::forward`] with caller-chosen `position_ids` `[batch, seq]` (RoBERTa-style
+    /// encoders such as CLAP's text tower number positions from `padding_idx + 1`, see
+    /// [`roberta_position_ids`]). The caller guarantees every id is below
+    /// `max_position_embeddings`.
+    pub fn forward_with_positions(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        attention_mask: &[i64],
+        token_type_ids: Tensor<B, 2, Int>,
+        position_ids: Tensor<B, 2, Int>,
+    ) -> BertOutput<B> {
+        let [batch, seq] = input_ids.dims();
         let mut x = self
             .embeddings
-            .forward(input_ids, token_type_ids, positions);
+            .forward(input_ids, token_type_ids, position_ids);
         // No padding (one text, or texts of equal length): no mask to add.
         let bias = attention_mask.contains(&0).then(|| {
             let heads = self.config.num_attention_heads;
@@ -194,6 +214,25 @@ impl<B: Backend> BertModel<B> {
             pooler_output,
         }
     }
+}
+
+/// RoBERTa's `create_position_ids_from_input_ids`: row-major `ids` `[batch, seq]` → positions
+/// counting the non-padding tokens of each row from `padding_idx + 1`, padding tokens keeping
+/// `padding_idx` (fairseq's `make_positions`).
+pub fn roberta_position_ids(ids: &[i64], seq: usize, padding_idx: i64) -> Vec<i64> {
+    let mut out = Vec::with_capacity(ids.len());
+    for row in ids.chunks(seq.max(1)) {
+        let mut count = 0;
+        out.extend(row.iter().map(|&id| {
+            if id == padding_idx {
+                padding_idx
+            } else {
+                count += 1;
+                count + padding_idx
+            }
+        }));
+    }
+    out
 }
 
 /// A BERT checkpoint with whichever head its config names.

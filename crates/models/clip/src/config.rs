@@ -154,7 +154,9 @@ fn logit_scale() -> f64 {
     2.6592
 }
 
-fn check_tower(
+/// Validates one tower's sizes: every `(field, value)` positive, `hidden` divisible by `heads`,
+/// `eps` finite and non-negative; errors name `tower.field` (shared with X-CLIP).
+pub fn check_tower(
     origin: &Path,
     tower: &str,
     sizes: &[(&str, usize)],
@@ -193,10 +195,23 @@ impl ipfs_accelerate_core::JsonConfig for ClipConfig {
 
 impl ClipConfig {
     fn check(&self, origin: &Path) -> Result<()> {
-        let t = &self.text_config;
+        self.text_config.check(origin, "text_config")?;
+        self.vision_config.check(origin, "vision_config")?;
+        if self.projection_dim == 0 {
+            return Err(Error::config(origin, "`projection_dim` must be positive"));
+        }
+        Ok(())
+    }
+}
+
+impl ClipTextConfig {
+    /// Validates the sizes (positive, width divisible by heads), epsilon and `eos_token_id`;
+    /// errors name the field under `tower` (`text_config`). Shared with X-CLIP.
+    pub fn check(&self, origin: &Path, tower: &str) -> Result<()> {
+        let t = self;
         check_tower(
             origin,
-            "text_config",
+            tower,
             &[
                 ("vocab_size", t.vocab_size),
                 ("hidden_size", t.hidden_size),
@@ -209,12 +224,23 @@ impl ClipConfig {
             t.layer_norm_eps,
         )?;
         if t.eos_token_id.first().is_none() {
-            return Err(Error::config(origin, "`text_config.eos_token_id` is empty"));
+            return Err(Error::config(
+                origin,
+                format!("`{tower}.eos_token_id` is empty"),
+            ));
         }
-        let v = &self.vision_config;
+        Ok(())
+    }
+}
+
+impl ClipVisionConfig {
+    /// Validates the sizes (positive, width divisible by heads, at least one patch) and epsilon;
+    /// errors name the field under `tower` (`vision_config`). Shared with X-CLIP.
+    pub fn check(&self, origin: &Path, tower: &str) -> Result<()> {
+        let v = self;
         check_tower(
             origin,
-            "vision_config",
+            tower,
             &[
                 ("hidden_size", v.hidden_size),
                 ("intermediate_size", v.intermediate_size),
@@ -229,11 +255,7 @@ impl ClipConfig {
             v.hidden_size,
             v.num_attention_heads,
             v.layer_norm_eps,
-        )?;
-        if self.projection_dim == 0 {
-            return Err(Error::config(origin, "`projection_dim` must be positive"));
-        }
-        Ok(())
+        )
     }
 }
 

@@ -15,9 +15,9 @@ mod config;
 mod model;
 mod runner;
 
-pub use config::{ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
+pub use config::{check_tower, ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
 pub use model::{
-    l2_normalize, ClipModel, ClipOutput, ClipTextInputs, ClipTextTransformer, ClipVisionOutput,
-    ClipVisionTransformer,
+    l2_normalize, load_encoder, load_logit_scale, load_vision_embeddings, ClipModel, ClipOutput,
+    ClipTextInputs, ClipTextTransformer, ClipVisionOutput, ClipVisionTransformer,
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};

@@ -14,7 +14,9 @@ use ipfs_accelerate_nn::{
 
 use crate::{ClipConfig, ClipTextConfig, ClipVisionConfig};
 
-fn encoder<B: Backend>(
+/// Loads a `CLIPEncoder` (`layers` pre-LN layers with CLIP's weight names, every projection
+/// biased) stored under `<vb>.encoder.layers` (shared with X-CLIP's text tower and MIT).
+pub fn load_encoder<B: Backend>(
     vb: &VarBuilder<B>,
     layers: usize,
     hidden: usize,
@@ -104,7 +106,7 @@ impl<B: Backend> ClipTextTransformer<B> {
                 c.max_position_embeddings,
                 h,
             )?,
-            encoder: encoder(
+            encoder: load_encoder(
                 vb,
                 c.num_hidden_layers,
                 h,
@@ -169,6 +171,29 @@ impl<B: Backend> ClipTextTransformer<B> {
     }
 }
 
+/// Loads `CLIPVisionEmbeddings` under `vb` (HF's `vision_model.embeddings`): the class
+/// embedding, the bias-free patch embedding and the learned positions (shared with X-CLIP).
+pub fn load_vision_embeddings<B: Backend>(
+    vb: &VarBuilder<B>,
+    c: &ClipVisionConfig,
+) -> Result<ClassPatchEmbedding<B>> {
+    let h = c.hidden_size;
+    let n = c.grid() * c.grid() + 1;
+    let patches = PatchEmbedding::load(
+        &vb.pp("patch_embedding"),
+        c.num_channels,
+        h,
+        c.patch_size,
+        false,
+    )?;
+    Ok(ClassPatchEmbedding::new(
+        vb.tensor("class_embedding", [h])?,
+        patches,
+        vb.tensor("position_embedding.weight", [n, h])?,
+        (c.image_size, c.image_size),
+    ))
+}
+
 /// Outputs of the vision tower.
 #[derive(Debug, Clone)]
 pub struct ClipVisionOutput<B: Backend> {
@@ -192,24 +217,10 @@ impl<B: Backend> ClipVisionTransformer<B> {
     /// Loads the tower under `vb` (HF's `vision_model`).
     pub fn load(vb: &VarBuilder<B>, c: &ClipVisionConfig) -> Result<Self> {
         let h = c.hidden_size;
-        let n = c.grid() * c.grid() + 1;
-        let emb = vb.pp("embeddings");
-        let patches = PatchEmbedding::load(
-            &emb.pp("patch_embedding"),
-            c.num_channels,
-            h,
-            c.patch_size,
-            false,
-        )?;
         Ok(ClipVisionTransformer {
-            embeddings: ClassPatchEmbedding::new(
-                emb.tensor("class_embedding", [h])?,
-                patches,
-                emb.tensor("position_embedding.weight", [n, h])?,
-                (c.image_size, c.image_size),
-            ),
+            embeddings: load_vision_embeddings(&vb.pp("embeddings"), c)?,
             pre_norm: LayerNorm::load(&vb.pp("pre_layrnorm"), h, c.layer_norm_eps)?,
-            encoder: encoder(
+            encoder: load_encoder(
                 vb,
                 c.num_hidden_layers,
                 h,
@@ -291,6 +302,20 @@ pub struct ClipModel<B: Backend> {
     config: ClipConfig,
 }
 
+/// Reads the checkpoint's scalar `logit_scale` (a one-element tensor with a finite value; shared
+/// with X-CLIP).
+pub fn load_logit_scale(source: &dyn TensorSource) -> Result<f32> {
+    let scale = source.tensor("logit_scale")?;
+    match scale.to_f32_vec().as_slice() {
+        [v] if v.is_finite() => Ok(*v),
+        _ => Err(Error::ShapeMismatch {
+            name: "logit_scale".into(),
+            expected: vec![],
+            actual: scale.shape().to_vec(),
+        }),
+    }
+}
+
 /// `x / ‖x‖₂` per row (HF's `_get_vector_norm`, no epsilon).
 pub fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
     let norm = x.clone().powi_scalar(2).sum_dim(1).sqrt();
@@ -304,17 +329,7 @@ impl<B: Backend> ClipModel<B> {
         config: &ClipConfig,
         device: &B::Device,
     ) -> Result<Self> {
-        let scale = source.tensor("logit_scale")?;
-        let logit_scale = match scale.to_f32_vec().as_slice() {
-            [v] if v.is_finite() => *v,
-            _ => {
-                return Err(Error::ShapeMismatch {
-                    name: "logit_scale".into(),
-                    expected: vec![],
-                    actual: scale.shape().to_vec(),
-                })
-            }
-        };
+        let logit_scale = load_logit_scale(source.as_ref())?;
         let vb = VarBuilder::<B>::new(source, device);
         let p = config.projection_dim;
         Ok(ClipModel {

@@ -5,7 +5,7 @@
 use ipfs_accelerate_core::{Error, HostTensor, Result, TensorMap};
 
 /// One detected object.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Detection {
     /// Class index (into the config's `id2label`).
     pub label_id: usize,

@@ -22,11 +22,7 @@ impl Family for DetrFamily {
         device: &B::Device,
         kind: BackendKind,
     ) -> Result<Box<dyn ModelRunner>> {
-        let config = DetrConfig::from_file(&dir.join("config.json"))?;
-        let weights = ipfs_accelerate_io::open_weights(dir)?;
-        Ok(Box::new(DetrRunner::<B>::load(
-            weights, &config, device, kind,
-        )?))
+        Ok(Box::new(DetrRunner::<B>::load_dir(dir, device, kind)?))
     }
 }
 
@@ -48,6 +44,13 @@ pub struct HostDetections {
 }
 
 impl<B: Backend> DetrRunner<B> {
+    /// Loads a checkpoint folder (`config.json` + safetensors).
+    pub fn load_dir(dir: &std::path::Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let config = DetrConfig::from_file(&dir.join("config.json"))?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        Self::load(weights, &config, device, kind)
+    }
+
     /// Loads the checkpoint onto `device`.
     pub fn load(
         source: Arc<dyn TensorSource>,

@@ -1,7 +1,7 @@
 //! Incremental decoding: [`LlamaDecoder`] implements the shared [`TokenDecoder`] over a KV cache
 //! (or, for reference checks, by recomputing the whole sequence every step).
 
-use burn::tensor::backend::Backend;
+use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{Error, Result};
 use ipfs_accelerate_nn::{convert::float_to_vec, generate::TokenDecoder, KvCache};
 
@@ -31,6 +31,11 @@ pub struct LlamaDecoder<'m, B: Backend> {
     positions: Vec<Vec<i64>>,
     /// Columns already run through the model.
     done: usize,
+    /// Columns of the (padded) prompt.
+    prompt_len: usize,
+    /// Input embeddings of the prompt `[batch, prompt_len, hidden]` replacing its token
+    /// embeddings (LLaVA's spliced image features); generated tokens are embedded as usual.
+    prompt_embeds: Option<Tensor<B, 3>>,
 }
 
 impl<'m, B: Backend> LlamaDecoder<'m, B> {
@@ -72,7 +77,51 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
             mask,
             positions,
             done: 0,
+            prompt_len: len,
+            prompt_embeds: None,
         })
+    }
+
+    /// The left-padded prompt ids, row-major `[batch, prompt_len]`, and its attention mask (0 on
+    /// padding), as the decoder runs them.
+    pub fn prompt_ids(&self) -> (Vec<i64>, Vec<i64>) {
+        let p = self.prompt_len;
+        let ids = self
+            .ids
+            .iter()
+            .flat_map(|r| r[..p].iter().copied())
+            .collect();
+        let mask = self
+            .mask
+            .iter()
+            .flat_map(|r| r[..p].iter().copied())
+            .collect();
+        (ids, mask)
+    }
+
+    /// Replaces the prompt's token embeddings by `embeds` `[batch, prompt_len, hidden]` (laid out
+    /// as [`prompt_ids`](Self::prompt_ids)), HF's `inputs_embeds`; only before
+    /// [`prefill`](TokenDecoder::prefill). Generated tokens are embedded by the model's table; in
+    /// [`DecodeMode::Recompute`] every step runs these embeddings again.
+    pub fn set_prompt_embeds(&mut self, embeds: Tensor<B, 3>) -> Result<()> {
+        if self.done != 0 {
+            return Err(Error::InvalidInput(
+                "prompt embeddings set after prefill".into(),
+            ));
+        }
+        let want = [
+            self.ids.len(),
+            self.prompt_len,
+            self.model.config().hidden_size,
+        ];
+        if embeds.dims() != want {
+            return Err(Error::InvalidInput(format!(
+                "prompt embeddings of shape {:?}, expected {want:?}",
+                embeds.dims()
+            )));
+        }
+        self.prompt_embeds = Some(embeds);
+        Ok(())
     }
 
     /// Columns (padded length) of the sequence so far.
@@ -116,7 +165,26 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
             DecodeMode::Cached => Some(&mut self.cache),
             DecodeMode::Recompute => None,
         };
-        let logits = self.model.forward_last(&input, cache)?;
+        let logits = match &self.prompt_embeds {
+            None => self.model.forward_last(&input, cache)?,
+            Some(prompt) => {
+                let (batch, plen) = (input.batch, self.prompt_len);
+                let mut parts = Vec::with_capacity(2);
+                if start < plen {
+                    parts.push(prompt.clone().narrow(1, start, plen - start));
+                }
+                let from = start.max(plen);
+                if from < len {
+                    let new = flat(&self.ids, from);
+                    parts.push(self.model.embed_tokens(&new, batch, len - from)?);
+                }
+                let embeds = Tensor::cat(parts, 1);
+                let hidden = self
+                    .model
+                    .forward_hidden_embeds(embeds, &positions, &mask, cache)?;
+                self.model.last_logits(hidden)
+            }
+        };
         self.done = len;
         float_to_vec(logits)
     }

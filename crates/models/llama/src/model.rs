@@ -186,12 +186,27 @@ impl<B: Backend> LlamaModel<B> {
 
     fn check(&self, input: &DecoderInput<'_>, cached: usize) -> Result<()> {
         let DecoderInput {
-            batch,
-            seq,
-            ids,
-            positions,
-            mask,
+            batch, seq, ids, ..
         } = *input;
+        if ids.len() != batch * seq {
+            return Err(Error::InvalidInput(format!(
+                "input_ids has {} values, expected {} (batch {batch}, {seq} new positions)",
+                ids.len(),
+                batch * seq
+            )));
+        }
+        self.check_positions(batch, seq, input.positions, input.mask, cached)?;
+        self.embed.check_ids("input_ids", ids)
+    }
+
+    fn check_positions(
+        &self,
+        batch: usize,
+        seq: usize,
+        positions: &[i64],
+        mask: &[i64],
+        cached: usize,
+    ) -> Result<()> {
         if batch == 0 || seq == 0 {
             return Err(Error::InvalidInput(format!(
                 "empty input: batch {batch}, sequence {seq}"
@@ -199,7 +214,6 @@ impl<B: Backend> LlamaModel<B> {
         }
         let keys = cached + seq;
         for (name, len, want) in [
-            ("input_ids", ids.len(), batch * seq),
             ("position_ids", positions.len(), batch * seq),
             ("attention_mask", mask.len(), batch * keys),
         ] {
@@ -210,7 +224,6 @@ impl<B: Backend> LlamaModel<B> {
                 )));
             }
         }
-        self.embed.check_ids("input_ids", ids)?;
         let limit = self.config.max_position_embeddings() as i64;
         let dynamic = matches!(self.rope.config().scaling, RopeScaling::Dynamic { .. });
         if let Some(p) = positions
@@ -224,32 +237,63 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
+    /// The token embeddings `[batch, seq, hidden]` of `ids` (row-major `[batch, seq]`, checked
+    /// against the vocabulary): the decoder's input for models that splice other embeddings in
+    /// (LLaVA's image features) before [`forward_hidden_embeds`](Self::forward_hidden_embeds).
+    pub fn embed_tokens(&self, ids: &[i64], batch: usize, seq: usize) -> Result<Tensor<B, 3>> {
+        if ids.len() != batch * seq || ids.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "{} token ids do not form a non-empty [{batch}, {seq}] batch",
+                ids.len()
+            )));
+        }
+        self.embed.check_ids("input_ids", ids)?;
+        Ok(self
+            .embed
+            .forward(int_tensor::<B, 2>(ids.to_vec(), [batch, seq], &self.device)))
+    }
+
     /// Runs the decoder over `input` and returns the final hidden states `[batch, seq, hidden]`.
     /// With a `cache`, the keys and values of the new positions are appended to it and the
     /// attention covers the cached positions too (`input.mask` spans both).
     pub fn forward_hidden(
         &self,
         input: &DecoderInput<'_>,
-        mut cache: Option<&mut KvCache<B>>,
+        cache: Option<&mut KvCache<B>>,
     ) -> Result<Tensor<B, 3>> {
         let cached = cache.as_ref().map_or(0, |c| c.seq_len());
+        self.check(input, cached)?;
+        let embeds = self.embed_tokens(input.ids, input.batch, input.seq)?;
+        self.forward_hidden_embeds(embeds, input.positions, input.mask, cache)
+    }
+
+    /// [`forward_hidden`](Self::forward_hidden) from input embeddings `[batch, seq, hidden]`
+    /// instead of token ids (HF's `inputs_embeds`); `positions` `[batch, seq]` and `mask`
+    /// `[batch, cached + seq]` as in [`DecoderInput`].
+    pub fn forward_hidden_embeds(
+        &self,
+        embeds: Tensor<B, 3>,
+        positions: &[i64],
+        mask: &[i64],
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B, 3>> {
+        let [batch, seq, width] = embeds.dims();
+        if width != self.config.hidden_size {
+            return Err(Error::InvalidInput(format!(
+                "input embeddings of width {width}, the model's hidden size is {}",
+                self.config.hidden_size
+            )));
+        }
+        let cached = cache.as_ref().map_or(0, |c| c.seq_len());
         if let Some((k, _)) = cache.as_ref().and_then(|c| c.get(0)) {
-            if k.dims()[0] != input.batch {
+            if k.dims()[0] != batch {
                 return Err(Error::InvalidInput(format!(
-                    "the KV cache holds {} rows, the input {}",
-                    k.dims()[0],
-                    input.batch
+                    "the KV cache holds {} rows, the input {batch}",
+                    k.dims()[0]
                 )));
             }
         }
-        self.check(input, cached)?;
-        let DecoderInput {
-            batch,
-            seq,
-            ids,
-            positions,
-            mask,
-        } = *input;
+        self.check_positions(batch, seq, positions, mask, cached)?;
         let keys = cached + seq;
         let heads = self.config.num_attention_heads;
         let dev = &self.device;
@@ -264,9 +308,7 @@ impl<B: Backend> LlamaModel<B> {
         };
         let full = masking(None);
         let mut windowed: Option<Masking<B>> = None;
-        let mut x = self
-            .embed
-            .forward(int_tensor::<B, 2>(ids.to_vec(), [batch, seq], dev));
+        let mut x = embeds;
         for (i, layer) in self.layers.iter().enumerate() {
             let m = match layer.window {
                 None => &full,
@@ -295,6 +337,20 @@ impl<B: Backend> LlamaModel<B> {
         Ok(self.norm.forward(x))
     }
 
+    /// The language-model head over hidden states `[batch, seq, hidden]` → logits `[batch, seq,
+    /// vocab]`.
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.lm_head.forward(hidden)
+    }
+
+    /// Logits `[batch, vocab]` of the last position of `hidden` `[batch, seq, hidden]` (the head
+    /// runs on one position per row).
+    pub fn last_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 2> {
+        let [batch, seq, width] = hidden.dims();
+        let last = hidden.narrow(1, seq - 1, 1).reshape([batch, width]);
+        self.lm_head.forward(last)
+    }
+
     /// Logits `[batch, seq, vocab]` of every position.
     pub fn forward(
         &self,
@@ -311,9 +367,6 @@ impl<B: Backend> LlamaModel<B> {
         input: &DecoderInput<'_>,
         cache: Option<&mut KvCache<B>>,
     ) -> Result<Tensor<B, 2>> {
-        let hidden = self.forward_hidden(input, cache)?;
-        let [batch, seq, width] = hidden.dims();
-        let last = hidden.narrow(1, seq - 1, 1).reshape([batch, width]);
-        Ok(self.lm_head.forward(last))
+        Ok(self.last_logits(self.forward_hidden(input, cache)?))
     }
 }

@@ -269,3 +269,38 @@ fn invalid_configs_are_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn prompt_embeddings_decode_as_their_tokens() {
+    let m = model(LLAMA, 7);
+    let prompts = vec![vec![5, 8, 13, 21], vec![7, 1]];
+    for mode in [DecodeMode::Cached, DecodeMode::Recompute] {
+        let mut plain = LlamaDecoder::new(&m, &prompts, mode).unwrap();
+        let mut embedded = LlamaDecoder::new(&m, &prompts, mode).unwrap();
+        let (ids, mask) = embedded.prompt_ids();
+        assert_eq!(mask, vec![1, 1, 1, 1, 0, 0, 1, 1]);
+        let embeds = m.embed_tokens(&ids, 2, 4).unwrap();
+        assert!(embedded
+            .set_prompt_embeds(embeds.clone().narrow(1, 0, 3))
+            .is_err());
+        embedded.set_prompt_embeds(embeds.clone()).unwrap();
+        let mut a = plain.prefill().unwrap();
+        let mut b = embedded.prefill().unwrap();
+        for step in 0..5 {
+            let diff = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+            assert!(diff < 1e-5, "{mode:?} step {step}: {diff}");
+            let next: Vec<u32> = a.chunks(m.vocab()).map(argmax).collect();
+            a = plain.step(&next).unwrap();
+            b = embedded.step(&next).unwrap();
+        }
+        assert!(
+            embedded.set_prompt_embeds(embeds).is_err(),
+            "embeddings after prefill"
+        );
+    }
+    assert!(m.embed_tokens(&[1, 2, 3], 2, 2).is_err());
+    assert!(m.embed_tokens(&[61], 1, 1).is_err());
+}

@@ -1,0 +1,300 @@
+//! CPU benchmarks of the generating, audio and vision families at real sizes with random weights
+//! (no download; `RandomInit` makes every tensor the model asks for):
+//!
+//! - `whisper_logmel`: Whisper's log-mel front end on 30 s of audio.
+//! - `image_preprocess`: ViT (bilinear 224²) and CLIP (bicubic shortest edge + crop) processors
+//!   on one 640×480 image.
+//! - `vit_base_224`: ViT-base/16 encoder (HF `ViTModel`, as `peer_bench_torch.py --model vit-base`)
+//!   at batch 1 and 8.
+//! - `whisper_tiny_encoder`: the encoder on 30 s (as `peer_bench_torch.py --model whisper-tiny`).
+//! - `decode`: greedy tokens/s with the KV cache for whisper-base and t5-base (and the fixture-sized
+//!   configs from `../shared/fixtures` when present): the encoder output is computed once outside
+//!   the timing, each iteration generates 16 tokens without stopping at EOS.
+//! - `llama_135m`: SmolLM2-135M shape, prompt of 128 tokens: prefill (time to the first token) and
+//!   64 decode steps (tokens/s after the first), as `peer_bench_torch.py --model llama-135m
+//!   --seq 128 --decode 64`.
+//!
+//! `cargo bench -p ipfs-accelerate-benches --bench families_cpu [-- FILTER]`
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::tensor::Tensor;
+use burn_flex::Flex;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ipfs_accelerate_core::{BackendKind, HostTensor, JsonConfig, TensorSource};
+use ipfs_accelerate_io::RandomInit;
+use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner};
+use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
+use ipfs_accelerate_preprocess::audio::{WhisperFeatureConfig, WhisperFeatureExtractor};
+use ipfs_accelerate_preprocess::image::{
+    ImageProcessor, ImageProcessorConfig, ProcessorKind, RgbImage,
+};
+use ipfs_accelerate_t5::{preset, T5Config, T5Inputs, T5};
+use ipfs_accelerate_vit::{VitConfig, VitRunner};
+use ipfs_accelerate_whisper::{Suppression, Whisper, WhisperConfig};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const WHISPER_BASE: &str = r#"{"model_type":"whisper","vocab_size":51865,"num_mel_bins":80,"d_model":512,
+  "encoder_layers":6,"decoder_layers":6,"encoder_attention_heads":8,"decoder_attention_heads":8,
+  "encoder_ffn_dim":2048,"decoder_ffn_dim":2048,"max_source_positions":1500,"max_target_positions":448,
+  "decoder_start_token_id":50258,"pad_token_id":50257,"bos_token_id":50257,"eos_token_id":50257}"#;
+const WHISPER_TINY: &str = r#"{"model_type":"whisper","vocab_size":51865,"num_mel_bins":80,"d_model":384,
+  "encoder_layers":4,"decoder_layers":4,"encoder_attention_heads":6,"decoder_attention_heads":6,
+  "encoder_ffn_dim":1536,"decoder_ffn_dim":1536,"max_source_positions":1500,"max_target_positions":448,
+  "decoder_start_token_id":50258,"pad_token_id":50257,"bos_token_id":50257,"eos_token_id":50257}"#;
+const VIT_BASE: &str = r#"{"model_type":"vit","hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,
+  "intermediate_size":3072,"hidden_act":"gelu","image_size":224,"patch_size":16,"num_channels":3,
+  "qkv_bias":true,"layer_norm_eps":1e-12}"#;
+const SMOLLM2_135M: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
+  "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"tie_word_embeddings":true,
+  "max_position_embeddings":8192,"rope_theta":100000.0,"rms_norm_eps":1e-5,"hidden_act":"silu"}"#;
+
+fn random() -> Arc<dyn TensorSource> {
+    Arc::new(RandomInit::new(0, 0.02))
+}
+
+fn greedy(tokens: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: tokens,
+        sampling: Sampling::Greedy,
+        stop_tokens: Vec::new(),
+        ..Default::default()
+    }
+}
+
+/// The fixture folder `family/variant` of the shared fixtures, when present.
+fn fixture(family: &str, variant: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("IPFS_ACCELERATE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    let dir = root.join("fixtures").join(family).join(variant);
+    dir.join("config.json").is_file().then_some(dir)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A 640×480 RGB gradient with some texture.
+fn test_image() -> RgbImage {
+    let (w, h) = (640, 480);
+    let data = (0..h)
+        .flat_map(|y| {
+            (0..w).flat_map(move |x| {
+                [
+                    (x * 255 / w) as u8,
+                    (y * 255 / h) as u8,
+                    ((x * y) % 251) as u8,
+                ]
+            })
+        })
+        .collect();
+    RgbImage::new(w, h, data).expect("valid image")
+}
+
+fn whisper_logmel(c: &mut Criterion) {
+    let mut g = c.benchmark_group("whisper_logmel");
+    g.sample_size(10);
+    let fx =
+        WhisperFeatureExtractor::new(WhisperFeatureConfig::for_model(80, 3000).unwrap()).unwrap();
+    let samples: Vec<f32> = (0..480_000)
+        .map(|i| (i as f32 * 0.031).sin() * 0.3 + (i as f32 * 0.0071).cos() * 0.2)
+        .collect();
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("30s_80bins", |b| {
+        b.iter(|| fx.extract(&samples, 16_000).unwrap())
+    });
+    g.finish();
+}
+
+fn image_preprocess(c: &mut Criterion) {
+    let mut g = c.benchmark_group("image_preprocess");
+    let img = test_image();
+    for (name, kind) in [
+        ("vit_224", ProcessorKind::Vit),
+        ("clip_224", ProcessorKind::Clip),
+    ] {
+        let p = ImageProcessor::new(ImageProcessorConfig::defaults(kind));
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(name, |b| {
+            b.iter(|| p.preprocess(std::slice::from_ref(&img)).unwrap())
+        });
+    }
+    g.finish();
+}
+
+fn vit_base(c: &mut Criterion) {
+    let mut g = c.benchmark_group("vit_base_224");
+    g.sample_size(10);
+    let config = VitConfig::from_json(VIT_BASE, Path::new("vit-base")).unwrap();
+    let device = Default::default();
+    let vit = VitRunner::<Flex>::load(random(), &config, &device, BackendKind::Cpu).unwrap();
+    for batch in [1usize, 8] {
+        let n = batch * 3 * 224 * 224;
+        let values: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 / 48.0) - 1.0).collect();
+        let pixels = HostTensor::from_f32(vec![batch, 3, 224, 224], &values).unwrap();
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_with_input(BenchmarkId::new("images", batch), &pixels, |b, p| {
+            b.iter(|| {
+                let out = vit.encode(p).unwrap();
+                let _ = out.last_hidden_state.into_data();
+            })
+        });
+    }
+    g.finish();
+}
+
+fn whisper_mel(batch: usize, bins: usize, frames: usize) -> Tensor<Flex, 3> {
+    let values: Vec<f32> = (0..batch * bins * frames)
+        .map(|i| ((i % 113) as f32 / 113.0) - 0.5)
+        .collect();
+    Tensor::from_data(
+        burn::tensor::TensorData::new(values, [batch, bins, frames]),
+        &Default::default(),
+    )
+}
+
+fn whisper_tiny_encoder(c: &mut Criterion) {
+    let mut g = c.benchmark_group("whisper_tiny_encoder");
+    g.sample_size(10);
+    let config = WhisperConfig::from_json(WHISPER_TINY, Path::new("whisper-tiny")).unwrap();
+    let model = Whisper::<Flex>::load(random(), &config, &Default::default()).unwrap();
+    let mel = whisper_mel(1, 80, 3000);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("30s", |b| {
+        b.iter(|| {
+            let _ = model.encode(mel.clone()).unwrap().into_data();
+        })
+    });
+    g.finish();
+}
+
+const DECODE_TOKENS: usize = 16;
+
+fn decode(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decode");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(DECODE_TOKENS as u64));
+    let device = Default::default();
+
+    let mut whispers = vec![("whisper-base".to_string(), WHISPER_BASE.to_string())];
+    if let Some(dir) = fixture("whisper", "base") {
+        whispers.push(("whisper-fixture".into(), read(&dir.join("config.json"))));
+    }
+    for (name, json) in whispers {
+        let config = WhisperConfig::from_json(&json, Path::new(&name)).unwrap();
+        let model = Whisper::<Flex>::load(random(), &config, &device).unwrap();
+        let encoder = model
+            .encode(whisper_mel(1, config.num_mel_bins, config.input_frames()))
+            .unwrap();
+        let start = config.decoder_start_token_id;
+        let prompt = vec![vec![start]];
+        let gen = greedy(DECODE_TOKENS.min(config.max_target_positions));
+        g.bench_function(BenchmarkId::new("whisper", &name), |b| {
+            b.iter(|| {
+                model
+                    .generate_from_encoder(
+                        encoder.clone(),
+                        &prompt,
+                        &gen,
+                        Suppression::default(),
+                        true,
+                        |_, _| ControlFlow::Continue(()),
+                    )
+                    .unwrap()
+            })
+        });
+    }
+
+    let mut t5s: Vec<(String, T5Config)> = vec![("t5-base".into(), preset("t5-base").unwrap())];
+    if let Some(dir) = fixture("t5", "t5") {
+        let path = dir.join("config.json");
+        t5s.push((
+            "t5-fixture".into(),
+            T5Config::from_json(&read(&path), &path).unwrap(),
+        ));
+    }
+    for (name, config) in t5s {
+        let model = T5::<Flex>::load(random(), &config, &device).unwrap();
+        let seq = 32;
+        let inputs = T5Inputs {
+            batch: 1,
+            seq,
+            input_ids: (0..seq as i64)
+                .map(|i| (i * 37 + 5) % config.vocab_size as i64)
+                .collect(),
+            attention_mask: vec![1; seq],
+        };
+        let encoder = model.encode(&inputs).unwrap();
+        let gen = greedy(DECODE_TOKENS);
+        g.bench_function(BenchmarkId::new("t5", &name), |b| {
+            b.iter(|| {
+                model
+                    .generate_from_encoder(
+                        encoder.clone(),
+                        &inputs.attention_mask,
+                        &gen,
+                        true,
+                        |_, _| ControlFlow::Continue(()),
+                    )
+                    .unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn llama_135m(c: &mut Criterion) {
+    let mut g = c.benchmark_group("llama_135m");
+    g.sample_size(10);
+    let config =
+        LlamaConfig::from_json(SMOLLM2_135M, Path::new("smollm2-135m"), Architecture::Llama)
+            .unwrap();
+    let runner =
+        LlamaRunner::<Flex>::load(random(), &config, &Default::default(), BackendKind::Cpu)
+            .unwrap();
+    let prompt: Vec<u32> = (0..128u32).map(|i| (i * 379 + 11) % 49_152).collect();
+    g.throughput(Throughput::Elements(128));
+    g.bench_function("prefill_128", |b| {
+        b.iter(|| {
+            runner
+                .generate(&prompt, &greedy(1), |_| ControlFlow::Continue(()))
+                .unwrap()
+        })
+    });
+    let decode = 64;
+    g.throughput(Throughput::Elements(decode as u64 - 1));
+    g.bench_function("decode_64", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let mut first: Option<Instant> = None;
+                runner
+                    .generate(&prompt, &greedy(decode), |_| {
+                        first.get_or_insert_with(Instant::now);
+                        ControlFlow::Continue(())
+                    })
+                    .unwrap();
+                total += first.map(|t| t.elapsed()).unwrap_or_default();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    whisper_logmel,
+    image_preprocess,
+    vit_base,
+    whisper_tiny_encoder,
+    decode,
+    llama_135m
+);
+criterion_main!(benches);

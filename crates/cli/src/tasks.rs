@@ -1,0 +1,167 @@
+//! The image, speech and text-to-text sub-commands: each loads its task's model, runs it, prints
+//! the result, and the metrics with `--metrics`.
+
+use anyhow::Context;
+use ipfs_accelerate::core::Selection;
+use ipfs_accelerate::{LoadOptions, Metrics};
+
+use crate::{backend_list, print_metrics, Cli, Command};
+
+fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
+    Ok(LoadOptions {
+        backends: backend_list(cli)?,
+        offline: cli.offline,
+    })
+}
+
+fn report_skipped(selection: &Selection) {
+    for s in &selection.skipped {
+        eprintln!("note: skipped backend {}: {}", s.kind, s.reason);
+    }
+}
+
+/// Runs one of the task sub-commands.
+pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.model == "embedded" {
+        anyhow::bail!(
+            "this command needs a model of its family: pass --model with a checkpoint folder or a hub id \
+             (the embedded default is a sentence-embedding model)"
+        );
+    }
+    let opts = options(&cli)?;
+    let model = cli.model.clone();
+    let loading = || format!("loading {model}");
+    let metrics: Metrics = match cli.command {
+        Command::Transcribe {
+            file,
+            language,
+            max_new_tokens,
+            json,
+        } => {
+            let mut asr =
+                ipfs_accelerate::speech::Transcriber::load(&model, &opts).with_context(loading)?;
+            report_skipped(asr.selection());
+            asr.language = language;
+            asr.max_new_tokens = max_new_tokens;
+            let out = asr
+                .transcribe_file(&file)
+                .with_context(|| format!("transcribing {}", file.display()))?;
+            if out.value.truncated {
+                eprintln!("note: the audio is longer than the model's window and was cut");
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&out.value)?);
+            } else {
+                println!("{}", out.value.text);
+            }
+            out.metrics
+        }
+        Command::T2t {
+            texts,
+            max_new_tokens,
+        } => {
+            let t5 =
+                ipfs_accelerate::text2text::Text2Text::load(&model, &opts).with_context(loading)?;
+            report_skipped(t5.selection());
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let out = t5.generate(&refs, max_new_tokens)?;
+            for line in &out.value {
+                println!("{line}");
+            }
+            out.metrics
+        }
+        Command::ClassifyImage { files, top_k } => {
+            let vit = ipfs_accelerate::vision::ImageClassifier::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(vit.selection());
+            let out = vit.classify_files(&files, top_k)?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            out.metrics
+        }
+        Command::ZeroShot {
+            files,
+            labels,
+            template,
+        } => {
+            let clip = ipfs_accelerate::vision::ZeroShotClassifier::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(clip.selection());
+            let images = ipfs_accelerate::vision::load_images(&files)?;
+            let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let out = clip.classify(&images, &refs, &template)?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            out.metrics
+        }
+        Command::Detect {
+            files,
+            threshold,
+            draw,
+        } => {
+            if draw.is_some() && files.len() != 1 {
+                anyhow::bail!("--draw writes one image: pass exactly one file");
+            }
+            let detr = ipfs_accelerate::vision::ObjectDetector::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(detr.selection());
+            let images = ipfs_accelerate::vision::load_images(&files)?;
+            let out = detr.detect(&images, threshold)?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            if let Some(path) = draw {
+                crate::draw::boxes(&images[0], &out.value[0], &path)?;
+                eprintln!("wrote {}", path.display());
+            }
+            out.metrics
+        }
+        Command::DescribeImage {
+            files,
+            prompt,
+            max_new_tokens,
+        } => {
+            use std::io::Write;
+            let llava = ipfs_accelerate::multimodal::ImageDescriber::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(llava.selection());
+            let stdout = std::io::stdout();
+            let out = llava.describe(&files, &prompt, max_new_tokens, |piece| {
+                let mut lock = stdout.lock();
+                let _ = lock.write_all(piece.as_bytes());
+                let _ = lock.flush();
+            })?;
+            println!();
+            out.metrics
+        }
+        Command::ClassifyVideo {
+            frames,
+            labels,
+            template,
+        } => {
+            let xclip = ipfs_accelerate::multimodal::VideoClassifier::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(xclip.selection());
+            let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let out = xclip.classify(&frames, &refs, &template)?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            out.metrics
+        }
+        Command::ClassifyAudio {
+            file,
+            labels,
+            template,
+        } => {
+            let clap = ipfs_accelerate::multimodal::AudioClassifier::load(&model, &opts)
+                .with_context(loading)?;
+            report_skipped(clap.selection());
+            let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let out = clap
+                .classify(&file, &refs, &template)
+                .with_context(|| format!("classifying {}", file.display()))?;
+            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            out.metrics
+        }
+        _ => unreachable!("dispatched to the task commands only"),
+    };
+    if cli.metrics {
+        print_metrics(&metrics, &model);
+    }
+    Ok(())
+}

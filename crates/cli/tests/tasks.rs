@@ -1,0 +1,472 @@
+//! The task sub-commands (`transcribe`, `t2t`, `classify-image`, `zero-shot`, `detect`) run as a
+//! user would, on the HF fixture checkpoints (copied into a temporary folder and given a small
+//! word-level tokenizer where the command needs one), against the library's own results.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ipfs_accelerate::LoadOptions;
+use ipfs_accelerate_conformance::shared_dir;
+use serde_json::{json, Value};
+
+fn cli() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ipfs-accelerate"));
+    c.env_remove("IPFS_ACCELERATE_BACKENDS")
+        .env_remove("IPFS_ACCELERATE_MODEL")
+        .env("HF_HUB_OFFLINE", "1");
+    c
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    cli().args(args).output().unwrap()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A copy of fixture `family/variant` in a temporary folder.
+fn fixture_copy(shared: &Path, family: &str, variant: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(shared.join("fixtures").join(family).join(variant)).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name != "reference.safetensors" && !name.to_string_lossy().ends_with(".onnx") {
+            std::fs::copy(entry.path(), tmp.path().join(name)).unwrap();
+        }
+    }
+    tmp
+}
+
+/// Writes a word-level `tokenizer.json` over `vocab` words `w<i>` (ids from `first_word`), with
+/// `specials` (content, id) and the post-processor template `before $A after`.
+fn write_tokenizer(
+    dir: &Path,
+    vocab: usize,
+    specials: &[(&str, u32)],
+    before: &[&str],
+    after: &[&str],
+) {
+    let mut words = serde_json::Map::new();
+    for (content, id) in specials {
+        words.insert(content.to_string(), json!(id));
+    }
+    for id in 0..vocab as u32 {
+        if !specials.iter().any(|s| s.1 == id) {
+            words.insert(format!("w{id}"), json!(id));
+        }
+    }
+    let piece = |t: &str| json!({ "SpecialToken": { "id": t, "type_id": 0 } });
+    let mut single: Vec<Value> = before.iter().map(|t| piece(t)).collect();
+    single.push(json!({ "Sequence": { "id": "A", "type_id": 0 } }));
+    single.extend(after.iter().map(|t| piece(t)));
+    let special_tokens: serde_json::Map<String, Value> = before
+        .iter()
+        .chain(after)
+        .map(|t| {
+            let id = specials.iter().find(|s| s.0 == *t).unwrap().1;
+            (
+                t.to_string(),
+                json!({ "id": t, "ids": [id], "tokens": [t] }),
+            )
+        })
+        .collect();
+    let added: Vec<Value> = specials
+        .iter()
+        .map(|(c, id)| {
+            json!({ "id": id, "content": c, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true })
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": { "type": "Whitespace" },
+        "post_processor": { "type": "TemplateProcessing", "single": single, "pair": single,
+            "special_tokens": special_tokens },
+        "decoder": null,
+        "model": { "type": "WordLevel", "vocab": words, "unk_token": specials[0].0 }
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+}
+
+/// A 1.5 s stereo 16-bit sine sweep at 22.05 kHz (the models want 16 kHz mono).
+fn sweep_wav(path: &Path) {
+    let spec = hound::WavSpec {
+        channels: 2,
+        sample_rate: 22_050,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    let n = 33_075;
+    for i in 0..n {
+        let t = i as f32 / 22_050.0;
+        let v = (2.0 * std::f32::consts::PI * (200.0 + 900.0 * t) * t).sin() * 0.5;
+        w.write_sample((v * 32_000.0) as i16).unwrap();
+        w.write_sample((v * 16_000.0) as i16).unwrap();
+    }
+    w.finalize().unwrap();
+}
+
+fn image_png(shared: &Path) -> PathBuf {
+    shared.join("fixtures/image_processors/image.png")
+}
+
+#[test]
+fn transcribe_whisper_and_wav2vec2_from_a_wav_file() {
+    let Some(shared) = shared_dir("transcribe_whisper_and_wav2vec2_from_a_wav_file") else {
+        return;
+    };
+    let wav_dir = tempfile::tempdir().unwrap();
+    let wav = wav_dir.path().join("sweep.wav");
+    sweep_wav(&wav);
+    for (family, variant) in [("whisper", "base"), ("wav2vec2", "ctc")] {
+        let model = fixture_copy(&shared, family, variant);
+        let m = model.path().to_str().unwrap();
+        let out = run_ok(&[
+            "transcribe",
+            "--model",
+            m,
+            "--json",
+            "--max-new-tokens",
+            "5",
+            wav.to_str().unwrap(),
+        ]);
+        let printed: Value = serde_json::from_str(&out).unwrap();
+        let asr = {
+            let mut t =
+                ipfs_accelerate::speech::Transcriber::load(m, &LoadOptions::default()).unwrap();
+            t.max_new_tokens = Some(5);
+            t
+        };
+        assert_eq!(asr.family(), family);
+        let direct = asr.transcribe_file(&wav).unwrap().value;
+        let tokens: Vec<i64> = serde_json::from_value(printed["tokens"].clone()).unwrap();
+        assert_eq!(tokens, direct.tokens, "{family}");
+        assert!(!tokens.is_empty(), "{family}");
+        assert!((printed["duration_s"].as_f64().unwrap() - 1.5).abs() < 1e-3);
+    }
+    // Not a WAV file: a clean error naming the problem.
+    let model = fixture_copy(&shared, "whisper", "base");
+    let junk = wav_dir.path().join("junk.wav");
+    std::fs::write(&junk, b"definitely not RIFF").unwrap();
+    let out = run(&[
+        "transcribe",
+        "--model",
+        model.path().to_str().unwrap(),
+        junk.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("junk.wav") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+#[test]
+fn t2t_generates_with_the_t5_tokenizer_and_needs_one() {
+    let Some(shared) = shared_dir("t2t_generates_with_the_t5_tokenizer_and_needs_one") else {
+        return;
+    };
+    let model = fixture_copy(&shared, "t5", "t5");
+    let m = model.path().to_str().unwrap();
+    let out = run(&["t2t", "--model", m, "w5 w7 w9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
+    write_tokenizer(
+        model.path(),
+        99,
+        &[("<pad>", 0), ("</s>", 1), ("<unk>", 2)],
+        &[],
+        &["</s>"],
+    );
+    let printed = run_ok(&[
+        "t2t",
+        "--model",
+        m,
+        "--max-new-tokens",
+        "6",
+        "w5 w7 w9",
+        "w11 w3",
+    ]);
+    let t5 = ipfs_accelerate::text2text::Text2Text::load(m, &LoadOptions::default()).unwrap();
+    let direct = t5.generate(&["w5 w7 w9", "w11 w3"], 6).unwrap().value;
+    assert_eq!(printed.lines().collect::<Vec<_>>(), direct);
+}
+
+#[test]
+fn classify_image_zero_shot_and_detect_on_an_image_file() {
+    let Some(shared) = shared_dir("classify_image_zero_shot_and_detect_on_an_image_file") else {
+        return;
+    };
+    let image = image_png(&shared);
+    let img = image.to_str().unwrap();
+
+    let vit = fixture_copy(&shared, "vit", "image_classification");
+    let out: Value = serde_json::from_str(&run_ok(&[
+        "classify-image",
+        "--model",
+        vit.path().to_str().unwrap(),
+        "--top-k",
+        "2",
+        img,
+        img,
+    ]))
+    .unwrap();
+    let rows = out.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0], rows[1]);
+    let scores: Vec<f64> = rows[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores.len(), 2);
+    assert!(scores[0] >= scores[1] && scores[0] <= 1.0);
+    let label = rows[0][0]["label"].as_str().unwrap();
+    assert!(label.starts_with("LABEL_"), "{label}");
+    let classifier = ipfs_accelerate::vision::ImageClassifier::load(
+        vit.path().to_str().unwrap(),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let direct = classifier.classify_files(&[&image], 2).unwrap().value;
+    assert_eq!(direct[0][0].label, label);
+    assert!((f64::from(direct[0][0].score) - scores[0]).abs() < 1e-6);
+
+    let clip = fixture_copy(&shared, "clip", "base");
+    write_tokenizer(
+        clip.path(),
+        99,
+        &[
+            ("<unk>", 0),
+            ("<pad>", 1),
+            ("<|startoftext|>", 97),
+            ("<|endoftext|>", 98),
+        ],
+        &["<|startoftext|>"],
+        &["<|endoftext|>"],
+    );
+    let c = clip.path().to_str().unwrap();
+    let out: Value = serde_json::from_str(&run_ok(&[
+        "zero-shot",
+        "--model",
+        c,
+        "--labels",
+        "w4,w9 w10,w20",
+        "--template",
+        "{}",
+        img,
+    ]))
+    .unwrap();
+    let labels = out[0].as_array().unwrap();
+    assert_eq!(labels.len(), 3);
+    let total: f64 = labels.iter().map(|l| l["score"].as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-4, "{out}");
+    let zs = ipfs_accelerate::vision::ZeroShotClassifier::load(c, &LoadOptions::default()).unwrap();
+    let images = ipfs_accelerate::vision::load_images(&[&image]).unwrap();
+    let direct = zs
+        .classify(&images, &["w4", "w9 w10", "w20"], "{}")
+        .unwrap()
+        .value;
+    assert_eq!(labels[0]["label"], direct[0][0].label);
+    assert!((labels[0]["score"].as_f64().unwrap() - f64::from(direct[0][0].score)).abs() < 1e-6);
+    let out = run(&["zero-shot", "--model", c, "--labels", ",", img]);
+    assert!(!out.status.success());
+
+    let detr = fixture_copy(&shared, "detr", "object_detection");
+    let drawn = tempfile::tempdir().unwrap();
+    let png = drawn.path().join("boxes.png");
+    let out: Value = serde_json::from_str(&run_ok(&[
+        "detect",
+        "--model",
+        detr.path().to_str().unwrap(),
+        "--threshold",
+        "0.0",
+        "--draw",
+        png.to_str().unwrap(),
+        img,
+    ]))
+    .unwrap();
+    let dets = out[0].as_array().unwrap();
+    assert!(!dets.is_empty());
+    let (w, h) = image::image_dimensions(&image).unwrap();
+    for d in dets {
+        let b: Vec<f64> = serde_json::from_value(d["box_xyxy"].clone()).unwrap();
+        assert!(b[0] <= b[2] && b[1] <= b[3], "{d}");
+        assert!(d["label"].is_string());
+    }
+    assert_eq!(image::image_dimensions(&png).unwrap(), (w, h));
+    assert_ne!(
+        image::open(&png).unwrap().to_rgb8().into_raw(),
+        image::open(&image).unwrap().to_rgb8().into_raw(),
+        "boxes were drawn"
+    );
+}
+
+#[test]
+fn task_commands_need_a_model_of_their_family() {
+    let out = run(&["classify-image", "nothing.png"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--model"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run(&["detect", "--model", tmp.path().to_str().unwrap(), "x.png"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.json") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+#[test]
+fn describe_image_classify_video_and_classify_audio() {
+    let Some(shared) = shared_dir("describe_image_classify_video_and_classify_audio") else {
+        return;
+    };
+    let image = image_png(&shared);
+    let img = image.to_str().unwrap();
+    let opts = LoadOptions::default();
+
+    // LLaVA-1.5: no chat template → "USER: <image>\n{question} ASSISTANT:".
+    let llava = fixture_copy(&shared, "llava", "base");
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(llava.path().join("config.json")).unwrap()).unwrap();
+    let image_token = config["image_token_id"]
+        .as_u64()
+        .or(config["image_token_index"].as_u64())
+        .unwrap() as u32;
+    let vocab = config["text_config"]["vocab_size"].as_u64().unwrap() as usize;
+    write_tokenizer(
+        llava.path(),
+        vocab,
+        &[("<unk>", 0), ("<s>", 1), ("<image>", image_token)],
+        &["<s>"],
+        &[],
+    );
+    let side = config["vision_config"]["image_size"].as_u64().unwrap();
+    let pre = json!({ "image_processor_type": "CLIPImageProcessor", "size": { "shortest_edge": side },
+        "crop_size": { "height": side, "width": side }, "do_center_crop": true, "resample": 3 });
+    std::fs::write(
+        llava.path().join("preprocessor_config.json"),
+        pre.to_string(),
+    )
+    .unwrap();
+    let l = llava.path().to_str().unwrap();
+    let printed = run_ok(&[
+        "describe-image",
+        "--model",
+        l,
+        "--prompt",
+        "w5 w6",
+        "--max-new-tokens",
+        "4",
+        img,
+    ]);
+    let describer = ipfs_accelerate::multimodal::ImageDescriber::load(l, &opts).unwrap();
+    let direct = describer
+        .describe(&[&image], "w5 w6", 4, |_| {})
+        .unwrap()
+        .value;
+    assert_eq!(direct.token_ids.len(), 4);
+    assert_eq!(printed.trim_end_matches('\n'), direct.text);
+    let out = run(&["describe-image", "--model", l, "--prompt", " ", img]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty prompt"));
+
+    // X-CLIP: 6 frame files, the model's 4 sampled from them.
+    let xclip = fixture_copy(&shared, "xclip", "base");
+    write_tokenizer(
+        xclip.path(),
+        99,
+        &[
+            ("<unk>", 0),
+            ("<pad>", 1),
+            ("<|startoftext|>", 97),
+            ("<|endoftext|>", 98),
+        ],
+        &["<|startoftext|>"],
+        &["<|endoftext|>"],
+    );
+    let frames_dir = tempfile::tempdir().unwrap();
+    let source = image::open(&image).unwrap().to_rgb8();
+    let frames: Vec<String> = (0..6)
+        .map(|i| {
+            let path = frames_dir.path().join(format!("frame{i}.png"));
+            image::imageops::rotate180(
+                &image::imageops::crop_imm(&source, i * 3, i * 2, 40, 30).to_image(),
+            )
+            .save(&path)
+            .unwrap();
+            path.to_str().unwrap().to_string()
+        })
+        .collect();
+    let x = xclip.path().to_str().unwrap();
+    let mut args = vec![
+        "classify-video",
+        "--model",
+        x,
+        "--labels",
+        "w3 w4,w9,w60 w61 w62",
+    ];
+    args.extend(frames.iter().map(String::as_str));
+    let out: Value = serde_json::from_str(&run_ok(&args)).unwrap();
+    let classifier = ipfs_accelerate::multimodal::VideoClassifier::load(x, &opts).unwrap();
+    assert_eq!(classifier.frames_per_video(), 4);
+    let direct = classifier
+        .classify(&frames, &["w3 w4", "w9", "w60 w61 w62"], "{}")
+        .unwrap()
+        .value;
+    assert_eq!(out.as_array().unwrap().len(), 3);
+    assert_eq!(out[0]["label"], direct[0].label);
+    assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
+    let total: f64 = out
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["score"].as_f64().unwrap())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-4);
+
+    // CLAP: a WAV at another rate, RoBERTa-style special tokens.
+    let clap = fixture_copy(&shared, "clap", "base");
+    write_tokenizer(
+        clap.path(),
+        99,
+        &[("<s>", 0), ("<pad>", 1), ("</s>", 2), ("<unk>", 3)],
+        &["<s>"],
+        &["</s>"],
+    );
+    let wav = frames_dir.path().join("sweep.wav");
+    sweep_wav(&wav);
+    let c = clap.path().to_str().unwrap();
+    let out: Value = serde_json::from_str(&run_ok(&[
+        "classify-audio",
+        "--model",
+        c,
+        "--labels",
+        "w10,w11 w12",
+        "--template",
+        "w5 {}",
+        wav.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let classifier = ipfs_accelerate::multimodal::AudioClassifier::load(c, &opts).unwrap();
+    let direct = classifier
+        .classify(&wav, &["w10", "w11 w12"], "w5 {}")
+        .unwrap()
+        .value;
+    assert_eq!(out[0]["label"], direct[0].label);
+    assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
+    let out = run(&["classify-audio", "--model", c, "--labels", "w10", img]);
+    assert!(!out.status.success(), "a PNG is not a WAV");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}

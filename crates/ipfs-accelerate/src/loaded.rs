@@ -1,0 +1,185 @@
+//! What every task loader shares: resolving a model to a local folder, loading its runner on the
+//! first usable backend, and timing the calls.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipfs_accelerate_core::{BackendKind, Metrics, Selection, Stopwatch};
+use ipfs_accelerate_io::ResolveOptions;
+
+use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
+use crate::{Output, Result};
+
+/// Where a model comes from and which backends may run it.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Backend preference list (`None`: the default preferences, `IPFS_ACCELERATE_BACKENDS`
+    /// honoured).
+    pub backends: Option<Vec<BackendKind>>,
+    /// Never download; use local files and the HF cache only.
+    pub offline: bool,
+}
+
+/// Resolves `spec` (a folder, a name under `$IPFS_ACCELERATE_MODELS`, or a hub id) and makes sure
+/// `config.json`, the weights and the `optional` files it has are local; returns the folder.
+pub(crate) fn model_dir(spec: &str, offline: bool, optional: &[&str]) -> Result<PathBuf> {
+    let files = ipfs_accelerate_io::resolve(
+        spec,
+        ResolveOptions {
+            offline,
+            progress: true,
+            ..Default::default()
+        },
+    )?;
+    let config = files.get("config.json")?;
+    files.weight_files()?;
+    for name in optional {
+        files.get_optional(name)?;
+    }
+    Ok(config
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".")))
+}
+
+/// The `model_type` of the checkpoint in `dir` (empty when the config has none).
+pub(crate) fn model_type(dir: &Path) -> Result<String> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ipfs_accelerate_core::Error::config(&path, format!("cannot read: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ipfs_accelerate_core::Error::config(&path, format!("invalid JSON: {e}")))?;
+    Ok(value
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// One label's probability.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LabelScore {
+    /// The label as given.
+    pub label: String,
+    /// Softmax probability over the given labels.
+    pub score: f32,
+}
+
+/// Each row of probabilities (one per label, in `labels` order) as labels sorted by score, most
+/// likely first.
+#[allow(dead_code)] // used by the zero-shot families that are compiled in
+pub(crate) fn rank_labels(labels: &[&str], probs: Vec<Vec<f32>>) -> Vec<Vec<LabelScore>> {
+    probs
+        .into_iter()
+        .map(|row| {
+            let mut scored: Vec<LabelScore> = labels
+                .iter()
+                .zip(row)
+                .map(|(l, score)| LabelScore {
+                    label: l.to_string(),
+                    score,
+                })
+                .collect();
+            scored.sort_by(|a, b| b.score.total_cmp(&a.score));
+            scored
+        })
+        .collect()
+}
+
+/// Tokenises one prompt per label (`{}` in `template` replaced by the label); empty labels are an
+/// error.
+#[allow(dead_code)] // used by the zero-shot families that are compiled in
+pub(crate) fn encode_labels(
+    tokenizer: &ipfs_accelerate_preprocess::TextTokenizer,
+    labels: &[&str],
+    template: &str,
+) -> Result<ipfs_accelerate_preprocess::Encoded> {
+    if labels.is_empty() || labels.iter().any(|l| l.trim().is_empty()) {
+        return Err(crate::Error::Core(
+            ipfs_accelerate_core::Error::InvalidInput(
+                "zero-shot classification needs non-empty labels".into(),
+            ),
+        ));
+    }
+    let prompts: Vec<String> = labels.iter().map(|l| template.replace("{}", l)).collect();
+    let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    Ok(tokenizer.encode_batch(&refs)?)
+}
+
+/// A model of type `T` (a family's task trait object) loaded on one backend.
+pub(crate) struct Loaded<T: ?Sized> {
+    pub(crate) model: Box<T>,
+    pub(crate) selection: Selection,
+    pub(crate) init: Duration,
+    pub(crate) dir: PathBuf,
+}
+
+impl<T: ?Sized> Loaded<T> {
+    /// Resolves `spec` and loads it with `work` (made fresh per backend attempt).
+    pub(crate) fn load<W: WithBackend<Output = Box<T>>>(
+        spec: &str,
+        options: &LoadOptions,
+        optional_files: &[&str],
+        mut work: impl FnMut(PathBuf) -> W,
+    ) -> Result<Self> {
+        let mut clock = Stopwatch::start();
+        let preferences = resolve_preferences(options.backends.clone(), true)?;
+        let dir = model_dir(spec, options.offline, optional_files)?;
+        let (model, selection) = load_on_first_usable(&preferences, || work(dir.clone()))?;
+        Ok(Loaded {
+            model,
+            selection,
+            init: clock.lap(),
+            dir,
+        })
+    }
+
+    /// Runs `call` in three timed phases and wraps its value with the metrics.
+    pub(crate) fn timed<P, I, V>(
+        &self,
+        items: usize,
+        preprocess: impl FnOnce() -> Result<P>,
+        infer: impl FnOnce(&T, P) -> Result<I>,
+        postprocess: impl FnOnce(I) -> Result<V>,
+    ) -> Result<Output<V>> {
+        let mut clock = Stopwatch::start();
+        let prepared = preprocess()?;
+        let preprocess = clock.lap();
+        let raw = infer(&self.model, prepared)?;
+        let inference = clock.lap();
+        let value = postprocess(raw)?;
+        let metrics = Metrics {
+            backend: self.selection.device.kind.to_string(),
+            init: self.init,
+            preprocess,
+            inference,
+            postprocess: clock.lap(),
+            total: clock.total(),
+            items,
+            ..Default::default()
+        };
+        Ok(Output { value, metrics })
+    }
+}
+
+/// Defines a [`WithBackend`] loader that builds `$runner::<B>::$method(dir, device, kind)` and
+/// boxes it as the task trait object `$tasks`.
+macro_rules! dir_loader {
+    ($(#[$doc:meta])* $name:ident => $tasks:path, $runner:ident :: $method:ident) => {
+        $(#[$doc])*
+        struct $name(std::path::PathBuf);
+
+        impl crate::backends::WithBackend for $name {
+            type Output = Box<dyn $tasks>;
+
+            fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> crate::Result<Self::Output> {
+                Ok(Box::new($runner::<H::Burn>::$method(
+                    &self.0,
+                    &hal.device(),
+                    hal.kind(),
+                )?))
+            }
+        }
+    };
+}
+pub(crate) use dir_loader;

@@ -1,0 +1,313 @@
+//! Multimodal tasks: describing images with LLaVA / LLaVA-NeXT, classifying videos (frame files)
+//! with X-CLIP, and classifying audio with CLAP.
+//!
+//! ```no_run
+//! use ipfs_accelerate::multimodal::ImageDescriber;
+//! use ipfs_accelerate::LoadOptions;
+//!
+//! # fn main() -> ipfs_accelerate::Result<()> {
+//! let llava = ImageDescriber::load("llava-hf/llava-1.5-7b-hf", &LoadOptions::default())?;
+//! let out = llava.describe(&["cat.jpg"], "What is in this picture?", 64, |piece| print!("{piece}"))?;
+//! println!("\n{} tokens", out.value.token_ids.len());
+//! # Ok(())
+//! # }
+//! ```
+
+#[allow(unused_imports)]
+use crate::loaded::{dir_loader, LoadOptions, Loaded};
+#[cfg(any(feature = "xclip", feature = "clap"))]
+use crate::loaded::{encode_labels, rank_labels, LabelScore};
+#[allow(unused_imports)]
+use crate::{Error, Output, Result};
+#[allow(unused_imports)]
+use ipfs_accelerate_core::Selection;
+#[allow(unused_imports)]
+use std::path::Path;
+
+#[cfg(feature = "llava")]
+pub use describe::{Description, ImageDescriber};
+
+#[cfg(feature = "llava")]
+mod describe {
+    use std::ops::ControlFlow;
+    use std::path::PathBuf;
+
+    use ipfs_accelerate_llava::{LlavaProcessor, LlavaRunner, LlavaTasks, LlavaVariant};
+
+    use super::*;
+
+    struct LoadLlava(PathBuf, LlavaVariant);
+
+    impl crate::backends::WithBackend for LoadLlava {
+        type Output = Box<dyn LlavaTasks>;
+
+        fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+            Ok(Box::new(LlavaRunner::<H::Burn>::load_dir(
+                &self.0,
+                self.1,
+                &hal.device(),
+                hal.kind(),
+            )?))
+        }
+    }
+
+    /// A generated description.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+    pub struct Description {
+        /// The generated text.
+        pub text: String,
+        /// The prompt's token ids after image-token expansion.
+        pub prompt_tokens: usize,
+        /// The generated token ids.
+        pub token_ids: Vec<u32>,
+    }
+
+    /// LLaVA-1.5 or LLaVA-NeXT (by the checkpoint's `model_type`) with its processor.
+    pub struct ImageDescriber {
+        inner: Loaded<dyn LlavaTasks>,
+        processor: LlavaProcessor,
+    }
+
+    impl ImageDescriber {
+        /// Loads `model` (a folder with `config.json`, safetensors, `preprocessor_config.json`,
+        /// `tokenizer.json` and the chat template, or a hub id) on the first usable backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let extra = [
+                "preprocessor_config.json",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "processor_config.json",
+                "chat_template.json",
+                "chat_template.jinja",
+                "generation_config.json",
+            ];
+            let dir = crate::loaded::model_dir(model, options.offline, &extra)?;
+            let variant = match crate::loaded::model_type(&dir)?.as_str() {
+                "llava_next" => LlavaVariant::LlavaNext,
+                _ => LlavaVariant::Llava,
+            };
+            let inner = Loaded::load(&dir.to_string_lossy(), options, &[], |d| {
+                LoadLlava(d, variant)
+            })?;
+            let processor = LlavaProcessor::from_dir(&inner.dir)?;
+            Ok(ImageDescriber { inner, processor })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// Answers `question` about the images (files) with up to `max_new_tokens` greedy
+        /// tokens, streaming the text through `on_text`.
+        pub fn describe<P: AsRef<Path>>(
+            &self,
+            images: &[P],
+            question: &str,
+            max_new_tokens: usize,
+            mut on_text: impl FnMut(&str),
+        ) -> Result<Output<Description>> {
+            if question.trim().is_empty() {
+                return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                    "empty prompt".into(),
+                )));
+            }
+            let decoded = crate::vision::load_images(images)?;
+            self.inner.timed(
+                images.len(),
+                || {
+                    let prompt = self.processor.chat_prompt(question, decoded.len())?;
+                    Ok(self
+                        .processor
+                        .prepare(self.inner.model.as_ref(), &decoded, &prompt)?)
+                },
+                |m, inputs| {
+                    let mut config = m.default_generation_config();
+                    config.max_new_tokens = max_new_tokens;
+                    let mut ids = Vec::new();
+                    let mut printed = 0usize;
+                    let tokens = m.generate(&inputs, &config, &mut |t| {
+                        ids.push(t);
+                        if let Ok(text) = self.processor.decode(&ids) {
+                            if !text.ends_with('\u{FFFD}')
+                                && text.len() > printed
+                                && text.is_char_boundary(printed)
+                            {
+                                on_text(&text[printed..]);
+                                printed = text.len();
+                            }
+                        }
+                        ControlFlow::Continue(())
+                    })?;
+                    Ok((inputs.input_ids.len(), tokens))
+                },
+                |(prompt_tokens, token_ids)| {
+                    Ok(Description {
+                        text: self.processor.decode(&token_ids)?,
+                        prompt_tokens,
+                        token_ids,
+                    })
+                },
+            )
+        }
+    }
+}
+
+#[cfg(feature = "xclip")]
+pub use video::VideoClassifier;
+
+#[cfg(feature = "xclip")]
+mod video {
+    use ipfs_accelerate_preprocess::image::ProcessorKind;
+    use ipfs_accelerate_preprocess::video::load_sampled_frames;
+    use ipfs_accelerate_preprocess::TextTokenizer;
+    use ipfs_accelerate_xclip::{ClipTextInputs, XclipRunner, XclipTasks};
+
+    use super::*;
+
+    dir_loader!(
+        /// Loads an X-CLIP checkpoint folder.
+        LoadXclip => XclipTasks, XclipRunner::load_dir
+    );
+
+    /// Video classification with X-CLIP: frames (image files) and free-text labels.
+    pub struct VideoClassifier {
+        inner: Loaded<dyn XclipTasks>,
+        processor: ipfs_accelerate_preprocess::image::ImageProcessor,
+        tokenizer: TextTokenizer,
+    }
+
+    impl VideoClassifier {
+        /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let inner = Loaded::load(
+                model,
+                options,
+                &["preprocessor_config.json", "tokenizer.json"],
+                LoadXclip,
+            )?;
+            let config = inner.model.config();
+            let side = config.vision_config.base.image_size;
+            let max_len = config.text_config.max_position_embeddings;
+            let processor = crate::vision::image_processor(
+                &inner.dir,
+                ProcessorKind::Clip,
+                Some((side, side)),
+            )?;
+            let tokenizer = TextTokenizer::from_file(&inner.dir.join("tokenizer.json"), max_len)?;
+            Ok(VideoClassifier {
+                inner,
+                processor,
+                tokenizer,
+            })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// Frames the model takes per video (`num_frames`); [`classify`](Self::classify) samples
+        /// that many uniformly from the frames it is given.
+        pub fn frames_per_video(&self) -> usize {
+            self.inner.model.config().vision_config.num_frames
+        }
+
+        /// The probability of each label for the video whose frames (image files, in order) are
+        /// `frames`; `template` wraps each label (`{}`).
+        pub fn classify<P: AsRef<Path>>(
+            &self,
+            frames: &[P],
+            labels: &[&str],
+            template: &str,
+        ) -> Result<Output<Vec<LabelScore>>> {
+            self.inner.timed(
+                1,
+                || {
+                    let pixels =
+                        load_sampled_frames(frames, self.frames_per_video(), &self.processor)
+                            .map_err(ipfs_accelerate_core::Error::from)?;
+                    let enc = encode_labels(&self.tokenizer, labels, template)?;
+                    let text = ClipTextInputs {
+                        batch: enc.batch,
+                        seq: enc.seq,
+                        input_ids: enc.input_ids,
+                        attention_mask: enc.attention_mask,
+                    };
+                    Ok((pixels, text))
+                },
+                |m, (pixels, text)| Ok(m.classify_video(&pixels, &text)?),
+                |probs| Ok(rank_labels(labels, probs).pop().unwrap_or_default()),
+            )
+        }
+    }
+}
+
+#[cfg(feature = "clap")]
+pub use audio::AudioClassifier;
+
+#[cfg(feature = "clap")]
+mod audio {
+    use ipfs_accelerate_clap::{ClapRunner, ClapTasks};
+    use ipfs_accelerate_core::TokenBatch;
+    use ipfs_accelerate_preprocess::TextTokenizer;
+
+    use super::*;
+
+    dir_loader!(
+        /// Loads a CLAP checkpoint folder.
+        LoadClap => ClapTasks, ClapRunner::load_dir
+    );
+
+    /// Zero-shot audio classification with CLAP.
+    pub struct AudioClassifier {
+        inner: Loaded<dyn ClapTasks>,
+        tokenizer: TextTokenizer,
+    }
+
+    impl AudioClassifier {
+        /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let inner = Loaded::load(
+                model,
+                options,
+                &["preprocessor_config.json", "tokenizer.json"],
+                LoadClap,
+            )?;
+            let max_len = inner.model.config().text_config.max_position_embeddings;
+            let tokenizer = TextTokenizer::from_file(&inner.dir.join("tokenizer.json"), max_len)?;
+            Ok(AudioClassifier { inner, tokenizer })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// The probability of each label for a WAV file (any rate, channels mixed down; the
+        /// first window of a long file); `template` wraps each label (`{}`).
+        pub fn classify(
+            &self,
+            wav: impl AsRef<Path>,
+            labels: &[&str],
+            template: &str,
+        ) -> Result<Output<Vec<LabelScore>>> {
+            self.inner.timed(
+                1,
+                || {
+                    let features = self.inner.model.wav_features(wav.as_ref())?;
+                    let enc = encode_labels(&self.tokenizer, labels, template)?;
+                    let text = TokenBatch {
+                        batch: enc.batch,
+                        seq: enc.seq,
+                        input_ids: enc.input_ids,
+                        attention_mask: enc.attention_mask,
+                    };
+                    Ok((features, text))
+                },
+                |m, (features, text)| Ok(m.zero_shot(&features, &text)?),
+                |probs| Ok(rank_labels(labels, probs).pop().unwrap_or_default()),
+            )
+        }
+    }
+}

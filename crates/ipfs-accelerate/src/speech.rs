@@ -1,0 +1,169 @@
+//! Speech recognition from WAV files or samples: Whisper (encoder-decoder) or Wav2Vec2 (CTC),
+//! chosen by the checkpoint's `model_type`.
+//!
+//! ```no_run
+//! use ipfs_accelerate::speech::Transcriber;
+//! use ipfs_accelerate::LoadOptions;
+//!
+//! # fn main() -> ipfs_accelerate::Result<()> {
+//! let asr = Transcriber::load("openai/whisper-tiny", &LoadOptions::default())?;
+//! let out = asr.transcribe_file("speech.wav")?;
+//! println!("{}", out.value.text);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::Path;
+
+use ipfs_accelerate_core::Selection;
+use ipfs_accelerate_preprocess::audio::{read_wav, Audio};
+
+use crate::loaded::{dir_loader, model_dir, model_type, LoadOptions, Loaded};
+use crate::{Error, Output, Result};
+
+#[cfg(feature = "wav2vec2")]
+use ipfs_accelerate_wav2vec2::{Wav2Vec2Runner, Wav2Vec2Tasks};
+#[cfg(feature = "whisper")]
+use ipfs_accelerate_whisper::{TranscribeOptions, WhisperRunner, WhisperTasks};
+
+#[cfg(feature = "whisper")]
+dir_loader!(
+    /// Loads a Whisper checkpoint folder.
+    LoadWhisper => WhisperTasks, WhisperRunner::from_dir
+);
+#[cfg(feature = "wav2vec2")]
+dir_loader!(
+    /// Loads a Wav2Vec2 checkpoint folder.
+    LoadWav2Vec2 => Wav2Vec2Tasks, Wav2Vec2Runner::from_dir
+);
+
+/// A transcription.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Transcript {
+    /// The text (empty when the checkpoint has no vocabulary to decode with).
+    pub text: String,
+    /// The token ids (Whisper: generated tokens; Wav2Vec2: CTC labels after collapsing).
+    pub tokens: Vec<i64>,
+    /// Whether the audio was longer than the model's window and was cut (Whisper: 30 s).
+    pub truncated: bool,
+    /// Seconds of audio.
+    pub duration_s: f64,
+}
+
+enum Model {
+    #[cfg(feature = "whisper")]
+    Whisper(Loaded<dyn WhisperTasks>),
+    #[cfg(feature = "wav2vec2")]
+    Wav2Vec2(Loaded<dyn Wav2Vec2Tasks>),
+}
+
+/// A loaded speech-recognition model.
+pub struct Transcriber {
+    model: Model,
+    /// Tokens Whisper may generate at most (`None`: the generation config's limit).
+    pub max_new_tokens: Option<usize>,
+    /// Whisper's language (`"en"`); detected when `None`.
+    pub language: Option<String>,
+}
+
+impl Transcriber {
+    /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
+    /// backend: a Whisper or a Wav2Vec2 CTC checkpoint.
+    pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+        let extra = [
+            "preprocessor_config.json",
+            "tokenizer.json",
+            "generation_config.json",
+            "vocab.json",
+            "tokenizer_config.json",
+        ];
+        let dir = model_dir(model, options.offline, &extra)?;
+        let spec = dir.to_string_lossy().to_string();
+        let model = match model_type(&dir)?.as_str() {
+            #[cfg(feature = "whisper")]
+            "whisper" => Model::Whisper(Loaded::load(&spec, options, &[], LoadWhisper)?),
+            #[cfg(feature = "wav2vec2")]
+            "wav2vec2" => Model::Wav2Vec2(Loaded::load(&spec, options, &[], LoadWav2Vec2)?),
+            other => {
+                return Err(Error::Unsupported(format!(
+                "{model}: model_type `{other}` is not a speech-recognition family of this build \
+                     (whisper, wav2vec2)"
+            )))
+            }
+        };
+        Ok(Transcriber {
+            model,
+            max_new_tokens: None,
+            language: None,
+        })
+    }
+
+    /// The backend it runs on and the preferences that were skipped.
+    pub fn selection(&self) -> &Selection {
+        match &self.model {
+            #[cfg(feature = "whisper")]
+            Model::Whisper(m) => &m.selection,
+            #[cfg(feature = "wav2vec2")]
+            Model::Wav2Vec2(m) => &m.selection,
+        }
+    }
+
+    /// The family name (`whisper` or `wav2vec2`).
+    pub fn family(&self) -> &'static str {
+        match &self.model {
+            #[cfg(feature = "whisper")]
+            Model::Whisper(_) => "whisper",
+            #[cfg(feature = "wav2vec2")]
+            Model::Wav2Vec2(_) => "wav2vec2",
+        }
+    }
+
+    /// Transcribes mono `audio` (resampled to the model's rate when it differs).
+    pub fn transcribe(&self, audio: &Audio) -> Result<Output<Transcript>> {
+        let duration_s = audio.duration_secs();
+        match &self.model {
+            #[cfg(feature = "whisper")]
+            Model::Whisper(m) => {
+                let options = TranscribeOptions {
+                    language: self.language.clone(),
+                    max_new_tokens: self.max_new_tokens,
+                    ..Default::default()
+                };
+                m.timed(
+                    1,
+                    || Ok(()),
+                    |w, ()| Ok(w.transcribe_with(&audio.samples, audio.sample_rate, &options)?),
+                    |t| {
+                        Ok(Transcript {
+                            text: t.text.unwrap_or_default().trim().to_string(),
+                            tokens: t.tokens.iter().map(|&x| i64::from(x)).collect(),
+                            truncated: t.truncated,
+                            duration_s,
+                        })
+                    },
+                )
+            }
+            #[cfg(feature = "wav2vec2")]
+            Model::Wav2Vec2(m) => m.timed(
+                1,
+                || Ok(()),
+                |w, ()| Ok(w.transcribe_with(&audio.samples, audio.sample_rate, true)?),
+                |t| {
+                    Ok(Transcript {
+                        text: t.text.unwrap_or_default(),
+                        tokens: t.ids,
+                        truncated: false,
+                        duration_s,
+                    })
+                },
+            ),
+        }
+    }
+
+    /// [`transcribe`](Self::transcribe) of a WAV file (8/16/24/32-bit PCM or float, any channel
+    /// count, any rate).
+    pub fn transcribe_file(&self, path: impl AsRef<Path>) -> Result<Output<Transcript>> {
+        let audio = read_wav(path.as_ref()).map_err(ipfs_accelerate_core::Error::from)?;
+        self.transcribe(&audio)
+    }
+}

@@ -1,0 +1,78 @@
+//! Text-to-text generation with T5 / FLAN-T5 (translation, summarisation, instructions).
+//!
+//! ```no_run
+//! use ipfs_accelerate::text2text::Text2Text;
+//! use ipfs_accelerate::LoadOptions;
+//!
+//! # fn main() -> ipfs_accelerate::Result<()> {
+//! let t5 = Text2Text::load("google/flan-t5-small", &LoadOptions::default())?;
+//! let out = t5.generate(&["translate English to German: How old are you?"], 32)?;
+//! println!("{}", out.value[0]);
+//! # Ok(())
+//! # }
+//! ```
+
+use ipfs_accelerate_core::Selection;
+use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
+use ipfs_accelerate_t5::{T5Runner, T5Tasks};
+
+use crate::loaded::{dir_loader, LoadOptions, Loaded};
+use crate::{Error, Output, Result};
+
+dir_loader!(
+    /// Loads a T5 checkpoint folder.
+    LoadT5 => T5Tasks, T5Runner::from_dir
+);
+
+/// A loaded T5 checkpoint with its tokenizer.
+pub struct Text2Text {
+    inner: Loaded<dyn T5Tasks>,
+}
+
+impl Text2Text {
+    /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
+    pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+        let inner = Loaded::load(model, options, &["tokenizer.json"], LoadT5)?;
+        if !inner.dir.join("tokenizer.json").is_file() {
+            return Err(Error::Unsupported(format!(
+                "{model} has no tokenizer.json: text-to-text needs one"
+            )));
+        }
+        Ok(Text2Text { inner })
+    }
+
+    /// The backend it runs on and the preferences that were skipped.
+    pub fn selection(&self) -> &Selection {
+        &self.inner.selection
+    }
+
+    /// The generation settings [`generate`](Self::generate) uses: greedy, stopping at the
+    /// checkpoint's end-of-sequence token.
+    pub fn generation_config(&self, max_new_tokens: usize) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            stop_tokens: self.inner.model.config().eos_token_ids.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// Greedy text-to-text generation of up to `max_new_tokens` tokens per input.
+    pub fn generate(&self, texts: &[&str], max_new_tokens: usize) -> Result<Output<Vec<String>>> {
+        self.generate_with(texts, &self.generation_config(max_new_tokens))
+    }
+
+    /// Generation with explicit settings (sampling, repetition penalty, stop tokens).
+    pub fn generate_with(
+        &self,
+        texts: &[&str],
+        config: &GenerationConfig,
+    ) -> Result<Output<Vec<String>>> {
+        self.inner.timed(
+            texts.len(),
+            || Ok(()),
+            |m, ()| Ok(m.generate_text(texts, config)?),
+            Ok,
+        )
+    }
+}

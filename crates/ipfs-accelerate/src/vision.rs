@@ -1,0 +1,271 @@
+//! Image tasks: classification (ViT), zero-shot classification (CLIP) and object detection (DETR),
+//! from image files to labelled results, each with the model's own image processor.
+//!
+//! ```no_run
+//! use ipfs_accelerate::vision::ImageClassifier;
+//! use ipfs_accelerate::LoadOptions;
+//!
+//! # fn main() -> ipfs_accelerate::Result<()> {
+//! let vit = ImageClassifier::load("google/vit-base-patch16-224", &LoadOptions::default())?;
+//! let out = vit.classify_files(&["cat.jpg"], 3)?;
+//! for p in &out.value[0] {
+//!     println!("{:>6.3} {}", p.score, p.label);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::Path;
+
+use ipfs_accelerate_core::Selection;
+use ipfs_accelerate_preprocess::image::{
+    load_image, ImageProcessor, ImageProcessorConfig, ProcessedImages, ProcessorKind, RgbImage,
+    SizeRule,
+};
+
+use crate::loaded::{dir_loader, LoadOptions, Loaded};
+#[cfg(feature = "clip")]
+use crate::loaded::{encode_labels, rank_labels, LabelScore};
+use crate::{Error, Output, Result};
+
+const PREPROCESSOR: &str = "preprocessor_config.json";
+
+/// The checkpoint's image processor; without a `preprocessor_config.json`, the class defaults of
+/// `kind` sized for the model's `(height, width)` input when it has a fixed one.
+pub(crate) fn image_processor(
+    dir: &Path,
+    kind: ProcessorKind,
+    model_size: Option<(usize, usize)>,
+) -> Result<ImageProcessor> {
+    let path = dir.join(PREPROCESSOR);
+    if path.is_file() {
+        return Ok(ImageProcessor::from_file(&path).map_err(ipfs_accelerate_core::Error::from)?);
+    }
+    let mut config = ImageProcessorConfig::defaults(kind);
+    if let Some((height, width)) = model_size {
+        if config.do_center_crop {
+            config.size = SizeRule::ShortestEdge(height.min(width));
+            config.crop_size = Some((height, width));
+        } else {
+            config.size = SizeRule::Exact { height, width };
+        }
+    }
+    Ok(ImageProcessor::new(config))
+}
+
+/// Decodes image files (PNG / JPEG; grayscale, RGBA and 16-bit are converted to RGB).
+pub fn load_images<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<RgbImage>> {
+    if paths.is_empty() {
+        return Err(invalid("no images given".into()));
+    }
+    paths
+        .iter()
+        .map(|p| {
+            load_image(p.as_ref()).map_err(|e| invalid(format!("{}: {e}", p.as_ref().display())))
+        })
+        .collect()
+}
+
+fn invalid(msg: String) -> Error {
+    Error::Core(ipfs_accelerate_core::Error::InvalidInput(msg))
+}
+
+fn preprocess(processor: &ImageProcessor, images: &[RgbImage]) -> Result<ProcessedImages> {
+    Ok(processor
+        .preprocess(images)
+        .map_err(ipfs_accelerate_core::Error::from)?)
+}
+
+#[cfg(feature = "vit")]
+pub use classify::ImageClassifier;
+#[cfg(feature = "vit")]
+pub use ipfs_accelerate_vit::Prediction;
+
+#[cfg(feature = "vit")]
+mod classify {
+    use super::*;
+    use ipfs_accelerate_vit::{Prediction, VitRunner, VitTasks};
+
+    dir_loader!(
+        /// Loads a ViT checkpoint folder.
+        LoadVit => VitTasks, VitRunner::load_dir
+    );
+
+    /// An image classifier (ViT with a classification head) with its image processor.
+    pub struct ImageClassifier {
+        inner: Loaded<dyn VitTasks>,
+        processor: ImageProcessor,
+    }
+
+    impl ImageClassifier {
+        /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
+        /// backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let inner = Loaded::load(model, options, &[PREPROCESSOR], LoadVit)?;
+            let size = inner.model.config().image_size.hw();
+            let processor = image_processor(&inner.dir, ProcessorKind::Vit, Some(size))?;
+            Ok(ImageClassifier { inner, processor })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// The `top_k` most likely labels of each image, most likely first.
+        pub fn classify(
+            &self,
+            images: &[RgbImage],
+            top_k: usize,
+        ) -> Result<Output<Vec<Vec<Prediction>>>> {
+            self.inner.timed(
+                images.len(),
+                || preprocess(&self.processor, images),
+                |m, p| Ok(m.classify(&p.pixel_values, top_k.max(1))?),
+                Ok,
+            )
+        }
+
+        /// [`classify`](Self::classify) of image files.
+        pub fn classify_files<P: AsRef<Path>>(
+            &self,
+            paths: &[P],
+            top_k: usize,
+        ) -> Result<Output<Vec<Vec<Prediction>>>> {
+            self.classify(&load_images(paths)?, top_k)
+        }
+    }
+}
+
+#[cfg(feature = "clip")]
+pub use zero_shot::ZeroShotClassifier;
+
+#[cfg(feature = "clip")]
+mod zero_shot {
+    use super::*;
+    use ipfs_accelerate_clip::{ClipRunner, ClipTasks, ClipTextInputs};
+    use ipfs_accelerate_preprocess::TextTokenizer;
+
+    dir_loader!(
+        /// Loads a CLIP checkpoint folder.
+        LoadClip => ClipTasks, ClipRunner::load_dir
+    );
+
+    /// Zero-shot image classification with CLIP: the probability of each free-text label.
+    pub struct ZeroShotClassifier {
+        inner: Loaded<dyn ClipTasks>,
+        processor: ImageProcessor,
+        tokenizer: TextTokenizer,
+    }
+
+    impl ZeroShotClassifier {
+        /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let inner = Loaded::load(model, options, &[PREPROCESSOR, "tokenizer.json"], LoadClip)?;
+            let side = inner.model.config().vision_config.image_size;
+            let processor = image_processor(&inner.dir, ProcessorKind::Clip, Some((side, side)))?;
+            let max_len = inner.model.config().text_config.max_position_embeddings;
+            let tokenizer = TextTokenizer::from_file(&inner.dir.join("tokenizer.json"), max_len)?;
+            Ok(ZeroShotClassifier {
+                inner,
+                processor,
+                tokenizer,
+            })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// For each image, every label with its probability, most likely first. Each label is
+        /// embedded through `template` (`{}` is replaced by the label; CLIP's usual template is
+        /// `"a photo of a {}"`).
+        pub fn classify(
+            &self,
+            images: &[RgbImage],
+            labels: &[&str],
+            template: &str,
+        ) -> Result<Output<Vec<Vec<LabelScore>>>> {
+            self.inner.timed(
+                images.len(),
+                || {
+                    let enc = encode_labels(&self.tokenizer, labels, template)?;
+                    let text = ClipTextInputs {
+                        batch: enc.batch,
+                        seq: enc.seq,
+                        input_ids: enc.input_ids,
+                        attention_mask: enc.attention_mask,
+                    };
+                    Ok((preprocess(&self.processor, images)?, text))
+                },
+                |m, (p, text)| Ok(m.zero_shot(&p.pixel_values, &text)?),
+                |probs| Ok(rank_labels(labels, probs)),
+            )
+        }
+    }
+}
+
+#[cfg(feature = "detr")]
+pub use detect::ObjectDetector;
+#[cfg(feature = "detr")]
+pub use ipfs_accelerate_detr::Detection;
+
+#[cfg(feature = "detr")]
+mod detect {
+    use super::*;
+    use ipfs_accelerate_detr::{Detection, DetrRunner, DetrTasks};
+
+    dir_loader!(
+        /// Loads a DETR checkpoint folder.
+        LoadDetr => DetrTasks, DetrRunner::load_dir
+    );
+
+    /// Object detection with DETR: boxes in pixels of each original image.
+    pub struct ObjectDetector {
+        inner: Loaded<dyn DetrTasks>,
+        processor: ImageProcessor,
+    }
+
+    impl ObjectDetector {
+        /// Loads `model` on the first usable backend.
+        pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
+            let inner = Loaded::load(model, options, &[PREPROCESSOR], LoadDetr)?;
+            let processor = image_processor(&inner.dir, ProcessorKind::Detr, None)?;
+            Ok(ObjectDetector { inner, processor })
+        }
+
+        /// The backend it runs on and the preferences that were skipped.
+        pub fn selection(&self) -> &Selection {
+            &self.inner.selection
+        }
+
+        /// Objects scoring above `threshold` in each image, boxes as (x0, y0, x1, y1) pixels.
+        pub fn detect(
+            &self,
+            images: &[RgbImage],
+            threshold: f64,
+        ) -> Result<Output<Vec<Vec<Detection>>>> {
+            if !(0.0..=1.0).contains(&threshold) {
+                return Err(invalid(format!(
+                    "threshold must be within [0, 1], got {threshold}"
+                )));
+            }
+            self.inner.timed(
+                images.len(),
+                || preprocess(&self.processor, images),
+                |m, p| {
+                    let sizes: Vec<[usize; 2]> =
+                        p.original_sizes.iter().map(|&(h, w)| [h, w]).collect();
+                    Ok(m.detect(
+                        &p.pixel_values,
+                        p.pixel_mask.as_ref(),
+                        threshold,
+                        Some(&sizes),
+                    )?)
+                },
+                Ok,
+            )
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! LLaVA and LLaVA-NeXT behind the uniform [`ModelRunner`] interface, the two [`Family`] entries,
+//! image-token expansion and the image-to-text generation task API.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::{backend::Backend, Tensor};
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
+};
+use ipfs_accelerate_llama::{DecodeMode, LlamaDecoder};
+use ipfs_accelerate_nn::{
+    convert::float_to_host,
+    generate::{generate, GenerationConfig},
+};
+
+use crate::config::{LlavaConfig, LlavaVariant};
+use crate::model::{counts_tensor, LlavaModel};
+use crate::processor::LlavaInputs;
+
+/// The LLaVA-1.5 family (`LlavaForConditionalGeneration` checkpoints).
+pub struct LlavaFamily;
+
+/// The LLaVA-NeXT family (`LlavaNextForConditionalGeneration` checkpoints).
+pub struct LlavaNextFamily;
+
+impl Family for LlavaFamily {
+    const NAME: &'static str = "llava";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        Ok(Box::new(LlavaRunner::<B>::load_dir(
+            dir,
+            LlavaVariant::Llava,
+            device,
+            kind,
+        )?))
+    }
+}
+
+impl Family for LlavaNextFamily {
+    const NAME: &'static str = "llava_next";
+
+    fn load<B: Backend>(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        Ok(Box::new(LlavaRunner::<B>::load_dir(
+            dir,
+            LlavaVariant::LlavaNext,
+            device,
+            kind,
+        )?))
+    }
+}
+
+/// Replaces the `i`-th occurrence of `image_token` in `prompt` by `counts[i]` copies of it (what
+/// HF's LLaVA processors do to each `<image>` placeholder). The number of placeholders must equal
+/// the number of images.
+pub fn expand_image_tokens(prompt: &[u32], image_token: u32, counts: &[usize]) -> Result<Vec<u32>> {
+    let placeholders = prompt.iter().filter(|&&t| t == image_token).count();
+    if placeholders != counts.len() {
+        return Err(Error::InvalidInput(format!(
+            "the prompt holds {placeholders} image placeholders (token {image_token}) for {} \
+             images",
+            counts.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(prompt.len() + counts.iter().sum::<usize>());
+    let mut next = counts.iter();
+    for &t in prompt {
+        match (t == image_token).then(|| next.next()).flatten() {
+            Some(&n) => out.extend(std::iter::repeat_n(image_token, n)),
+            None => out.push(t),
+        }
+    }
+    Ok(out)
+}
+
+/// `eos_token_id` of `generation_config.json` in `dir`, when present.
+fn generation_eos(dir: &Path) -> Result<Option<Vec<u32>>> {
+    let path = dir.join("generation_config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::config(&path, e.to_string()))?;
+    let ids: Vec<u64> = match value.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().collect(),
+        Some(serde_json::Value::Array(list)) => list.iter().filter_map(|v| v.as_u64()).collect(),
+        _ => return Ok(None),
+    };
+    Ok(Some(
+        ids.into_iter()
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect(),
+    ))
+}
+
+/// A loaded LLaVA / LLaVA-NeXT checkpoint on one backend.
+pub struct LlavaRunner<B: Backend> {
+    model: LlavaModel<B>,
+    kind: BackendKind,
+    stop_tokens: Vec<u32>,
+}
+
+impl<B: Backend> LlavaRunner<B> {
+    /// Loads a checkpoint folder (`config.json`, safetensors, and `generation_config.json`'s EOS
+    /// ids when present) as `variant`.
+    pub fn load_dir(
+        dir: &Path,
+        variant: LlavaVariant,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        let config = LlavaConfig::from_file_as(&dir.join("config.json"), variant)?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        let mut runner = Self::load(weights, &config, device, kind)?;
+        if let Some(eos) = generation_eos(dir)? {
+            runner.stop_tokens = eos;
+        }
+        Ok(runner)
+    }
+
+    /// Loads HF-named weights (either layout) from `source` onto `device`.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &LlavaConfig,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        Ok(LlavaRunner {
+            model: LlavaModel::load(source, config, device)?,
+            kind,
+            stop_tokens: config.text_config.eos_token_ids(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LlavaModel<B> {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlavaConfig {
+        self.model.config()
+    }
+
+    /// Image tokens one image of original `(height, width)` takes in the prompt (LLaVA-1.5:
+    /// the same for every image; LLaVA-NeXT: depends on the size through the anyres grid).
+    pub fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
+        self.model.image_feature_count(image_size)
+    }
+
+    /// Expands each image placeholder (`image_token_id`) of a tokenised prompt into as many image
+    /// tokens as the corresponding image (of original `(height, width)`, in order) gives
+    /// features, as HF's processor does to each `<image>`.
+    pub fn expand_image_tokens(
+        &self,
+        prompt: &[u32],
+        image_sizes: &[(usize, usize)],
+    ) -> Result<Vec<u32>> {
+        let counts = image_sizes
+            .iter()
+            .map(|&s| self.image_token_count(s))
+            .collect::<Result<Vec<_>>>()?;
+        let token = u32::try_from(self.config().image_token_id)
+            .map_err(|_| Error::InvalidInput("image_token_id is negative".into()))?;
+        expand_image_tokens(prompt, token, &counts)
+    }
+
+    /// Generation defaults of this checkpoint: greedy, stopping at its EOS token(s).
+    pub fn default_generation_config(&self) -> GenerationConfig {
+        GenerationConfig {
+            stop_tokens: self.stop_tokens.clone(),
+            ..GenerationConfig::default()
+        }
+    }
+
+    /// Describes images: generates a continuation of `prompt` (already expanded, see
+    /// [`expand_image_tokens`](Self::expand_image_tokens)) for `pixel_values` (and, for
+    /// LLaVA-NeXT, `image_sizes`) with the KV cache; `on_token` sees every token as soon as it is
+    /// chosen and may stop with `ControlFlow::Break`. Returns the new tokens.
+    pub fn generate(
+        &self,
+        pixel_values: &HostTensor,
+        image_sizes: Option<&HostTensor>,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let features = self.model.image_features(pixel_values, image_sizes)?;
+        let mut out = self.generate_from_features(
+            &features,
+            &[prompt.to_vec()],
+            config,
+            DecodeMode::Cached,
+            |_, t| on_token(t),
+        )?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Generates for a batch of prompts (left-padded) whose image tokens, in row order, take the
+    /// images' features in order; `mode` picks KV-cache decoding or full recompute per step.
+    pub fn generate_with(
+        &self,
+        pixel_values: Option<&HostTensor>,
+        image_sizes: Option<&HostTensor>,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        mode: DecodeMode,
+        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let features = match pixel_values {
+            Some(p) => self.model.image_features(p, image_sizes)?,
+            None => Vec::new(),
+        };
+        self.generate_from_features(&features, prompts, config, mode, on_token)
+    }
+
+    fn generate_from_features(
+        &self,
+        features: &[Tensor<B, 2>],
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        mode: DecodeMode,
+        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let mut decoder = LlamaDecoder::new(self.model.text(), prompts, mode)?;
+        let (ids, mask) = decoder.prompt_ids();
+        let batch = prompts.len();
+        let seq = ids.len() / batch.max(1);
+        let embeds = self.model.embed(&ids, batch, seq, Some(&mask), features)?;
+        decoder.set_prompt_embeds(embeds)?;
+        generate(&mut decoder, prompts, config, on_token)
+    }
+
+    /// `greedy_steps` argmax tokens after every row of `input_ids` (left padding stripped by the
+    /// attention mask), recomputing the whole sequence each step as the reference fixtures do:
+    /// I64 `[batch, steps]`.
+    fn greedy(
+        &self,
+        inputs: &TensorMap,
+        ids: &[i64],
+        [batch, seq]: [usize; 2],
+        mask: Option<&[i64]>,
+        features: &[Tensor<B, 2>],
+    ) -> Result<HostTensor> {
+        let steps = inputs
+            .get("greedy_steps")
+            .ok_or_else(|| Error::InvalidInput("missing greedy_steps".into()))?
+            .to_i64_vec()?;
+        let steps = match steps.as_slice() {
+            [n] if *n >= 0 => *n as usize,
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "greedy_steps must be one non-negative count, got {other:?}"
+                )))
+            }
+        };
+        let vocab = self.config().text_config.vocab_size as i64;
+        if let Some(bad) = ids.iter().find(|&&t| t < 0 || t >= vocab) {
+            return Err(Error::InvalidInput(format!(
+                "input_ids contains {bad}, outside the vocabulary of {vocab}"
+            )));
+        }
+        let mut prompts = Vec::with_capacity(batch);
+        for (r, row) in ids.chunks(seq).enumerate() {
+            let start = match mask {
+                None => 0,
+                Some(m) => {
+                    let m = &m[r * seq..(r + 1) * seq];
+                    let first = m.iter().position(|&v| v != 0).unwrap_or(seq);
+                    if m[first..].contains(&0) {
+                        return Err(Error::InvalidInput(
+                            "generation takes left padding only (zeros before the tokens)".into(),
+                        ));
+                    }
+                    first
+                }
+            };
+            prompts.push(row[start..].iter().map(|&t| t as u32).collect());
+        }
+        let config = GenerationConfig {
+            max_new_tokens: steps,
+            ..GenerationConfig::default()
+        };
+        let out = self.generate_from_features(
+            features,
+            &prompts,
+            &config,
+            DecodeMode::Recompute,
+            |_, _| ControlFlow::Continue(()),
+        )?;
+        let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
+        HostTensor::from_i64(vec![batch, steps], &flat)
+    }
+}
+
+impl<B: Backend> ModelRunner for LlavaRunner<B> {
+    fn family(&self) -> &str {
+        self.config().variant.name()
+    }
+
+    fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// `input_ids` `[batch, seq]` (+ `attention_mask`, `pixel_values`, and `image_sizes` for
+    /// LLaVA-NeXT) → `logits` `[batch, seq, vocab]` and, with pixels, `image_feature_count`
+    /// `[images]`; with `greedy_steps` also `greedy_tokens` `[batch, steps]`.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let ids_t = inputs
+            .get("input_ids")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
+        let [batch, seq] = match *ids_t.shape() {
+            [b, s] if b > 0 && s > 0 => [b, s],
+            ref other => {
+                return Err(Error::InvalidInput(format!(
+                    "input_ids must be a non-empty [batch, seq] matrix, got shape {other:?}"
+                )))
+            }
+        };
+        let ids = ids_t.to_i64_vec()?;
+        let mask = match inputs.get("attention_mask") {
+            None => None,
+            Some(m) if m.shape() == ids_t.shape() => Some(m.to_i64_vec()?),
+            Some(m) => {
+                return Err(Error::InvalidInput(format!(
+                    "attention_mask has shape {:?}, input_ids {:?}",
+                    m.shape(),
+                    ids_t.shape()
+                )))
+            }
+        };
+        let features = match inputs.get("pixel_values") {
+            Some(p) => self.model.image_features(p, inputs.get("image_sizes"))?,
+            None => Vec::new(),
+        };
+        let logits = self
+            .model
+            .forward(&ids, batch, seq, mask.as_deref(), &features)?;
+        let mut map = TensorMap::new();
+        map.insert("logits".into(), float_to_host(logits)?);
+        if !features.is_empty() {
+            map.insert("image_feature_count".into(), counts_tensor(&features)?);
+        }
+        if inputs.contains_key("greedy_steps") {
+            let greedy = self.greedy(inputs, &ids, [batch, seq], mask.as_deref(), &features)?;
+            map.insert("greedy_tokens".into(), greedy);
+        }
+        Ok(map)
+    }
+}
+
+/// The object-safe image-to-text interface of a loaded LLaVA / LLaVA-NeXT, whatever backend it
+/// runs on (what a CLI or pipeline holds).
+pub trait LlavaTasks: ModelRunner {
+    /// The configuration.
+    fn config(&self) -> &LlavaConfig;
+    /// Greedy decoding stopping at the checkpoint's EOS token(s).
+    fn default_generation_config(&self) -> GenerationConfig;
+    /// Image tokens an image of original `(height, width)` takes in the prompt.
+    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize>;
+    /// Each image placeholder of `prompt` expanded for the image of that size (in order).
+    fn expand_image_tokens(
+        &self,
+        prompt: &[u32],
+        image_sizes: &[(usize, usize)],
+    ) -> Result<Vec<u32>>;
+    /// New tokens after `inputs` (KV cache), streamed through `on_token`.
+    fn generate(
+        &self,
+        inputs: &LlavaInputs,
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>>;
+}
+
+impl<B: Backend> LlavaTasks for LlavaRunner<B> {
+    fn config(&self) -> &LlavaConfig {
+        self.model.config()
+    }
+
+    fn default_generation_config(&self) -> GenerationConfig {
+        LlavaRunner::default_generation_config(self)
+    }
+
+    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
+        LlavaRunner::image_token_count(self, image_size)
+    }
+
+    fn expand_image_tokens(
+        &self,
+        prompt: &[u32],
+        image_sizes: &[(usize, usize)],
+    ) -> Result<Vec<u32>> {
+        LlavaRunner::expand_image_tokens(self, prompt, image_sizes)
+    }
+
+    fn generate(
+        &self,
+        inputs: &LlavaInputs,
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let mut out = self.generate_with(
+            inputs.pixel_values.as_ref(),
+            inputs.image_sizes.as_ref(),
+            std::slice::from_ref(&inputs.input_ids),
+            config,
+            DecodeMode::Cached,
+            |_, t| on_token(t),
+        )?;
+        Ok(out.pop().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_expand_in_order() {
+        assert_eq!(
+            expand_image_tokens(&[1, 9, 5, 9, 2], 9, &[2, 3]).unwrap(),
+            vec![1, 9, 9, 5, 9, 9, 9, 2]
+        );
+        assert!(expand_image_tokens(&[1, 9, 5], 9, &[2, 3]).is_err());
+        assert!(expand_image_tokens(&[1, 5], 9, &[2]).is_err());
+        assert_eq!(expand_image_tokens(&[1, 5], 9, &[]).unwrap(), vec![1, 5]);
+    }
+}

@@ -1,0 +1,412 @@
+//! X-CLIP: the cross-frame vision tower, the multi-frame integration transformer, the
+//! video-specific prompt generator and the video-text logits (HF's `XCLIPModel`).
+
+use std::sync::Arc;
+
+use burn::tensor::{backend::Backend, Tensor};
+use ipfs_accelerate_clip::{
+    l2_normalize, load_encoder, load_logit_scale, load_vision_embeddings, ClipTextInputs,
+    ClipTextTransformer,
+};
+use ipfs_accelerate_core::{Error, Result, TensorSource};
+use ipfs_accelerate_nn::{
+    attention::{AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames},
+    transformer::{Mlp, PreLnConfig, PreLnEncoder, PreLnLayer, PreLnNames},
+    vision::ClassPatchEmbedding,
+    LayerNorm, Linear, VarBuilder,
+};
+
+use crate::XclipConfig;
+
+/// `XCLIPVisionEncoderLayer` (the original `CrossFramelAttentionBlock`): each frame's class
+/// token becomes a message token (`message_fc`), the messages of one video attend to each other
+/// (`message_ln`, `message_attn`, residual; drop path is the identity at inference), every frame
+/// then self-attends over its tokens plus its message token, and the MLP half runs on the frame
+/// tokens only.
+struct CrossFrameLayer<B: Backend> {
+    layer: PreLnLayer<B>,
+    message_fc: Linear<B>,
+    message_ln: LayerNorm<B>,
+    message_attn: MultiHeadAttention<B>,
+}
+
+impl<B: Backend> CrossFrameLayer<B> {
+    fn load(vb: &VarBuilder<B>, config: &PreLnConfig) -> Result<Self> {
+        let h = config.hidden;
+        Ok(CrossFrameLayer {
+            layer: PreLnLayer::load(vb, config, &PreLnNames::CLIP)?,
+            message_fc: Linear::load(&vb.pp("message_fc"), h, h, true)?,
+            message_ln: LayerNorm::load(&vb.pp("message_ln"), h, config.eps)?,
+            message_attn: MultiHeadAttention::load(
+                &vb.pp("message_attn"),
+                AttentionConfig::new(h, config.heads, ProjectionBias::ALL),
+                ProjectionNames::OUT_PROJ,
+            )?,
+        })
+    }
+
+    /// `x` `[videos · frames, seq, hidden]`, frames of one video adjacent.
+    fn forward(&self, x: Tensor<B, 3>, frames: usize) -> Tensor<B, 3> {
+        let [bt, seq, h] = x.dims();
+        let cls: Tensor<B, 2> = x.clone().narrow(1, 0, 1).reshape([bt, h]);
+        let msg = self
+            .message_fc
+            .forward(cls)
+            .reshape([bt / frames, frames, h]);
+        let msg = msg.clone()
+            + self
+                .message_attn
+                .forward(self.message_ln.forward(msg), None);
+        let x = Tensor::cat(vec![x, msg.reshape([bt, 1, h])], 1);
+        let x = self.layer.forward_attention(x, None).narrow(1, 0, seq);
+        self.layer.forward_mlp(x)
+    }
+}
+
+/// Outputs of [`XclipVisionTransformer::forward`].
+#[derive(Debug, Clone)]
+pub struct XclipVisionOutput<B: Backend> {
+    /// `[videos · frames, 1 + patches, hidden]` (no final norm, as HF).
+    pub last_hidden_state: Tensor<B, 3>,
+    /// `[videos · frames, hidden]`: `post_layernorm` of each frame's class token.
+    pub pooler_output: Tensor<B, 2>,
+}
+
+/// `XCLIPVisionTransformer`: CLIP vision embeddings per frame, `pre_layernorm`, cross-frame
+/// encoder layers, `post_layernorm` on the class tokens.
+pub struct XclipVisionTransformer<B: Backend> {
+    embeddings: ClassPatchEmbedding<B>,
+    pre_norm: LayerNorm<B>,
+    layers: Vec<CrossFrameLayer<B>>,
+    post_norm: LayerNorm<B>,
+    frames: usize,
+}
+
+impl<B: Backend> XclipVisionTransformer<B> {
+    /// Loads the tower under `vb` (HF's `vision_model`).
+    pub fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
+        let v = &config.vision_config;
+        let c = &v.base;
+        let h = c.hidden_size;
+        let layer = PreLnConfig {
+            hidden: h,
+            heads: c.num_attention_heads,
+            intermediate: c.intermediate_size,
+            act: c.hidden_act,
+            eps: c.layer_norm_eps,
+            bias: ProjectionBias::ALL,
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| CrossFrameLayer::load(&vb.pp(format!("encoder.layers.{i}")), &layer))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(XclipVisionTransformer {
+            embeddings: load_vision_embeddings(&vb.pp("embeddings"), c)?,
+            pre_norm: LayerNorm::load(&vb.pp("pre_layernorm"), h, c.layer_norm_eps)?,
+            layers,
+            post_norm: LayerNorm::load(&vb.pp("post_layernorm"), h, c.layer_norm_eps)?,
+            frames: v.num_frames,
+        })
+    }
+
+    /// Frames per video the tower was built for.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+
+    /// `pixel_values` `[videos · frames, channels, height, width]` (frames of one video
+    /// adjacent) through the tower. Images of another size than the configured one get
+    /// bicubically interpolated position embeddings (HF's `interpolate_pos_encoding=True`).
+    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<XclipVisionOutput<B>> {
+        let bt = pixel_values.dims()[0];
+        if bt == 0 || !bt.is_multiple_of(self.frames) {
+            return Err(Error::InvalidInput(format!(
+                "{bt} frames are not a whole number of {}-frame videos",
+                self.frames
+            )));
+        }
+        let mut x = self
+            .pre_norm
+            .forward(self.embeddings.forward(pixel_values)?);
+        for layer in &self.layers {
+            x = layer.forward(x, self.frames);
+        }
+        let h = x.dims()[2];
+        let cls: Tensor<B, 2> = x.clone().narrow(1, 0, 1).reshape([bt, h]);
+        Ok(XclipVisionOutput {
+            pooler_output: self.post_norm.forward(cls),
+            last_hidden_state: x,
+        })
+    }
+}
+
+/// `XCLIPMultiframeIntegrationTransformer`: learned frame positions, a CLIP encoder, a residual
+/// around it and the mean over frames.
+struct Mit<B: Backend> {
+    position: Tensor<B, 3>,
+    encoder: PreLnEncoder<B>,
+}
+
+impl<B: Backend> Mit<B> {
+    fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
+        let v = &config.vision_config;
+        let h = v.mit_hidden_size;
+        Ok(Mit {
+            position: vb.tensor("position_embedding", [1, v.num_frames, h])?,
+            encoder: load_encoder(
+                vb,
+                v.mit_num_hidden_layers,
+                h,
+                v.mit_num_attention_heads,
+                v.mit_intermediate_size,
+                v.base.hidden_act,
+                v.base.layer_norm_eps,
+            )?,
+        })
+    }
+
+    /// `[videos, frames, hidden]` → pooled `[videos, hidden]`.
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
+        let y = self
+            .encoder
+            .forward(x.clone() + self.position.clone(), None)
+            + x;
+        y.mean_dim(1).squeeze_dim(1)
+    }
+}
+
+/// `PromptGeneratorLayer`: the text attends to the visual tokens, then an MLP, both pre-norm
+/// with residuals.
+struct PromptLayer<B: Backend> {
+    cross_attn: MultiHeadAttention<B>,
+    norm1: LayerNorm<B>,
+    norm3: LayerNorm<B>,
+    mlp: Mlp<B>,
+}
+
+impl<B: Backend> PromptLayer<B> {
+    fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
+        let p = config.projection_dim;
+        let eps = config.text_config.layer_norm_eps;
+        let names = ProjectionNames {
+            q: "q_proj",
+            k: "k_proj",
+            v: "v_proj",
+            o: "proj",
+        };
+        let bias = ProjectionBias {
+            o: true,
+            ..ProjectionBias::NONE
+        };
+        Ok(PromptLayer {
+            cross_attn: MultiHeadAttention::load(
+                &vb.pp("cross_attn"),
+                AttentionConfig::new(p, config.prompt_num_attention_heads, bias),
+                names,
+            )?,
+            norm1: LayerNorm::load(&vb.pp("norm1"), p, eps)?,
+            norm3: LayerNorm::load(&vb.pp("norm3"), p, eps)?,
+            mlp: Mlp::load(
+                &vb.pp("mlp"),
+                ("0", "3"),
+                p,
+                4 * p,
+                config.prompt_hidden_act,
+            )?,
+        })
+    }
+
+    fn forward(&self, text: Tensor<B, 3>, visual: Tensor<B, 3>) -> Tensor<B, 3> {
+        let q = self.norm1.forward(text.clone());
+        let text = text + self.cross_attn.forward_qkv(q, visual.clone(), visual, None);
+        text.clone() + self.mlp.forward(self.norm3.forward(text))
+    }
+}
+
+/// `XCLIPPromptGenerator` (the original `VideoSpecificPrompt`): `alpha · decoder(text, ln(visual))`.
+struct PromptGenerator<B: Backend> {
+    layernorm: LayerNorm<B>,
+    layers: Vec<PromptLayer<B>>,
+    alpha: Tensor<B, 1>,
+}
+
+impl<B: Backend> PromptGenerator<B> {
+    fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
+        let p = config.projection_dim;
+        let layers = (0..config.prompt_layers)
+            .map(|i| PromptLayer::load(&vb.pp(format!("decoder.{i}")), config))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PromptGenerator {
+            layernorm: LayerNorm::load(
+                &vb.pp("layernorm"),
+                p,
+                config.vision_config.base.layer_norm_eps,
+            )?,
+            layers,
+            alpha: vb.tensor("alpha", [p])?,
+        })
+    }
+
+    /// `text` `[videos, texts, dim]`, `visual` `[videos, patches, dim]`.
+    fn forward(&self, mut text: Tensor<B, 3>, visual: Tensor<B, 3>) -> Tensor<B, 3> {
+        let visual = self.layernorm.forward(visual);
+        for layer in &self.layers {
+            text = layer.forward(text, visual.clone());
+        }
+        text * self.alpha.clone().unsqueeze::<3>()
+    }
+}
+
+/// What the vision side gives the rest of the model.
+#[derive(Debug, Clone)]
+pub struct XclipVideoFeatures<B: Backend> {
+    /// HF's `get_video_features`: the MIT's pooled output `[videos, projection_dim]`, not
+    /// normalised.
+    pub video_embeds: Tensor<B, 2>,
+    /// The prompt generator's visual tokens `[videos, patches, projection_dim]`: the patch tokens
+    /// of the vision tower's last hidden state through `prompts_visual_layernorm` and
+    /// `prompts_visual_projection`, averaged over frames.
+    pub img_features: Tensor<B, 3>,
+}
+
+/// Outputs of [`XclipModel::forward`], as HF's `XCLIPOutput`.
+#[derive(Debug, Clone)]
+pub struct XclipOutput<B: Backend> {
+    /// `[videos, texts, projection_dim]`: every text with its video-specific prompt, normalised.
+    pub text_embeds: Tensor<B, 3>,
+    /// `[videos, projection_dim]`, normalised.
+    pub video_embeds: Tensor<B, 2>,
+    /// `[videos, texts]`: `exp(logit_scale) · video · text`.
+    pub logits_per_video: Tensor<B, 2>,
+    /// `[texts, videos]`, the transpose.
+    pub logits_per_text: Tensor<B, 2>,
+}
+
+/// `XCLIPModel`: the CLIP text tower, the cross-frame vision tower, both projections, the MIT,
+/// the prompt generator and the logit scale.
+pub struct XclipModel<B: Backend> {
+    /// The text tower (CLIP's, pooled at the largest token id).
+    pub text: ClipTextTransformer<B>,
+    /// The vision tower.
+    pub vision: XclipVisionTransformer<B>,
+    text_projection: Linear<B>,
+    visual_projection: Linear<B>,
+    prompts_visual_layernorm: LayerNorm<B>,
+    /// `[vision_hidden, projection_dim]`, applied as `x @ W` (an `nn.Parameter`, not a Linear).
+    prompts_visual_projection: Tensor<B, 2>,
+    mit: Mit<B>,
+    prompts_generator: PromptGenerator<B>,
+    logit_scale: f32,
+    config: XclipConfig,
+}
+
+impl<B: Backend> XclipModel<B> {
+    /// Loads an `XCLIPModel` checkpoint.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &XclipConfig,
+        device: &B::Device,
+    ) -> Result<Self> {
+        let logit_scale = load_logit_scale(source.as_ref())?;
+        let vb = VarBuilder::<B>::new(source, device);
+        let p = config.projection_dim;
+        let (ht, hv) = (
+            config.text_config.hidden_size,
+            config.vision_config.base.hidden_size,
+        );
+        let eps = config.vision_config.base.layer_norm_eps;
+        Ok(XclipModel {
+            text: ClipTextTransformer::load(&vb.pp("text_model"), &config.clip_text_config())?,
+            vision: XclipVisionTransformer::load(&vb.pp("vision_model"), config)?,
+            text_projection: Linear::load(&vb.pp("text_projection"), ht, p, false)?,
+            visual_projection: Linear::load(&vb.pp("visual_projection"), hv, p, false)?,
+            prompts_visual_layernorm: LayerNorm::load(&vb.pp("prompts_visual_layernorm"), hv, eps)?,
+            prompts_visual_projection: vb.tensor("prompts_visual_projection", [hv, p])?,
+            mit: Mit::load(&vb.pp("mit"), config)?,
+            prompts_generator: PromptGenerator::load(&vb.pp("prompts_generator"), config)?,
+            logit_scale,
+            config: config.clone(),
+        })
+    }
+
+    /// The parsed `config.json`.
+    pub fn config(&self) -> &XclipConfig {
+        &self.config
+    }
+
+    /// The logit temperature `exp(logit_scale)` read from the checkpoint.
+    pub fn logit_temperature(&self) -> f32 {
+        self.logit_scale.exp()
+    }
+
+    /// HF's `get_text_features`: projected pooled text `[texts, projection_dim]` (not
+    /// normalised, no video prompt).
+    pub fn text_features(&self, inputs: &ClipTextInputs) -> Result<Tensor<B, 2>> {
+        let (_, pooled) = self.text.forward(inputs)?;
+        Ok(self.text_projection.forward(pooled))
+    }
+
+    /// The vision side of `pixel_values` `[videos, frames, channels, height, width]`; `frames`
+    /// must be the configured `num_frames` (the cross-frame attention and the MIT positions are
+    /// built for it).
+    pub fn video_features(&self, pixel_values: Tensor<B, 5>) -> Result<XclipVideoFeatures<B>> {
+        let [b, t, c, h, w] = pixel_values.dims();
+        let frames = self.vision.frames();
+        if t != frames {
+            return Err(Error::InvalidInput(format!(
+                "videos of {t} frames given, the model takes exactly {frames} (num_frames)"
+            )));
+        }
+        let out = self
+            .vision
+            .forward(pixel_values.reshape([b * t, c, h, w]))?;
+        let p = self.config.projection_dim;
+        let cls = self
+            .visual_projection
+            .forward(out.pooler_output)
+            .reshape([b, t, p]);
+        let video_embeds = self.mit.forward(cls);
+        let [_, n1, hv] = out.last_hidden_state.dims();
+        let patches = out.last_hidden_state.narrow(1, 1, n1 - 1);
+        let img: Tensor<B, 2> = self
+            .prompts_visual_layernorm
+            .forward(patches)
+            .reshape([b * t * (n1 - 1), hv]);
+        let img_features = img
+            .matmul(self.prompts_visual_projection.clone())
+            .reshape([b, t, n1 - 1, p])
+            .mean_dim(1)
+            .squeeze_dim(1);
+        Ok(XclipVideoFeatures {
+            video_embeds,
+            img_features,
+        })
+    }
+
+    /// Every video against every text: video-specific text prompts, normalised embeddings and
+    /// `logits_per_video` (HF's `XCLIPModel.forward`).
+    pub fn forward(
+        &self,
+        inputs: &ClipTextInputs,
+        pixel_values: Tensor<B, 5>,
+    ) -> Result<XclipOutput<B>> {
+        let video = self.video_features(pixel_values)?;
+        let text = self.text_features(inputs)?;
+        let [b, _, p] = video.img_features.dims();
+        let k = text.dims()[0];
+        let text = text.unsqueeze::<3>().expand([b, k, p]);
+        let text = text.clone() + self.prompts_generator.forward(text, video.img_features);
+        let text_embeds = l2_normalize(text.reshape([b * k, p])).reshape([b, k, p]);
+        let video_embeds = l2_normalize(video.video_embeds);
+        let logits_per_video = text_embeds
+            .clone()
+            .matmul(video_embeds.clone().reshape([b, p, 1]))
+            .reshape([b, k])
+            .mul_scalar(self.logit_temperature());
+        Ok(XclipOutput {
+            logits_per_text: logits_per_video.clone().transpose(),
+            logits_per_video,
+            text_embeds,
+            video_embeds,
+        })
+    }
+}

@@ -1,0 +1,177 @@
+//! X-CLIP behind the uniform [`ModelRunner`] interface, and its tasks: video embeddings and
+//! video classification against label prompts.
+
+use std::sync::Arc;
+
+use burn::tensor::{activation::softmax, backend::Backend, Tensor};
+use ipfs_accelerate_clip::{l2_normalize, ClipTextInputs};
+use ipfs_accelerate_core::{
+    BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, Result, TensorMap,
+    TensorSource,
+};
+use ipfs_accelerate_nn::{
+    convert::{float_to_host, float_to_vec},
+    vision::pixel_values,
+};
+
+use crate::{XclipConfig, XclipModel};
+
+/// The X-CLIP family: loads an `XCLIPModel` checkpoint folder as an [`XclipRunner`].
+pub struct XclipFamily;
+
+impl Family for XclipFamily {
+    const NAME: &'static str = "xclip";
+
+    fn load<B: Backend>(
+        dir: &std::path::Path,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Box<dyn ModelRunner>> {
+        Ok(Box::new(XclipRunner::<B>::load_dir(dir, device, kind)?))
+    }
+}
+
+/// A loaded X-CLIP checkpoint on one backend.
+pub struct XclipRunner<B: Backend> {
+    model: XclipModel<B>,
+    device: B::Device,
+    kind: BackendKind,
+}
+
+impl<B: Backend> XclipRunner<B> {
+    /// Loads a checkpoint folder: `config.json` and the safetensors weights beside it.
+    pub fn load_dir(dir: &std::path::Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let config = XclipConfig::from_file(&dir.join("config.json"))?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        Self::load(weights, &config, device, kind)
+    }
+
+    /// Loads the weights of `source` onto `device`.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &XclipConfig,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        Ok(XclipRunner {
+            model: XclipModel::load(source, config, device)?,
+            device: device.clone(),
+            kind,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &XclipModel<B> {
+        &self.model
+    }
+
+    /// `pixel_values` `[videos, frames, channels, height, width]`, or `[frames, channels, height,
+    /// width]` for one video, checked (floats, finite, channel count, nothing empty) and moved to
+    /// the device. The frame count is checked by the model.
+    pub fn video_pixels(&self, t: &HostTensor) -> Result<Tensor<B, 5>> {
+        let (b, [f, c, h, w]) = match *t.shape() {
+            [f, c, h, w] => (1, [f, c, h, w]),
+            [b, f, c, h, w] => (b, [f, c, h, w]),
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "pixel_values must be [videos, frames, channels, height, width] or [frames, \
+                     channels, height, width], got {:?}",
+                    t.shape()
+                )))
+            }
+        };
+        let channels = self.model.config().vision_config.base.num_channels;
+        let frames = pixel_values::<B>(&t.reshape(vec![b * f, c, h, w])?, channels, &self.device)?;
+        Ok(frames.reshape([b, f, c, h, w]))
+    }
+}
+
+/// One `Vec` per row of a `[rows, width]` tensor.
+fn per_row(t: Tensor<impl Backend, 2>) -> Result<Vec<Vec<f32>>> {
+    let [_, width] = t.dims();
+    let values = float_to_vec(t)?;
+    Ok(values.chunks(width.max(1)).map(<[f32]>::to_vec).collect())
+}
+
+impl<B: Backend> ModelRunner for XclipRunner<B> {
+    fn family(&self) -> &str {
+        XclipFamily::NAME
+    }
+
+    fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// `pixel_values` `[videos, frames, 3, H, W]` give `video_embeds`; with `input_ids` (+
+    /// `attention_mask`) also the video-specific `text_embeds` `[videos, texts, dim]`,
+    /// `logits_per_video` and `logits_per_text`.
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let pixels = inputs.get("pixel_values").ok_or_else(|| {
+            Error::InvalidInput(
+                "X-CLIP needs `pixel_values` (its text embeddings depend on the video)".into(),
+            )
+        })?;
+        let pixels = self.video_pixels(pixels)?;
+        let mut map = TensorMap::new();
+        if inputs.contains_key("input_ids") {
+            let text = ClipTextInputs::from_tensors(inputs)?;
+            let out = self.model.forward(&text, pixels)?;
+            map.insert("text_embeds".into(), float_to_host(out.text_embeds)?);
+            map.insert("video_embeds".into(), float_to_host(out.video_embeds)?);
+            map.insert(
+                "logits_per_video".into(),
+                float_to_host(out.logits_per_video)?,
+            );
+            map.insert(
+                "logits_per_text".into(),
+                float_to_host(out.logits_per_text)?,
+            );
+        } else {
+            let video = self.model.video_features(pixels)?;
+            map.insert(
+                "video_embeds".into(),
+                float_to_host(l2_normalize(video.video_embeds))?,
+            );
+        }
+        Ok(map)
+    }
+}
+
+/// The object-safe task interface of a loaded X-CLIP, whatever backend it runs on.
+pub trait XclipTasks: ModelRunner {
+    /// The configuration.
+    fn config(&self) -> &XclipConfig;
+    /// L2-normalised video embeddings `[videos][projection_dim]` of `pixel_values` `[videos,
+    /// frames, 3, H, W]` or `[frames, 3, H, W]` (HF's `video_embeds`).
+    fn video_embeds(&self, pixel_values: &HostTensor) -> Result<Vec<Vec<f32>>>;
+    /// Video classification: for every video, the probability of each label (one tokenised
+    /// prompt per label), the softmax of `logits_per_video` over the labels.
+    fn classify_video(
+        &self,
+        pixel_values: &HostTensor,
+        labels: &ClipTextInputs,
+    ) -> Result<Vec<Vec<f32>>>;
+}
+
+impl<B: Backend> XclipTasks for XclipRunner<B> {
+    fn config(&self) -> &XclipConfig {
+        self.model.config()
+    }
+
+    fn video_embeds(&self, pixels: &HostTensor) -> Result<Vec<Vec<f32>>> {
+        let video = self.model.video_features(self.video_pixels(pixels)?)?;
+        per_row(l2_normalize(video.video_embeds))
+    }
+
+    fn classify_video(
+        &self,
+        pixels: &HostTensor,
+        labels: &ClipTextInputs,
+    ) -> Result<Vec<Vec<f32>>> {
+        if labels.batch == 0 {
+            return Err(Error::InvalidInput("no labels to classify against".into()));
+        }
+        let out = self.model.forward(labels, self.video_pixels(pixels)?)?;
+        per_row(softmax(out.logits_per_video, 1))
+    }
+}
