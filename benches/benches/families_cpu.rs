@@ -10,9 +10,14 @@
 //! - `decode`: greedy tokens/s with the KV cache for whisper-base and t5-base (and the fixture-sized
 //!   configs from `../shared/fixtures` when present): the encoder output is computed once outside
 //!   the timing, each iteration generates 16 tokens without stopping at EOS.
-//! - `llama_135m`: SmolLM2-135M shape, prompt of 128 tokens: prefill (time to the first token) and
-//!   64 decode steps (tokens/s after the first), as `peer_bench_torch.py --model llama-135m
+//! - `llama_135m_{f32,int8}`: SmolLM2-135M shape with float or int8 weights (memory printed),
+//!   prompt of 128 tokens: prefill (time to the first token) and 64 decode steps (tokens/s after the first), as `peer_bench_torch.py --model llama-135m
 //!   --seq 128 --decode 64`.
+//!
+//! - `llava_fixture`: the LLaVA fixture checkpoint (when `../shared` is present): time to the first
+//!   token (vision tower + projector + prefill) and tokens/s of 16 decode steps after it.
+//! - `clap_htsat_base`: CLAP's audio embedding of a 10 s clip (48 kHz; features + HTSAT-base +
+//!   projection) with the default (clap-htsat-unfused) configuration.
 //!
 //! `cargo bench -p ipfs-accelerate-benches --bench families_cpu [-- FILTER]`
 
@@ -250,39 +255,121 @@ fn decode(c: &mut Criterion) {
 }
 
 fn llama_135m(c: &mut Criterion) {
-    let mut g = c.benchmark_group("llama_135m");
-    g.sample_size(10);
+    use ipfs_accelerate_llama::TextGeneration;
+    use ipfs_accelerate_nn::WeightQuantization;
     let config =
         LlamaConfig::from_json(SMOLLM2_135M, Path::new("smollm2-135m"), Architecture::Llama)
             .unwrap();
-    let runner =
-        LlamaRunner::<Flex>::load(random(), &config, &Default::default(), BackendKind::Cpu)
-            .unwrap();
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 379 + 11) % 49_152).collect();
-    g.throughput(Throughput::Elements(128));
-    g.bench_function("prefill_128", |b| {
-        b.iter(|| {
-            runner
-                .generate(&prompt, &greedy(1), |_| ControlFlow::Continue(()))
-                .unwrap()
-        })
+    for (name, q) in [
+        ("f32", WeightQuantization::None),
+        ("int8", WeightQuantization::Int8 { block_size: 32 }),
+    ] {
+        let mut runner =
+            LlamaRunner::<Flex>::load(random(), &config, &Default::default(), BackendKind::Cpu)
+                .unwrap();
+        TextGeneration::quantize(&mut runner, q).unwrap();
+        eprintln!(
+            "llama_135m_{name}: weights {:.1} MiB in memory",
+            TextGeneration::weight_bytes(&runner) as f64 / (1u64 << 20) as f64
+        );
+        let mut g = c.benchmark_group(format!("llama_135m_{name}"));
+        g.sample_size(10);
+        bench_generation(&mut g, prompt.len(), 64, |n, on_token| {
+            runner.generate(&prompt, &greedy(n), on_token).unwrap();
+        });
+        g.finish();
+    }
+}
+
+/// Time to the first token and decode tokens/s of generation runs `run(max_new_tokens, on_token)`.
+fn bench_generation(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    prompt_tokens: usize,
+    decode: usize,
+    run: impl Fn(usize, &mut dyn FnMut(u32) -> ControlFlow<()>),
+) {
+    g.throughput(Throughput::Elements(prompt_tokens as u64));
+    g.bench_function("first_token", |b| {
+        b.iter(|| run(1, &mut |_| ControlFlow::Continue(())))
     });
-    let decode = 64;
     g.throughput(Throughput::Elements(decode as u64 - 1));
-    g.bench_function("decode_64", |b| {
+    g.bench_function(format!("decode_{decode}"), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let mut first: Option<Instant> = None;
-                runner
-                    .generate(&prompt, &greedy(decode), |_| {
-                        first.get_or_insert_with(Instant::now);
-                        ControlFlow::Continue(())
-                    })
-                    .unwrap();
+                run(decode, &mut |_| {
+                    first.get_or_insert_with(Instant::now);
+                    ControlFlow::Continue(())
+                });
                 total += first.map(|t| t.elapsed()).unwrap_or_default();
             }
             total
+        })
+    });
+}
+
+fn llava_fixture(c: &mut Criterion) {
+    use ipfs_accelerate_llava::{LlavaRunner, LlavaVariant};
+    let Some(dir) = fixture("llava", "base") else {
+        eprintln!("llava_fixture: ../shared/fixtures/llava/base not found, skipped");
+        return;
+    };
+    let mut g = c.benchmark_group("llava_fixture");
+    g.sample_size(10);
+    let runner = LlavaRunner::<Flex>::load_dir(
+        &dir,
+        LlavaVariant::Llava,
+        &Default::default(),
+        BackendKind::Cpu,
+    )
+    .unwrap();
+    let reference =
+        ipfs_accelerate_io::SafeTensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+    let ids: Vec<u32> = reference
+        .tensor("input_ids")
+        .unwrap()
+        .to_i64_vec()
+        .unwrap()
+        .into_iter()
+        .map(|v| v as u32)
+        .collect();
+    let pixels = reference.tensor("pixel_values").unwrap();
+    bench_generation(&mut g, ids.len(), 16, |n, on_token| {
+        runner
+            .generate(&pixels, None, &ids, &greedy(n), on_token)
+            .unwrap();
+    });
+    g.finish();
+}
+
+fn clap_htsat_base(c: &mut Criterion) {
+    use ipfs_accelerate_clap::{feature_extractor_for, ClapConfig, ClapRunner, ClapTasks};
+    let mut g = c.benchmark_group("clap_htsat_base");
+    g.sample_size(10);
+    let config = ClapConfig::from_json(
+        r#"{"model_type":"clap","text_config":{},"audio_config":{}}"#,
+        Path::new("clap-htsat-unfused"),
+    )
+    .unwrap();
+    let extractor = feature_extractor_for(Path::new("/nonexistent"), &config).unwrap();
+    let runner = ClapRunner::<Flex>::load(
+        random(),
+        &config,
+        extractor,
+        &Default::default(),
+        BackendKind::Cpu,
+    )
+    .unwrap();
+    let samples: Vec<f32> = (0..480_000)
+        .map(|i| (i as f32 * 0.021).sin() * 0.3 + (i as f32 * 0.0043).cos() * 0.2)
+        .collect();
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("audio_embeds_10s", |b| {
+        b.iter(|| {
+            let features = runner.waveform_features(&samples, 48_000).unwrap();
+            runner.audio_embeds(&features).unwrap()
         })
     });
     g.finish();
@@ -290,6 +377,8 @@ fn llama_135m(c: &mut Criterion) {
 
 criterion_group!(
     benches,
+    llava_fixture,
+    clap_htsat_base,
     whisper_logmel,
     image_preprocess,
     vit_base,

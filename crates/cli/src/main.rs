@@ -113,6 +113,10 @@ enum Command {
         /// Keep generating past the end-of-sequence token.
         #[arg(long)]
         ignore_eos: bool,
+        /// Keep the linear weights quantized in memory: `int8` or `int4`, optionally with a block
+        /// size (`int8:64`; default 32). `--metrics` reports the weight memory.
+        #[arg(long)]
+        quantize: Option<String>,
     },
     /// Speech recognition of a WAV file with Whisper or Wav2Vec2 (by the checkpoint's model type);
     /// prints the text.
@@ -349,6 +353,7 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         seed,
         chat,
         ignore_eos,
+        quantize,
     } = cli.command
     else {
         unreachable!("called for generate only")
@@ -358,8 +363,13 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
             "generate needs a decoder LM: pass --model with a .gguf file, a checkpoint folder or a hub id"
         );
     }
-    let generator = TextGenerator::load(&cli.model, backends, cli.offline)
+    let mut generator = TextGenerator::load(&cli.model, backends, cli.offline)
         .with_context(|| format!("loading {}", cli.model))?;
+    let mut weights = (generator.weight_bytes(), generator.weight_bytes());
+    if let Some(q) = quantize {
+        let q: ipfs_accelerate::text::WeightQuantization = q.parse()?;
+        weights = generator.quantize(q).context("quantizing the weights")?;
+    }
     for s in &generator.selection().skipped {
         eprintln!("note: skipped backend {}: {}", s.kind, s.reason);
     }
@@ -399,6 +409,12 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
             out.value.prefill_tokens_per_s,
             out.value.token_ids.len(),
             out.value.decode_tokens_per_s
+        );
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        eprintln!(
+            "weights      {:.1} MiB in memory ({:.1} MiB as float)",
+            mib(weights.1),
+            mib(weights.0)
         );
     }
     Ok(())

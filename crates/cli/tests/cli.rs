@@ -156,3 +156,48 @@ fn generate_rejects_an_empty_prompt_and_the_embedded_encoder() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("decoder LM"));
 }
+
+#[test]
+fn generate_with_int8_weights_keeps_the_answer_and_reports_the_memory() {
+    let Some(gguf) = smollm2() else { return };
+    let out = run_ok(&[
+        "generate",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--max-new-tokens",
+        "3",
+        "--quantize",
+        "int8",
+        "--metrics",
+        "The capital of France is",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(" Paris"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("weights"))
+        .expect("weight memory line");
+    let mib: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.trim_start_matches('(').parse().ok())
+        .collect();
+    assert_eq!(mib.len(), 2, "{line}");
+    assert!(mib[0] < mib[1] * 0.6, "{line}");
+    let out = cli()
+        .args([
+            "generate",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--quantize",
+            "int3",
+            "hi",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown quantization"));
+}

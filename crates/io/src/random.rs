@@ -87,8 +87,7 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
 /// Random initialisation of any model from its configuration alone: every tensor the model asks
 /// for exists and has the shape it expects (see [`TensorSource::tensor_shaped`]), so benchmarks of
 /// real-size configurations need neither a download nor a per-family table of shapes. Optional
-/// tensors count as present. Not for loading a real checkpoint: `tensor` without a shape is an
-/// error.
+/// tensors count as present; a tensor asked for without a shape is a scalar 0 (HF's logit scales).
 #[derive(Debug, Clone, Copy)]
 pub struct RandomInit {
     seed: u64,
@@ -115,12 +114,9 @@ impl TensorSource for RandomInit {
         None
     }
 
-    fn tensor(&self, name: &str) -> Result<HostTensor> {
-        Err(Error::InvalidInput(format!(
-            "{}: `{name}` was requested without a shape; random initialisation needs the shape \
-             the model expects",
-            self.source_name()
-        )))
+    /// A request without a shape is for a scalar (HF's `logit_scale` parameters): 0.
+    fn tensor(&self, _name: &str) -> Result<HostTensor> {
+        HostTensor::from_f32(vec![], &[0.0])
     }
 
     fn names(&self) -> Vec<String> {

@@ -12,6 +12,7 @@ use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner, TextGenerati
 use ipfs_accelerate_nn::generate::GenerationConfig;
 
 pub use ipfs_accelerate_nn::generate::Sampling;
+pub use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
 use crate::{Error, Output, Result};
@@ -201,6 +202,22 @@ impl TextGenerator {
     /// The model's configuration.
     pub fn config(&self) -> &LlamaConfig {
         self.model.config()
+    }
+
+    /// Keeps the linear weights quantized in memory from now on (int8 / int4 blocks; embeddings
+    /// and norms stay float); returns the weight bytes before and after.
+    pub fn quantize(
+        &mut self,
+        q: ipfs_accelerate_nn::WeightQuantization,
+    ) -> Result<(usize, usize)> {
+        let before = self.model.weight_bytes();
+        self.model.quantize(q)?;
+        Ok((before, self.model.weight_bytes()))
+    }
+
+    /// Bytes the model's weights take in memory (float or quantized, as kept).
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
     }
 
     /// The chat template, if the checkpoint has one.

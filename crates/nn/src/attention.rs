@@ -221,6 +221,22 @@ pub struct MultiHeadAttention<B: Backend> {
 }
 
 impl<B: Backend> MultiHeadAttention<B> {
+    /// Quantizes the four projections (see [`Linear::quantize`]).
+    pub fn quantize(&mut self, q: crate::WeightQuantization) -> Result<()> {
+        for l in [&mut self.q, &mut self.k, &mut self.v, &mut self.o] {
+            l.quantize(q)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the projections' weights and biases take in memory.
+    pub fn weight_bytes(&self) -> usize {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .map(|l| l.weight_bytes())
+            .sum()
+    }
+
     /// Loads the four projections under `vb` with the given names.
     pub fn load(
         vb: &VarBuilder<B>,

@@ -17,6 +17,7 @@ mod linear;
 pub mod mlp;
 mod norm;
 pub mod position;
+pub mod quant;
 pub mod rope;
 pub mod transformer;
 mod var_builder;
@@ -27,6 +28,7 @@ pub use embedding::Embedding;
 pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use norm::{LayerNorm, RmsNorm};
+pub use quant::WeightQuantization;
 pub use var_builder::VarBuilder;
 
 /// Re-export of the burn backend trait models are generic over.

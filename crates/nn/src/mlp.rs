@@ -16,6 +16,22 @@ pub struct GatedMlp<B: Backend> {
 }
 
 impl<B: Backend> GatedMlp<B> {
+    /// Quantizes the three projections (see [`Linear::quantize`]).
+    pub fn quantize(&mut self, q: crate::WeightQuantization) -> Result<()> {
+        for l in [&mut self.gate, &mut self.up, &mut self.down] {
+            l.quantize(q)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the projections' weights take in memory.
+    pub fn weight_bytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .map(|l| l.weight_bytes())
+            .sum()
+    }
+
     /// Loads the three projections under `vb` (`hidden` → `intermediate` → `hidden`).
     pub fn load(
         vb: &VarBuilder<B>,

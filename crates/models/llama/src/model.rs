@@ -16,6 +16,7 @@ use ipfs_accelerate_nn::{
 };
 
 use crate::LlamaConfig;
+use ipfs_accelerate_nn::WeightQuantization;
 
 /// One forward call's tokens: `ids` and `positions` row-major `[batch, seq]`, `mask` `[batch,
 /// keys]` over every position the call attends to (cached ones first, then these `seq`), 1 for
@@ -177,6 +178,31 @@ impl<B: Backend> LlamaModel<B> {
     /// Vocabulary size (width of the logits).
     pub fn vocab(&self) -> usize {
         self.lm_head.out_dim()
+    }
+
+    /// Keeps the linear layers' weights (attention, MLP, and the LM head) quantized in memory;
+    /// the token embedding and the norms stay float. A tied LM head gets its own quantized copy
+    /// of the embedding (it already had a transposed float one).
+    pub fn quantize(&mut self, q: WeightQuantization) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.attn.quantize(q)?;
+            layer.mlp.quantize(q)?;
+        }
+        self.lm_head.quantize(q)
+    }
+
+    /// Bytes the weights take in memory: the token embedding and norms (f32) and every linear
+    /// layer as it is kept (float or quantized).
+    pub fn weight_bytes(&self) -> usize {
+        let c = &self.config;
+        let embed = c.vocab_size * c.hidden_size * 4;
+        let norms = (2 * self.layers.len() + 1) * c.hidden_size * 4;
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.attn.weight_bytes() + l.mlp.weight_bytes())
+            .sum();
+        embed + norms + layers + self.lm_head.weight_bytes()
     }
 
     /// An empty KV cache sized for this model.

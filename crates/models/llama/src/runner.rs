@@ -19,6 +19,7 @@ use crate::decoder::{DecodeMode, LlamaDecoder};
 use crate::gguf::GgufWeights;
 use crate::model::{DecoderInput, LlamaModel};
 use crate::{Architecture, LlamaConfig};
+use ipfs_accelerate_nn::WeightQuantization;
 
 /// The LLaMA family (`LlamaForCausalLM` checkpoints).
 pub struct LlamaFamily;
@@ -309,6 +310,10 @@ pub trait TextGeneration: ModelRunner {
     fn chat_template(&self) -> Option<&str>;
     /// Greedy decoding stopping at the checkpoint's EOS token(s).
     fn default_generation_config(&self) -> GenerationConfig;
+    /// Keeps the linear weights quantized in memory (see [`LlamaModel::quantize`]).
+    fn quantize(&mut self, q: WeightQuantization) -> Result<()>;
+    /// Bytes the weights take in memory.
+    fn weight_bytes(&self) -> usize;
     /// New tokens after `prompt`, streamed through `on_token`.
     fn generate(
         &self,
@@ -329,6 +334,14 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
 
     fn default_generation_config(&self) -> GenerationConfig {
         LlamaRunner::default_generation_config(self)
+    }
+
+    fn quantize(&mut self, q: WeightQuantization) -> Result<()> {
+        self.model.quantize(q)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
     }
 
     fn generate(
