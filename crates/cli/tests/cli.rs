@@ -160,17 +160,17 @@ fn generate_rejects_an_empty_prompt_and_the_embedded_encoder() {
 #[test]
 fn generate_with_int8_weights_keeps_the_answer_and_reports_the_memory() {
     let Some(gguf) = smollm2() else { return };
-    let out = run_ok(&[
+    let model = gguf.to_str().unwrap();
+    let args = [
         "generate",
         "--model",
-        gguf.to_str().unwrap(),
+        model,
         "--max-new-tokens",
         "3",
         "--quantize",
         "int8",
-        "--metrics",
-        "The capital of France is",
-    ]);
+    ];
+    let out = run_ok(&[&args[..], &["--metrics", "The capital of France is"]].concat());
     assert!(
         String::from_utf8_lossy(&out.stdout).starts_with(" Paris"),
         "{}",

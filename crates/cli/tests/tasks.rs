@@ -21,6 +21,17 @@ fn run(args: &[&str]) -> std::process::Output {
     cli().args(args).output().unwrap()
 }
 
+/// Runs the binary with `args`, asserting that it fails cleanly with an error mentioning `needle`.
+fn run_fails(args: &[&str], needle: &str) {
+    let out = run(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(needle) && !err.contains("panicked"),
+        "{args:?}: {err}"
+    );
+}
+
 fn run_ok(args: &[&str]) -> String {
     let out = run(args);
     assert!(
@@ -156,17 +167,10 @@ fn transcribe_whisper_and_wav2vec2_from_a_wav_file() {
     let model = fixture_copy(&shared, "whisper", "base");
     let junk = wav_dir.path().join("junk.wav");
     std::fs::write(&junk, b"definitely not RIFF").unwrap();
-    let out = run(&[
-        "transcribe",
-        "--model",
-        model.path().to_str().unwrap(),
-        junk.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("junk.wav") && !err.contains("panicked"),
-        "{err}"
+    let m = model.path().to_str().unwrap();
+    run_fails(
+        &["transcribe", "--model", m, junk.to_str().unwrap()],
+        "junk.wav",
     );
 }
 
@@ -177,9 +181,7 @@ fn t2t_generates_with_the_t5_tokenizer_and_needs_one() {
     };
     let model = fixture_copy(&shared, "t5", "t5");
     let m = model.path().to_str().unwrap();
-    let out = run(&["t2t", "--model", m, "w5 w7 w9"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
+    run_fails(&["t2t", "--model", m, "w5 w7 w9"], "tokenizer.json");
     write_tokenizer(
         model.path(),
         99,
@@ -279,8 +281,7 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
         .value;
     assert_eq!(labels[0]["label"], direct[0][0].label);
     assert!((labels[0]["score"].as_f64().unwrap() - f64::from(direct[0][0].score)).abs() < 1e-6);
-    let out = run(&["zero-shot", "--model", c, "--labels", ",", img]);
-    assert!(!out.status.success());
+    run_fails(&["zero-shot", "--model", c, "--labels", ",", img], "labels");
 
     let detr = fixture_copy(&shared, "detr", "object_detection");
     let drawn = tempfile::tempdir().unwrap();
@@ -314,16 +315,11 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
 
 #[test]
 fn task_commands_need_a_model_of_their_family() {
-    let out = run(&["classify-image", "nothing.png"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--model"));
+    run_fails(&["classify-image", "nothing.png"], "--model");
     let tmp = tempfile::tempdir().unwrap();
-    let out = run(&["detect", "--model", tmp.path().to_str().unwrap(), "x.png"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("config.json") && !err.contains("panicked"),
-        "{err}"
+    run_fails(
+        &["detect", "--model", tmp.path().to_str().unwrap(), "x.png"],
+        "config.json",
     );
 }
 
@@ -378,9 +374,10 @@ fn describe_image_classify_video_and_classify_audio() {
         .value;
     assert_eq!(direct.token_ids.len(), 4);
     assert_eq!(printed.trim_end_matches('\n'), direct.text);
-    let out = run(&["describe-image", "--model", l, "--prompt", " ", img]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("empty prompt"));
+    run_fails(
+        &["describe-image", "--model", l, "--prompt", " ", img],
+        "empty prompt",
+    );
 
     // X-CLIP: 6 frame files, the model's 4 sampled from them.
     let xclip = fixture_copy(&shared, "xclip", "base");
@@ -466,7 +463,9 @@ fn describe_image_classify_video_and_classify_audio() {
         .value;
     assert_eq!(out[0]["label"], direct[0].label);
     assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
-    let out = run(&["classify-audio", "--model", c, "--labels", "w10", img]);
-    assert!(!out.status.success(), "a PNG is not a WAV");
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    // A PNG is not a WAV.
+    run_fails(
+        &["classify-audio", "--model", c, "--labels", "w10", img],
+        "image.png",
+    );
 }

@@ -340,6 +340,45 @@ pub fn assert_checks(checks: &[Check]) {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// Panics unless a task API's `rows` (embeddings per input) equal the [`ModelRunner`] output
+/// `output` they come from (relative error below 1e-6).
+pub fn assert_rows_match(rows: Vec<Vec<f32>>, output: &HostTensor) {
+    let got: Vec<f64> = rows.concat().into_iter().map(f64::from).collect();
+    let err = relative_error(&got, &output.to_f64_vec());
+    assert!(
+        err < 1e-6,
+        "task rows vs model output: relative error {err:e}"
+    );
+}
+
+/// `inputs` without the tensor `name` (for running one tower of a multi-tower model).
+pub fn without(inputs: &TensorMap, name: &str) -> TensorMap {
+    inputs
+        .iter()
+        .filter(|(k, _)| *k != name)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Panics unless `probs` has one row per row of the reference `logits` `[rows, labels]` (e.g.
+/// HF's `logits_per_image`), each its softmax within 1e-4 and summing to 1 within 1e-5: the check
+/// of a zero-shot / classification task API against HF.
+pub fn assert_softmax_rows(probs: &[Vec<f32>], logits: &HostTensor) {
+    let labels = logits.shape().get(1).copied().unwrap_or(0).max(1);
+    let logits = logits.to_f64_vec();
+    assert_eq!(probs.len(), logits.len() / labels, "rows of {probs:?}");
+    for (row, l) in probs.iter().zip(logits.chunks(labels)) {
+        let max = l.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = l.iter().map(|v| (v - max).exp()).sum();
+        assert_eq!(row.len(), l.len(), "{row:?} vs {l:?}");
+        for (p, v) in row.iter().zip(l) {
+            let want = (v - max).exp() / z;
+            assert!((f64::from(*p) - want).abs() < 1e-4, "{row:?} vs {l:?}");
+        }
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "{row:?}");
+    }
+}
+
 impl Fixture {
     /// The parsed meta.json.
     pub fn meta(&self) -> Result<Meta> {

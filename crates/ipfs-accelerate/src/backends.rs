@@ -10,6 +10,10 @@ use crate::{Error, Result};
 pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
     #[allow(unused_mut)]
     let mut v: Vec<Box<dyn ProbeBackend>> = Vec::new();
+    #[cfg(feature = "cuda")]
+    v.push(Box::new(
+        ipfs_accelerate_backend_cuda::CudaBackend::default(),
+    ));
     #[cfg(feature = "cpu")]
     v.push(Box::new(ipfs_accelerate_backend_cpu::CpuBackend));
     #[cfg(feature = "onnx")]
@@ -116,6 +120,8 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
     match kind {
         #[cfg(feature = "cpu")]
         BackendKind::Cpu => work.run(&ipfs_accelerate_backend_cpu::CpuBackend),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => work.run(&ipfs_accelerate_backend_cuda::CudaBackend::default()),
         other => {
             let _ = work;
             Err(Error::Core(
@@ -128,7 +134,7 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
     }
 }
 
-#[cfg(all(test, feature = "cpu"))]
+#[cfg(all(test, feature = "cpu", not(feature = "cuda")))]
 mod tests {
     use super::*;
 

@@ -93,7 +93,7 @@ pub(crate) fn encode_labels(
     tokenizer: &ipfs_accelerate_preprocess::TextTokenizer,
     labels: &[&str],
     template: &str,
-) -> Result<ipfs_accelerate_preprocess::Encoded> {
+) -> Result<ipfs_accelerate_core::TokenBatch> {
     if labels.is_empty() || labels.iter().any(|l| l.trim().is_empty()) {
         return Err(crate::Error::Core(
             ipfs_accelerate_core::Error::InvalidInput(
@@ -103,7 +103,26 @@ pub(crate) fn encode_labels(
     }
     let prompts: Vec<String> = labels.iter().map(|l| template.replace("{}", l)).collect();
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    Ok(tokenizer.encode_batch(&refs)?)
+    let enc = tokenizer.encode_batch(&refs)?;
+    Ok(ipfs_accelerate_core::TokenBatch {
+        batch: enc.batch,
+        seq: enc.seq,
+        input_ids: enc.input_ids,
+        attention_mask: enc.attention_mask,
+    })
+}
+
+/// CLIP-style text inputs (X-CLIP uses CLIP's text tower) of a token batch.
+#[cfg(feature = "clip")]
+pub(crate) fn clip_text(
+    b: ipfs_accelerate_core::TokenBatch,
+) -> ipfs_accelerate_clip::ClipTextInputs {
+    ipfs_accelerate_clip::ClipTextInputs {
+        batch: b.batch,
+        seq: b.seq,
+        input_ids: b.input_ids,
+        attention_mask: b.attention_mask,
+    }
 }
 
 /// A model of type `T` (a family's task trait object) loaded on one backend.
@@ -148,17 +167,35 @@ impl<T: ?Sized> Loaded<T> {
         let raw = infer(&self.model, prepared)?;
         let inference = clock.lap();
         let value = postprocess(raw)?;
-        let metrics = Metrics {
-            backend: self.selection.device.kind.to_string(),
-            init: self.init,
-            preprocess,
-            inference,
-            postprocess: clock.lap(),
-            total: clock.total(),
+        let metrics = call_metrics(
+            &self.selection,
+            self.init,
+            [preprocess, inference],
+            &mut clock,
             items,
-            ..Default::default()
-        };
+        );
         Ok(Output { value, metrics })
+    }
+}
+
+/// The metrics of one call: `phases` are the preprocess and inference times; the postprocess
+/// time is the clock's lap now.
+pub(crate) fn call_metrics(
+    selection: &Selection,
+    init: Duration,
+    [preprocess, inference]: [Duration; 2],
+    clock: &mut Stopwatch,
+    items: usize,
+) -> Metrics {
+    Metrics {
+        backend: selection.device.kind.to_string(),
+        init,
+        preprocess,
+        inference,
+        postprocess: clock.lap(),
+        total: clock.total(),
+        items,
+        ..Default::default()
     }
 }
 
@@ -183,3 +220,23 @@ macro_rules! dir_loader {
     };
 }
 pub(crate) use dir_loader;
+
+/// Defines a task type: a public struct holding the loaded model `inner: Loaded<dyn $tasks>` and
+/// the given extra fields, with its `selection()` accessor.
+macro_rules! task_type {
+    ($(#[$doc:meta])* $name:ident => $tasks:path { $($field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$doc])*
+        pub struct $name {
+            inner: crate::loaded::Loaded<dyn $tasks>,
+            $($field: $ty,)*
+        }
+
+        impl $name {
+            /// The backend it runs on and the preferences that were skipped.
+            pub fn selection(&self) -> &ipfs_accelerate_core::Selection {
+                &self.inner.selection
+            }
+        }
+    };
+}
+pub(crate) use task_type;

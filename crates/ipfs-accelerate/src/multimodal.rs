@@ -14,13 +14,11 @@
 //! ```
 
 #[allow(unused_imports)]
-use crate::loaded::{dir_loader, LoadOptions, Loaded};
+use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
 #[cfg(any(feature = "xclip", feature = "clap"))]
 use crate::loaded::{encode_labels, rank_labels, LabelScore};
 #[allow(unused_imports)]
 use crate::{Error, Output, Result};
-#[allow(unused_imports)]
-use ipfs_accelerate_core::Selection;
 #[allow(unused_imports)]
 use std::path::Path;
 
@@ -62,11 +60,12 @@ mod describe {
         pub token_ids: Vec<u32>,
     }
 
-    /// LLaVA-1.5 or LLaVA-NeXT (by the checkpoint's `model_type`) with its processor.
-    pub struct ImageDescriber {
-        inner: Loaded<dyn LlavaTasks>,
-        processor: LlavaProcessor,
-    }
+    task_type!(
+        /// LLaVA-1.5 or LLaVA-NeXT (by the checkpoint's `model_type`) with its processor.
+        ImageDescriber => LlavaTasks {
+            processor: LlavaProcessor,
+        }
+    );
 
     impl ImageDescriber {
         /// Loads `model` (a folder with `config.json`, safetensors, `preprocessor_config.json`,
@@ -91,11 +90,6 @@ mod describe {
             })?;
             let processor = LlavaProcessor::from_dir(&inner.dir)?;
             Ok(ImageDescriber { inner, processor })
-        }
-
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
         }
 
         /// Answers `question` about the images (files) with up to `max_new_tokens` greedy
@@ -161,7 +155,9 @@ mod video {
     use ipfs_accelerate_preprocess::image::ProcessorKind;
     use ipfs_accelerate_preprocess::video::load_sampled_frames;
     use ipfs_accelerate_preprocess::TextTokenizer;
-    use ipfs_accelerate_xclip::{ClipTextInputs, XclipRunner, XclipTasks};
+    use ipfs_accelerate_xclip::{XclipRunner, XclipTasks};
+
+    use crate::loaded::clip_text;
 
     use super::*;
 
@@ -170,12 +166,13 @@ mod video {
         LoadXclip => XclipTasks, XclipRunner::load_dir
     );
 
-    /// Video classification with X-CLIP: frames (image files) and free-text labels.
-    pub struct VideoClassifier {
-        inner: Loaded<dyn XclipTasks>,
-        processor: ipfs_accelerate_preprocess::image::ImageProcessor,
-        tokenizer: TextTokenizer,
-    }
+    task_type!(
+        /// Video classification with X-CLIP: frames (image files) and free-text labels.
+        VideoClassifier => XclipTasks {
+            processor: ipfs_accelerate_preprocess::image::ImageProcessor,
+            tokenizer: TextTokenizer,
+        }
+    );
 
     impl VideoClassifier {
         /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
@@ -202,11 +199,6 @@ mod video {
             })
         }
 
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
-        }
-
         /// Frames the model takes per video (`num_frames`); [`classify`](Self::classify) samples
         /// that many uniformly from the frames it is given.
         pub fn frames_per_video(&self) -> usize {
@@ -227,13 +219,7 @@ mod video {
                     let pixels =
                         load_sampled_frames(frames, self.frames_per_video(), &self.processor)
                             .map_err(ipfs_accelerate_core::Error::from)?;
-                    let enc = encode_labels(&self.tokenizer, labels, template)?;
-                    let text = ClipTextInputs {
-                        batch: enc.batch,
-                        seq: enc.seq,
-                        input_ids: enc.input_ids,
-                        attention_mask: enc.attention_mask,
-                    };
+                    let text = clip_text(encode_labels(&self.tokenizer, labels, template)?);
                     Ok((pixels, text))
                 },
                 |m, (pixels, text)| Ok(m.classify_video(&pixels, &text)?),
@@ -249,7 +235,6 @@ pub use audio::AudioClassifier;
 #[cfg(feature = "clap")]
 mod audio {
     use ipfs_accelerate_clap::{ClapRunner, ClapTasks};
-    use ipfs_accelerate_core::TokenBatch;
     use ipfs_accelerate_preprocess::TextTokenizer;
 
     use super::*;
@@ -259,11 +244,12 @@ mod audio {
         LoadClap => ClapTasks, ClapRunner::load_dir
     );
 
-    /// Zero-shot audio classification with CLAP.
-    pub struct AudioClassifier {
-        inner: Loaded<dyn ClapTasks>,
-        tokenizer: TextTokenizer,
-    }
+    task_type!(
+        /// Zero-shot audio classification with CLAP.
+        AudioClassifier => ClapTasks {
+            tokenizer: TextTokenizer,
+        }
+    );
 
     impl AudioClassifier {
         /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
@@ -279,11 +265,6 @@ mod audio {
             Ok(AudioClassifier { inner, tokenizer })
         }
 
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
-        }
-
         /// The probability of each label for a WAV file (any rate, channels mixed down; the
         /// first window of a long file); `template` wraps each label (`{}`).
         pub fn classify(
@@ -296,13 +277,7 @@ mod audio {
                 1,
                 || {
                     let features = self.inner.model.wav_features(wav.as_ref())?;
-                    let enc = encode_labels(&self.tokenizer, labels, template)?;
-                    let text = TokenBatch {
-                        batch: enc.batch,
-                        seq: enc.seq,
-                        input_ids: enc.input_ids,
-                        attention_mask: enc.attention_mask,
-                    };
+                    let text = encode_labels(&self.tokenizer, labels, template)?;
                     Ok((features, text))
                 },
                 |m, (features, text)| Ok(m.zero_shot(&features, &text)?),

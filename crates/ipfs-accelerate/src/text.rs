@@ -344,15 +344,14 @@ impl TextGenerator {
             0.0
         };
         let metrics = Metrics {
-            backend: self.selection.device.kind.to_string(),
-            init: self.init,
-            preprocess,
-            inference,
-            postprocess: clock.lap(),
-            total: clock.total(),
-            items: 1,
             tokens: tokens.len(),
-            ..Default::default()
+            ..crate::loaded::call_metrics(
+                &self.selection,
+                self.init,
+                [preprocess, inference],
+                &mut clock,
+                1,
+            )
         };
         Ok(Output {
             value: Generated {

@@ -12,11 +12,10 @@
 //! # }
 //! ```
 
-use ipfs_accelerate_core::Selection;
 use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
 use ipfs_accelerate_t5::{T5Runner, T5Tasks};
 
-use crate::loaded::{dir_loader, LoadOptions, Loaded};
+use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
 dir_loader!(
@@ -24,10 +23,10 @@ dir_loader!(
     LoadT5 => T5Tasks, T5Runner::from_dir
 );
 
-/// A loaded T5 checkpoint with its tokenizer.
-pub struct Text2Text {
-    inner: Loaded<dyn T5Tasks>,
-}
+task_type!(
+    /// A loaded T5 checkpoint with its tokenizer.
+    Text2Text => T5Tasks {}
+);
 
 impl Text2Text {
     /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
@@ -39,11 +38,6 @@ impl Text2Text {
             )));
         }
         Ok(Text2Text { inner })
-    }
-
-    /// The backend it runs on and the preferences that were skipped.
-    pub fn selection(&self) -> &Selection {
-        &self.inner.selection
     }
 
     /// The generation settings [`generate`](Self::generate) uses: greedy, stopping at the

@@ -17,15 +17,14 @@
 
 use std::path::Path;
 
-use ipfs_accelerate_core::Selection;
 use ipfs_accelerate_preprocess::image::{
     load_image, ImageProcessor, ImageProcessorConfig, ProcessedImages, ProcessorKind, RgbImage,
     SizeRule,
 };
 
-use crate::loaded::{dir_loader, LoadOptions, Loaded};
 #[cfg(feature = "clip")]
-use crate::loaded::{encode_labels, rank_labels, LabelScore};
+use crate::loaded::{clip_text, encode_labels, rank_labels, LabelScore};
+use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
 const PREPROCESSOR: &str = "preprocessor_config.json";
@@ -91,11 +90,12 @@ mod classify {
         LoadVit => VitTasks, VitRunner::load_dir
     );
 
-    /// An image classifier (ViT with a classification head) with its image processor.
-    pub struct ImageClassifier {
-        inner: Loaded<dyn VitTasks>,
-        processor: ImageProcessor,
-    }
+    task_type!(
+        /// An image classifier (ViT with a classification head) with its image processor.
+        ImageClassifier => VitTasks {
+            processor: ImageProcessor,
+        }
+    );
 
     impl ImageClassifier {
         /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
@@ -105,11 +105,6 @@ mod classify {
             let size = inner.model.config().image_size.hw();
             let processor = image_processor(&inner.dir, ProcessorKind::Vit, Some(size))?;
             Ok(ImageClassifier { inner, processor })
-        }
-
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
         }
 
         /// The `top_k` most likely labels of each image, most likely first.
@@ -143,7 +138,7 @@ pub use zero_shot::ZeroShotClassifier;
 #[cfg(feature = "clip")]
 mod zero_shot {
     use super::*;
-    use ipfs_accelerate_clip::{ClipRunner, ClipTasks, ClipTextInputs};
+    use ipfs_accelerate_clip::{ClipRunner, ClipTasks};
     use ipfs_accelerate_preprocess::TextTokenizer;
 
     dir_loader!(
@@ -151,12 +146,13 @@ mod zero_shot {
         LoadClip => ClipTasks, ClipRunner::load_dir
     );
 
-    /// Zero-shot image classification with CLIP: the probability of each free-text label.
-    pub struct ZeroShotClassifier {
-        inner: Loaded<dyn ClipTasks>,
-        processor: ImageProcessor,
-        tokenizer: TextTokenizer,
-    }
+    task_type!(
+        /// Zero-shot image classification with CLIP: the probability of each free-text label.
+        ZeroShotClassifier => ClipTasks {
+            processor: ImageProcessor,
+            tokenizer: TextTokenizer,
+        }
+    );
 
     impl ZeroShotClassifier {
         /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
@@ -173,11 +169,6 @@ mod zero_shot {
             })
         }
 
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
-        }
-
         /// For each image, every label with its probability, most likely first. Each label is
         /// embedded through `template` (`{}` is replaced by the label; CLIP's usual template is
         /// `"a photo of a {}"`).
@@ -190,13 +181,7 @@ mod zero_shot {
             self.inner.timed(
                 images.len(),
                 || {
-                    let enc = encode_labels(&self.tokenizer, labels, template)?;
-                    let text = ClipTextInputs {
-                        batch: enc.batch,
-                        seq: enc.seq,
-                        input_ids: enc.input_ids,
-                        attention_mask: enc.attention_mask,
-                    };
+                    let text = clip_text(encode_labels(&self.tokenizer, labels, template)?);
                     Ok((preprocess(&self.processor, images)?, text))
                 },
                 |m, (p, text)| Ok(m.zero_shot(&p.pixel_values, &text)?),
@@ -221,11 +206,12 @@ mod detect {
         LoadDetr => DetrTasks, DetrRunner::load_dir
     );
 
-    /// Object detection with DETR: boxes in pixels of each original image.
-    pub struct ObjectDetector {
-        inner: Loaded<dyn DetrTasks>,
-        processor: ImageProcessor,
-    }
+    task_type!(
+        /// Object detection with DETR: boxes in pixels of each original image.
+        ObjectDetector => DetrTasks {
+            processor: ImageProcessor,
+        }
+    );
 
     impl ObjectDetector {
         /// Loads `model` on the first usable backend.
@@ -233,11 +219,6 @@ mod detect {
             let inner = Loaded::load(model, options, &[PREPROCESSOR], LoadDetr)?;
             let processor = image_processor(&inner.dir, ProcessorKind::Detr, None)?;
             Ok(ObjectDetector { inner, processor })
-        }
-
-        /// The backend it runs on and the preferences that were skipped.
-        pub fn selection(&self) -> &Selection {
-            &self.inner.selection
         }
 
         /// Objects scoring above `threshold` in each image, boxes as (x0, y0, x1, y1) pixels.

@@ -1,7 +1,7 @@
 //! Conversions between host tensors and burn tensors.
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
-use ipfs_accelerate_core::{Error, HostTensor, Result};
+use ipfs_accelerate_core::{Error, HostTensor, Result, TensorMap};
 
 /// A host tensor (any float or integer dtype) as a float burn tensor of rank `D`.
 pub fn float_from_host<B: Backend, const D: usize>(
@@ -53,6 +53,23 @@ pub fn float_to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f
         .convert::<f32>()
         .to_vec::<f32>()
         .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))
+}
+
+/// One `Vec` per row of a float `[rows, width]` tensor (embeddings or probabilities per input).
+pub fn float_rows<B: Backend>(t: Tensor<B, 2>) -> Result<Vec<Vec<f32>>> {
+    let [_, width] = t.dims();
+    let values = float_to_vec(t)?;
+    Ok(values.chunks(width.max(1)).map(<[f32]>::to_vec).collect())
+}
+
+/// Named float tensors (of one rank) copied to the host, as a [`TensorMap`] of model outputs.
+pub fn float_map<B: Backend, const D: usize>(
+    outputs: impl IntoIterator<Item = (&'static str, Tensor<B, D>)>,
+) -> Result<TensorMap> {
+    outputs
+        .into_iter()
+        .map(|(name, t)| Ok((name.to_string(), float_to_host(t)?)))
+        .collect()
 }
 
 /// An Int burn tensor copied to the host as i64.

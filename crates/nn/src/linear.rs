@@ -52,7 +52,7 @@ impl<B: Backend> Linear<B> {
             return Ok(());
         };
         let n = self.weight.shape().num_elements();
-        if n % q.block_size() != 0 {
+        if !n.is_multiple_of(q.block_size()) {
             return Err(Error::InvalidInput(format!(
                 "a linear weight of {n} values is not a multiple of the quantization block size {}",
                 q.block_size()

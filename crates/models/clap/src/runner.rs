@@ -9,7 +9,7 @@ use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, Result, TensorMap,
     TensorSource, TokenBatch,
 };
-use ipfs_accelerate_nn::convert::{float_from_host, float_to_host, float_to_vec};
+use ipfs_accelerate_nn::convert::{float_from_host, float_map, float_rows};
 use ipfs_accelerate_preprocess::audio::{
     conform_rate, read_wav, ClapFeatureConfig, ClapFeatureExtractor,
 };
@@ -127,14 +127,6 @@ impl<B: Backend> ClapRunner<B> {
     }
 }
 
-fn rows(t: Tensor<impl Backend, 2>) -> Result<Vec<Vec<f32>>> {
-    let width = t.dims()[1].max(1);
-    Ok(float_to_vec(t)?
-        .chunks(width)
-        .map(<[f32]>::to_vec)
-        .collect())
-}
-
 impl<B: Backend> ModelRunner for ClapRunner<B> {
     fn family(&self) -> &str {
         ClapFamily::NAME
@@ -155,40 +147,24 @@ impl<B: Backend> ModelRunner for ClapRunner<B> {
             .get("input_features")
             .map(|f| self.features(f))
             .transpose()?;
-        let mut map = TensorMap::new();
         match (text, features) {
             (Some(text), Some(features)) => {
                 let out = self.model.forward(&text, features)?;
-                map.insert("text_embeds".into(), float_to_host(out.text_embeds)?);
-                map.insert("audio_embeds".into(), float_to_host(out.audio_embeds)?);
-                map.insert(
-                    "logits_per_audio".into(),
-                    float_to_host(out.logits_per_audio)?,
-                );
-                map.insert(
-                    "logits_per_text".into(),
-                    float_to_host(out.logits_per_text)?,
-                );
+                float_map([
+                    ("text_embeds", out.text_embeds),
+                    ("audio_embeds", out.audio_embeds),
+                    ("logits_per_audio", out.logits_per_audio),
+                    ("logits_per_text", out.logits_per_text),
+                ])
             }
-            (Some(text), None) => {
-                map.insert(
-                    "text_embeds".into(),
-                    float_to_host(self.model.text_embeds(&text)?)?,
-                );
-            }
+            (Some(text), None) => float_map([("text_embeds", self.model.text_embeds(&text)?)]),
             (None, Some(features)) => {
-                map.insert(
-                    "audio_embeds".into(),
-                    float_to_host(self.model.audio_embeds(features)?)?,
-                );
+                float_map([("audio_embeds", self.model.audio_embeds(features)?)])
             }
-            (None, None) => {
-                return Err(Error::InvalidInput(
-                    "CLAP needs `input_ids` and / or `input_features`".into(),
-                ))
-            }
+            (None, None) => Err(Error::InvalidInput(
+                "CLAP needs `input_ids` and / or `input_features`".into(),
+            )),
         }
-        Ok(map)
     }
 }
 
@@ -233,16 +209,16 @@ impl<B: Backend> ClapTasks for ClapRunner<B> {
     }
 
     fn text_embeds(&self, text: &TokenBatch) -> Result<Vec<Vec<f32>>> {
-        rows(self.model.text_embeds(text)?)
+        float_rows(self.model.text_embeds(text)?)
     }
 
     fn audio_embeds(&self, input_features: &HostTensor) -> Result<Vec<Vec<f32>>> {
-        rows(self.model.audio_embeds(self.features(input_features)?)?)
+        float_rows(self.model.audio_embeds(self.features(input_features)?)?)
     }
 
     fn zero_shot(&self, input_features: &HostTensor, labels: &TokenBatch) -> Result<Vec<Vec<f32>>> {
         let out = self.model.forward(labels, self.features(input_features)?)?;
-        rows(softmax(out.logits_per_audio, 1))
+        float_rows(softmax(out.logits_per_audio, 1))
     }
 
     fn waveform_features(&self, samples: &[f32], sampling_rate: u32) -> Result<HostTensor> {

@@ -5,7 +5,10 @@ use std::path::Path;
 
 use burn_flex::Flex;
 use ipfs_accelerate_clap::{ClapConfig, ClapFamily, ClapRunner, ClapTasks};
-use ipfs_accelerate_conformance::{assert_checks, family_fixtures, relative_error, verify_runner};
+use ipfs_accelerate_conformance::{
+    assert_checks, assert_rows_match, assert_softmax_rows, family_fixtures, relative_error,
+    verify_runner, without,
+};
 use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, TensorMap, TensorSource,
     TokenBatch,
@@ -14,10 +17,6 @@ use ipfs_accelerate_preprocess::audio::{ClapFeatureConfig, ClapFeatureExtractor}
 
 fn runner(dir: &Path) -> ClapRunner<Flex> {
     ClapRunner::load_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
-}
-
-fn flat(rows: Vec<Vec<f32>>) -> Vec<f64> {
-    rows.concat().into_iter().map(f64::from).collect()
 }
 
 #[test]
@@ -40,10 +39,8 @@ fn task_apis_agree_with_the_model_outputs() {
         let text = TokenBatch::from_tensors(&inputs).unwrap();
         let features = &inputs["input_features"];
         let full = clap.run(&inputs).unwrap();
-        let text_embeds = flat(clap.text_embeds(&text).unwrap());
-        assert!(relative_error(&text_embeds, &full["text_embeds"].to_f64_vec()) < 1e-6);
-        let audio_embeds = flat(clap.audio_embeds(features).unwrap());
-        assert!(relative_error(&audio_embeds, &full["audio_embeds"].to_f64_vec()) < 1e-6);
+        assert_rows_match(clap.text_embeds(&text).unwrap(), &full["text_embeds"]);
+        assert_rows_match(clap.audio_embeds(features).unwrap(), &full["audio_embeds"]);
         // logits_per_text uses logit_scale_t: against HF's embeddings and the checkpoint's scale.
         let (_, scale_t) = clap.model().logit_scales();
         let (t, a) = (
@@ -63,22 +60,9 @@ fn task_apis_agree_with_the_model_outputs() {
         assert!(relative_error(&got, &want) < 1e-4);
         // Zero-shot probabilities are the softmax of HF's logits_per_audio over the labels.
         let probs = clap.zero_shot(features, &text).unwrap();
-        let logits = reference.tensor("logits_per_audio").unwrap();
-        let labels = logits.shape()[1];
-        for (row, l) in probs.iter().zip(logits.to_f64_vec().chunks(labels)) {
-            let max = l.iter().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = l.iter().map(|v| (v - max).exp()).sum();
-            for (p, v) in row.iter().zip(l) {
-                assert!((*p as f64 - (v - max).exp() / z).abs() < 1e-4);
-            }
-            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
-        }
+        assert_softmax_rows(&probs, &reference.tensor("logits_per_audio").unwrap());
         // One tower at a time.
-        let only_text: TensorMap = inputs
-            .iter()
-            .filter(|(k, _)| *k != "input_features")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let only_text = without(&inputs, "input_features");
         let out = clap.run(&only_text).unwrap();
         assert!(out.contains_key("text_embeds") && !out.contains_key("audio_embeds"));
         let only_audio: TensorMap = [("input_features".to_string(), features.clone())].into();
@@ -293,6 +277,21 @@ fn broken_checkpoints_and_configs_are_typed_errors() {
             "patch_embeds_hidden_size": 16, "hidden_size": 32, {extra}}}}}"#
         )
     };
+    let bad_audio = [
+        r#""enable_fusion": true"#,
+        r#""flatten_patch_embeds": false"#,
+        r#""hidden_size": 31"#,
+        r#""num_mel_bins": 65"#,
+        r#""num_mel_bins": 20"#,
+        r#""window_size": 16"#,
+        r#""num_attention_heads": [3, 4]"#,
+        r#""num_attention_heads": [2]"#,
+        r#""patch_size": [4, 4, 4]"#,
+        r#""patch_size": 2"#,
+        r#""patch_stride": 3"#,
+        r#""mlp_ratio": 0.0"#,
+        r#""hidden_act": "nope""#,
+    ];
     for bad in [
         r#"{"text_config": {}}"#.to_string(),
         format!(
@@ -301,20 +300,10 @@ fn broken_checkpoints_and_configs_are_typed_errors() {
         format!(r#"{{"text_config": {{"pad_token_id": null}}, {ok_audio}}}"#),
         format!(r#"{{"text_config": {{"vocab_size": 1}}, {ok_audio}}}"#),
         format!(r#"{{"text_config": {{}}, {ok_audio}, "projection_dim": 0}}"#),
-        with_audio(r#""enable_fusion": true"#),
-        with_audio(r#""flatten_patch_embeds": false"#),
-        with_audio(r#""hidden_size": 31"#),
-        with_audio(r#""num_mel_bins": 65"#),
-        with_audio(r#""num_mel_bins": 20"#),
-        with_audio(r#""window_size": 16"#),
-        with_audio(r#""num_attention_heads": [3, 4]"#),
-        with_audio(r#""num_attention_heads": [2]"#),
-        with_audio(r#""patch_size": [4, 4, 4]"#),
-        with_audio(r#""patch_size": 2"#),
-        with_audio(r#""patch_stride": 3"#),
-        with_audio(r#""mlp_ratio": 0.0"#),
-        with_audio(r#""hidden_act": "nope""#),
-    ] {
+    ]
+    .into_iter()
+    .chain(bad_audio.into_iter().map(with_audio))
+    {
         assert!(
             matches!(
                 ClapConfig::from_json(&bad, origin),

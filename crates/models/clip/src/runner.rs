@@ -9,7 +9,7 @@ use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
 };
 use ipfs_accelerate_nn::{
-    convert::{float_to_host, float_to_vec},
+    convert::{float_map, float_rows},
     vision::pixel_values,
 };
 
@@ -88,14 +88,6 @@ impl<B: Backend> ClipRunner<B> {
     }
 }
 
-fn rows(t: Tensor<impl Backend, 2>) -> Result<Vec<Vec<f32>>> {
-    let width = t.dims()[1].max(1);
-    Ok(float_to_vec(t)?
-        .chunks(width)
-        .map(<[f32]>::to_vec)
-        .collect())
-}
-
 impl<B: Backend> ModelRunner for ClipRunner<B> {
     fn family(&self) -> &str {
         ClipFamily::NAME
@@ -116,36 +108,28 @@ impl<B: Backend> ModelRunner for ClipRunner<B> {
             .get("pixel_values")
             .map(|p| self.pixels(p))
             .transpose()?;
-        let mut map = TensorMap::new();
         match (text, pixels) {
             (Some(text), Some(pixels)) => {
                 let out = self.model.forward(&text, pixels)?;
-                map.insert("text_embeds".into(), float_to_host(out.text_embeds)?);
-                map.insert("image_embeds".into(), float_to_host(out.image_embeds)?);
-                map.insert(
-                    "logits_per_image".into(),
-                    float_to_host(out.logits_per_image)?,
-                );
-                map.insert(
-                    "logits_per_text".into(),
-                    float_to_host(out.logits_per_text)?,
-                );
+                float_map([
+                    ("text_embeds", out.text_embeds),
+                    ("image_embeds", out.image_embeds),
+                    ("logits_per_image", out.logits_per_image),
+                    ("logits_per_text", out.logits_per_text),
+                ])
             }
             (Some(text), None) => {
                 let e = l2_normalize(self.model.text_features(&text)?);
-                map.insert("text_embeds".into(), float_to_host(e)?);
+                float_map([("text_embeds", e)])
             }
             (None, Some(pixels)) => {
                 let e = l2_normalize(self.model.image_features(pixels)?);
-                map.insert("image_embeds".into(), float_to_host(e)?);
+                float_map([("image_embeds", e)])
             }
-            (None, None) => {
-                return Err(Error::InvalidInput(
-                    "CLIP needs `input_ids` and / or `pixel_values`".into(),
-                ))
-            }
+            (None, None) => Err(Error::InvalidInput(
+                "CLIP needs `input_ids` and / or `pixel_values`".into(),
+            )),
         }
-        Ok(map)
     }
 }
 
@@ -173,17 +157,17 @@ impl<B: Backend> ClipTasks for ClipRunner<B> {
     }
 
     fn text_embeds(&self, text: &ClipTextInputs) -> Result<Vec<Vec<f32>>> {
-        rows(l2_normalize(self.model.text_features(text)?))
+        float_rows(l2_normalize(self.model.text_features(text)?))
     }
 
     fn image_embeds(&self, pixels: &HostTensor) -> Result<Vec<Vec<f32>>> {
-        rows(l2_normalize(
+        float_rows(l2_normalize(
             self.model.image_features(self.pixels(pixels)?)?,
         ))
     }
 
     fn zero_shot(&self, pixels: &HostTensor, labels: &ClipTextInputs) -> Result<Vec<Vec<f32>>> {
         let out = self.model.forward(labels, self.pixels(pixels)?)?;
-        rows(softmax(out.logits_per_image, 1))
+        float_rows(softmax(out.logits_per_image, 1))
     }
 }

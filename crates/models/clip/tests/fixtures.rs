@@ -7,9 +7,11 @@ use burn_flex::Flex;
 use ipfs_accelerate_clip::{
     ClipConfig, ClipFamily, ClipRunner, ClipTasks, ClipTextInputs, TokenIds,
 };
-use ipfs_accelerate_conformance::{assert_checks, family_fixtures, relative_error, verify_runner};
+use ipfs_accelerate_conformance::{
+    assert_checks, assert_rows_match, assert_softmax_rows, family_fixtures, verify_runner, without,
+};
 use ipfs_accelerate_core::{
-    BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, TensorMap, TensorSource,
+    BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, TensorSource,
 };
 
 fn runner(dir: &Path) -> ClipRunner<Flex> {
@@ -36,30 +38,13 @@ fn task_apis_agree_with_the_model_outputs() {
         let text = ClipTextInputs::from_tensors(&inputs).unwrap();
         let pixels = &inputs["pixel_values"];
         let full = clip.run(&inputs).unwrap();
-        let flat =
-            |rows: Vec<Vec<f32>>| rows.concat().into_iter().map(f64::from).collect::<Vec<_>>();
-        let text_embeds = flat(clip.text_embeds(&text).unwrap());
-        assert!(relative_error(&text_embeds, &full["text_embeds"].to_f64_vec()) < 1e-6);
-        let image_embeds = flat(clip.image_embeds(pixels).unwrap());
-        assert!(relative_error(&image_embeds, &full["image_embeds"].to_f64_vec()) < 1e-6);
+        assert_rows_match(clip.text_embeds(&text).unwrap(), &full["text_embeds"]);
+        assert_rows_match(clip.image_embeds(pixels).unwrap(), &full["image_embeds"]);
         // Zero-shot probabilities are the softmax of HF's logits_per_image over the labels.
         let probs = clip.zero_shot(pixels, &text).unwrap();
-        let logits = reference.tensor("logits_per_image").unwrap();
-        let labels = logits.shape()[1];
-        for (row, l) in probs.iter().zip(logits.to_f64_vec().chunks(labels)) {
-            let max = l.iter().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = l.iter().map(|v| (v - max).exp()).sum();
-            for (p, v) in row.iter().zip(l) {
-                assert!((*p as f64 - (v - max).exp() / z).abs() < 1e-4);
-            }
-            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
-        }
+        assert_softmax_rows(&probs, &reference.tensor("logits_per_image").unwrap());
         // One tower at a time.
-        let only_text: TensorMap = inputs
-            .iter()
-            .filter(|(k, _)| *k != "pixel_values")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let only_text = without(&inputs, "pixel_values");
         let out = clip.run(&only_text).unwrap();
         assert!(out.contains_key("text_embeds") && !out.contains_key("image_embeds"));
     }

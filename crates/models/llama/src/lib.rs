@@ -20,4 +20,7 @@ pub use config::{Architecture, LlamaConfig, TokenIds};
 pub use decoder::{DecodeMode, LlamaDecoder};
 pub use gguf::GgufWeights;
 pub use model::{positions_from_mask, DecoderInput, LlamaModel};
-pub use runner::{read_chat_template, LlamaFamily, LlamaRunner, Qwen2Family, TextGeneration};
+pub use runner::{
+    check_vocab, greedy_steps, greedy_tokens, read_chat_template, same_shape_ids, token_matrix,
+    LlamaFamily, LlamaRunner, Qwen2Family, TextGeneration,
+};

@@ -198,21 +198,11 @@ impl<B: Backend> LlamaRunner<B> {
     /// `position_ids` (`0..seq` when absent, as HF's forward; generation derives them from the
     /// mask instead, see [`positions_from_mask`](crate::positions_from_mask)).
     fn logits(&self, inputs: &TensorMap, ids: &HostTensor) -> Result<HostTensor> {
-        let [batch, seq] = matrix("input_ids", ids)?;
-        let same_shape = |name: &str| -> Result<Option<Vec<i64>>> {
-            match inputs.get(name) {
-                None => Ok(None),
-                Some(t) if t.shape() == ids.shape() => Ok(Some(t.to_i64_vec()?)),
-                Some(t) => Err(Error::InvalidInput(format!(
-                    "{name} has shape {:?}, input_ids {:?}",
-                    t.shape(),
-                    ids.shape()
-                ))),
-            }
-        };
-        let positions = same_shape("position_ids")?
+        let [batch, seq] = token_matrix("input_ids", ids)?;
+        let positions = same_shape_ids(inputs, "position_ids", ids)?
             .unwrap_or_else(|| (0..batch).flat_map(|_| 0..seq as i64).collect());
-        let mask = same_shape("attention_mask")?.unwrap_or_else(|| vec![1; batch * seq]);
+        let mask =
+            same_shape_ids(inputs, "attention_mask", ids)?.unwrap_or_else(|| vec![1; batch * seq]);
         let ids = ids.to_i64_vec()?;
         let input = DecoderInput {
             batch,
@@ -227,44 +217,86 @@ impl<B: Backend> LlamaRunner<B> {
     /// `greedy_steps` argmax tokens after each row of `greedy_prompt`, recomputing the whole
     /// sequence each step as the reference fixtures do: I64 `[rows, steps]`.
     fn greedy(&self, inputs: &TensorMap, prompt: &HostTensor) -> Result<HostTensor> {
-        let [rows, _] = matrix("greedy_prompt", prompt)?;
-        let steps = inputs
-            .get("greedy_steps")
-            .ok_or_else(|| Error::InvalidInput("greedy_prompt given without greedy_steps".into()))?
-            .to_i64_vec()?;
-        let steps = match steps.as_slice() {
-            [n] if *n >= 0 => *n as usize,
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "greedy_steps must be one non-negative count, got {other:?}"
-                )))
-            }
-        };
-        let vocab = self.config().vocab_size as i64;
+        let [rows, _] = token_matrix("greedy_prompt", prompt)?;
+        let steps = greedy_steps(inputs)?;
         let ids = prompt.to_i64_vec()?;
-        if let Some(bad) = ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(Error::InvalidInput(format!(
-                "greedy_prompt contains {bad}, outside the vocabulary of {vocab}"
-            )));
-        }
+        check_vocab("greedy_prompt", &ids, self.config().vocab_size)?;
         let cols = ids.len() / rows.max(1);
         let prompts: Vec<Vec<u32>> = ids
             .chunks(cols.max(1))
             .map(|r| r.iter().map(|&t| t as u32).collect())
             .collect();
-        let config = GenerationConfig {
-            max_new_tokens: steps,
-            ..GenerationConfig::default()
-        };
-        let out = self.generate_with(&prompts, &config, DecodeMode::Recompute, |_, _| {
-            ControlFlow::Continue(())
-        })?;
-        let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
-        HostTensor::from_i64(vec![rows, steps], &flat)
+        greedy_tokens(&prompts, steps, |prompts, config| {
+            self.generate_with(prompts, config, DecodeMode::Recompute, |_, _| {
+                ControlFlow::Continue(())
+            })
+        })
     }
 }
 
-fn matrix(name: &str, t: &HostTensor) -> Result<[usize; 2]> {
+/// The `greedy_steps` input of a reference run (i64 `[1]`, a non-negative count).
+pub fn greedy_steps(inputs: &TensorMap) -> Result<usize> {
+    let steps = inputs
+        .get("greedy_steps")
+        .ok_or_else(|| Error::InvalidInput("missing input `greedy_steps`".into()))?
+        .to_i64_vec()?;
+    match steps.as_slice() {
+        [n] if *n >= 0 => Ok(*n as usize),
+        other => Err(Error::InvalidInput(format!(
+            "greedy_steps must be one non-negative count, got {other:?}"
+        ))),
+    }
+}
+
+/// Fails with [`Error::InvalidInput`] when a token of `ids` (the input `name`) is outside
+/// `0..vocab`.
+pub fn check_vocab(name: &str, ids: &[i64], vocab: usize) -> Result<()> {
+    let vocab = vocab as i64;
+    match ids.iter().find(|&&t| t < 0 || t >= vocab) {
+        Some(bad) => Err(Error::InvalidInput(format!(
+            "{name} contains {bad}, outside the vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `steps` greedy tokens after each of `prompts` as the reference fixtures hold them: `decode`
+/// runs the prompts under a greedy [`GenerationConfig`] of `steps` new tokens; I64
+/// `[prompts, steps]`.
+pub fn greedy_tokens(
+    prompts: &[Vec<u32>],
+    steps: usize,
+    decode: impl FnOnce(&[Vec<u32>], &GenerationConfig) -> Result<Vec<Vec<u32>>>,
+) -> Result<HostTensor> {
+    let config = GenerationConfig {
+        max_new_tokens: steps,
+        ..GenerationConfig::default()
+    };
+    let out = decode(prompts, &config)?;
+    let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
+    HostTensor::from_i64(vec![prompts.len(), steps], &flat)
+}
+
+/// The optional input `name` (token-aligned, e.g. `attention_mask`) as i64 values, which must
+/// have the shape of `ids`.
+pub fn same_shape_ids(
+    inputs: &TensorMap,
+    name: &str,
+    ids: &HostTensor,
+) -> Result<Option<Vec<i64>>> {
+    match inputs.get(name) {
+        None => Ok(None),
+        Some(t) if t.shape() == ids.shape() => Ok(Some(t.to_i64_vec()?)),
+        Some(t) => Err(Error::InvalidInput(format!(
+            "{name} has shape {:?}, input_ids {:?}",
+            t.shape(),
+            ids.shape()
+        ))),
+    }
+}
+
+/// `[batch, seq]` of the token matrix `t` (the input `name`), which must be non-empty.
+pub fn token_matrix(name: &str, t: &HostTensor) -> Result<[usize; 2]> {
     match *t.shape() {
         [b, s] if b > 0 && s > 0 => Ok([b, s]),
         ref other => Err(Error::InvalidInput(format!(

@@ -25,7 +25,7 @@ pub enum LlavaVariant {
 
 impl LlavaVariant {
     /// The `model_type` / family name (`llava`, `llava_next`).
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             LlavaVariant::Llava => "llava",
             LlavaVariant::LlavaNext => "llava_next",

@@ -73,7 +73,7 @@ mod runner;
 
 pub use anyres::{unpad_region, AnyresLayout, Unpad, MAX_SIDE};
 pub use config::{resolve_layer, FeatureLayers, LlavaConfig, LlavaVariant, SelectStrategy};
-pub use model::{read_image_sizes, LlavaModel};
+pub use model::{read_image_sizes, LlavaModel, PromptTokens};
 pub use names::LlavaWeights;
 pub use processor::{render_chat_template, LlavaInputs, LlavaProcessor};
 pub use runner::{expand_image_tokens, LlavaFamily, LlavaNextFamily, LlavaRunner, LlavaTasks};

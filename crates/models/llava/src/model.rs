@@ -16,6 +16,20 @@ use crate::anyres::AnyresLayout;
 use crate::config::{LlavaConfig, LlavaVariant, SelectStrategy};
 use crate::names::LlavaWeights;
 
+/// Token ids `[batch, seq]` (row-major) with an optional attention mask of the same shape: the
+/// text side of [`LlavaModel::embed`] and [`LlavaModel::forward`].
+#[derive(Debug, Clone, Copy)]
+pub struct PromptTokens<'a> {
+    /// The ids, `batch · seq` of them.
+    pub ids: &'a [i64],
+    /// Rows.
+    pub batch: usize,
+    /// Tokens per row.
+    pub seq: usize,
+    /// 1 for real tokens, 0 for padding; `None` is all ones.
+    pub mask: Option<&'a [i64]>,
+}
+
 /// `LlavaMultiModalProjector`: `linear_2(act(linear_1(x)))`.
 struct Projector<B: Backend> {
     linear_1: Linear<B>,
@@ -47,7 +61,7 @@ impl<B: Backend> LlavaModel<B> {
         config: &LlavaConfig,
         device: &B::Device,
     ) -> Result<Self> {
-        let weights: Arc<dyn TensorSource> = Arc::new(LlavaWeights::new(source));
+        let weights: Arc<dyn TensorSource> = Arc::new(LlavaWeights::wrap(source));
         let vb = VarBuilder::<B>::new(weights.clone(), device);
         let vision = ClipVisionTransformer::load(&vb.pp("vision_tower"), &config.vision_config)?;
         let text_hidden = config.text_config.hidden_size;
@@ -204,12 +218,10 @@ impl<B: Backend> LlavaModel<B> {
     /// replaced. The number of image tokens must equal the number of feature rows.
     pub fn embed(
         &self,
-        ids: &[i64],
-        batch: usize,
-        seq: usize,
-        mask: Option<&[i64]>,
+        tokens: PromptTokens<'_>,
         features: &[Tensor<B, 2>],
     ) -> Result<Tensor<B, 3>> {
+        let (ids, batch, seq, mask) = (tokens.ids, tokens.batch, tokens.seq, tokens.mask);
         let embeds = self.text.embed_tokens(ids, batch, seq)?;
         if features.is_empty() {
             return Ok(embeds);
@@ -247,16 +259,20 @@ impl<B: Backend> LlavaModel<B> {
     /// (HF's forward: positions `0..seq`, `mask` `[batch, seq]` defaulting to ones).
     pub fn forward(
         &self,
-        ids: &[i64],
-        batch: usize,
-        seq: usize,
-        mask: Option<&[i64]>,
+        tokens: PromptTokens<'_>,
         features: &[Tensor<B, 2>],
     ) -> Result<Tensor<B, 3>> {
-        let embeds = self.embed(ids, batch, seq, None, features)?;
+        let (batch, seq) = (tokens.batch, tokens.seq);
+        let embeds = self.embed(
+            PromptTokens {
+                mask: None,
+                ..tokens
+            },
+            features,
+        )?;
         let positions: Vec<i64> = (0..batch).flat_map(|_| 0..seq as i64).collect();
         let ones;
-        let mask = match mask {
+        let mask = match tokens.mask {
             Some(m) => m,
             None => {
                 ones = vec![1i64; batch * seq];

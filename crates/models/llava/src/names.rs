@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use ipfs_accelerate_core::{Error, HostTensor, Result, TensorSource};
+use ipfs_accelerate_core::TensorSource;
+use ipfs_accelerate_io::NameMap;
 
 /// Canonical prefixes the modules ask for, and where each may be stored (first match wins).
 const LAYOUT: &[(&str, &[&str])] = &[
@@ -37,64 +38,17 @@ const LAYOUT: &[(&str, &[&str])] = &[
     ("image_newline", &["model.image_newline", "image_newline"]),
 ];
 
-/// A LLaVA checkpoint seen under the canonical names (see the module docs).
-pub struct LlavaWeights {
-    inner: Arc<dyn TensorSource>,
-}
+/// LLaVA checkpoints seen under the canonical names (see the module docs).
+pub struct LlavaWeights;
 
 impl LlavaWeights {
-    /// Wraps a checkpoint's tensors.
-    pub fn new(inner: Arc<dyn TensorSource>) -> Self {
-        LlavaWeights { inner }
-    }
-
-    /// Every stored name `name` may have, in the order they are tried.
-    pub fn candidates(name: &str) -> Vec<String> {
+    /// A checkpoint's tensors under the canonical names: a [`NameMap`] with LLaVA's layouts.
+    pub fn wrap(inner: Arc<dyn TensorSource>) -> NameMap {
         LAYOUT
             .iter()
-            .filter_map(|(want, stored)| {
-                let rest = name.strip_prefix(want)?;
-                Some(stored.iter().map(move |s| format!("{s}{rest}")))
+            .fold(NameMap::new(inner), |m, (wanted, stored)| {
+                m.layout(wanted, stored)
             })
-            .flatten()
-            .collect()
-    }
-
-    fn lookup(&self, name: &str) -> Option<String> {
-        Self::candidates(name)
-            .into_iter()
-            .find(|c| self.inner.contains(c))
-    }
-}
-
-impl TensorSource for LlavaWeights {
-    fn source_name(&self) -> String {
-        self.inner.source_name()
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.lookup(name).is_some()
-    }
-
-    fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
-        self.lookup(name).and_then(|n| self.inner.shape_of(&n))
-    }
-
-    fn tensor(&self, name: &str) -> Result<HostTensor> {
-        match self.lookup(name) {
-            Some(n) => self.inner.tensor(&n),
-            None => Err(Error::MissingTensor {
-                name: format!(
-                    "{name} (stored as any of: {})",
-                    Self::candidates(name).join(", ")
-                ),
-                source_name: self.inner.source_name(),
-            }),
-        }
-    }
-
-    fn names(&self) -> Vec<String> {
-        self.inner.names()
     }
 }
 
@@ -104,7 +58,9 @@ mod tests {
 
     #[test]
     fn both_layouts_are_candidates() {
-        let c = LlavaWeights::candidates("model.layers.0.mlp.up_proj.weight");
+        let empty = ipfs_accelerate_io::WeightStore::from_files(Vec::new()).unwrap();
+        let weights = LlavaWeights::wrap(empty.into_source());
+        let c = weights.candidates("model.layers.0.mlp.up_proj.weight");
         assert_eq!(
             c,
             vec![
@@ -112,12 +68,12 @@ mod tests {
                 "language_model.model.layers.0.mlp.up_proj.weight"
             ]
         );
-        let v = LlavaWeights::candidates("vision_tower.pre_layrnorm.weight");
+        let v = weights.candidates("vision_tower.pre_layrnorm.weight");
         assert!(v.contains(&"vision_tower.vision_model.pre_layrnorm.weight".to_string()));
         assert_eq!(
-            LlavaWeights::candidates("lm_head.weight")[1],
+            weights.candidates("lm_head.weight")[1],
             "language_model.lm_head.weight"
         );
-        assert!(LlavaWeights::candidates("unrelated").is_empty());
+        assert!(weights.candidates("unrelated").is_empty());
     }
 }

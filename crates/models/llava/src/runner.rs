@@ -9,14 +9,17 @@ use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
 };
-use ipfs_accelerate_llama::{DecodeMode, LlamaDecoder};
+use ipfs_accelerate_llama::{
+    check_vocab, greedy_steps, greedy_tokens, same_shape_ids, token_matrix, DecodeMode,
+    LlamaDecoder,
+};
 use ipfs_accelerate_nn::{
     convert::float_to_host,
     generate::{generate, GenerationConfig},
 };
 
 use crate::config::{LlavaConfig, LlavaVariant};
-use crate::model::{counts_tensor, LlavaModel};
+use crate::model::{counts_tensor, LlavaModel, PromptTokens};
 use crate::processor::LlavaInputs;
 
 /// The LLaVA-1.5 family (`LlavaForConditionalGeneration` checkpoints).
@@ -25,39 +28,26 @@ pub struct LlavaFamily;
 /// The LLaVA-NeXT family (`LlavaNextForConditionalGeneration` checkpoints).
 pub struct LlavaNextFamily;
 
-impl Family for LlavaFamily {
-    const NAME: &'static str = "llava";
+/// Implements [`Family`] for a unit struct that loads a checkpoint folder as one variant.
+macro_rules! variant_family {
+    ($family:ty, $variant:expr) => {
+        impl Family for $family {
+            const NAME: &'static str = $variant.name();
 
-    fn load<B: Backend>(
-        dir: &Path,
-        device: &B::Device,
-        kind: BackendKind,
-    ) -> Result<Box<dyn ModelRunner>> {
-        Ok(Box::new(LlavaRunner::<B>::load_dir(
-            dir,
-            LlavaVariant::Llava,
-            device,
-            kind,
-        )?))
-    }
+            fn load<B: Backend>(
+                dir: &Path,
+                device: &B::Device,
+                kind: BackendKind,
+            ) -> Result<Box<dyn ModelRunner>> {
+                let runner = LlavaRunner::<B>::load_dir(dir, $variant, device, kind)?;
+                Ok(Box::new(runner))
+            }
+        }
+    };
 }
 
-impl Family for LlavaNextFamily {
-    const NAME: &'static str = "llava_next";
-
-    fn load<B: Backend>(
-        dir: &Path,
-        device: &B::Device,
-        kind: BackendKind,
-    ) -> Result<Box<dyn ModelRunner>> {
-        Ok(Box::new(LlavaRunner::<B>::load_dir(
-            dir,
-            LlavaVariant::LlavaNext,
-            device,
-            kind,
-        )?))
-    }
-}
+variant_family!(LlavaFamily, LlavaVariant::Llava);
+variant_family!(LlavaNextFamily, LlavaVariant::LlavaNext);
 
 /// Replaces the `i`-th occurrence of `image_token` in `prompt` by `counts[i]` copies of it (what
 /// HF's LLaVA processors do to each `<image>` placeholder). The number of placeholders must equal
@@ -236,7 +226,13 @@ impl<B: Backend> LlavaRunner<B> {
         let (ids, mask) = decoder.prompt_ids();
         let batch = prompts.len();
         let seq = ids.len() / batch.max(1);
-        let embeds = self.model.embed(&ids, batch, seq, Some(&mask), features)?;
+        let tokens = PromptTokens {
+            ids: &ids,
+            batch,
+            seq,
+            mask: Some(&mask),
+        };
+        let embeds = self.model.embed(tokens, features)?;
         decoder.set_prompt_embeds(embeds)?;
         generate(&mut decoder, prompts, config, on_token)
     }
@@ -247,32 +243,15 @@ impl<B: Backend> LlavaRunner<B> {
     fn greedy(
         &self,
         inputs: &TensorMap,
-        ids: &[i64],
-        [batch, seq]: [usize; 2],
-        mask: Option<&[i64]>,
+        tokens: PromptTokens<'_>,
         features: &[Tensor<B, 2>],
     ) -> Result<HostTensor> {
-        let steps = inputs
-            .get("greedy_steps")
-            .ok_or_else(|| Error::InvalidInput("missing greedy_steps".into()))?
-            .to_i64_vec()?;
-        let steps = match steps.as_slice() {
-            [n] if *n >= 0 => *n as usize,
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "greedy_steps must be one non-negative count, got {other:?}"
-                )))
-            }
-        };
-        let vocab = self.config().text_config.vocab_size as i64;
-        if let Some(bad) = ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(Error::InvalidInput(format!(
-                "input_ids contains {bad}, outside the vocabulary of {vocab}"
-            )));
-        }
-        let mut prompts = Vec::with_capacity(batch);
+        let steps = greedy_steps(inputs)?;
+        let (ids, seq) = (tokens.ids, tokens.seq);
+        check_vocab("input_ids", ids, self.config().text_config.vocab_size)?;
+        let mut prompts = Vec::with_capacity(tokens.batch);
         for (r, row) in ids.chunks(seq).enumerate() {
-            let start = match mask {
+            let start = match tokens.mask {
                 None => 0,
                 Some(m) => {
                     let m = &m[r * seq..(r + 1) * seq];
@@ -287,19 +266,11 @@ impl<B: Backend> LlavaRunner<B> {
             };
             prompts.push(row[start..].iter().map(|&t| t as u32).collect());
         }
-        let config = GenerationConfig {
-            max_new_tokens: steps,
-            ..GenerationConfig::default()
-        };
-        let out = self.generate_from_features(
-            features,
-            &prompts,
-            &config,
-            DecodeMode::Recompute,
-            |_, _| ControlFlow::Continue(()),
-        )?;
-        let flat: Vec<i64> = out.iter().flatten().map(|&t| i64::from(t)).collect();
-        HostTensor::from_i64(vec![batch, steps], &flat)
+        greedy_tokens(&prompts, steps, |prompts, config| {
+            self.generate_from_features(features, prompts, config, DecodeMode::Recompute, |_, _| {
+                ControlFlow::Continue(())
+            })
+        })
     }
 }
 
@@ -319,40 +290,27 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         let ids_t = inputs
             .get("input_ids")
             .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        let [batch, seq] = match *ids_t.shape() {
-            [b, s] if b > 0 && s > 0 => [b, s],
-            ref other => {
-                return Err(Error::InvalidInput(format!(
-                    "input_ids must be a non-empty [batch, seq] matrix, got shape {other:?}"
-                )))
-            }
-        };
+        let [batch, seq] = token_matrix("input_ids", ids_t)?;
         let ids = ids_t.to_i64_vec()?;
-        let mask = match inputs.get("attention_mask") {
-            None => None,
-            Some(m) if m.shape() == ids_t.shape() => Some(m.to_i64_vec()?),
-            Some(m) => {
-                return Err(Error::InvalidInput(format!(
-                    "attention_mask has shape {:?}, input_ids {:?}",
-                    m.shape(),
-                    ids_t.shape()
-                )))
-            }
+        let mask = same_shape_ids(inputs, "attention_mask", ids_t)?;
+        let tokens = PromptTokens {
+            ids: &ids,
+            batch,
+            seq,
+            mask: mask.as_deref(),
         };
         let features = match inputs.get("pixel_values") {
             Some(p) => self.model.image_features(p, inputs.get("image_sizes"))?,
             None => Vec::new(),
         };
-        let logits = self
-            .model
-            .forward(&ids, batch, seq, mask.as_deref(), &features)?;
+        let logits = self.model.forward(tokens, &features)?;
         let mut map = TensorMap::new();
         map.insert("logits".into(), float_to_host(logits)?);
         if !features.is_empty() {
             map.insert("image_feature_count".into(), counts_tensor(&features)?);
         }
         if inputs.contains_key("greedy_steps") {
-            let greedy = self.greedy(inputs, &ids, [batch, seq], mask.as_deref(), &features)?;
+            let greedy = self.greedy(inputs, tokens, &features)?;
             map.insert("greedy_tokens".into(), greedy);
         }
         Ok(map)

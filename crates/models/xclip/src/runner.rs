@@ -10,7 +10,7 @@ use ipfs_accelerate_core::{
     TensorSource,
 };
 use ipfs_accelerate_nn::{
-    convert::{float_to_host, float_to_vec},
+    convert::{float_map, float_rows, float_to_host},
     vision::pixel_values,
 };
 
@@ -86,13 +86,6 @@ impl<B: Backend> XclipRunner<B> {
     }
 }
 
-/// One `Vec` per row of a `[rows, width]` tensor.
-fn per_row(t: Tensor<impl Backend, 2>) -> Result<Vec<Vec<f32>>> {
-    let [_, width] = t.dims();
-    let values = float_to_vec(t)?;
-    Ok(values.chunks(width.max(1)).map(<[f32]>::to_vec).collect())
-}
-
 impl<B: Backend> ModelRunner for XclipRunner<B> {
     fn family(&self) -> &str {
         XclipFamily::NAME
@@ -112,27 +105,18 @@ impl<B: Backend> ModelRunner for XclipRunner<B> {
             )
         })?;
         let pixels = self.video_pixels(pixels)?;
-        let mut map = TensorMap::new();
-        if inputs.contains_key("input_ids") {
-            let text = ClipTextInputs::from_tensors(inputs)?;
-            let out = self.model.forward(&text, pixels)?;
-            map.insert("text_embeds".into(), float_to_host(out.text_embeds)?);
-            map.insert("video_embeds".into(), float_to_host(out.video_embeds)?);
-            map.insert(
-                "logits_per_video".into(),
-                float_to_host(out.logits_per_video)?,
-            );
-            map.insert(
-                "logits_per_text".into(),
-                float_to_host(out.logits_per_text)?,
-            );
-        } else {
+        if !inputs.contains_key("input_ids") {
             let video = self.model.video_features(pixels)?;
-            map.insert(
-                "video_embeds".into(),
-                float_to_host(l2_normalize(video.video_embeds))?,
-            );
+            return float_map([("video_embeds", l2_normalize(video.video_embeds))]);
         }
+        let text = ClipTextInputs::from_tensors(inputs)?;
+        let out = self.model.forward(&text, pixels)?;
+        let mut map = float_map([
+            ("video_embeds", out.video_embeds),
+            ("logits_per_video", out.logits_per_video),
+            ("logits_per_text", out.logits_per_text),
+        ])?;
+        map.insert("text_embeds".into(), float_to_host(out.text_embeds)?);
         Ok(map)
     }
 }
@@ -160,7 +144,7 @@ impl<B: Backend> XclipTasks for XclipRunner<B> {
 
     fn video_embeds(&self, pixels: &HostTensor) -> Result<Vec<Vec<f32>>> {
         let video = self.model.video_features(self.video_pixels(pixels)?)?;
-        per_row(l2_normalize(video.video_embeds))
+        float_rows(l2_normalize(video.video_embeds))
     }
 
     fn classify_video(
@@ -172,6 +156,6 @@ impl<B: Backend> XclipTasks for XclipRunner<B> {
             return Err(Error::InvalidInput("no labels to classify against".into()));
         }
         let out = self.model.forward(labels, self.video_pixels(pixels)?)?;
-        per_row(softmax(out.logits_per_video, 1))
+        float_rows(softmax(out.logits_per_video, 1))
     }
 }

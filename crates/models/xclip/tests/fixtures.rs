@@ -4,7 +4,10 @@
 use std::path::Path;
 
 use burn_flex::Flex;
-use ipfs_accelerate_conformance::{assert_checks, family_fixtures, relative_error, verify_runner};
+use ipfs_accelerate_conformance::{
+    assert_checks, assert_rows_match, assert_softmax_rows, family_fixtures, relative_error,
+    verify_runner,
+};
 use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, TensorMap, TensorSource,
 };
@@ -12,12 +15,6 @@ use ipfs_accelerate_xclip::{ClipTextInputs, XclipConfig, XclipFamily, XclipRunne
 
 fn runner(dir: &Path) -> XclipRunner<Flex> {
     XclipRunner::load_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
-}
-
-fn softmax(l: &[f64]) -> Vec<f64> {
-    let max = l.iter().cloned().fold(f64::MIN, f64::max);
-    let z: f64 = l.iter().map(|v| (v - max).exp()).sum();
-    l.iter().map(|v| (v - max).exp() / z).collect()
 }
 
 #[test]
@@ -45,24 +42,14 @@ fn task_apis_agree_with_the_model_outputs() {
         let labels = ClipTextInputs::from_tensors(&inputs).unwrap();
         let pixels = &inputs["pixel_values"];
         let full = xclip.run(&inputs).unwrap();
-        let flat =
-            |rows: Vec<Vec<f32>>| rows.concat().into_iter().map(f64::from).collect::<Vec<_>>();
         // Video embeddings do not depend on the text.
-        let video = flat(xclip.video_embeds(pixels).unwrap());
-        assert!(relative_error(&video, &full["video_embeds"].to_f64_vec()) < 1e-6);
+        assert_rows_match(xclip.video_embeds(pixels).unwrap(), &full["video_embeds"]);
         let only_video: TensorMap = [("pixel_values".to_string(), pixels.clone())].into();
         let out = xclip.run(&only_video).unwrap();
         assert!(out.contains_key("video_embeds") && !out.contains_key("text_embeds"));
         // Probabilities are the softmax of HF's logits_per_video over the labels.
         let probs = xclip.classify_video(pixels, &labels).unwrap();
-        let logits = reference.tensor("logits_per_video").unwrap();
-        let n = logits.shape()[1];
-        for (row, l) in probs.iter().zip(logits.to_f64_vec().chunks(n)) {
-            for (p, want) in row.iter().zip(softmax(l)) {
-                assert!((*p as f64 - want).abs() < 1e-4, "{row:?} vs {l:?}");
-            }
-            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
-        }
+        assert_softmax_rows(&probs, &reference.tensor("logits_per_video").unwrap());
         // One video as [frames, 3, H, W] equals the first row of the batch.
         let s = pixels.shape();
         let per_video = s[1..].iter().product::<usize>();

@@ -13,7 +13,9 @@ use std::path::Path;
 
 use ipfs_accelerate_core::HostTensor;
 
-use super::error::{check_finite, read_text, AudioError, AudioResult};
+use super::error::{
+    check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
+};
 use super::spectrogram::{hann_window, MelFilterBank, PowerStft};
 
 /// How a waveform longer than the window is cut (`truncation`).
@@ -104,21 +106,15 @@ impl ClapFeatureConfig {
 
     /// Checks every size is usable and the truncation mode is supported.
     pub fn validate(&self, origin: &str) -> AudioResult<()> {
-        let bad = |reason: String| {
-            Err(AudioError::Config {
-                origin: origin.to_string(),
-                reason,
-            })
-        };
-        for (name, v) in [
-            ("feature_size", self.feature_size),
-            ("hop_length", self.hop_length),
-            ("sampling_rate", self.sampling_rate as usize),
-        ] {
-            if v == 0 {
-                return bad(format!("`{name}` must be positive"));
-            }
-        }
+        let bad = |reason: String| config_error(origin, reason);
+        require_positive(
+            origin,
+            &[
+                ("feature_size", self.feature_size),
+                ("hop_length", self.hop_length),
+                ("sampling_rate", self.sampling_rate as usize),
+            ],
+        )?;
         if self.fft_window_size < 2 {
             return bad(format!(
                 "`fft_window_size` {} must be at least 2",

@@ -83,6 +83,22 @@ pub(crate) fn read_text(path: &std::path::Path) -> AudioResult<String> {
     })
 }
 
+/// An [`AudioError::Config`] of the config from `origin`.
+pub(crate) fn config_error<T>(origin: &str, reason: String) -> AudioResult<T> {
+    Err(AudioError::Config {
+        origin: origin.to_string(),
+        reason,
+    })
+}
+
+/// [`AudioError::Config`] naming the first of `sizes` (name, value) that is zero.
+pub(crate) fn require_positive(origin: &str, sizes: &[(&str, usize)]) -> AudioResult<()> {
+    match sizes.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => config_error(origin, format!("`{name}` must be positive")),
+        None => Ok(()),
+    }
+}
+
 /// The first non-finite sample, as an error.
 pub(crate) fn check_finite(samples: &[f32]) -> AudioResult<()> {
     match samples.iter().position(|v| !v.is_finite()) {

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::error::{check_finite, read_text, AudioError, AudioResult};
+use super::error::{
+    check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
+};
 use super::spectrogram::{hann_window, MelFilterBank, PowerStft};
 use super::LogMel;
 
@@ -119,23 +121,17 @@ impl WhisperFeatureConfig {
 
     /// Checks every size is usable.
     pub fn validate(&self, origin: &str) -> AudioResult<()> {
-        let bad = |reason: String| {
-            Err(AudioError::Config {
-                origin: origin.to_string(),
-                reason,
-            })
-        };
-        for (name, v) in [
-            ("feature_size", self.feature_size),
-            ("hop_length", self.hop_length),
-            ("n_fft", self.n_fft),
-            ("n_samples", self.n_samples),
-            ("sampling_rate", self.sampling_rate as usize),
-        ] {
-            if v == 0 {
-                return bad(format!("`{name}` must be positive"));
-            }
-        }
+        let bad = |reason: String| config_error(origin, reason);
+        require_positive(
+            origin,
+            &[
+                ("feature_size", self.feature_size),
+                ("hop_length", self.hop_length),
+                ("n_fft", self.n_fft),
+                ("n_samples", self.n_samples),
+                ("sampling_rate", self.sampling_rate as usize),
+            ],
+        )?;
         if self.n_fft < 2 {
             return bad(format!("n_fft {} must be at least 2", self.n_fft));
         }
