@@ -326,7 +326,7 @@ fn llava_fixture(c: &mut Criterion) {
     )
     .unwrap();
     let reference =
-        ipfs_accelerate_io::SafeTensorsFile::open(&dir.join("reference.safetensors")).unwrap();
+        ipfs_accelerate_io::SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
     let ids: Vec<u32> = reference
         .tensor("input_ids")
         .unwrap()
