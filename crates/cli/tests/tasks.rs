@@ -42,10 +42,28 @@ fn run_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A copy of fixture `family/variant` in a temporary folder.
+/// A copy of a fixture checkpoint of `family` in a temporary folder: the variant named `variant`
+/// when the fixture set has it, else its first variant whose config.json contains `needs`.
 fn fixture_copy(shared: &Path, family: &str, variant: &str) -> tempfile::TempDir {
+    fixture_copy_with(shared, family, variant, "")
+}
+
+fn fixture_copy_with(shared: &Path, family: &str, variant: &str, needs: &str) -> tempfile::TempDir {
+    let root = shared.join("fixtures").join(family);
+    let mut variants: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|d| std::fs::read_to_string(d.join("config.json")).is_ok_and(|c| c.contains(needs)))
+        .collect();
+    variants.sort();
+    let dir = variants
+        .iter()
+        .find(|d| d.ends_with(variant))
+        .or(variants.first())
+        .unwrap_or_else(|| panic!("no {family} fixture with `{needs}` in its config"))
+        .clone();
     let tmp = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(shared.join("fixtures").join(family).join(variant)).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name();
         if name != "reference.safetensors" && !name.to_string_lossy().ends_with(".onnx") {
@@ -105,6 +123,70 @@ fn write_tokenizer(
     });
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
 }
+
+/// The checkpoint's config.json (its `text_config` when it has one).
+fn text_config(dir: &Path) -> Value {
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    match config.get("text_config") {
+        Some(t) if t.is_object() => t.clone(),
+        _ => config,
+    }
+}
+
+/// Writes a word-level tokenizer sized and numbered as the checkpoint's (text) config says:
+/// `vocab_size`, and the `(name, config key, default id)` special tokens; the post-processor puts
+/// the specials named in `before` / `after` around the text. `<unk>` takes the lowest free id.
+fn write_config_tokenizer(
+    dir: &Path,
+    specials: &[(&str, &str, u64)],
+    before: &[&str],
+    after: &[&str],
+    extra: &[(&str, u32)],
+) {
+    let config = text_config(dir);
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let mut ids: Vec<(String, u32)> = Vec::new();
+    for (name, key, default) in specials {
+        let id = config[*key].as_u64().unwrap_or(*default) as u32;
+        if !ids.iter().any(|(_, i)| *i == id) {
+            ids.push((name.to_string(), id));
+        }
+    }
+    for (name, id) in extra {
+        ids.push((name.to_string(), *id));
+    }
+    let unk = (0..vocab as u32)
+        .find(|i| !ids.iter().any(|(_, j)| j == i))
+        .unwrap();
+    ids.insert(0, ("<unk>".into(), unk));
+    let refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+    let named = |list: &[&str]| -> Vec<String> {
+        list.iter()
+            .filter_map(|t| {
+                refs.iter()
+                    .find(|(n, _)| n == t)
+                    .map(|(n, _)| n.to_string())
+            })
+            .collect()
+    };
+    let (b, a) = (named(before), named(after));
+    let b: Vec<&str> = b.iter().map(String::as_str).collect();
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    write_tokenizer(dir, vocab, &refs, &b, &a);
+}
+
+/// The checkpoint's whole config.json.
+fn text_config_root(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap()
+}
+
+/// CLIP's special tokens (also X-CLIP's text tower).
+const CLIP_SPECIALS: &[(&str, &str, u64)] = &[
+    ("<|startoftext|>", "bos_token_id", 49406),
+    ("<|endoftext|>", "eos_token_id", 49407),
+    ("<pad>", "pad_token_id", 1),
+];
 
 /// A 1.5 s stereo 16-bit sine sweep at 22.05 kHz (the models want 16 kHz mono).
 fn sweep_wav(path: &Path) {
@@ -182,12 +264,12 @@ fn t2t_generates_with_the_t5_tokenizer_and_needs_one() {
     let model = fixture_copy(&shared, "t5", "t5");
     let m = model.path().to_str().unwrap();
     run_fails(&["t2t", "--model", m, "w5 w7 w9"], "tokenizer.json");
-    write_tokenizer(
+    write_config_tokenizer(
         model.path(),
-        99,
-        &[("<pad>", 0), ("</s>", 1), ("<unk>", 2)],
+        &[("<pad>", "pad_token_id", 0), ("</s>", "eos_token_id", 1)],
         &[],
         &["</s>"],
+        &[],
     );
     let printed = run_ok(&[
         "t2t",
@@ -211,7 +293,12 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
     let image = image_png(&shared);
     let img = image.to_str().unwrap();
 
-    let vit = fixture_copy(&shared, "vit", "image_classification");
+    let vit = fixture_copy_with(
+        &shared,
+        "vit",
+        "image_classification",
+        "ForImageClassification",
+    );
     let out: Value = serde_json::from_str(&run_ok(&[
         "classify-image",
         "--model",
@@ -245,17 +332,12 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
     assert!((f64::from(direct[0][0].score) - scores[0]).abs() < 1e-6);
 
     let clip = fixture_copy(&shared, "clip", "base");
-    write_tokenizer(
+    write_config_tokenizer(
         clip.path(),
-        99,
-        &[
-            ("<unk>", 0),
-            ("<pad>", 1),
-            ("<|startoftext|>", 97),
-            ("<|endoftext|>", 98),
-        ],
+        CLIP_SPECIALS,
         &["<|startoftext|>"],
         &["<|endoftext|>"],
+        &[],
     );
     let c = clip.path().to_str().unwrap();
     let out: Value = serde_json::from_str(&run_ok(&[
@@ -340,13 +422,12 @@ fn describe_image_classify_video_and_classify_audio() {
         .as_u64()
         .or(config["image_token_index"].as_u64())
         .unwrap() as u32;
-    let vocab = config["text_config"]["vocab_size"].as_u64().unwrap() as usize;
-    write_tokenizer(
+    write_config_tokenizer(
         llava.path(),
-        vocab,
-        &[("<unk>", 0), ("<s>", 1), ("<image>", image_token)],
+        &[("<s>", "bos_token_id", 1)],
         &["<s>"],
         &[],
+        &[("<image>", image_token)],
     );
     let side = config["vision_config"]["image_size"].as_u64().unwrap();
     let pre = json!({ "image_processor_type": "CLIPImageProcessor", "size": { "shortest_edge": side },
@@ -381,17 +462,12 @@ fn describe_image_classify_video_and_classify_audio() {
 
     // X-CLIP: 6 frame files, the model's 4 sampled from them.
     let xclip = fixture_copy(&shared, "xclip", "base");
-    write_tokenizer(
+    write_config_tokenizer(
         xclip.path(),
-        99,
-        &[
-            ("<unk>", 0),
-            ("<pad>", 1),
-            ("<|startoftext|>", 97),
-            ("<|endoftext|>", 98),
-        ],
+        CLIP_SPECIALS,
         &["<|startoftext|>"],
         &["<|endoftext|>"],
+        &[],
     );
     let frames_dir = tempfile::tempdir().unwrap();
     let source = image::open(&image).unwrap().to_rgb8();
@@ -417,7 +493,10 @@ fn describe_image_classify_video_and_classify_audio() {
     args.extend(frames.iter().map(String::as_str));
     let out: Value = serde_json::from_str(&run_ok(&args)).unwrap();
     let classifier = ipfs_accelerate::multimodal::VideoClassifier::load(x, &opts).unwrap();
-    assert_eq!(classifier.frames_per_video(), 4);
+    let frames_wanted = text_config_root(xclip.path())["vision_config"]["num_frames"]
+        .as_u64()
+        .unwrap_or(8);
+    assert_eq!(classifier.frames_per_video() as u64, frames_wanted);
     let direct = classifier
         .classify(&frames, &["w3 w4", "w9", "w60 w61 w62"], "{}")
         .unwrap()
@@ -435,12 +514,16 @@ fn describe_image_classify_video_and_classify_audio() {
 
     // CLAP: a WAV at another rate, RoBERTa-style special tokens.
     let clap = fixture_copy(&shared, "clap", "base");
-    write_tokenizer(
+    write_config_tokenizer(
         clap.path(),
-        99,
-        &[("<s>", 0), ("<pad>", 1), ("</s>", 2), ("<unk>", 3)],
+        &[
+            ("<s>", "bos_token_id", 0),
+            ("<pad>", "pad_token_id", 1),
+            ("</s>", "eos_token_id", 2),
+        ],
         &["<s>"],
         &["</s>"],
+        &[],
     );
     let wav = frames_dir.path().join("sweep.wav");
     sweep_wav(&wav);
