@@ -315,8 +315,30 @@ impl<B: Backend> MultiHeadAttention<B> {
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 4> {
         let groups = self.config.heads / self.config.kv_heads;
-        let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
-        sdpa(q, k, v, bias, self.config.scale)
+        let shared_bias = bias.is_none_or(|b| b.dims()[1] == 1);
+        if groups <= 1 || !shared_bias {
+            let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
+            return sdpa(q, k, v, bias, self.config.scale);
+        }
+        // Grouped-query attention without copying the keys and values once per query head: the
+        // query heads sharing a key / value head (heads are kv-major: head = kv * groups + g) are
+        // stacked along the sequence axis, `[b, kv, groups * s, d]`, and the bias (the same for
+        // every head) is repeated per group.
+        let [b, h, s, d] = q.dims();
+        let kv = h / groups;
+        let q = q.reshape([b, kv, groups * s, d]);
+        let bias = bias.map(|x| {
+            let [bb, _, bs, t] = x.dims();
+            if bs == 1 {
+                // One row for every query position: it broadcasts over the stacked rows as is.
+                return x.clone();
+            }
+            x.clone()
+                .unsqueeze_dim::<5>(1)
+                .expand([bb, groups, 1, bs, t])
+                .reshape([bb, 1, groups * bs, t])
+        });
+        sdpa(q, k, v, bias.as_ref(), self.config.scale).reshape([b, h, s, d])
     }
 
     /// Merges heads `[batch, heads, seq, head_dim]` and applies the output projection.
