@@ -16,7 +16,7 @@ use ipfs_accelerate_core::HostTensor;
 use super::error::{
     check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
 };
-use super::spectrogram::{hann_window, MelFilterBank, PowerStft};
+use super::spectrogram::MelSpectrogram;
 
 /// How a waveform longer than the window is cut (`truncation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -178,17 +178,16 @@ pub struct ClapFeatures {
 #[derive(Debug)]
 pub struct ClapFeatureExtractor {
     config: ClapFeatureConfig,
-    filters: MelFilterBank,
-    stft: PowerStft,
+    spectrogram: MelSpectrogram,
 }
 
 impl ClapFeatureExtractor {
     /// Builds the window, FFT plan and Slaney mel filters for `config`.
     pub fn new(config: ClapFeatureConfig) -> AudioResult<Self> {
         config.validate("clap feature extractor")?;
-        let stft = PowerStft::new(hann_window(config.fft_window_size, true), config.hop_length)?;
-        let filters = MelFilterBank::slaney(
-            stft.num_bins(),
+        let spectrogram = MelSpectrogram::slaney(
+            config.fft_window_size,
+            config.hop_length,
             config.feature_size,
             config.frequency_min,
             config.frequency_max,
@@ -196,8 +195,7 @@ impl ClapFeatureExtractor {
         )?;
         Ok(ClapFeatureExtractor {
             config,
-            filters,
-            stft,
+            spectrogram,
         })
     }
 
@@ -256,13 +254,11 @@ impl ClapFeatureExtractor {
             self.fill(samples, n)
         };
 
-        let mels = self.filters.num_mels();
+        let mels = self.spectrogram.num_mels();
         let frames = self.config.num_frames();
         let mut data = vec![0f32; frames * mels];
-        let mut mel = vec![0f64; mels];
-        self.stft.centered_power(&signal, frames, |t, power| {
-            self.filters.apply(power, &mut mel);
-            for (dst, v) in data[t * mels..(t + 1) * mels].iter_mut().zip(&mel) {
+        self.spectrogram.centered_mels(&signal, frames, |t, mel| {
+            for (dst, v) in data[t * mels..(t + 1) * mels].iter_mut().zip(mel) {
                 // HF: np.maximum(mel_floor, ·), then power_to_db with reference 1 and
                 // min_value 1e-10, no top_db.
                 *dst = (10.0 * v.max(1e-10).log10()) as f32;
@@ -312,7 +308,7 @@ impl ClapFeatureExtractor {
             waveforms.len(),
             1,
             self.config.num_frames(),
-            self.filters.num_mels(),
+            self.spectrogram.num_mels(),
         ];
         let tensor =
             HostTensor::from_f32(shape, &data).map_err(|e| AudioError::Transform(e.to_string()))?;

@@ -182,6 +182,66 @@ pub fn reflect_pad(x: &[f64], pad: usize) -> Vec<f64> {
         .collect()
 }
 
+/// A mel power spectrogram as HF's audio feature extractors compute it: periodic Hann window of
+/// `n_fft` samples, centred reflect-padded STFT every `hop_length`, Slaney mel filter bank.
+#[derive(Debug)]
+pub struct MelSpectrogram {
+    stft: PowerStft,
+    filters: MelFilterBank,
+}
+
+impl MelSpectrogram {
+    /// The window, FFT plan and `mels` Slaney filters between `min_frequency` and `max_frequency`.
+    pub fn slaney(
+        n_fft: usize,
+        hop_length: usize,
+        mels: usize,
+        min_frequency: f64,
+        max_frequency: f64,
+        sampling_rate: u32,
+    ) -> AudioResult<Self> {
+        let stft = PowerStft::new(hann_window(n_fft, true), hop_length)?;
+        let filters = MelFilterBank::slaney(
+            stft.num_bins(),
+            mels,
+            min_frequency,
+            max_frequency,
+            sampling_rate,
+        )?;
+        Ok(MelSpectrogram { stft, filters })
+    }
+
+    /// The filter bank.
+    pub fn filters(&self) -> &MelFilterBank {
+        &self.filters
+    }
+
+    /// The STFT.
+    pub fn stft(&self) -> &PowerStft {
+        &self.stft
+    }
+
+    /// Mel bins per frame.
+    pub fn num_mels(&self) -> usize {
+        self.filters.num_mels()
+    }
+
+    /// The mel power of each of the first `max_frames` frames of `signal` (see
+    /// [`PowerStft::centered_power`]): calls `each(frame_index, mels)` in order.
+    pub fn centered_mels(
+        &self,
+        signal: &[f64],
+        max_frames: usize,
+        mut each: impl FnMut(usize, &[f64]),
+    ) -> AudioResult<()> {
+        let mut mel = vec![0f64; self.num_mels()];
+        self.stft.centered_power(signal, max_frames, |t, power| {
+            self.filters.apply(power, &mut mel);
+            each(t, &mel);
+        })
+    }
+}
+
 /// A short-time Fourier transform producing power spectra: frames of `frame_length` samples every
 /// `hop_length`, multiplied by a window, real FFT of the same length, `|X|²`.
 pub struct PowerStft {

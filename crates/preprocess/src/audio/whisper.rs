@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::error::{
     check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
 };
-use super::spectrogram::{hann_window, MelFilterBank, PowerStft};
+use super::spectrogram::{MelFilterBank, MelSpectrogram};
 use super::LogMel;
 
 /// The upper edge of Whisper's mel filters, fixed by HF whatever the sampling rate.
@@ -158,17 +158,16 @@ impl WhisperFeatureConfig {
 #[derive(Debug)]
 pub struct WhisperFeatureExtractor {
     config: WhisperFeatureConfig,
-    filters: MelFilterBank,
-    stft: PowerStft,
+    spectrogram: MelSpectrogram,
 }
 
 impl WhisperFeatureExtractor {
     /// Builds the window, FFT plan and mel filters for `config`.
     pub fn new(config: WhisperFeatureConfig) -> AudioResult<Self> {
         config.validate("whisper feature extractor")?;
-        let stft = PowerStft::new(hann_window(config.n_fft, true), config.hop_length)?;
-        let filters = MelFilterBank::slaney(
-            stft.num_bins(),
+        let spectrogram = MelSpectrogram::slaney(
+            config.n_fft,
+            config.hop_length,
             config.feature_size,
             0.0,
             WHISPER_MAX_FREQUENCY,
@@ -176,8 +175,7 @@ impl WhisperFeatureExtractor {
         )?;
         Ok(WhisperFeatureExtractor {
             config,
-            filters,
-            stft,
+            spectrogram,
         })
     }
 
@@ -193,7 +191,7 @@ impl WhisperFeatureExtractor {
 
     /// The mel filter bank.
     pub fn filters(&self) -> &MelFilterBank {
-        &self.filters
+        self.spectrogram.filters()
     }
 
     /// The log-mel features of one mono waveform sampled at `sampling_rate` (which must equal the
@@ -215,13 +213,11 @@ impl WhisperFeatureExtractor {
         let mut signal: Vec<f64> = samples.iter().take(n).map(|&v| f64::from(v)).collect();
         signal.resize(n, f64::from(self.config.padding_value));
 
-        let mels = self.filters.num_mels();
+        let mels = self.spectrogram.num_mels();
         // HF computes `1 + n / hop` frames and drops the last one.
-        let frames = self.stft.num_frames_centered(n) - 1;
+        let frames = self.spectrogram.stft().num_frames_centered(n) - 1;
         let mut log_spec = vec![0f64; mels * frames];
-        let mut mel = vec![0f64; mels];
-        self.stft.centered_power(&signal, frames, |t, power| {
-            self.filters.apply(power, &mut mel);
+        self.spectrogram.centered_mels(&signal, frames, |t, mel| {
             for (m, v) in mel.iter().enumerate() {
                 log_spec[m * frames + t] = v.max(1e-10).log10();
             }
