@@ -327,14 +327,11 @@ fn llava_fixture(c: &mut Criterion) {
     .unwrap();
     let reference =
         ipfs_accelerate_io::SafeTensorsFile::open(dir.join("reference.safetensors")).unwrap();
-    let ids: Vec<u32> = reference
+    let ids = reference
         .tensor("input_ids")
         .unwrap()
-        .to_i64_vec()
-        .unwrap()
-        .into_iter()
-        .map(|v| v as u32)
-        .collect();
+        .to_token_ids()
+        .unwrap();
     let pixels = reference.tensor("pixel_values").unwrap();
     bench_generation(&mut g, ids.len(), 16, |n, on_token| {
         runner

@@ -217,6 +217,17 @@ impl HostTensor {
             }
         })
     }
+
+    /// The values as token ids (integer tensors only); a negative or too large value is
+    /// [`Error::InvalidInput`].
+    pub fn to_token_ids(&self) -> Result<Vec<u32>> {
+        self.to_i64_vec()?
+            .into_iter()
+            .map(|v| {
+                u32::try_from(v).map_err(|_| Error::InvalidInput(format!("{v} is not a token id")))
+            })
+            .collect()
+    }
 }
 
 fn arr8(c: &[u8]) -> [u8; 8] {

@@ -289,25 +289,15 @@ fn smollm2_tokenizer_matches_the_reference() {
     assert_eq!(special.eos, Some(2));
     assert!(!special.add_bos);
 
-    let want: Vec<u32> = refs
-        .tensor("input_ids")
-        .unwrap()
-        .to_i64_vec()
-        .unwrap()
-        .into_iter()
-        .map(|v| v as u32)
-        .collect();
+    let want = refs.tensor("input_ids").unwrap().to_token_ids().unwrap();
     let enc = tok.encode("The capital of France is", true).unwrap();
     assert_eq!(enc.get_ids(), want.as_slice());
 
-    let greedy: Vec<u32> = refs
+    let greedy = refs
         .tensor("greedy_tokens")
         .unwrap()
-        .to_i64_vec()
-        .unwrap()
-        .into_iter()
-        .map(|v| v as u32)
-        .collect();
+        .to_token_ids()
+        .unwrap();
     assert_eq!(greedy.len(), 16);
     let text = tok.decode(&greedy, true).unwrap();
     assert_eq!(text, " Paris.\n\nThe answer is: 2018-01");

@@ -69,12 +69,7 @@ fn smollm2_q4_1_matches_hf() {
     assert!(rel <= 1e-3, "relative error {rel}");
 
     let want_tokens = refs.raw("greedy_tokens").unwrap().to_i64_vec().unwrap();
-    let prompt: Vec<u32> = ids
-        .to_i64_vec()
-        .unwrap()
-        .iter()
-        .map(|&t| t as u32)
-        .collect();
+    let prompt = ids.to_token_ids().unwrap();
     let config = GenerationConfig {
         max_new_tokens: want_tokens.len(),
         ..GenerationConfig::default()

@@ -264,12 +264,7 @@ fn wav_to_tokens_end_to_end() {
             HostTensor::from_i64(vec![1], &[n as i64]).unwrap(),
         );
         let out = ipfs_accelerate_core::ModelRunner::run(&r, &m).unwrap();
-        let greedy: Vec<u32> = out["greedy_tokens"]
-            .to_i64_vec()
-            .unwrap()
-            .into_iter()
-            .map(|t| t as u32)
-            .collect();
+        let greedy = out["greedy_tokens"].to_token_ids().unwrap();
         assert_eq!(greedy, from_wav.tokens);
 
         // 44.1 kHz audio is resampled on the way in.
