@@ -139,11 +139,22 @@ impl<T: ?Sized> Loaded<T> {
         spec: &str,
         options: &LoadOptions,
         optional_files: &[&str],
+        work: impl FnMut(PathBuf) -> W,
+    ) -> Result<Self> {
+        let clock = Stopwatch::start();
+        let dir = model_dir(spec, options.offline, optional_files)?;
+        Self::from_dir(dir, options, clock, work)
+    }
+
+    /// Loads a model already resolved to `dir` with `work` (made fresh per backend attempt);
+    /// `clock` started when loading began (the init time includes resolving).
+    pub(crate) fn from_dir<W: WithBackend<Output = Box<T>>>(
+        dir: PathBuf,
+        options: &LoadOptions,
+        mut clock: Stopwatch,
         mut work: impl FnMut(PathBuf) -> W,
     ) -> Result<Self> {
-        let mut clock = Stopwatch::start();
         let preferences = resolve_preferences(options.backends.clone(), true)?;
-        let dir = model_dir(spec, options.offline, optional_files)?;
         let (model, selection) = load_on_first_usable(&preferences, || work(dir.clone()))?;
         Ok(Loaded {
             model,

@@ -80,14 +80,13 @@ mod describe {
                 "chat_template.jinja",
                 "generation_config.json",
             ];
+            let clock = ipfs_accelerate_core::Stopwatch::start();
             let dir = crate::loaded::model_dir(model, options.offline, &extra)?;
             let variant = match crate::loaded::model_type(&dir)?.as_str() {
                 "llava_next" => LlavaVariant::LlavaNext,
                 _ => LlavaVariant::Llava,
             };
-            let inner = Loaded::load(&dir.to_string_lossy(), options, &[], |d| {
-                LoadLlava(d, variant)
-            })?;
+            let inner = Loaded::from_dir(dir, options, clock, |d| LoadLlava(d, variant))?;
             let processor = LlavaProcessor::from_dir(&inner.dir)?;
             Ok(ImageDescriber { inner, processor })
         }

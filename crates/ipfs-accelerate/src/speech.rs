@@ -15,7 +15,7 @@
 
 use std::path::Path;
 
-use ipfs_accelerate_core::Selection;
+use ipfs_accelerate_core::{Selection, Stopwatch};
 use ipfs_accelerate_preprocess::audio::{read_wav, Audio};
 
 use crate::loaded::{dir_loader, model_dir, model_type, LoadOptions, Loaded};
@@ -77,13 +77,13 @@ impl Transcriber {
             "vocab.json",
             "tokenizer_config.json",
         ];
+        let clock = Stopwatch::start();
         let dir = model_dir(model, options.offline, &extra)?;
-        let spec = dir.to_string_lossy().to_string();
         let model = match model_type(&dir)?.as_str() {
             #[cfg(feature = "whisper")]
-            "whisper" => Model::Whisper(Loaded::load(&spec, options, &[], LoadWhisper)?),
+            "whisper" => Model::Whisper(Loaded::from_dir(dir, options, clock, LoadWhisper)?),
             #[cfg(feature = "wav2vec2")]
-            "wav2vec2" => Model::Wav2Vec2(Loaded::load(&spec, options, &[], LoadWav2Vec2)?),
+            "wav2vec2" => Model::Wav2Vec2(Loaded::from_dir(dir, options, clock, LoadWav2Vec2)?),
             other => {
                 return Err(Error::Unsupported(format!(
                 "{model}: model_type `{other}` is not a speech-recognition family of this build \
