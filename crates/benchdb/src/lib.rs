@@ -1,0 +1,1 @@
+//! DuckDB through its C API, loaded at run time (placeholder: being written).
