@@ -6,8 +6,15 @@
 //!   used as the embedded default model.
 //! - `fetch-ort [--openvino]`: unpack ONNX Runtime's shared library from its PyPI wheel into the
 //!   folder the ONNX backend searches.
+//! - `fetch-duckdb [--dir DIR]`: unpack DuckDB's libduckdb.so from its npm package into the
+//!   folder the benchmark store searches.
+//! - `bench --config NAME|PATH --backend cpu,... --batch 1,8 --seq 32,128 --iters N --db FILE`:
+//!   measure a family over a grid into DuckDB; `report --db FILE --out FILE.html` renders the
+//!   results; `compare-backends --db FILE --family F` ranks the backends.
 
+mod bench;
 mod compact;
+mod fetch_duckdb;
 mod fetch_ort;
 mod verify;
 
@@ -28,6 +35,14 @@ enum Command {
     CompactModel(compact::Args),
     /// Put ONNX Runtime (from the PyPI wheel) where the ONNX backend finds it.
     FetchOrt(fetch_ort::Args),
+    /// Put DuckDB's libduckdb.so (from the npm package) where the benchmark store finds it.
+    FetchDuckdb(fetch_duckdb::Args),
+    /// Benchmark a family over backends × batch sizes × sizes into a DuckDB file.
+    Bench(bench::Args),
+    /// Render the results of a DuckDB file as an HTML page with SVG plots.
+    Report(ipfs_accelerate_bench::cli::ReportArgs),
+    /// Rank the backends measured for one family (and model) by latency.
+    CompareBackends(ipfs_accelerate_bench::cli::CompareArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +51,10 @@ fn main() -> std::process::ExitCode {
         Command::Verify(a) => verify::run(a),
         Command::CompactModel(a) => compact::run(a),
         Command::FetchOrt(a) => fetch_ort::run(a),
+        Command::FetchDuckdb(a) => fetch_duckdb::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Report(a) => bench::report(a),
+        Command::CompareBackends(a) => bench::compare(a),
     };
     match result {
         Ok(code) => code,

@@ -211,6 +211,9 @@ enum Command {
         #[arg(long, default_value = "This is a sound of {}.")]
         template: String,
     },
+    /// Benchmark a family over batch sizes × sizes on the `--backend` list (default cpu) and add
+    /// the results to a DuckDB file (`cargo xtask report` renders them).
+    Bench(ipfs_accelerate_bench::cli::BenchArgs),
     /// Probe every backend and print what this machine offers.
     Devices {
         /// Print JSON instead of a table.
@@ -251,6 +254,11 @@ fn backend_list(cli: &Cli) -> anyhow::Result<Option<Vec<BackendKind>>> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Devices { json } = &cli.command {
         return devices(*json);
+    }
+    if let Command::Bench(args) = &cli.command {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        ipfs_accelerate_bench::cli::bench(args, &cli.backend, command)?;
+        return Ok(());
     }
     if matches!(cli.command, Command::Generate { .. }) {
         return generate(cli);

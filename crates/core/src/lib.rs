@@ -16,6 +16,7 @@ mod config;
 mod error;
 mod metrics;
 mod selector;
+pub mod shared;
 mod tensor;
 
 pub use backend::{
@@ -25,4 +26,5 @@ pub use config::{label_count, label_name, JsonConfig};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};
+pub use shared::{Residency, SharedError, SharedHandle, SharedTensors, TensorView};
 pub use tensor::{DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource, TokenBatch};

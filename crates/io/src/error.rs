@@ -22,6 +22,14 @@ pub enum IoError {
         /// What is wrong.
         reason: String,
     },
+    /// A small JSON settings file (such as `random_init.json`) is unreadable or has invalid values.
+    #[error("invalid settings file {path}: {reason}")]
+    InvalidConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A GGUF file is malformed (bad magic, unsupported version, truncated, counts or offsets out
     /// of range, unknown tensor type, non-UTF-8 string, ...).
     #[error("malformed GGUF file {path}: {reason}")]

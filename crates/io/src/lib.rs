@@ -28,11 +28,24 @@ pub use random::{RandomInit, RandomWeights};
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
 pub use source::{resolve, ModelFiles, ModelSource, ResolveOptions};
 
+/// The file that marks a checkpoint folder as "configuration only, random weights": a folder with
+/// `config.json` and this file (`{"seed": 0, "std": 0.02}`) instead of safetensors loads with
+/// [`RandomInit`] (benchmarks of real-size configurations without a download).
+pub const RANDOM_INIT_FILE: &str = "random_init.json";
+
 /// Memory-maps the weights of a local checkpoint folder: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` lists.
+/// `model.safetensors.index.json` lists; a folder with [`RANDOM_INIT_FILE`] and no safetensors gets
+/// seeded random weights of whatever shapes its config asks for.
 pub fn open_weights(
     dir: &std::path::Path,
 ) -> Result<std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>, IoError> {
     let files = ModelFiles::local(dir)?;
+    let marker = dir.join(RANDOM_INIT_FILE);
+    if marker.is_file()
+        && !dir.join("model.safetensors").exists()
+        && !dir.join("model.safetensors.index.json").exists()
+    {
+        return Ok(std::sync::Arc::new(RandomInit::from_file(&marker)?));
+    }
     Ok(WeightStore::open(&files.weight_files()?)?.into_source())
 }

@@ -99,6 +99,33 @@ impl RandomInit {
     pub fn new(seed: u64, std: f32) -> Self {
         RandomInit { seed, std }
     }
+
+    /// Reads `{"seed": N, "std": X}` (both optional: seed 0, std 0.02) from a
+    /// [`crate::RANDOM_INIT_FILE`].
+    pub fn from_file(path: &std::path::Path) -> std::result::Result<Self, crate::IoError> {
+        let text = std::fs::read_to_string(path).map_err(|e| crate::IoError::read(path, e))?;
+        let bad = |reason: String| crate::IoError::InvalidConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let seed = match value.get("seed") {
+            None => 0,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| bad("`seed` must be a non-negative integer".into()))?,
+        };
+        let std = match value.get("std") {
+            None => 0.02,
+            Some(v) => v
+                .as_f64()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| bad("`std` must be a positive number".into()))?
+                as f32,
+        };
+        Ok(RandomInit::new(seed, std))
+    }
 }
 
 impl TensorSource for RandomInit {

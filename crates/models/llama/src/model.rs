@@ -321,7 +321,9 @@ impl<B: Backend> LlamaModel<B> {
         }
         self.check_positions(batch, seq, positions, mask, cached)?;
         let keys = cached + seq;
-        let heads = self.config.num_attention_heads;
+        // One bias row set for every head: it broadcasts over the heads, and it lets grouped-query
+        // attention stack the query heads of a key/value head instead of copying keys and values.
+        let heads = 1;
         let dev = &self.device;
         let (cos, sin) = self.rope.cos_sin::<B>(positions, batch, seq, dev)?;
         let masking = |window: Option<usize>| Masking {

@@ -1,0 +1,235 @@
+//! The `bench`, `report` and `compare-backends` commands, shared by `cargo xtask` and the
+//! `ipfs-accelerate` CLI (both only parse these arguments and call [`bench`], [`report`] or
+//! [`compare`]).
+
+use std::path::{Path, PathBuf};
+
+use ipfs_accelerate::BackendKind;
+
+use crate::record::{Measurement, RunInfo, Status};
+use crate::store::Store;
+use crate::{configs, report as html, run_benchmark, BenchError, BenchSpec};
+
+/// The default database file.
+pub const DEFAULT_DB: &str = "bench.duckdb";
+
+/// Arguments of `bench` (the backends come separately: the CLI's global `--backend`, or
+/// xtask's own).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The family (bert, vit, llama, ...); optional when the model's `model_type` says it.
+    #[arg(long)]
+    pub family: Option<String>,
+    /// A named configuration with random weights (minilm-l6, bert-base, vit-base, clip-vit-b32,
+    /// whisper-tiny, whisper-base, wav2vec2-base, t5-small, t5-base, llama-135m, llama-1b,
+    /// qwen2-0.5b), a checkpoint folder, or a config.json file (random weights).
+    #[arg(long, default_value = "minilm-l6")]
+    pub config: String,
+    /// Batch sizes, comma separated.
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Sizes, comma separated: tokens (text), image side in pixels (vit, detr), mel frames
+    /// (whisper) or samples (wav2vec2). Default: the family's usual size.
+    #[arg(long, value_delimiter = ',')]
+    pub seq: Vec<usize>,
+    /// Compute precisions, comma separated.
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    pub dtype: Vec<String>,
+    /// Timed iterations per point.
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Untimed warm-up iterations per point.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// The DuckDB file results are added to.
+    #[arg(long, default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+    /// Do not store results (no DuckDB needed); print them only.
+    #[arg(long)]
+    pub no_db: bool,
+    /// Also print the run and its measurements as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Peak GFLOP/s of the device, for "% of peak" (known GPUs are looked up by name).
+    #[arg(long)]
+    pub peak_gflops: Option<f64>,
+}
+
+/// Arguments of `report`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// The DuckDB file to read.
+    #[arg(long, default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+    /// The HTML file to write.
+    #[arg(long, default_value = "bench-report.html")]
+    pub out: PathBuf,
+    /// Also render the page in headless Chromium to this PNG and check it is not blank.
+    #[arg(long)]
+    pub screenshot: Option<PathBuf>,
+}
+
+/// Arguments of `compare-backends`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// The DuckDB file to read.
+    #[arg(long, default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+    /// The family to rank backends for.
+    #[arg(long)]
+    pub family: String,
+    /// Only this model (configuration name or path) of the family.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+fn store_err(e: crate::store::StoreError) -> BenchError {
+    BenchError::Store(e.to_string())
+}
+
+/// One line per measurement, for the terminal.
+pub fn summary_line(m: &Measurement) -> String {
+    let shape = format!("b{}×{} {}", m.batch, m.seq, m.shape_kind);
+    match (m.status, m.latency) {
+        (Status::Ok | Status::Interrupted, Some(l)) => {
+            let rate = match m.tokens_per_s {
+                Some(t) => format!("{t:.0} tokens/s"),
+                None => format!("{:.2} items/s", m.items_per_s.unwrap_or(0.0)),
+            };
+            let gflops = m
+                .achieved_flops_per_s
+                .map(|f| format!(", {:.1} GFLOP/s", f / 1e9))
+                .unwrap_or_default();
+            format!(
+                "{:<14} {:<5} {shape:<22} mean {:>9.2} ms  p50 {:>9.2}  p99 {:>9.2}  {rate}{gflops}{}",
+                m.backend,
+                m.dtype,
+                l.mean_ms,
+                l.p50_ms,
+                l.p99_ms,
+                if m.status == Status::Interrupted { " (interrupted)" } else { "" }
+            )
+        }
+        _ => format!(
+            "{:<14} {:<5} {shape:<22} {}: {}",
+            m.backend,
+            m.dtype,
+            m.status.as_str(),
+            m.reason.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// Runs `bench`: measures, stores each point as it completes, prints a summary. Returns the run
+/// and its measurements.
+/// `backends` are names (`cpu`, `cuda`, `onnx-openvino`, ...); empty means `cpu`.
+pub fn bench(
+    args: &BenchArgs,
+    backends: &[String],
+    command: String,
+) -> Result<(RunInfo, Vec<Measurement>), BenchError> {
+    let default = ["cpu".to_string()];
+    let names = if backends.is_empty() {
+        &default[..]
+    } else {
+        backends
+    };
+    let backends = names
+        .iter()
+        .map(|b| b.parse::<BackendKind>())
+        .collect::<Result<Vec<_>, _>>()?;
+    if configs::preset(&args.config).is_none() && !Path::new(&args.config).exists() {
+        return Err(BenchError::Spec(format!(
+            "--config {}: no such named configuration ({}) or path",
+            args.config,
+            configs::preset_names().join(", ")
+        )));
+    }
+    let store = if args.no_db {
+        None
+    } else {
+        Some(Store::open(&args.db).map_err(store_err)?)
+    };
+    crate::install_interrupt_handler()?;
+    let spec = BenchSpec {
+        model: args.config.clone(),
+        family: args.family.clone(),
+        backends,
+        batches: args.batch.clone(),
+        sizes: args.seq.clone(),
+        dtypes: args.dtype.clone(),
+        warmup: args.warmup,
+        iters: args.iters,
+        peak_flops: args.peak_gflops.map(|g| g * 1e9),
+        progress: true,
+        command,
+    };
+    let mut saved_run = false;
+    let (run, measurements) = run_benchmark(&spec, |run, m| {
+        if let Some(store) = &store {
+            if !saved_run {
+                store.save_run(run).map_err(store_err)?;
+                saved_run = true;
+            }
+            store.save_measurement(m).map_err(store_err)?;
+        }
+        eprintln!("{}", summary_line(m));
+        Ok(())
+    })?;
+    if store.is_some() {
+        eprintln!(
+            "{} measurements of run {} stored in {}",
+            measurements.len(),
+            run.run_id,
+            args.db.display()
+        );
+    }
+    if crate::interrupted() {
+        eprintln!("interrupted: the points measured before Ctrl-C are kept");
+    }
+    if args.json {
+        let json = serde_json::json!({ "run": run, "measurements": measurements });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).unwrap_or_default()
+        );
+    }
+    Ok((run, measurements))
+}
+
+/// Runs `report`: reads the database, writes the HTML page, optionally screenshots it.
+pub fn report(args: &ReportArgs) -> Result<(), BenchError> {
+    let store = Store::open(&args.db).map_err(store_err)?;
+    let (runs, measurements) = store.load_all().map_err(store_err)?;
+    let page = html::render_html(&runs, &measurements);
+    std::fs::write(&args.out, page).map_err(|e| BenchError::io(&args.out, e))?;
+    eprintln!(
+        "report of {} runs, {} measurements written to {}",
+        runs.len(),
+        measurements.len(),
+        args.out.display()
+    );
+    if let Some(png) = &args.screenshot {
+        let err = |e: crate::chromium::ChromiumError| BenchError::Spec(e.to_string());
+        crate::chromium::screenshot(&args.out, png, 1280, 2400).map_err(err)?;
+        if crate::chromium::screenshot_is_blank(png).map_err(err)? {
+            return Err(BenchError::Spec(format!(
+                "the screenshot {} of the report is blank",
+                png.display()
+            )));
+        }
+        eprintln!("screenshot (checked non-blank): {}", png.display());
+    }
+    Ok(())
+}
+
+/// Runs `compare-backends`: prints the ranking of backends for one model.
+pub fn compare(args: &CompareArgs) -> Result<(), BenchError> {
+    let store = Store::open(&args.db).map_err(store_err)?;
+    let (_, measurements) = store.load_all().map_err(store_err)?;
+    print!(
+        "{}",
+        html::compare_backends(&measurements, &args.family, args.model.as_deref())
+    );
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! Runs a family over a grid of backends × dtypes × batch sizes × sizes: loads the model once per
+//! backend, warms up, times N iterations (each ends with the outputs back on the host and the
+//! backend synchronised, so the clock covers the device's work), and records one
+//! [`Measurement`] per grid point — including the points that could not run and why.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use ipfs_accelerate::{Availability, BackendKind};
+use ipfs_accelerate_core::{ModelRunner, ProbeBackend, TensorMap};
+use serde_json::Value;
+
+use crate::record::{Measurement, RunInfo, Status};
+use crate::{configs, flops, inputs, stats, sysinfo, BenchError};
+
+/// What to benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// A named configuration ([`configs::PRESETS`], random weights), a checkpoint folder
+    /// (config.json + safetensors; a conformance fixture folder also brings its inputs), or a
+    /// config.json file (random weights).
+    pub model: String,
+    /// The family, when the model's `model_type` does not say it (or to check that it does).
+    pub family: Option<String>,
+    /// Backends to run on, in order; unusable ones are recorded as unavailable.
+    pub backends: Vec<BackendKind>,
+    /// Batch sizes.
+    pub batches: Vec<usize>,
+    /// Sizes (tokens, image side, mel frames or samples — see [`inputs::size_axis`]); empty → the
+    /// family's default.
+    pub sizes: Vec<usize>,
+    /// Compute precisions (`f32`; others are recorded as failed until a backend implements them).
+    pub dtypes: Vec<String>,
+    /// Untimed iterations before timing.
+    pub warmup: usize,
+    /// Timed iterations.
+    pub iters: usize,
+    /// The device's peak FLOP/s, to report achieved FLOP/s as a percentage (overrides the table of
+    /// known GPUs in [`known_peak_flops`]).
+    pub peak_flops: Option<f64>,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// The command line, stored with the run.
+    pub command: String,
+}
+
+impl Default for BenchSpec {
+    fn default() -> Self {
+        BenchSpec {
+            model: "minilm-l6".into(),
+            family: None,
+            backends: vec![BackendKind::Cpu],
+            batches: vec![1],
+            sizes: Vec::new(),
+            dtypes: vec!["f32".into()],
+            warmup: 2,
+            iters: 10,
+            peak_flops: None,
+            progress: false,
+            command: String::new(),
+        }
+    }
+}
+
+/// Set by Ctrl-C (once [`install_interrupt_handler`] ran): the runner stops after the current
+/// iteration and keeps what it measured.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C handler that makes a run stop cleanly (idempotent).
+pub fn install_interrupt_handler() -> Result<(), BenchError> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| BenchError::Spec(format!("cannot install the Ctrl-C handler: {e}")))
+}
+
+/// Whether Ctrl-C was pressed during this process's runs.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Peak FP32 FLOP/s of well-known GPUs by name (vendor data sheets, non-tensor-core FP32), used
+/// for "% of peak" when the user gives no `--peak-gflops`. CPUs are not listed: their peak depends
+/// on clocks and vector units the process cannot read reliably.
+pub fn known_peak_flops(device_name: &str) -> Option<f64> {
+    let name = device_name.to_ascii_uppercase();
+    let table: &[(&str, f64)] = &[
+        ("H200", 67.0e12),
+        ("H100 PCIE", 51.2e12),
+        ("H100", 67.0e12),
+        ("A100", 19.5e12),
+        ("L40S", 91.6e12),
+        ("L4", 30.3e12),
+        ("RTX 4090", 82.6e12),
+    ];
+    table
+        .iter()
+        .find(|(key, _)| name.contains(key))
+        .map(|(_, peak)| *peak)
+}
+
+/// The model to run: its family, label, folder and config, and fixture inputs when it has them.
+struct ModelPlan {
+    family: String,
+    label: String,
+    dir: PathBuf,
+    config: Value,
+    fixture_inputs: Option<TensorMap>,
+    /// Keeps the folder of a random-weight configuration alive.
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// The family that serves a config's `model_type`.
+fn family_of(model_type: &str) -> Option<&'static str> {
+    Some(match model_type {
+        "bert" => "bert",
+        "llama" | "mistral" => "llama",
+        "qwen2" => "qwen2",
+        "t5" => "t5",
+        "whisper" => "whisper",
+        "wav2vec2" => "wav2vec2",
+        "vit" => "vit",
+        "clip" => "clip",
+        "detr" => "detr",
+        "clap" => "clap",
+        "llava" => "llava",
+        "llava_next" => "llava_next",
+        "xclip" => "xclip",
+        _ => return None,
+    })
+}
+
+/// A folder holding `config_json` and a random-initialisation marker.
+fn random_weight_dir(config_json: &str) -> Result<(tempfile::TempDir, PathBuf), BenchError> {
+    let temp = tempfile::tempdir().map_err(|e| BenchError::io(std::env::temp_dir(), e))?;
+    let dir = temp.path().to_path_buf();
+    for (name, text) in [
+        ("config.json", config_json),
+        (
+            ipfs_accelerate_io::RANDOM_INIT_FILE,
+            r#"{"seed": 0, "std": 0.02}"#,
+        ),
+    ] {
+        std::fs::write(dir.join(name), text).map_err(|e| BenchError::io(dir.join(name), e))?;
+    }
+    Ok((temp, dir))
+}
+
+fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
+    let path = Path::new(&spec.model);
+    let (label, dir, temp, config_text, preset_family) =
+        if let Some((family, json)) = configs::preset(&spec.model) {
+            let (temp, dir) = random_weight_dir(json)?;
+            (
+                spec.model.clone(),
+                dir,
+                Some(temp),
+                json.to_string(),
+                Some(family),
+            )
+        } else if path.is_dir() {
+            let file = path.join("config.json");
+            let text = std::fs::read_to_string(&file).map_err(|e| BenchError::io(&file, e))?;
+            (spec.model.clone(), path.to_path_buf(), None, text, None)
+        } else if path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|e| BenchError::io(path, e))?;
+            let (temp, dir) = random_weight_dir(&text)?;
+            (spec.model.clone(), dir, Some(temp), text, None)
+        } else {
+            return Err(BenchError::Spec(format!(
+                "`{}` is neither a named configuration ({}) nor a checkpoint folder or config.json",
+                spec.model,
+                configs::preset_names().join(", ")
+            )));
+        };
+    let config: Value = serde_json::from_str(&config_text)
+        .map_err(|e| BenchError::Spec(format!("config of `{label}` is not JSON: {e}")))?;
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let inferred = preset_family.or_else(|| family_of(model_type));
+    let family = match (&spec.family, inferred) {
+        (Some(f), Some(i)) if f != i => return Err(BenchError::Spec(format!(
+            "--family {f} does not match `{label}` (model_type `{model_type}` is served by `{i}`)"
+        ))),
+        (Some(f), _) => f.clone(),
+        (None, Some(i)) => i.to_string(),
+        (None, None) => {
+            return Err(BenchError::Spec(format!(
+                "cannot tell the family of `{label}` (model_type `{model_type}`): pass --family"
+            )))
+        }
+    };
+    let fixture_inputs =
+        if dir.join("reference.safetensors").is_file() && dir.join("meta.json").is_file() {
+            let fixture = ipfs_accelerate::conformance::Fixture {
+                family: family.clone(),
+                variant: String::new(),
+                dir: dir.clone(),
+            };
+            let mut inputs = fixture.inputs()?;
+            // One forward pass is timed, not a greedy decode.
+            inputs.remove("greedy_steps");
+            Some(inputs)
+        } else {
+            None
+        };
+    Ok(ModelPlan {
+        family,
+        label,
+        dir,
+        config,
+        fixture_inputs,
+        _temp: temp,
+    })
+}
+
+/// The machine and invocation, with the names and drivers of the usable GPU backends named.
+pub fn run_info(backends: &[BackendKind], command: &str) -> RunInfo {
+    let (started_at, stem) = sysinfo::now_utc();
+    let selector = ipfs_accelerate::selector();
+    let gpus: Vec<(String, Option<String>)> = backends
+        .iter()
+        .filter(|k| !matches!(k, BackendKind::Cpu | BackendKind::Onnx(_)))
+        .filter_map(|k| match selector.probe(*k) {
+            Availability::Available(info) => Some((info.name, info.driver)),
+            _ => None,
+        })
+        .collect();
+    let join = |v: Vec<String>| (!v.is_empty()).then(|| v.join(", "));
+    RunInfo {
+        run_id: format!("{stem}-{}", std::process::id()),
+        started_at,
+        git_commit: sysinfo::git_commit(),
+        host: sysinfo::host_name(),
+        os: sysinfo::os_description(),
+        cpu_model: sysinfo::cpu_model(),
+        cores: sysinfo::cores(),
+        gpu: join(gpus.iter().map(|g| g.0.clone()).collect()),
+        driver: join(gpus.iter().filter_map(|g| g.1.clone()).collect()),
+        command: command.to_string(),
+    }
+}
+
+/// One grid point's identity, before it is measured.
+struct Point<'a> {
+    run: &'a RunInfo,
+    plan: &'a ModelPlan,
+    backend: BackendKind,
+    dtype: &'a str,
+    batch: usize,
+    size: usize,
+    shape_kind: &'a str,
+    spec: &'a BenchSpec,
+}
+
+impl Point<'_> {
+    /// A measurement of this point with nothing measured yet.
+    fn empty(&self, status: Status, reason: Option<String>) -> Measurement {
+        Measurement {
+            run_id: self.run.run_id.clone(),
+            family: self.plan.family.clone(),
+            model: self.plan.label.clone(),
+            backend: self.backend.to_string(),
+            dtype: self.dtype.to_string(),
+            batch: self.batch as u32,
+            seq: self.size as u32,
+            shape_kind: self.shape_kind.to_string(),
+            warmup: self.spec.warmup as u32,
+            iters_asked: self.spec.iters as u32,
+            iters_done: 0,
+            status,
+            reason,
+            load_ms: None,
+            latency: None,
+            items_per_s: None,
+            tokens_per_s: None,
+            host_rss_peak_bytes: None,
+            device_memory_bytes: None,
+            flops: None,
+            achieved_flops_per_s: None,
+            peak_flops_pct: None,
+            timings_ms: Vec::new(),
+        }
+    }
+}
+
+/// The (batch, size) pairs of the grid, or the fixture's one shape.
+fn grid(
+    spec: &BenchSpec,
+    plan: &ModelPlan,
+) -> Result<(Vec<(usize, usize)>, &'static str), BenchError> {
+    let (kind, default) = inputs::size_axis(&plan.family, &plan.config);
+    if let Some(fixture) = &plan.fixture_inputs {
+        // A fixture's inputs fix the shape: batch and size come from its first input.
+        let shape = fixture
+            .values()
+            .next()
+            .map(|t| t.shape().to_vec())
+            .unwrap_or_default();
+        let batch = shape.first().copied().unwrap_or(1);
+        let size = shape.get(1).copied().unwrap_or(1);
+        return Ok((vec![(batch, size)], kind));
+    }
+    if spec.batches.is_empty() || spec.batches.contains(&0) {
+        return Err(BenchError::Spec("batch sizes must be at least 1".into()));
+    }
+    let sizes = if spec.sizes.is_empty() {
+        vec![default]
+    } else {
+        spec.sizes.clone()
+    };
+    if sizes.contains(&0) {
+        return Err(BenchError::Spec("sizes must be at least 1".into()));
+    }
+    Ok((
+        spec.batches
+            .iter()
+            .flat_map(|&b| sizes.iter().map(move |&s| (b, s)))
+            .collect(),
+        kind,
+    ))
+}
+
+/// Runs the benchmark described by `spec`, handing every measurement to `sink` as soon as it is
+/// complete (so a database keeps it even if a later point crashes or Ctrl-C stops the run).
+/// Returns the run's description and every measurement. Grid points that cannot run are recorded
+/// with status `unavailable` or `failed` and the run goes on.
+pub fn run_benchmark(
+    spec: &BenchSpec,
+    mut sink: impl FnMut(&RunInfo, &Measurement) -> Result<(), BenchError>,
+) -> Result<(RunInfo, Vec<Measurement>), BenchError> {
+    if spec.iters == 0 {
+        return Err(BenchError::Spec("--iters must be at least 1".into()));
+    }
+    if spec.backends.is_empty() {
+        return Err(BenchError::Spec("no backend to run on".into()));
+    }
+    let plan = plan(spec)?;
+    let (points, shape_kind) = grid(spec, &plan)?;
+    let run = run_info(&spec.backends, &spec.command);
+    let dtypes: Vec<String> = if spec.dtypes.is_empty() {
+        vec!["f32".into()]
+    } else {
+        spec.dtypes.clone()
+    };
+    let total =
+        (spec.backends.len() * dtypes.len() * points.len() * (spec.warmup + spec.iters)) as u64;
+    let bar = if spec.progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let selector = ipfs_accelerate::selector();
+    let compiled = ipfs_accelerate::compiled_backends();
+    let mut out = Vec::new();
+    let mut record = |m: Measurement, out: &mut Vec<Measurement>| -> Result<(), BenchError> {
+        sink(&run, &m)?;
+        out.push(m);
+        Ok(())
+    };
+    'backends: for &backend in &spec.backends {
+        let hal = compiled.iter().find(|b| b.kind() == backend);
+        let availability = selector.probe(backend);
+        let device_name = match &availability {
+            Availability::Available(info) => Some(info.name.clone()),
+            _ => None,
+        };
+        let peak = spec
+            .peak_flops
+            .or_else(|| device_name.as_deref().and_then(known_peak_flops));
+        // Load once per backend (measured), unless the backend cannot run at all.
+        let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match availability.reason(backend)
+        {
+            Some(reason) => Err(reason),
+            None => {
+                bar.set_message(format!("loading {} on {backend}", plan.label));
+                let start = Instant::now();
+                ipfs_accelerate::conformance::load_family(&plan.family, &plan.dir, backend)
+                    .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
+                    .map_err(|e| format!("load failed: {e}"))
+            }
+        };
+        let unavailable = availability.reason(backend).is_some();
+        for dtype in &dtypes {
+            for &(batch, size) in &points {
+                let point = Point {
+                    run: &run,
+                    plan: &plan,
+                    backend,
+                    dtype,
+                    batch,
+                    size,
+                    shape_kind,
+                    spec,
+                };
+                let (runner, load_ms) = match &loaded {
+                    Err(reason) => {
+                        let status = if unavailable {
+                            Status::Unavailable
+                        } else {
+                            Status::Failed
+                        };
+                        bar.inc((spec.warmup + spec.iters) as u64);
+                        record(point.empty(status, Some(reason.clone())), &mut out)?;
+                        continue;
+                    }
+                    Ok((runner, load_ms)) => (runner, *load_ms),
+                };
+                if dtype != "f32" {
+                    bar.inc((spec.warmup + spec.iters) as u64);
+                    let reason = format!(
+                        "dtype `{dtype}`: only f32 compute is implemented on {backend} in this build"
+                    );
+                    record(point.empty(Status::Failed, Some(reason)), &mut out)?;
+                    continue;
+                }
+                bar.set_message(format!("{} {backend} b{batch}×{size}", plan.label));
+                let m = measure(
+                    &point,
+                    runner.as_ref(),
+                    hal.map(|h| h.as_ref()),
+                    load_ms,
+                    peak,
+                    &bar,
+                );
+                let stop = m.status == Status::Interrupted;
+                record(m, &mut out)?;
+                if stop {
+                    break 'backends;
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok((run, out))
+}
+
+/// Warms up and times one grid point.
+fn measure(
+    point: &Point<'_>,
+    runner: &dyn ModelRunner,
+    hal: Option<&dyn ProbeBackend>,
+    load_ms: f64,
+    peak: Option<f64>,
+    bar: &ProgressBar,
+) -> Measurement {
+    let spec = point.spec;
+    let plan = point.plan;
+    let mut m = point.empty(Status::Ok, None);
+    m.load_ms = Some(load_ms);
+    let inputs = match &plan.fixture_inputs {
+        Some(fixture) => Ok(fixture.clone()),
+        None => inputs::synthesize(&plan.family, &plan.config, point.batch, point.size),
+    };
+    let inputs = match inputs {
+        Ok(i) => i,
+        Err(e) => {
+            m.status = Status::Failed;
+            m.reason = Some(e.to_string());
+            return m;
+        }
+    };
+    let sync = || hal.map(|h| h.synchronize());
+    let rss_reset = sysinfo::reset_peak_rss();
+    let iterate = |timed: bool| -> Result<Option<f64>, String> {
+        let start = Instant::now();
+        runner
+            .run(&inputs)
+            .map_err(|e| format!("run failed: {e}"))?;
+        if let Some(Err(e)) = sync() {
+            return Err(format!("synchronize failed: {e}"));
+        }
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        bar.inc(1);
+        Ok(timed.then_some(ms))
+    };
+    for _ in 0..spec.warmup {
+        if interrupted() {
+            break;
+        }
+        if let Err(reason) = iterate(false) {
+            m.status = Status::Failed;
+            m.reason = Some(reason);
+            return m;
+        }
+    }
+    for _ in 0..spec.iters {
+        if interrupted() {
+            m.status = Status::Interrupted;
+            m.reason = Some("interrupted by Ctrl-C".into());
+            break;
+        }
+        match iterate(true) {
+            Ok(Some(ms)) => m.timings_ms.push(ms),
+            Ok(None) => {}
+            Err(reason) => {
+                m.status = Status::Failed;
+                m.reason = Some(reason);
+                break;
+            }
+        }
+    }
+    m.iters_done = m.timings_ms.len() as u32;
+    m.latency = stats::latency_stats(&m.timings_ms);
+    if rss_reset {
+        m.host_rss_peak_bytes = sysinfo::peak_rss_bytes();
+    }
+    m.device_memory_bytes = hal.and_then(|h| h.memory_in_use());
+    m.flops = flops::forward_flops(&plan.family, &plan.config, &inputs);
+    if let Some(lat) = m.latency {
+        let secs = lat.mean_ms / 1e3;
+        m.items_per_s = Some(point.batch as f64 / secs);
+        if point.shape_kind == "tokens" {
+            m.tokens_per_s = Some((point.batch * point.size) as f64 / secs);
+        }
+        m.achieved_flops_per_s = m.flops.map(|f| f / secs);
+        m.peak_flops_pct = m
+            .achieved_flops_per_s
+            .zip(peak)
+            .map(|(achieved, peak)| 100.0 * achieved / peak);
+    }
+    m
+}

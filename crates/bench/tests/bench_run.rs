@@ -1,0 +1,122 @@
+//! The acceptance run of the benchmark runner: all-MiniLM-L6-v2's configuration (random weights)
+//! on the CPU over batch 1, 8 × sequence 32, 128, plus a backend this build does not have, written
+//! to DuckDB and read back. Every number checked here was measured by this run.
+
+use ipfs_accelerate::BackendKind;
+use ipfs_accelerate_bench::store::Store;
+use ipfs_accelerate_bench::{run_benchmark, BenchSpec, Status};
+use ipfs_accelerate_benchdb::find_for_test;
+
+#[test]
+fn minilm_grid_on_cpu_is_measured_stored_and_read_back() {
+    let Some(lib) = find_for_test("minilm_grid_on_cpu_is_measured_stored_and_read_back")
+        .expect("DuckDB library required (IPFS_ACCELERATE_REQUIRE_DUCKDB=1)")
+    else {
+        return;
+    };
+    // A backend that is never compiled into the test build: recorded, not imitated.
+    let absent = BackendKind::Metal;
+    let iters = 3;
+    let spec = BenchSpec {
+        model: "minilm-l6".into(),
+        backends: vec![BackendKind::Cpu, absent],
+        batches: vec![1, 8],
+        sizes: vec![32, 128],
+        warmup: 1,
+        iters,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.duckdb");
+    let store = Store::open_with(&lib, &path).unwrap();
+    let mut saved_run = false;
+    let (run, measured) = run_benchmark(&spec, |run, m| {
+        if !saved_run {
+            store.save_run(run).unwrap();
+            saved_run = true;
+        }
+        store.save_measurement(m).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    drop(store);
+
+    let store = Store::open_with(&lib, &path).unwrap();
+    let (runs, stored) = store.load_all().unwrap();
+    assert_eq!(runs, vec![run.clone()]);
+    assert_eq!(
+        stored.len(),
+        8,
+        "2 backends × 2 batches × 2 sequence lengths"
+    );
+    assert_eq!(stored, measured, "the database holds what was measured");
+
+    let cpu: Vec<_> = stored.iter().filter(|m| m.backend == "cpu").collect();
+    assert_eq!(cpu.len(), 4);
+    for m in &cpu {
+        assert_eq!(m.status, Status::Ok, "{:?}", m.reason);
+        assert_eq!((m.family.as_str(), m.model.as_str()), ("bert", "minilm-l6"));
+        assert_eq!(m.iters_done, iters as u32);
+        assert_eq!(m.timings_ms.len(), iters);
+        assert!(m.timings_ms.iter().all(|&t| t > 0.0 && t.is_finite()));
+        let l = m.latency.expect("latency of a measured point");
+        assert!(l.min_ms > 0.0 && l.min_ms <= l.p50_ms && l.p50_ms <= l.p90_ms);
+        assert!(l.p90_ms <= l.p99_ms && l.p99_ms <= l.max_ms);
+        let mean = m.timings_ms.iter().sum::<f64>() / iters as f64;
+        assert!((l.mean_ms - mean).abs() < 1e-9 * mean.max(1.0));
+        assert!(m.load_ms.unwrap() > 0.0);
+        let tokens = (m.batch * m.seq) as f64;
+        assert!((m.tokens_per_s.unwrap() - tokens / (l.mean_ms / 1e3)).abs() < 1e-6 * tokens);
+        assert!(m.flops.unwrap() > 0.0 && m.achieved_flops_per_s.unwrap() > 0.0);
+        assert!(m.host_rss_peak_bytes.unwrap() > 0);
+    }
+    // The longer sequence costs more FLOPs at the same batch.
+    let flops = |b: u32, s: u32| {
+        cpu.iter()
+            .find(|m| m.batch == b && m.seq == s)
+            .and_then(|m| m.flops)
+            .unwrap()
+    };
+    assert!(flops(8, 128) > flops(8, 32) && flops(8, 32) > flops(1, 32));
+
+    let missing: Vec<_> = stored.iter().filter(|m| m.backend == "metal").collect();
+    assert_eq!(missing.len(), 4);
+    for m in missing {
+        assert_eq!(m.status, Status::Unavailable);
+        assert!(
+            m.reason.as_deref().unwrap().contains("metal"),
+            "{:?}",
+            m.reason
+        );
+        assert!(m.latency.is_none() && m.timings_ms.is_empty() && m.flops.is_none());
+    }
+}
+
+#[test]
+fn bad_specs_are_errors_not_panics() {
+    let base = BenchSpec::default();
+    for spec in [
+        BenchSpec {
+            iters: 0,
+            ..base.clone()
+        },
+        BenchSpec {
+            batches: vec![0],
+            ..base.clone()
+        },
+        BenchSpec {
+            model: "no-such-model".into(),
+            ..base.clone()
+        },
+        BenchSpec {
+            backends: Vec::new(),
+            ..base.clone()
+        },
+        BenchSpec {
+            family: Some("vit".into()),
+            ..base.clone()
+        },
+    ] {
+        assert!(run_benchmark(&spec, |_, _| Ok(())).is_err(), "{spec:?}");
+    }
+}
