@@ -1,6 +1,6 @@
 //! The `bench`, `report` and `compare-backends` commands, shared by `cargo xtask` and the
-//! `ipfs-accelerate` CLI (both only parse these arguments and call [`bench`], [`report`] or
-//! [`compare`]).
+//! `ipfs-accelerate` CLI (both only parse these arguments and call [`bench()`], [`report()`] or
+//! [`compare()`]).
 
 use std::path::{Path, PathBuf};
 

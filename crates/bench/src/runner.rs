@@ -293,11 +293,11 @@ impl Point<'_> {
     }
 }
 
+/// The (batch, size) pairs of a grid and what the size counts.
+type Grid = (Vec<(usize, usize)>, &'static str);
+
 /// The (batch, size) pairs of the grid, or the fixture's one shape.
-fn grid(
-    spec: &BenchSpec,
-    plan: &ModelPlan,
-) -> Result<(Vec<(usize, usize)>, &'static str), BenchError> {
+fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
     let (kind, default) = inputs::size_axis(&plan.family, &plan.config);
     if let Some(fixture) = &plan.fixture_inputs {
         // A fixture's inputs fix the shape: batch and size come from its first input.
