@@ -44,20 +44,12 @@ use ipfs_accelerate_whisper::{Suppression, Whisper, WhisperConfig};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const WHISPER_BASE: &str = r#"{"model_type":"whisper","vocab_size":51865,"num_mel_bins":80,"d_model":512,
-  "encoder_layers":6,"decoder_layers":6,"encoder_attention_heads":8,"decoder_attention_heads":8,
-  "encoder_ffn_dim":2048,"decoder_ffn_dim":2048,"max_source_positions":1500,"max_target_positions":448,
-  "decoder_start_token_id":50258,"pad_token_id":50257,"bos_token_id":50257,"eos_token_id":50257}"#;
-const WHISPER_TINY: &str = r#"{"model_type":"whisper","vocab_size":51865,"num_mel_bins":80,"d_model":384,
-  "encoder_layers":4,"decoder_layers":4,"encoder_attention_heads":6,"decoder_attention_heads":6,
-  "encoder_ffn_dim":1536,"decoder_ffn_dim":1536,"max_source_positions":1500,"max_target_positions":448,
-  "decoder_start_token_id":50258,"pad_token_id":50257,"bos_token_id":50257,"eos_token_id":50257}"#;
-const VIT_BASE: &str = r#"{"model_type":"vit","hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,
-  "intermediate_size":3072,"hidden_act":"gelu","image_size":224,"patch_size":16,"num_channels":3,
-  "qkv_bias":true,"layer_norm_eps":1e-12}"#;
-const SMOLLM2_135M: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
-  "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"tie_word_embeddings":true,
-  "max_position_embeddings":8192,"rope_theta":100000.0,"rms_norm_eps":1e-5,"hidden_act":"silu"}"#;
+/// The config.json of a named configuration of the benchmark runner (`ipfs_accelerate_bench::configs`).
+fn preset(name: &str) -> &'static str {
+    ipfs_accelerate_bench::configs::preset(name)
+        .unwrap_or_else(|| panic!("no preset {name}"))
+        .1
+}
 
 fn random() -> Arc<dyn TensorSource> {
     Arc::new(RandomInit::new(0, 0.02))
@@ -136,7 +128,7 @@ fn image_preprocess(c: &mut Criterion) {
 fn vit_base(c: &mut Criterion) {
     let mut g = c.benchmark_group("vit_base_224");
     g.sample_size(10);
-    let config = VitConfig::from_json(VIT_BASE, Path::new("vit-base")).unwrap();
+    let config = VitConfig::from_json(preset("vit-base"), Path::new("vit-base")).unwrap();
     let device = Default::default();
     let vit = VitRunner::<Flex>::load(random(), &config, &device, BackendKind::Cpu).unwrap();
     for batch in [1usize, 8] {
@@ -167,7 +159,8 @@ fn whisper_mel(batch: usize, bins: usize, frames: usize) -> Tensor<Flex, 3> {
 fn whisper_tiny_encoder(c: &mut Criterion) {
     let mut g = c.benchmark_group("whisper_tiny_encoder");
     g.sample_size(10);
-    let config = WhisperConfig::from_json(WHISPER_TINY, Path::new("whisper-tiny")).unwrap();
+    let config =
+        WhisperConfig::from_json(preset("whisper-tiny"), Path::new("whisper-tiny")).unwrap();
     let model = Whisper::<Flex>::load(random(), &config, &Default::default()).unwrap();
     let mel = whisper_mel(1, 80, 3000);
     g.throughput(Throughput::Elements(1));
@@ -187,7 +180,10 @@ fn decode(c: &mut Criterion) {
     g.throughput(Throughput::Elements(DECODE_TOKENS as u64));
     let device = Default::default();
 
-    let mut whispers = vec![("whisper-base".to_string(), WHISPER_BASE.to_string())];
+    let mut whispers = vec![(
+        "whisper-base".to_string(),
+        preset("whisper-base").to_string(),
+    )];
     if let Some(dir) = fixture("whisper", "base") {
         whispers.push(("whisper-fixture".into(), read(&dir.join("config.json"))));
     }
@@ -257,9 +253,12 @@ fn decode(c: &mut Criterion) {
 fn llama_135m(c: &mut Criterion) {
     use ipfs_accelerate_llama::TextGeneration;
     use ipfs_accelerate_nn::WeightQuantization;
-    let config =
-        LlamaConfig::from_json(SMOLLM2_135M, Path::new("smollm2-135m"), Architecture::Llama)
-            .unwrap();
+    let config = LlamaConfig::from_json(
+        preset("llama-135m"),
+        Path::new("smollm2-135m"),
+        Architecture::Llama,
+    )
+    .unwrap();
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 379 + 11) % 49_152).collect();
     for (name, q) in [
         ("f32", WeightQuantization::None),

@@ -30,10 +30,11 @@ pub struct RunInfo {
 }
 
 /// How a grid point ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// All asked iterations were timed.
+    #[default]
     Ok,
     /// The backend is not usable on this machine (not compiled in, no driver, no device).
     Unavailable,
@@ -85,8 +86,9 @@ pub struct LatencyStats {
     pub stddev_ms: f64,
 }
 
-/// One grid point of a run: a family at one shape on one backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One grid point of a run: a family at one shape on one backend. `Default` gives empty names
+/// and no results, to fill in with struct-update syntax.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
     /// The run this belongs to ([`RunInfo::run_id`]).
     pub run_id: String,

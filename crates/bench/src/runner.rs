@@ -188,9 +188,11 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
         .unwrap_or("");
     let inferred = preset_family.or_else(|| family_of(model_type));
     let family = match (&spec.family, inferred) {
-        (Some(f), Some(i)) if f != i => return Err(BenchError::Spec(format!(
+        (Some(f), Some(i)) if f != i => {
+            return Err(BenchError::Spec(format!(
             "--family {f} does not match `{label}` (model_type `{model_type}` is served by `{i}`)"
-        ))),
+        )))
+        }
         (Some(f), _) => f.clone(),
         (None, Some(i)) => i.to_string(),
         (None, None) => {
@@ -276,19 +278,9 @@ impl Point<'_> {
             shape_kind: self.shape_kind.to_string(),
             warmup: self.spec.warmup as u32,
             iters_asked: self.spec.iters as u32,
-            iters_done: 0,
             status,
             reason,
-            load_ms: None,
-            latency: None,
-            items_per_s: None,
-            tokens_per_s: None,
-            host_rss_peak_bytes: None,
-            device_memory_bytes: None,
-            flops: None,
-            achieved_flops_per_s: None,
-            peak_flops_pct: None,
-            timings_ms: Vec::new(),
+            ..Default::default()
         }
     }
 }

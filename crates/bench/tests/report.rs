@@ -90,19 +90,9 @@ fn not_measured(backend: &str, batch: u32, seq: u32, status: Status, reason: &st
         shape_kind: "tokens".into(),
         warmup: 2,
         iters_asked: 5,
-        iters_done: 0,
         status,
         reason: Some(reason.into()),
-        load_ms: None,
-        latency: None,
-        items_per_s: None,
-        tokens_per_s: None,
-        host_rss_peak_bytes: None,
-        device_memory_bytes: None,
-        flops: None,
-        achieved_flops_per_s: None,
-        peak_flops_pct: None,
-        timings_ms: vec![],
+        ..Default::default()
     }
 }
 

@@ -61,20 +61,20 @@ fn ok_point(run_id: &str) -> Measurement {
 fn unavailable_point(run_id: &str) -> Measurement {
     Measurement {
         backend: "cuda".into(),
-        iters_done: 0,
         status: Status::Unavailable,
         reason: Some("backend `cuda` not compiled in (it's a \"feature\")".into()),
-        load_ms: None,
-        latency: None,
-        items_per_s: None,
-        tokens_per_s: None,
-        host_rss_peak_bytes: None,
-        device_memory_bytes: None,
-        flops: None,
-        achieved_flops_per_s: None,
-        peak_flops_pct: None,
-        timings_ms: Vec::new(),
-        ..ok_point(run_id)
+        ..Measurement {
+            run_id: run_id.into(),
+            family: "bert".into(),
+            model: "minilm-l6".into(),
+            dtype: "f32".into(),
+            batch: 8,
+            seq: 128,
+            shape_kind: "tokens".into(),
+            warmup: 2,
+            iters_asked: 5,
+            ..Default::default()
+        }
     }
 }
 
