@@ -14,6 +14,11 @@ pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
     v.push(Box::new(
         ipfs_accelerate_backend_cuda::CudaBackend::default(),
     ));
+    // one backend under both kinds: `wgpu` (native API) and `webgpu` (same adapter and kernels)
+    #[cfg(feature = "wgpu")]
+    v.extend([BackendKind::Wgpu, BackendKind::WebGpu].map(|kind| {
+        Box::new(ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind)) as Box<dyn ProbeBackend>
+    }));
     #[cfg(feature = "cpu")]
     v.push(Box::new(ipfs_accelerate_backend_cpu::CpuBackend));
     #[cfg(feature = "onnx")]
@@ -122,6 +127,10 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
         BackendKind::Cpu => work.run(&ipfs_accelerate_backend_cpu::CpuBackend),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => work.run(&ipfs_accelerate_backend_cuda::CudaBackend::default()),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu | BackendKind::WebGpu => {
+            work.run(&ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind))
+        }
         other => {
             let _ = work;
             Err(Error::Core(
@@ -134,7 +143,7 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
     }
 }
 
-#[cfg(all(test, feature = "cpu", not(feature = "cuda")))]
+#[cfg(all(test, feature = "cpu", not(feature = "cuda"), not(feature = "wgpu")))]
 mod tests {
     use super::*;
 

@@ -171,8 +171,14 @@ impl ProbeBackend for CudaBackend {
             .map_err(|e| Error::Compute(format!("CUDA synchronize: {e:?}")))
     }
 
+    /// Bytes of live tensors in CubeCL's CUDA memory pool on this device (`bytes_in_use` of the
+    /// runtime client's memory usage: padding and pooled-but-free pages are not counted). `None`
+    /// when there is no usable device (the client is only created once the probe found one).
     fn memory_in_use(&self) -> Option<u64> {
-        None
+        use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
+        query_device(self.index).ok()?;
+        let client = CudaRuntime::client(&burn_cuda::CudaDevice::new(self.index));
+        client.memory_usage().ok().map(|usage| usage.bytes_in_use)
     }
 }
 
