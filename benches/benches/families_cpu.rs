@@ -45,7 +45,7 @@ use ipfs_accelerate_whisper::{Suppression, Whisper, WhisperConfig};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The config.json of a named configuration of the benchmark runner (`ipfs_accelerate_bench::configs`).
-fn preset(name: &str) -> &'static str {
+fn config_json(name: &str) -> &'static str {
     ipfs_accelerate_bench::configs::preset(name)
         .unwrap_or_else(|| panic!("no preset {name}"))
         .1
@@ -128,7 +128,7 @@ fn image_preprocess(c: &mut Criterion) {
 fn vit_base(c: &mut Criterion) {
     let mut g = c.benchmark_group("vit_base_224");
     g.sample_size(10);
-    let config = VitConfig::from_json(preset("vit-base"), Path::new("vit-base")).unwrap();
+    let config = VitConfig::from_json(config_json("vit-base"), Path::new("vit-base")).unwrap();
     let device = Default::default();
     let vit = VitRunner::<Flex>::load(random(), &config, &device, BackendKind::Cpu).unwrap();
     for batch in [1usize, 8] {
@@ -160,7 +160,7 @@ fn whisper_tiny_encoder(c: &mut Criterion) {
     let mut g = c.benchmark_group("whisper_tiny_encoder");
     g.sample_size(10);
     let config =
-        WhisperConfig::from_json(preset("whisper-tiny"), Path::new("whisper-tiny")).unwrap();
+        WhisperConfig::from_json(config_json("whisper-tiny"), Path::new("whisper-tiny")).unwrap();
     let model = Whisper::<Flex>::load(random(), &config, &Default::default()).unwrap();
     let mel = whisper_mel(1, 80, 3000);
     g.throughput(Throughput::Elements(1));
@@ -182,7 +182,7 @@ fn decode(c: &mut Criterion) {
 
     let mut whispers = vec![(
         "whisper-base".to_string(),
-        preset("whisper-base").to_string(),
+        config_json("whisper-base").to_string(),
     )];
     if let Some(dir) = fixture("whisper", "base") {
         whispers.push(("whisper-fixture".into(), read(&dir.join("config.json"))));
@@ -254,7 +254,7 @@ fn llama_135m(c: &mut Criterion) {
     use ipfs_accelerate_llama::TextGeneration;
     use ipfs_accelerate_nn::WeightQuantization;
     let config = LlamaConfig::from_json(
-        preset("llama-135m"),
+        config_json("llama-135m"),
         Path::new("smollm2-135m"),
         Architecture::Llama,
     )

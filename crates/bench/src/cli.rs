@@ -2,13 +2,13 @@
 //! `ipfs-accelerate` CLI (both only parse these arguments and call [`bench()`], [`report()`] or
 //! [`compare()`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ipfs_accelerate::BackendKind;
 
 use crate::record::{Measurement, RunInfo, Status};
 use crate::store::Store;
-use crate::{configs, report as html, run_benchmark, BenchError, BenchSpec};
+use crate::{report as html, run_benchmark, BenchError, BenchSpec};
 
 /// The default database file.
 pub const DEFAULT_DB: &str = "bench.duckdb";
@@ -22,7 +22,8 @@ pub struct BenchArgs {
     pub family: Option<String>,
     /// A named configuration with random weights (minilm-l6, bert-base, vit-base, clip-vit-b32,
     /// whisper-tiny, whisper-base, wav2vec2-base, t5-small, t5-base, llama-135m, llama-1b,
-    /// qwen2-0.5b), a checkpoint folder, or a config.json file (random weights).
+    /// qwen2-0.5b), a checkpoint folder, a config.json file (random weights), or a hub model id
+    /// (real weights, downloaded with a progress bar unless cached).
     #[arg(long, default_value = "minilm-l6")]
     pub config: String,
     /// Batch sizes, comma separated.
@@ -138,13 +139,6 @@ pub fn bench(
         .iter()
         .map(|b| b.parse::<BackendKind>())
         .collect::<Result<Vec<_>, _>>()?;
-    if configs::preset(&args.config).is_none() && !Path::new(&args.config).exists() {
-        return Err(BenchError::Spec(format!(
-            "--config {}: no such named configuration ({}) or path",
-            args.config,
-            configs::preset_names().join(", ")
-        )));
-    }
     let store = if args.no_db {
         None
     } else {

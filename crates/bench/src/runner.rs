@@ -20,8 +20,9 @@ use crate::{configs, flops, inputs, stats, sysinfo, BenchError};
 #[derive(Debug, Clone)]
 pub struct BenchSpec {
     /// A named configuration ([`configs::PRESETS`], random weights), a checkpoint folder
-    /// (config.json + safetensors; a conformance fixture folder also brings its inputs), or a
-    /// config.json file (random weights).
+    /// (config.json + safetensors; a conformance fixture folder also brings its inputs), a
+    /// config.json file (random weights), or a model id resolved like every loader does (a name
+    /// under `$IPFS_ACCELERATE_MODELS`, the HF cache, or a hub download).
     pub model: String,
     /// The family, when the model's `model_type` does not say it (or to check that it does).
     pub family: Option<String>,
@@ -174,11 +175,27 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
             let (temp, dir) = random_weight_dir(&text)?;
             (spec.model.clone(), dir, Some(temp), text, None)
         } else {
-            return Err(BenchError::Spec(format!(
-                "`{}` is neither a named configuration ({}) nor a checkpoint folder or config.json",
-                spec.model,
-                configs::preset_names().join(", ")
-            )));
+            // A hub id (or a name under $IPFS_ACCELERATE_MODELS): resolved as every loader does,
+            // downloading config.json and the weights with a progress bar when not cached.
+            let unresolved = |e: &dyn std::fmt::Display| {
+                BenchError::Spec(format!(
+                    "`{}` is not a named configuration ({}), a local checkpoint folder or a \
+                     config.json, and resolving it as a model id failed: {e}",
+                    spec.model,
+                    configs::preset_names().join(", ")
+                ))
+            };
+            let options = ipfs_accelerate_io::ResolveOptions {
+                progress: spec.progress,
+                ..Default::default()
+            };
+            let files =
+                ipfs_accelerate_io::resolve(&spec.model, options).map_err(|e| unresolved(&e))?;
+            let file = files.get("config.json").map_err(|e| unresolved(&e))?;
+            files.weight_files().map_err(|e| unresolved(&e))?;
+            let text = std::fs::read_to_string(&file).map_err(|e| BenchError::io(&file, e))?;
+            let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+            (spec.model.clone(), dir, None, text, None)
         };
     let config: Value = serde_json::from_str(&config_text)
         .map_err(|e| BenchError::Spec(format!("config of `{label}` is not JSON: {e}")))?;
