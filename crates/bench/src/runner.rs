@@ -66,11 +66,12 @@ impl Default for BenchSpec {
     }
 }
 
-/// Set by Ctrl-C (once [`install_interrupt_handler`] ran): the runner stops after the current
-/// iteration and keeps what it measured.
+/// Set by Ctrl-C or SIGTERM (once [`install_interrupt_handler`] ran): the runner stops after the
+/// current iteration and keeps what it measured.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Installs the Ctrl-C handler that makes a run stop cleanly (idempotent).
+/// Installs the Ctrl-C / SIGTERM handler that makes a run stop cleanly (idempotent), so `timeout`
+/// or a job scheduler ending a run keeps the points already measured.
 pub fn install_interrupt_handler() -> Result<(), BenchError> {
     static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
     INSTALLED
