@@ -256,14 +256,21 @@ pub fn run_info(backends: &[BackendKind], command: &str) -> RunInfo {
         })
         .collect();
     let join = |v: Vec<String>| (!v.is_empty()).then(|| v.join(", "));
+    // The CPU backend's probe already reads the model name and the usable threads.
+    let (cpu_model, cores) = match selector.probe(BackendKind::Cpu) {
+        Availability::Available(info) => (info.name, info.compute_units),
+        _ => ("unknown (cpu backend not compiled in)".to_string(), None),
+    };
+    let cores =
+        cores.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     RunInfo {
         run_id: format!("{stem}-{}", std::process::id()),
         started_at,
         git_commit: sysinfo::git_commit(),
         host: sysinfo::host_name(),
         os: sysinfo::os_description(),
-        cpu_model: sysinfo::cpu_model(),
-        cores: sysinfo::cores(),
+        cpu_model,
+        cores,
         gpu: join(gpus.iter().map(|g| g.0.clone()).collect()),
         driver: join(gpus.iter().filter_map(|g| g.1.clone()).collect()),
         command: command.to_string(),
@@ -392,9 +399,9 @@ pub fn run_benchmark(
             .peak_flops
             .or_else(|| device_name.as_deref().and_then(known_peak_flops));
         // Load once per backend (measured), unless the backend cannot run at all.
-        let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match availability.reason(backend)
-        {
-            Some(reason) => Err(reason),
+        let unusable = availability.reason(backend);
+        let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match &unusable {
+            Some(reason) => Err(reason.clone()),
             None => {
                 bar.set_message(format!("loading {} on {backend}", plan.label));
                 let start = Instant::now();
@@ -403,7 +410,7 @@ pub fn run_benchmark(
                     .map_err(|e| format!("load failed: {e}"))
             }
         };
-        let unavailable = availability.reason(backend).is_some();
+        let unavailable = unusable.is_some();
         for dtype in &dtypes {
             for &(batch, size) in &points {
                 let point = Point {

@@ -1,5 +1,5 @@
-//! What the machine is, for [`crate::RunInfo`]: host, OS, CPU, cores, time, git commit, and the
-//! process's memory high-water mark.
+//! What the machine is, for [`crate::RunInfo`]: host, OS, time, git commit, and the process's
+//! memory high-water mark (the CPU model and cores come from the CPU backend's probe).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -66,26 +66,6 @@ pub fn os_description() -> String {
     .copied()
     .collect::<Vec<_>>()
     .join(" ")
-}
-
-/// The CPU model name from /proc/cpuinfo ("unknown" elsewhere).
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// Logical cores available to this process.
-pub fn cores() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1)
 }
 
 /// `git rev-parse HEAD` in the current directory, when git and a repository are there.
