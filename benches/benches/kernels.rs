@@ -33,6 +33,11 @@
 //! - `gated_mlp_smollm2/t{1,128}`: `nn::GatedMlp` (576 → 1536 → 576, SiLU, no bias) on 1 token
 //!   (decode) and 128 tokens (prefill). Throughput: elements = tokens.
 //!
+//! The `nn` blocks take the fused kernels of `crates/kernels` on this backend (see
+//! `ipfs_accelerate_nn::fast`); `IPFS_ACCELERATE_CPU_KERNELS=0` runs the same benches on burn's
+//! generic ops instead, for an A/B comparison in one build. `elementwise/softmax_*` calls burn's
+//! softmax directly and is the same either way.
+//!
 //! Each bench takes 10 samples over ~2 s after 0.5 s of warm-up, so the whole file runs in about
 //! a minute on 2 cores (64 s measured):
 //!

@@ -14,6 +14,7 @@
 
 mod bench;
 mod compact;
+mod fetch_browser;
 mod fetch_duckdb;
 mod fetch_ort;
 mod verify;
@@ -37,6 +38,8 @@ enum Command {
     FetchOrt(fetch_ort::Args),
     /// Put DuckDB's libduckdb.so (from the npm package) where the benchmark store finds it.
     FetchDuckdb(fetch_duckdb::Args),
+    /// Put onnxruntime-web and a Chromium with WebNN (npm packages) where the browser backends find them.
+    FetchBrowser(fetch_browser::Args),
     /// Benchmark a family over backends × batch sizes × sizes into a DuckDB file.
     Bench(bench::Args),
     /// Render the results of a DuckDB file as an HTML page with SVG plots.
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::CompactModel(a) => compact::run(a),
         Command::FetchOrt(a) => fetch_ort::run(a),
         Command::FetchDuckdb(a) => fetch_duckdb::run(a),
+        Command::FetchBrowser(a) => fetch_browser::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Report(a) => bench::report(a),
         Command::CompareBackends(a) => bench::compare(a),

@@ -47,7 +47,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
         for &backend in &backends {
-            if matches!(backend, BackendKind::Onnx(_)) && !fixture.has_onnx_export() {
+            if matches!(backend, BackendKind::Onnx(_) | BackendKind::Browser(_))
+                && !fixture.has_onnx_export()
+            {
                 no_export.push(format!(
                     "{}/{} on {backend}",
                     fixture.family, fixture.variant

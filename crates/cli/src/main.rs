@@ -42,6 +42,11 @@ struct Cli {
     /// Never download; use local files and the HF cache only.
     #[arg(long, global = true)]
     offline: bool,
+    /// Keep the linear weights quantized in memory: `int8` or `int4`, optionally with a block
+    /// size (`int4:64`; default 32). Embeddings and norms stay float. `--metrics` reports the
+    /// weight memory.
+    #[arg(long, global = true)]
+    quantize: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -113,10 +118,6 @@ enum Command {
         /// Keep generating past the end-of-sequence token.
         #[arg(long)]
         ignore_eos: bool,
-        /// Keep the linear weights quantized in memory: `int8` or `int4`, optionally with a block
-        /// size (`int8:64`; default 32). `--metrics` reports the weight memory.
-        #[arg(long)]
-        quantize: Option<String>,
     },
     /// Speech recognition of a WAV file with Whisper or Wav2Vec2 (by the checkpoint's model type);
     /// prints the text.
@@ -251,6 +252,30 @@ fn backend_list(cli: &Cli) -> anyhow::Result<Option<Vec<BackendKind>>> {
     ))
 }
 
+/// The `--quantize` setting (float when absent).
+fn quantization(cli: &Cli) -> anyhow::Result<ipfs_accelerate::WeightQuantization> {
+    Ok(match &cli.quantize {
+        Some(q) => q.parse()?,
+        None => ipfs_accelerate::WeightQuantization::None,
+    })
+}
+
+/// Prints the weight memory line of `--metrics`.
+fn print_weights(w: &ipfs_accelerate::weights::WeightStats) {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut line = format!(
+        "weights      {:.1} MiB in memory ({:.1} MiB as float); linear layers {:.1} MiB ({:.1} MiB as float)",
+        mib(w.bytes),
+        mib(w.f32_bytes()),
+        mib(w.linear_bytes),
+        mib(w.linear_f32_bytes)
+    );
+    if w.linear_quantized > 0 || w.linear_kept_float > 0 {
+        line += &format!(", {} of {} quantized", w.linear_quantized, w.linear_layers);
+    }
+    eprintln!("{line}");
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Devices { json } = &cli.command {
         return devices(*json);
@@ -269,7 +294,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     ) {
         return tasks::run(cli);
     }
-    let mut builder = Pipeline::builder(&cli.model).offline(cli.offline);
+    let mut builder = Pipeline::builder(&cli.model)
+        .offline(cli.offline)
+        .quantize(quantization(&cli)?);
     if let Some(list) = backend_list(&cli)? {
         builder = builder.backends(list).env_override(false);
     }
@@ -342,6 +369,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.metrics {
         print_metrics(&metrics, pipe.model_name());
+        print_weights(&pipe.weights());
     }
     Ok(())
 }
@@ -350,6 +378,7 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
     use ipfs_accelerate::text::{GenerateOptions, Sampling, TextGenerator};
     use std::io::Write;
     let backends = backend_list(&cli)?;
+    let quantize = cli.quantize.clone();
     let Command::Generate {
         prompt,
         max_new_tokens,
@@ -361,7 +390,6 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         seed,
         chat,
         ignore_eos,
-        quantize,
     } = cli.command
     else {
         unreachable!("called for generate only")

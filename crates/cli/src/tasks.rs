@@ -5,12 +5,14 @@ use anyhow::Context;
 use ipfs_accelerate::core::Selection;
 use ipfs_accelerate::{LoadOptions, Metrics};
 
-use crate::{backend_list, print_metrics, Cli, Command};
+use crate::{backend_list, print_metrics, quantization, Cli, Command};
 
 fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
     Ok(LoadOptions {
         backends: backend_list(cli)?,
         offline: cli.offline,
+        quantization: quantization(cli)?,
+        share_weights: false,
     })
 }
 
@@ -31,6 +33,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
     let opts = options(&cli)?;
     let model = cli.model.clone();
     let loading = || format!("loading {model}");
+    // The weight memory of the loaded model, for `--metrics` (every task type but speech).
+    let mut weights = None;
     let metrics: Metrics = match cli.command {
         Command::Transcribe {
             file,
@@ -63,6 +67,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let t5 =
                 ipfs_accelerate::text2text::Text2Text::load(&model, &opts).with_context(loading)?;
             report_skipped(t5.selection());
+            weights = Some(t5.weights());
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let out = t5.generate(&refs, max_new_tokens)?;
             for line in &out.value {
@@ -74,6 +79,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let vit = ipfs_accelerate::vision::ImageClassifier::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(vit.selection());
+            weights = Some(vit.weights());
             let out = vit.classify_files(&files, top_k)?;
             println!("{}", serde_json::to_string_pretty(&out.value)?);
             out.metrics
@@ -86,6 +92,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let clip = ipfs_accelerate::vision::ZeroShotClassifier::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(clip.selection());
+            weights = Some(clip.weights());
             let images = ipfs_accelerate::vision::load_images(&files)?;
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = clip.classify(&images, &refs, &template)?;
@@ -103,6 +110,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let detr = ipfs_accelerate::vision::ObjectDetector::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(detr.selection());
+            weights = Some(detr.weights());
             let images = ipfs_accelerate::vision::load_images(&files)?;
             let out = detr.detect(&images, threshold)?;
             println!("{}", serde_json::to_string_pretty(&out.value)?);
@@ -121,6 +129,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let llava = ipfs_accelerate::multimodal::ImageDescriber::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(llava.selection());
+            weights = Some(llava.weights());
             let stdout = std::io::stdout();
             let out = llava.describe(&files, &prompt, max_new_tokens, |piece| {
                 let mut lock = stdout.lock();
@@ -138,6 +147,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let xclip = ipfs_accelerate::multimodal::VideoClassifier::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(xclip.selection());
+            weights = Some(xclip.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = xclip.classify(&frames, &refs, &template)?;
             println!("{}", serde_json::to_string_pretty(&out.value)?);
@@ -151,6 +161,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let clap = ipfs_accelerate::multimodal::AudioClassifier::load(&model, &opts)
                 .with_context(loading)?;
             report_skipped(clap.selection());
+            weights = Some(clap.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = clap
                 .classify(&file, &refs, &template)
@@ -162,6 +173,9 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
     };
     if cli.metrics {
         print_metrics(&metrics, &model);
+        if let Some(w) = weights {
+            crate::print_weights(&w);
+        }
     }
     Ok(())
 }

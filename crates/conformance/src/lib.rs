@@ -114,11 +114,15 @@ pub struct Check {
     pub note: String,
 }
 
-/// The relative-error bar on `backend` for a fixture tolerance: as given on the CPU; GPUs and
-/// graph runtimes computing in f32 with TF32-class matmuls get max(2e-3, tolerance).
+/// The relative-error bar on `backend` for a fixture tolerance: as given on the CPU (native, ONNX
+/// Runtime's, the browser's WebNN CPU context and WebAssembly); GPUs and graph runtimes computing in
+/// f32 with TF32-class matmuls get max(2e-3, tolerance).
 pub fn tolerance_for(backend: BackendKind, tolerance: f64) -> f64 {
+    use ipfs_accelerate_core::{BrowserProvider, WebNnDevice};
     match backend {
-        BackendKind::Cpu | BackendKind::Onnx(ipfs_accelerate_core::ExecutionProvider::Cpu) => {
+        BackendKind::Cpu
+        | BackendKind::Onnx(ipfs_accelerate_core::ExecutionProvider::Cpu)
+        | BackendKind::Browser(BrowserProvider::WebNn(WebNnDevice::Cpu) | BrowserProvider::Wasm) => {
             tolerance
         }
         _ => tolerance.max(2e-3),

@@ -55,6 +55,66 @@ impl ExecutionProvider {
     }
 }
 
+/// The WebNN device type a browser context is created for (`MLContextOptions.deviceType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebNnDevice {
+    /// The browser's CPU implementation.
+    Cpu,
+    /// The GPU.
+    Gpu,
+    /// A neural processing unit.
+    Npu,
+}
+
+impl WebNnDevice {
+    /// Every device type.
+    pub const ALL: [WebNnDevice; 3] = [WebNnDevice::Cpu, WebNnDevice::Gpu, WebNnDevice::Npu];
+
+    /// The WebNN name (`cpu`, `gpu`, `npu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WebNnDevice::Cpu => "cpu",
+            WebNnDevice::Gpu => "gpu",
+            WebNnDevice::Npu => "npu",
+        }
+    }
+}
+
+/// The onnxruntime-web execution providers a headless browser runs (`BackendKind::Browser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrowserProvider {
+    /// The browser's WebNN API on a device type (`webnn`, `webnn-gpu`, `webnn-npu`).
+    WebNn(WebNnDevice),
+    /// The browser's WebGPU (`webgpu-browser`).
+    WebGpu,
+    /// WebAssembly on the CPU (`wasm`).
+    Wasm,
+}
+
+impl BrowserProvider {
+    /// Every provider.
+    pub const ALL: [BrowserProvider; 5] = [
+        BrowserProvider::WebNn(WebNnDevice::Cpu),
+        BrowserProvider::WebNn(WebNnDevice::Gpu),
+        BrowserProvider::WebNn(WebNnDevice::Npu),
+        BrowserProvider::WebGpu,
+        BrowserProvider::Wasm,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BrowserProvider::WebNn(WebNnDevice::Cpu) => "webnn",
+            BrowserProvider::WebNn(WebNnDevice::Gpu) => "webnn-gpu",
+            BrowserProvider::WebNn(WebNnDevice::Npu) => "webnn-npu",
+            BrowserProvider::WebGpu => "webgpu-browser",
+            BrowserProvider::Wasm => "wasm",
+        }
+    }
+}
+
 /// Every backend ipfs-accelerate knows about, compiled in or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum BackendKind {
@@ -72,8 +132,8 @@ pub enum BackendKind {
     WebGpu,
     /// ONNX Runtime with an execution provider.
     Onnx(ExecutionProvider),
-    /// WebNN in a browser.
-    WebNn,
+    /// onnxruntime-web in a headless browser, on one of its execution providers.
+    Browser(BrowserProvider),
 }
 
 impl BackendKind {
@@ -87,7 +147,11 @@ impl BackendKind {
             BackendKind::WebGpu,
         ];
         v.extend(ExecutionProvider::ALL.iter().map(|&p| BackendKind::Onnx(p)));
-        v.push(BackendKind::WebNn);
+        v.extend(
+            BrowserProvider::ALL
+                .iter()
+                .map(|&p| BackendKind::Browser(p)),
+        );
         v.push(BackendKind::Cpu);
         v
     }
@@ -103,7 +167,7 @@ impl BackendKind {
             BackendKind::WebGpu => "webgpu",
             BackendKind::Onnx(ExecutionProvider::OpenVino) => "openvino",
             BackendKind::Onnx(_) => "onnx",
-            BackendKind::WebNn => "webnn",
+            BackendKind::Browser(_) => "webnn",
         }
     }
 
@@ -127,7 +191,7 @@ impl fmt::Display for BackendKind {
             BackendKind::Wgpu => f.write_str("wgpu"),
             BackendKind::WebGpu => f.write_str("webgpu"),
             BackendKind::Onnx(p) => write!(f, "onnx-{}", p.name()),
-            BackendKind::WebNn => f.write_str("webnn"),
+            BackendKind::Browser(p) => f.write_str(p.name()),
         }
     }
 }
@@ -144,16 +208,18 @@ impl FromStr for BackendKind {
             "metal" | "mps" => BackendKind::Metal,
             "wgpu" | "vulkan" => BackendKind::Wgpu,
             "webgpu" => BackendKind::WebGpu,
-            "webnn" => BackendKind::WebNn,
+            "webnn-cpu" => BackendKind::Browser(BrowserProvider::WebNn(WebNnDevice::Cpu)),
             "onnx" => BackendKind::Onnx(ExecutionProvider::Cpu),
             "openvino" => BackendKind::Onnx(ExecutionProvider::OpenVino),
             other => {
                 let provider = other
                     .strip_prefix("onnx-")
                     .and_then(|p| ExecutionProvider::ALL.into_iter().find(|e| e.name() == p));
-                match provider {
-                    Some(p) => BackendKind::Onnx(p),
-                    None => return Err(Error::UnknownBackend(s.to_string())),
+                let browser = BrowserProvider::ALL.into_iter().find(|p| p.name() == other);
+                match (provider, browser) {
+                    (Some(p), _) => BackendKind::Onnx(p),
+                    (None, Some(b)) => BackendKind::Browser(b),
+                    (None, None) => return Err(Error::UnknownBackend(s.to_string())),
                 }
             }
         };
@@ -249,6 +315,14 @@ mod tests {
         assert_eq!(
             BackendKind::parse_list("cuda, wgpu ,cpu").unwrap(),
             vec![BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu]
+        );
+        assert_eq!(
+            "webgpu-browser".parse::<BackendKind>().unwrap(),
+            BackendKind::Browser(BrowserProvider::WebGpu)
+        );
+        assert_eq!(
+            "webnn-cpu".parse::<BackendKind>().unwrap(),
+            BackendKind::Browser(BrowserProvider::WebNn(WebNnDevice::Cpu))
         );
         assert!(matches!(
             "tpu".parse::<BackendKind>(),

@@ -20,7 +20,8 @@ pub mod shared;
 mod tensor;
 
 pub use backend::{
-    Availability, Backend, BackendKind, Capabilities, DeviceInfo, ExecutionProvider, ProbeBackend,
+    Availability, Backend, BackendKind, BrowserProvider, Capabilities, DeviceInfo,
+    ExecutionProvider, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, JsonConfig};
 pub use error::{Error, Result};

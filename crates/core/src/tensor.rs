@@ -312,6 +312,13 @@ pub trait TensorSource: Send + Sync {
         let _ = expected;
         self.tensor(name)
     }
+    /// A key that names the content: two sources with the same identity serve the same tensors
+    /// under the same names (weight files: their canonical paths, sizes and modification times).
+    /// Loaders share the weights of sources with equal identities; `None` (the default, for
+    /// generated, in-memory or renaming sources) is never shared.
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A loaded model that maps named input tensors to named output tensors; the uniform interface

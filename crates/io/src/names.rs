@@ -107,6 +107,16 @@ impl TensorSource for NameMap {
         self.inner.names()
     }
 
+    /// The inner source's identity with this map's tables: equal maps over equal sources serve
+    /// the same tensors under the same names.
+    fn identity(&self) -> Option<String> {
+        let inner = self.inner.identity()?;
+        Some(format!(
+            "{inner}|aliases {:?}|layouts {:?}",
+            self.aliases, self.layouts
+        ))
+    }
+
     fn tensor_shaped(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
         match self.lookup(name) {
             Some(n) => self.inner.tensor_shaped(&n, expected),

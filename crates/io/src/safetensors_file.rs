@@ -29,6 +29,7 @@ pub struct SafeTensorsFile {
     data: Bytes,
     entries: HashMap<String, Entry>,
     metadata: HashMap<String, String>,
+    identity: Option<String>,
 }
 
 impl SafeTensorsFile {
@@ -41,7 +42,9 @@ impl SafeTensorsFile {
         // (the same contract as every mmap-based loader: safetensors, candle, transformers).
         let mmap = unsafe { memmap2::MmapOptions::new().map(&file) }
             .map_err(|e| IoError::read(path, e))?;
-        Self::from_bytes(path.display().to_string(), Bytes::from_owner(mmap))
+        let mut opened = Self::from_bytes(path.display().to_string(), Bytes::from_owner(mmap))?;
+        opened.identity = file_identity(path, &file);
+        Ok(opened)
     }
 
     /// Parses a safetensors image held in memory (for example `include_bytes!`).
@@ -79,6 +82,7 @@ impl SafeTensorsFile {
             data,
             entries,
             metadata,
+            identity: None,
         })
     }
 
@@ -131,6 +135,28 @@ impl TensorSource for SafeTensorsFile {
             .cloned()
             .collect()
     }
+
+    /// The file's canonical path, size and modification time (`None` for in-memory images).
+    fn identity(&self) -> Option<String> {
+        self.identity.clone()
+    }
+}
+
+/// `canonical path|size|mtime` of an opened file (`None` when the file system cannot tell).
+fn file_identity(path: &Path, file: &std::fs::File) -> Option<String> {
+    let meta = file.metadata().ok()?;
+    let modified = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    let canonical = std::fs::canonicalize(path).ok()?;
+    Some(format!(
+        "{}|{}|{}",
+        canonical.display(),
+        meta.len(),
+        modified.as_nanos()
+    ))
 }
 
 fn dequantize_blocks_i8(name: &str, q: &HostTensor, scales: &HostTensor) -> CoreResult<HostTensor> {
@@ -283,6 +309,16 @@ impl TensorSource for WeightStore {
 
     fn names(&self) -> Vec<String> {
         self.files.iter().flat_map(|f| f.names()).collect()
+    }
+
+    /// The identities of every shard, when each has one.
+    fn identity(&self) -> Option<String> {
+        let parts = self
+            .files
+            .iter()
+            .map(TensorSource::identity)
+            .collect::<Option<Vec<_>>>()?;
+        Some(parts.join(";"))
     }
 }
 

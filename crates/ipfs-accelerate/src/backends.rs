@@ -27,6 +27,12 @@ pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
             .into_iter()
             .map(|b| Box::new(b) as Box<dyn ProbeBackend>),
     );
+    #[cfg(feature = "webnn")]
+    v.extend(
+        ipfs_accelerate_backend_webnn::BrowserBackend::all()
+            .into_iter()
+            .map(|b| Box::new(b) as Box<dyn ProbeBackend>),
+    );
     v
 }
 
@@ -42,13 +48,15 @@ pub fn devices() -> Vec<(BackendKind, Availability)> {
 
 /// Every native (burn) backend compiled into this build, fastest first, the CPU last. Backends that
 /// are not compiled in are left out (naming one explicitly reports it as skipped, with the feature
-/// to enable); so are the ONNX Runtime kinds, which need an ONNX export of the model and are used
-/// when named (`--backend onnx-openvino`).
+/// to enable); so are the ONNX Runtime and browser kinds, which need an ONNX export of the model
+/// and are used when named (`--backend onnx-openvino`, `--backend webnn`).
 pub fn compiled_preferences() -> Vec<BackendKind> {
     let compiled: Vec<BackendKind> = compiled_backends().iter().map(|b| b.kind()).collect();
     BackendKind::all()
         .into_iter()
-        .filter(|k| compiled.contains(k) && !matches!(k, BackendKind::Onnx(_)))
+        .filter(|k| {
+            compiled.contains(k) && !matches!(k, BackendKind::Onnx(_) | BackendKind::Browser(_))
+        })
         .collect()
 }
 

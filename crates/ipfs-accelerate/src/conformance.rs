@@ -56,6 +56,26 @@ pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn Mo
 
 /// Loads the checkpoint folder `dir` (config.json + safetensors) of `family` on `backend`.
 pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
+    #[cfg(feature = "webnn")]
+    if let BackendKind::Browser(provider) = backend {
+        let browser = ipfs_accelerate_backend_webnn::Browser::launch(&Default::default())
+            .map_err(ipfs_accelerate_core::Error::from)?;
+        // Conformance asks for the whole graph on WebNN; WebGPU leaves shape arithmetic to the
+        // CPU (reported in the placement).
+        let options = ipfs_accelerate_backend_webnn::GraphOptions {
+            require_full_placement: matches!(
+                provider,
+                ipfs_accelerate_core::BrowserProvider::WebNn(_)
+            ),
+        };
+        return Ok(Box::new(crate::onnx::OnnxRunner::load_browser(
+            family,
+            dir,
+            provider,
+            std::sync::Arc::new(browser),
+            options,
+        )?));
+    }
     #[cfg(feature = "onnx")]
     if let BackendKind::Onnx(provider) = backend {
         let options = ipfs_accelerate_backend_onnx::SessionOptions {

@@ -55,6 +55,7 @@ pub use pipeline::{Answer, Label, Output, Pipeline, PipelineBuilder, Task, Token
 
 pub use ipfs_accelerate_core as core;
 pub use ipfs_accelerate_core::{Availability, BackendKind, DeviceInfo, ExecutionProvider, Metrics};
+pub use ipfs_accelerate_nn::{weights, WeightQuantization};
 
 /// The environment variable that overrides the backend preference list (`cuda,wgpu,cpu`).
 pub const BACKENDS_ENV: &str = "IPFS_ACCELERATE_BACKENDS";

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use ipfs_accelerate_core::{BackendKind, Metrics, Selection, Stopwatch};
 use ipfs_accelerate_io::ResolveOptions;
+use ipfs_accelerate_nn::weights::{load_scope, LoadSettings, LoadedWeights, WeightStats};
+use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
 use crate::{Output, Result};
@@ -18,6 +20,36 @@ pub struct LoadOptions {
     pub backends: Option<Vec<BackendKind>>,
     /// Never download; use local files and the HF cache only.
     pub offline: bool,
+    /// Keep the linear layers' weights quantized (int8 / int4 blocks; embeddings, norms and
+    /// convolutions stay float). Default: float.
+    pub quantization: WeightQuantization,
+    /// Share weight tensors with other models loaded from the same files in this process
+    /// (default off; see `docs/memory.md`).
+    pub share_weights: bool,
+}
+
+/// Loads with `work` inside a weight load scope ([`load_scope`]) set up for the backend it runs
+/// on, so every family's `VarBuilder` quantizes and shares as `quantization` and `share` ask.
+pub(crate) struct Scoped<W> {
+    /// The family's loader.
+    pub(crate) work: W,
+    /// How to keep the linear weights.
+    pub(crate) quantization: WeightQuantization,
+    /// Whether to share weights with other loads.
+    pub(crate) share: bool,
+}
+
+impl<W: WithBackend> WithBackend for Scoped<W> {
+    type Output = (W::Output, LoadedWeights);
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        let settings = LoadSettings::default()
+            .quantize(self.quantization)
+            .share(self.share)
+            .on(hal.kind(), 0);
+        let (out, weights) = load_scope(settings, || self.work.run(hal));
+        Ok((out?, weights))
+    }
 }
 
 /// Resolves `spec` (a folder, a name under `$IPFS_ACCELERATE_MODELS`, or a hub id) and makes sure
@@ -131,6 +163,7 @@ pub(crate) struct Loaded<T: ?Sized> {
     pub(crate) selection: Selection,
     pub(crate) init: Duration,
     pub(crate) dir: PathBuf,
+    pub(crate) weights: LoadedWeights,
 }
 
 impl<T: ?Sized> Loaded<T> {
@@ -155,13 +188,23 @@ impl<T: ?Sized> Loaded<T> {
         mut work: impl FnMut(PathBuf) -> W,
     ) -> Result<Self> {
         let preferences = resolve_preferences(options.backends.clone(), true)?;
-        let (model, selection) = load_on_first_usable(&preferences, || work(dir.clone()))?;
+        let ((model, weights), selection) = load_on_first_usable(&preferences, || Scoped {
+            work: work(dir.clone()),
+            quantization: options.quantization,
+            share: options.share_weights,
+        })?;
         Ok(Loaded {
             model,
             selection,
             init: clock.lap(),
             dir,
+            weights,
         })
+    }
+
+    /// What the model's weights take in memory, as kept.
+    pub(crate) fn weights(&self) -> WeightStats {
+        self.weights.stats()
     }
 
     /// Runs `call` in three timed phases and wraps its value with the metrics.
@@ -246,6 +289,11 @@ macro_rules! task_type {
             /// The backend it runs on and the preferences that were skipped.
             pub fn selection(&self) -> &ipfs_accelerate_core::Selection {
                 &self.inner.selection
+            }
+
+            /// What the model's weights take in memory, as kept (quantized or float).
+            pub fn weights(&self) -> ipfs_accelerate_nn::weights::WeightStats {
+                self.inner.weights()
             }
         }
     };

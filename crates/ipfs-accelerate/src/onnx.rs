@@ -3,7 +3,11 @@
 //! inputs and outputs as the native path. Generation goes through the shared loop
 //! ([`ipfs_accelerate_nn::generate`]), recomputing the graph over the whole sequence each step
 //! (the fixture exports have no past-key-value inputs).
+//!
+//! With the `webnn` feature the same exports also run in a headless browser on onnxruntime-web
+//! (`BackendKind::Browser`: WebNN, WebGPU, wasm), through [`OnnxRunner::load_browser`].
 
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -15,22 +19,64 @@ use ipfs_accelerate_nn::generate::{generate, GenerationConfig, TokenDecoder};
 
 use crate::{Error, Result};
 
+/// One graph: on ONNX Runtime, or on onnxruntime-web in a browser.
+enum Graph {
+    /// ONNX Runtime (an execution provider).
+    Native(OnnxSession),
+    /// onnxruntime-web in a headless browser.
+    #[cfg(feature = "webnn")]
+    Browser(ipfs_accelerate_backend_webnn::BrowserGraph),
+}
+
+impl Graph {
+    fn run(&self, inputs: &TensorMap) -> CoreResult<TensorMap> {
+        match self {
+            Graph::Native(s) => Ok(s.run(inputs)?),
+            #[cfg(feature = "webnn")]
+            Graph::Browser(g) => Ok(g.run(inputs)?),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Graph::Native(s) => s.path(),
+            #[cfg(feature = "webnn")]
+            Graph::Browser(g) => g.path(),
+        }
+    }
+
+    fn input_names(&self) -> Vec<&str> {
+        match self {
+            Graph::Native(s) => s.input_names(),
+            #[cfg(feature = "webnn")]
+            Graph::Browser(g) => g.input_names(),
+        }
+    }
+
+    /// Nodes per execution provider, and whether every node ran on the requested one (`None`
+    /// when the runtime cannot tell).
+    fn placement(&self) -> Option<(BTreeMap<String, usize>, Option<bool>)> {
+        match self {
+            Graph::Native(s) => s.node_placement().ok().map(|p| (p, None)),
+            #[cfg(feature = "webnn")]
+            Graph::Browser(g) => Some((g.placement(), Some(g.fully_placed()))),
+        }
+    }
+}
+
 /// The graphs of one model.
 enum Graphs {
     /// One graph (`model.onnx`).
-    Single(OnnxSession),
+    Single(Graph),
     /// Encoder and decoder (`encoder.onnx`, `decoder.onnx`), joined by the encoder's
     /// `encoder_last_hidden_state` fed as the decoder's `encoder_hidden_states`.
-    EncoderDecoder {
-        encoder: OnnxSession,
-        decoder: OnnxSession,
-    },
+    EncoderDecoder { encoder: Graph, decoder: Graph },
 }
 
-/// A family's ONNX export on one execution provider.
+/// A family's ONNX export on one execution provider (ONNX Runtime, or a browser's).
 pub struct OnnxRunner {
     family: String,
-    provider: ExecutionProvider,
+    backend: BackendKind,
     graphs: Graphs,
     decoder_start: Option<i64>,
     /// DETR's configuration (class names for post-processing), read once at load.
@@ -53,16 +99,50 @@ impl OnnxRunner {
         provider: ExecutionProvider,
         options: &SessionOptions,
     ) -> Result<Self> {
+        Self::load_with(family, dir, BackendKind::Onnx(provider), |path| {
+            Ok(Graph::Native(
+                OnnxSession::load(path, provider, options)
+                    .map_err(ipfs_accelerate_core::Error::from)?,
+            ))
+        })
+    }
+
+    /// Loads the ONNX export in `dir` for `family` into `browser` (every graph of the model in
+    /// the same browser) on `provider`.
+    #[cfg(feature = "webnn")]
+    pub fn load_browser(
+        family: &str,
+        dir: &Path,
+        provider: ipfs_accelerate_core::BrowserProvider,
+        browser: std::sync::Arc<ipfs_accelerate_backend_webnn::Browser>,
+        options: ipfs_accelerate_backend_webnn::GraphOptions,
+    ) -> Result<Self> {
+        Self::load_with(family, dir, BackendKind::Browser(provider), |path| {
+            Ok(Graph::Browser(
+                ipfs_accelerate_backend_webnn::BrowserGraph::load(
+                    browser.clone(),
+                    path,
+                    provider,
+                    options,
+                )
+                .map_err(ipfs_accelerate_core::Error::from)?,
+            ))
+        })
+    }
+
+    fn load_with(
+        family: &str,
+        dir: &Path,
+        backend: BackendKind,
+        load_graph: impl Fn(&Path) -> Result<Graph>,
+    ) -> Result<Self> {
         let onnx = onnx_dir(dir).ok_or_else(|| {
             Error::Unsupported(format!(
                 "{} has no ONNX export (model.onnx, or encoder.onnx + decoder.onnx, here or under onnx/)",
                 dir.display()
             ))
         })?;
-        let load = |name: &str| -> Result<OnnxSession> {
-            Ok(OnnxSession::load(&onnx.join(name), provider, options)
-                .map_err(ipfs_accelerate_core::Error::from)?)
-        };
+        let load = |name: &str| load_graph(&onnx.join(name));
         let graphs = if onnx.join("model.onnx").is_file() {
             Graphs::Single(load("model.onnx")?)
         } else {
@@ -77,7 +157,7 @@ impl OnnxRunner {
             .and_then(|c| c.get("decoder_start_token_id").and_then(|v| v.as_i64()));
         Ok(OnnxRunner {
             family: family.to_string(),
-            provider,
+            backend,
             graphs,
             decoder_start,
             #[cfg(feature = "detr")]
@@ -111,7 +191,7 @@ impl OnnxRunner {
         }
     }
 
-    fn decoder_graph(&self) -> &OnnxSession {
+    fn decoder_graph(&self) -> &Graph {
         match &self.graphs {
             Graphs::Single(s) => s,
             Graphs::EncoderDecoder { decoder, .. } => decoder,
@@ -183,7 +263,7 @@ fn rows(t: &HostTensor) -> CoreResult<Vec<Vec<i64>>> {
 
 /// A decoder graph run over the whole sequence each step.
 struct GraphDecoder<'a> {
-    graph: &'a OnnxSession,
+    graph: &'a Graph,
     key: &'a str,
     context: TensorMap,
     seqs: Vec<Vec<i64>>,
@@ -256,27 +336,35 @@ impl ModelRunner for OnnxRunner {
     }
 
     fn backend(&self) -> BackendKind {
-        BackendKind::Onnx(self.provider)
+        self.backend
     }
 
     fn placement(&self) -> Option<String> {
-        let graphs: Vec<&OnnxSession> = match &self.graphs {
+        let graphs: Vec<&Graph> = match &self.graphs {
             Graphs::Single(s) => vec![s],
             Graphs::EncoderDecoder { encoder, decoder } => vec![encoder, decoder],
         };
-        let mut total: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut total: BTreeMap<String, usize> = Default::default();
+        let mut whole = Some(true);
         for g in graphs {
-            for (provider, n) in g.node_placement().ok()? {
+            let (placement, full) = g.placement()?;
+            for (provider, n) in placement {
                 *total.entry(provider).or_default() += n;
             }
+            whole = match (whole, full) {
+                (Some(a), Some(b)) => Some(a && b),
+                _ => None,
+            };
         }
-        Some(
-            total
-                .iter()
-                .map(|(p, n)| format!("{} {n}", p.trim_end_matches("ExecutionProvider")))
-                .collect::<Vec<_>>()
-                .join(", "),
-        )
+        let text = total
+            .iter()
+            .map(|(p, n)| format!("{} {n}", p.trim_end_matches("ExecutionProvider")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Some(match whole {
+            Some(false) => format!("{text} (not wholly on {})", self.backend),
+            _ => text,
+        })
     }
 
     fn run(&self, inputs: &TensorMap) -> CoreResult<TensorMap> {

@@ -11,10 +11,13 @@ use ipfs_accelerate_core::{
     BackendKind, Metrics, ProbeBackend, Selection, SkippedBackend, Stopwatch,
 };
 use ipfs_accelerate_io::ResolveOptions;
+use ipfs_accelerate_nn::weights::{LoadedWeights, WeightStats};
+use ipfs_accelerate_nn::WeightQuantization;
 use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
+use crate::loaded::Scoped;
 use crate::{Error, Result};
 
 /// What a pipeline is for.
@@ -42,9 +45,27 @@ pub struct PipelineBuilder {
     env_override: bool,
     resolve: ResolveOptions,
     max_length: Option<usize>,
+    quantization: WeightQuantization,
+    share_weights: bool,
 }
 
 impl PipelineBuilder {
+    /// Keep the linear layers' weights quantized in memory: `Int8 { block_size }` or
+    /// `Int4 { block_size }` blocks (embeddings and norms stay float; a layer whose in-features
+    /// are not a multiple of the block size stays float). Default: float.
+    /// [`Pipeline::weights`] reports the memory.
+    pub fn quantize(mut self, q: WeightQuantization) -> Self {
+        self.quantization = q;
+        self
+    }
+
+    /// Share weight tensors with the other pipelines of this process that load the same weight
+    /// files (each tensor is held once; see `docs/memory.md`). Default: off.
+    pub fn share_weights(mut self, share: bool) -> Self {
+        self.share_weights = share;
+        self
+    }
+
     /// The task to run (default: [`Task::Auto`]).
     pub fn task(mut self, task: Task) -> Self {
         self.task = task;
@@ -124,13 +145,19 @@ impl PipelineBuilder {
             None => Pooling::Mean,
         };
 
-        let ((model, hal), selection) = load_on_first_usable(&preferences, || LoadBert {
-            weights: weights.clone(),
-            config: &config,
+        self.quantization.validate()?;
+        let (((model, hal), loaded), selection) = load_on_first_usable(&preferences, || Scoped {
+            work: LoadBert {
+                weights: weights.clone(),
+                config: &config,
+            },
+            quantization: self.quantization,
+            share: self.share_weights,
         })?;
         Ok(Pipeline {
             model,
             hal,
+            weights: loaded,
             tokenizer,
             pooling,
             task,
@@ -185,6 +212,7 @@ impl WithBackend for LoadBert<'_> {
 pub struct Pipeline {
     model: Box<dyn BertTasks>,
     hal: Box<dyn ProbeBackend>,
+    weights: LoadedWeights,
     tokenizer: TextTokenizer,
     pooling: Pooling,
     task: Task,
@@ -251,7 +279,14 @@ impl Pipeline {
             env_override: true,
             resolve: ResolveOptions::default(),
             max_length: None,
+            quantization: WeightQuantization::None,
+            share_weights: false,
         }
+    }
+
+    /// What the model's weights take in memory, as kept (quantized or float, shared or not).
+    pub fn weights(&self) -> WeightStats {
+        self.weights.stats()
     }
 
     /// The backend it runs on.

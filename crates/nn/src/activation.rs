@@ -68,6 +68,10 @@ impl TryFrom<String> for Activation {
 impl Activation {
     /// Applies the activation element-wise.
     pub fn forward<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let x = match crate::fast::activation(x, self) {
+            Ok(y) => return y,
+            Err(x) => x,
+        };
         match self {
             Activation::Gelu => activation::gelu(x),
             Activation::GeluTanh => activation::gelu_approximate(x),

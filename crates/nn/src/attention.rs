@@ -103,6 +103,9 @@ pub fn sdpa<B: Backend>(
 ) -> Tensor<B, 4> {
     let head_dim = q.dims()[3];
     let scale = scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+    if let Some(out) = crate::fast::attention(&q, &k, &v, bias, scale) {
+        return out;
+    }
     let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
     if let Some(bias) = bias {
         scores = scores + bias.clone();
@@ -314,6 +317,14 @@ impl<B: Backend> MultiHeadAttention<B> {
         v: Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 4> {
+        // The CPU kernel reads grouped key / value heads in place.
+        let scale = self
+            .config
+            .scale
+            .unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
+        if let Some(out) = crate::fast::attention(&q, &k, &v, bias, scale) {
+            return out;
+        }
         let groups = self.config.heads / self.config.kv_heads;
         let shared_bias = bias.is_none_or(|b| b.dims()[1] == 1);
         if groups <= 1 || !shared_bias {
@@ -344,6 +355,24 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// Merges heads `[batch, heads, seq, head_dim]` and applies the output projection.
     pub fn output(&self, heads: Tensor<B, 4>) -> Tensor<B, 3> {
         self.o.forward(merge_heads(heads))
+    }
+
+    /// [`MultiHeadAttention::output`] plus a residual `[batch, seq, hidden]`, added in the
+    /// projection's output pass on the CPU backend.
+    pub fn output_add(&self, heads: Tensor<B, 4>, residual: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.o.forward_add(merge_heads(heads), residual)
+    }
+
+    /// Self-attention over `x` plus a residual: `residual + attention(x)`.
+    pub fn forward_add(
+        &self,
+        x: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+        residual: Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let q = self.project_q(x.clone());
+        let (k, v) = self.project_kv(x);
+        self.output_add(self.attend_heads(q, k, v, bias), residual)
     }
 
     /// Self-attention over `x` `[batch, seq, hidden]`.

@@ -11,6 +11,7 @@ pub mod attention;
 pub mod conv;
 pub mod convert;
 mod embedding;
+pub mod fast;
 pub mod generate;
 pub mod kv_cache;
 mod linear;
@@ -22,14 +23,16 @@ pub mod rope;
 pub mod transformer;
 mod var_builder;
 pub mod vision;
+pub mod weights;
 
 pub use activation::Activation;
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use norm::{LayerNorm, RmsNorm};
-pub use quant::WeightQuantization;
+pub use quant::{LinearWeight, WeightQuantization};
 pub use var_builder::VarBuilder;
+pub use weights::{load_scope, LoadSettings, LoadedWeights, WeightStats};
 
 /// Re-export of the burn backend trait models are generic over.
 pub use burn::tensor::backend::Backend as BurnBackend;

@@ -1,92 +1,120 @@
 //! Dense linear layers with PyTorch weight layout on disk.
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_core::Result;
 
-use crate::{VarBuilder, WeightQuantization};
+use crate::quant::LinearWeight;
+use crate::{Activation, VarBuilder, WeightQuantization};
 
 /// `y = x Wᵀ + b`, loaded from PyTorch's `weight` `[out, in]` and `bias` `[out]`.
-/// The weight is kept as `[in, out]` so the matmul reads it row-major.
+/// A float weight is kept as `[in, out]` so the matmul reads it row-major; a quantized one as
+/// [`LinearWeight`] describes.
 #[derive(Debug, Clone)]
 pub struct Linear<B: Backend> {
-    weight: Tensor<B, 2>,
+    weight: LinearWeight<B>,
     bias: Option<Tensor<B, 1>>,
-    quantization: WeightQuantization,
 }
 
 impl<B: Backend> Linear<B> {
-    /// Loads `weight` (and `bias` when `bias` is true) under `vb`.
+    /// Loads `weight` (and `bias` when `bias` is true) under `vb`, kept as the builder's
+    /// [`VarBuilder::quantization`] asks (float when the in-features are not a multiple of its
+    /// block size; [`VarBuilder::weights`] counts those layers).
     pub fn load(vb: &VarBuilder<B>, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
-        let weight = vb.tensor("weight", [out_dim, in_dim])?;
+        let weight = vb.linear_weight("weight", in_dim, out_dim)?;
         let bias = if bias {
             Some(vb.tensor("bias", [out_dim])?)
         } else {
             None
         };
-        Ok(Self::from_tensors(weight, bias))
+        Ok(Linear { weight, bias })
     }
 
-    /// From a PyTorch-layout weight `[out, in]` and optional bias.
+    /// From a PyTorch-layout weight `[out, in]` and optional bias (kept float).
     pub fn from_tensors(weight_out_in: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Self {
-        let weight = weight_out_in.transpose();
-        // Materialise the transposed layout once so every forward reads contiguous memory.
-        let weight = Tensor::from_data(weight.to_data(), &weight.device());
         Linear {
-            weight,
+            weight: LinearWeight::float(weight_out_in),
             bias,
-            quantization: WeightQuantization::None,
         }
     }
 
-    /// Keeps the weight quantized in memory as `q` (from float weights; the backend dequantizes it
-    /// when the layer runs). Blocks run over consecutive weights of the stored `[in, out]` layout.
-    /// A weight count that is not a multiple of the block size is an error.
+    /// Keeps the weight quantized in memory as `q` from now on (from float weights; see
+    /// [`crate::quant`] for the formats). In-features that are not a multiple of the block size,
+    /// or a layer that is already quantized, are errors.
     pub fn quantize(&mut self, q: WeightQuantization) -> Result<()> {
-        q.validate()?;
-        if self.quantization != WeightQuantization::None {
-            return Err(Error::InvalidInput(
-                "the layer is already quantized: quantize float weights only".into(),
-            ));
-        }
-        let Some(scheme) = q.scheme() else {
-            return Ok(());
-        };
-        let n = self.weight.shape().num_elements();
-        if !n.is_multiple_of(q.block_size()) {
-            return Err(Error::InvalidInput(format!(
-                "a linear weight of {n} values is not a multiple of the quantization block size {}",
-                q.block_size()
-            )));
-        }
-        self.weight = self.weight.clone().quantize_dynamic(&scheme);
-        self.quantization = q;
+        self.weight = self.weight.quantized(q)?;
         Ok(())
     }
 
     /// How the weight is kept in memory.
     pub fn quantization(&self) -> WeightQuantization {
-        self.quantization
+        self.weight.quantization()
+    }
+
+    /// The weight as kept.
+    pub fn weight(&self) -> &LinearWeight<B> {
+        &self.weight
     }
 
     /// Bytes the weight and bias take in memory.
     pub fn weight_bytes(&self) -> usize {
-        let bias = self.bias.as_ref().map_or(0, |b| b.dims()[0] * 4);
-        self.quantization.bytes(self.weight.shape().num_elements()) + bias
+        let bias = self
+            .bias
+            .as_ref()
+            .map_or(0, |b| b.dims()[0] * b.dtype().size());
+        self.weight.bytes() + bias
     }
 
     /// Output features.
     pub fn out_dim(&self) -> usize {
-        self.weight.dims()[1]
+        self.weight.out_dim()
     }
 
     /// Applies the layer over the last dimension of `x`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_fused(x, None, None)
+    }
+
+    /// `act(self.forward(x))`, with the activation applied in the layer's output pass on the
+    /// CPU backend (see [`crate::fast`]).
+    pub fn forward_act<const D: usize>(&self, x: Tensor<B, D>, act: Activation) -> Tensor<B, D> {
+        self.forward_fused(x, None, Some(act))
+    }
+
+    /// `self.forward(x) + residual` (a residual connection), with the add done in the layer's
+    /// output pass on the CPU backend.
+    pub fn forward_add<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        residual: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        self.forward_fused(x, Some(residual), None)
+    }
+
+    /// `act(x Wᵀ + b + residual)` over the last dimension of `x`.
+    fn forward_fused<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        residual: Option<Tensor<B, D>>,
+        act: Option<Activation>,
+    ) -> Tensor<B, D> {
         let mut dims = x.dims();
         let in_dim = dims[D - 1];
         let rows = x.shape().num_elements() / in_dim.max(1);
         let x2: Tensor<B, 2> = x.reshape([rows, in_dim]);
-        let y = burn::tensor::module::linear(x2, self.weight.clone(), self.bias.clone());
         dims[D - 1] = self.out_dim();
+        let residual = residual.map(|r| r.reshape([rows, self.out_dim()]));
+        let weight = self.weight.matrix();
+        let fused = crate::fast::linear(&x2, &weight, self.bias.as_ref(), residual.as_ref(), act);
+        if let Some(y) = fused {
+            return y.reshape(dims);
+        }
+        let mut y = burn::tensor::module::linear(x2, weight, self.bias.clone());
+        if let Some(r) = residual {
+            y = y + r;
+        }
+        if let Some(act) = act {
+            y = act.forward(y);
+        }
         y.reshape(dims)
     }
 }

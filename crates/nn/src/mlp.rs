@@ -50,7 +50,7 @@ impl<B: Backend> GatedMlp<B> {
 
     /// Applies the block over the last dimension of `x`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let gated = self.act.forward(self.gate.forward(x.clone())) * self.up.forward(x);
+        let gated = self.gate.forward_act(x.clone(), self.act) * self.up.forward(x);
         self.down.forward(gated)
     }
 }

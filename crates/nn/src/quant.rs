@@ -1,10 +1,23 @@
-//! Weight quantization of [`Linear`](crate::Linear) layers: symmetric, per block of consecutive
-//! weights, kept quantized in memory through burn's quantized tensors and dequantized by the
-//! backend when a layer runs.
+//! Weight quantization of [`Linear`](crate::Linear) layers: symmetric, per block of
+//! `block_size` consecutive input features of one output (a row of PyTorch's `[out, in]` weight,
+//! as GGUF's Q8_0 / Q4_0), kept quantized in memory and dequantized to f32 when a layer runs.
+//!
+//! - **Int8** uses burn's quantized tensors (`Q8S`, block level, native `i8` store: 1 byte per
+//!   weight plus an f32 scale per block, 1.125 bytes per weight with blocks of 32), which every
+//!   burn backend implements; the backend dequantizes it.
+//! - **Int4** uses this crate's packed format on every backend: eight 4-bit values per 32-bit word
+//!   of a backend int tensor plus an f32 scale per block (0.625 bytes per weight with blocks of
+//!   32), unpacked with the backend's bitwise ops at each forward. burn 0.21's own 4-bit scheme is
+//!   no saving on the CPU backend: burn-flex stores `Q4S` one value per byte and rejects the
+//!   packed stores (`QuantStore::PackedU32`), and burn exposes no per-backend probe for them.
+//!
+//! Values are `round(w / scale)` clamped to ±127 (int8) or ±7 (int4) with `scale = max|block| /
+//! 127` (or `/ 7`).
 
 use std::str::FromStr;
 
 use burn::tensor::quantization::{BlockSize, QuantLevel, QuantScheme, QuantStore, QuantValue};
+use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 use ipfs_accelerate_core::{Error, Result};
 
 /// How the weights of linear layers are kept in memory. Embeddings and norms stay float.
@@ -29,7 +42,8 @@ pub enum WeightQuantization {
 pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
 impl WeightQuantization {
-    /// burn's scheme for this setting (`None` for float weights).
+    /// burn's scheme for this setting (`None` for float weights). [`LinearWeight`] stores int8
+    /// with it and int4 in its own packed format (see the module documentation).
     pub fn scheme(&self) -> Option<QuantScheme> {
         let (value, block) = match *self {
             WeightQuantization::None => return None,
@@ -65,13 +79,26 @@ impl WeightQuantization {
         Ok(())
     }
 
-    /// Bytes `elements` weights take in memory: 4 per float weight; quantized, one byte per
-    /// value (burn stores 8- and 4-bit values natively as `i8` on the CPU backend, so 4-bit saves
-    /// no more than 8-bit there) plus a 4-byte scale per block.
+    /// Bytes `elements` weights take in memory as [`LinearWeight`] keeps them: 4 per float
+    /// weight; int8 one byte per value, int4 a 32-bit word per eight values; plus a 4-byte scale
+    /// per block.
     pub fn bytes(&self, elements: usize) -> usize {
+        match *self {
+            WeightQuantization::None => elements * 4,
+            WeightQuantization::Int8 { block_size } => elements + elements.div_ceil(block_size) * 4,
+            WeightQuantization::Int4 { block_size } => {
+                elements.div_ceil(8) * 4 + elements.div_ceil(block_size) * 4
+            }
+        }
+    }
+
+    /// Whether a linear layer with `in_features` inputs can be kept this way: float always,
+    /// quantized when the in-features are a multiple of the block size (blocks never straddle
+    /// two outputs).
+    pub fn fits(&self, in_features: usize) -> bool {
         match self.block_size() {
-            0 => elements * 4,
-            b => elements + elements.div_ceil(b) * 4,
+            0 => true,
+            b => in_features.is_multiple_of(b),
         }
     }
 }
@@ -105,6 +132,229 @@ impl FromStr for WeightQuantization {
     }
 }
 
+/// The weight matrix of a linear layer as it is kept in memory: f32, int8 blocks (burn quantized
+/// tensor) or int4 blocks (packed nibbles). Clones share the storage.
+#[derive(Debug, Clone)]
+pub struct LinearWeight<B: Backend> {
+    store: Store<B>,
+    in_dim: usize,
+    out_dim: usize,
+    quantization: WeightQuantization,
+}
+
+#[derive(Debug, Clone)]
+enum Store<B: Backend> {
+    /// f32 `[in, out]`, contiguous, so the matmul reads it row-major.
+    Float(Tensor<B, 2>),
+    /// A burn `Q8S` tensor `[out, in]`, blocks along the in-features.
+    Int8(Tensor<B, 2>),
+    /// Packed int4: value `i` of the row-major `[out, in]` matrix is nibble `i / words` of word
+    /// `i % words` (planes of `words` values, so unpacking is eight shifts and a concatenation),
+    /// stored as `q + 8` in `1..=15`; `scales` has one f32 per block.
+    Int4 {
+        words: Tensor<B, 1, Int>,
+        scales: Tensor<B, 1>,
+    },
+}
+
+impl<B: Backend> LinearWeight<B> {
+    /// A float weight from PyTorch's `[out, in]` layout (kept transposed, made contiguous).
+    pub fn float(weight_out_in: Tensor<B, 2>) -> Self {
+        let [out_dim, in_dim] = weight_out_in.dims();
+        let weight = weight_out_in.transpose();
+        // Materialise the transposed layout once so every forward reads contiguous memory.
+        let weight = Tensor::from_data(weight.to_data(), &weight.device());
+        LinearWeight {
+            store: Store::Float(weight),
+            in_dim,
+            out_dim,
+            quantization: WeightQuantization::None,
+        }
+    }
+
+    /// Builds the weight kept as `q` from row-major `[out, in]` f32 `values`. Quantized, the
+    /// in-features must be a multiple of the block size ([`WeightQuantization::fits`]).
+    pub fn from_out_in(
+        values: &[f32],
+        out_dim: usize,
+        in_dim: usize,
+        q: WeightQuantization,
+        device: &B::Device,
+    ) -> Result<Self> {
+        q.validate()?;
+        if values.len() != out_dim * in_dim {
+            return Err(Error::InvalidInput(format!(
+                "a linear weight of {} values is not [{out_dim}, {in_dim}]",
+                values.len()
+            )));
+        }
+        if !q.fits(in_dim) {
+            return Err(Error::InvalidInput(format!(
+                "a linear layer with {in_dim} in-features is not a multiple of the quantization \
+                 block size {}",
+                q.block_size()
+            )));
+        }
+        let store = match q {
+            WeightQuantization::None => {
+                let mut t = vec![0f32; values.len()];
+                for (o, row) in values.chunks_exact(in_dim.max(1)).enumerate() {
+                    for (i, &v) in row.iter().enumerate() {
+                        t[i * out_dim + o] = v;
+                    }
+                }
+                Store::Float(Tensor::from_data(
+                    TensorData::new(t, [in_dim, out_dim]),
+                    device,
+                ))
+            }
+            WeightQuantization::Int8 { .. } => {
+                let scheme = q.scheme().ok_or_else(|| {
+                    Error::InvalidInput("int8 quantization has no burn scheme".into())
+                })?;
+                let w: Tensor<B, 2> =
+                    Tensor::from_data(TensorData::new(values.to_vec(), [out_dim, in_dim]), device);
+                Store::Int8(w.quantize_dynamic(&scheme))
+            }
+            WeightQuantization::Int4 { block_size } => {
+                let (words, scales) = pack_int4(values, block_size);
+                let n = words.len();
+                let s = scales.len();
+                Store::Int4 {
+                    words: Tensor::from_data(TensorData::new(words, [n]), device),
+                    scales: Tensor::from_data(TensorData::new(scales, [s]), device),
+                }
+            }
+        };
+        Ok(LinearWeight {
+            store,
+            in_dim,
+            out_dim,
+            quantization: q,
+        })
+    }
+
+    /// This weight kept as `q` instead (from a float weight; a quantized one is an error).
+    pub fn quantized(&self, q: WeightQuantization) -> Result<Self> {
+        if self.quantization != WeightQuantization::None {
+            return Err(Error::InvalidInput(
+                "the layer is already quantized: quantize float weights only".into(),
+            ));
+        }
+        if q == WeightQuantization::None {
+            return Ok(self.clone());
+        }
+        let values = self.to_out_in_f32()?;
+        Self::from_out_in(&values, self.out_dim, self.in_dim, q, &self.device())
+    }
+
+    fn device(&self) -> B::Device {
+        match &self.store {
+            Store::Float(t) | Store::Int8(t) => t.device(),
+            Store::Int4 { scales, .. } => scales.device(),
+        }
+    }
+
+    /// In-features.
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    /// Out-features.
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// How it is kept.
+    pub fn quantization(&self) -> WeightQuantization {
+        self.quantization
+    }
+
+    /// Bytes of the tensors it holds (element count times the stored element size, plus the f32
+    /// scales of a quantized weight).
+    pub fn bytes(&self) -> usize {
+        let size = |numel: usize, dtype: burn::tensor::DType| numel * dtype.size();
+        match &self.store {
+            Store::Float(t) => size(t.shape().num_elements(), t.dtype()),
+            Store::Int8(t) => {
+                let n = t.shape().num_elements();
+                size(n, t.dtype()) + n.div_ceil(self.quantization.block_size()) * 4
+            }
+            Store::Int4 { words, scales } => {
+                size(words.shape().num_elements(), words.dtype())
+                    + size(scales.shape().num_elements(), scales.dtype())
+            }
+        }
+    }
+
+    /// The f32 `[in, out]` matrix a forward multiplies by (dequantized when quantized).
+    pub fn matrix(&self) -> Tensor<B, 2> {
+        match &self.store {
+            Store::Float(t) => t.clone(),
+            Store::Int8(q) => q.clone().dequantize().transpose(),
+            Store::Int4 { words, scales } => {
+                let n = self.in_dim * self.out_dim;
+                let block = self.quantization.block_size().max(1);
+                let planes: Vec<Tensor<B, 1, Int>> = (0..8)
+                    .map(|k| {
+                        words
+                            .clone()
+                            .bitwise_right_shift_scalar((4 * k).elem::<B::IntElem>())
+                            .bitwise_and_scalar(15.elem::<B::IntElem>())
+                    })
+                    .collect();
+                let values = Tensor::cat(planes, 0)
+                    .narrow(0, 0, n)
+                    .float()
+                    .sub_scalar(8.0);
+                let blocks = n / block;
+                values
+                    .reshape([blocks, block])
+                    .mul(scales.clone().reshape([blocks, 1]))
+                    .reshape([self.out_dim, self.in_dim])
+                    .transpose()
+            }
+        }
+    }
+
+    /// The weight as row-major `[out, in]` f32 values (dequantized when quantized).
+    pub fn to_out_in_f32(&self) -> Result<Vec<f32>> {
+        to_f32_vec(self.matrix().transpose())
+    }
+}
+
+/// Reads a float tensor back to the host as f32 values.
+pub(crate) fn to_f32_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>> {
+    t.try_into_data()
+        .map_err(|e| Error::Compute(format!("reading a weight back: {e:?}")))?
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| Error::Compute(format!("reading a weight back: {e:?}")))
+}
+
+/// Packs `values` (row-major, blocks of `block` consecutive values) as int4: the planar words
+/// described on [`LinearWeight`] and one scale per block.
+fn pack_int4(values: &[f32], block: usize) -> (Vec<i32>, Vec<f32>) {
+    let words = values.len().div_ceil(8).max(1);
+    let mut packed = vec![0u32; words];
+    let mut scales = Vec::with_capacity(values.len().div_ceil(block));
+    for (b, chunk) in values.chunks(block).enumerate() {
+        let alpha = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = if alpha > 0.0 && alpha.is_finite() {
+            alpha / 7.0
+        } else {
+            1.0
+        };
+        scales.push(scale);
+        for (j, &x) in chunk.iter().enumerate() {
+            let i = b * block + j;
+            let q = ((x / scale).round().clamp(-7.0, 7.0) as i32 + 8) as u32;
+            packed[i % words] |= q << (4 * (i / words));
+        }
+    }
+    (packed.into_iter().map(|w| w as i32).collect(), scales)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +377,99 @@ mod tests {
             WeightQuantization::Int8 { block_size: 32 }.bytes(64),
             64 + 8
         );
+        assert_eq!(
+            WeightQuantization::Int4 { block_size: 32 }.bytes(64),
+            32 + 8
+        );
+        assert!(WeightQuantization::Int4 { block_size: 32 }.fits(64));
+        assert!(!WeightQuantization::Int4 { block_size: 32 }.fits(48));
+        assert!(WeightQuantization::None.fits(7));
+    }
+
+    type Flex = burn_flex::Flex;
+
+    /// A `[out, in]` weight with values of several magnitudes, zero blocks and an odd size.
+    fn weight(out_dim: usize, in_dim: usize) -> Vec<f32> {
+        (0..out_dim * in_dim)
+            .map(|i| {
+                if i / in_dim == 1 {
+                    0.0
+                } else {
+                    ((i as f32) * 0.731).sin() * (1.0 + (i % 7) as f32)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn kept_weights_round_trip_within_half_a_step_and_take_the_stated_bytes() {
+        let device = Default::default();
+        // 5 × 24: the packed int4 words (15) do not fill a whole plane evenly.
+        let (out_dim, in_dim) = (5, 24);
+        let w = weight(out_dim, in_dim);
+        for (q, steps) in [
+            (WeightQuantization::None, 0.0),
+            (WeightQuantization::Int8 { block_size: 8 }, 127.0),
+            (WeightQuantization::Int4 { block_size: 8 }, 7.0),
+            (WeightQuantization::Int4 { block_size: 24 }, 7.0),
+        ] {
+            let kept = LinearWeight::<Flex>::from_out_in(&w, out_dim, in_dim, q, &device).unwrap();
+            let back = kept.to_out_in_f32().unwrap();
+            let block = q.block_size().max(1);
+            for (b, (orig, got)) in w.chunks(block).zip(back.chunks(block)).enumerate() {
+                let alpha = orig.iter().fold(0f32, |m, v| m.max(v.abs()));
+                // Rounding to the nearest step: at most half a step (scale / 2) off.
+                let tol = if steps > 0.0 {
+                    alpha / steps / 2.0 + 1e-6
+                } else {
+                    0.0
+                };
+                for (x, y) in orig.iter().zip(got) {
+                    assert!((x - y).abs() <= tol, "{q:?} block {b}: {x} vs {y}");
+                }
+            }
+            assert_eq!(kept.bytes(), q.bytes(out_dim * in_dim), "{q:?}");
+            // The forward matrix is the transposed weight.
+            let m = to_f32_vec(kept.matrix()).unwrap();
+            assert_eq!(m[out_dim + 2], back[2 * in_dim + 1], "{q:?}");
+        }
+        // Int4 really is smaller than int8 (0.625 vs 1.125 bytes per weight at block 32).
+        let (o, i) = (64, 256);
+        let w = weight(o, i);
+        let bytes = |q| {
+            LinearWeight::<Flex>::from_out_in(&w, o, i, q, &device)
+                .unwrap()
+                .bytes()
+        };
+        assert_eq!(bytes(WeightQuantization::None), o * i * 4);
+        assert_eq!(
+            bytes(WeightQuantization::Int8 { block_size: 32 }),
+            o * i * 9 / 8
+        );
+        assert_eq!(
+            bytes(WeightQuantization::Int4 { block_size: 32 }),
+            o * i * 5 / 8
+        );
+    }
+
+    #[test]
+    fn unfit_shapes_and_double_quantization_are_typed_errors() {
+        let device = Default::default();
+        let w = weight(3, 12);
+        let q = WeightQuantization::Int4 { block_size: 8 };
+        let err = LinearWeight::<Flex>::from_out_in(&w, 3, 12, q, &device).unwrap_err();
+        assert!(err.to_string().contains("block size"), "{err}");
+        let err = LinearWeight::<Flex>::from_out_in(&w, 4, 12, WeightQuantization::None, &device)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+        let kept = LinearWeight::<Flex>::from_out_in(
+            &w,
+            3,
+            12,
+            WeightQuantization::Int8 { block_size: 4 },
+            &device,
+        )
+        .unwrap();
+        assert!(kept.quantized(q).is_err());
     }
 }

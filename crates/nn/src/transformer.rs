@@ -36,7 +36,17 @@ impl<B: Backend> Mlp<B> {
 
     /// Applies the block over the last dimension of `x`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.fc2.forward(self.act.forward(self.fc1.forward(x)))
+        self.fc2.forward(self.fc1.forward_act(x, self.act))
+    }
+
+    /// `residual + self.forward(x)`, the add fused into `fc2` on the CPU backend.
+    pub fn forward_add<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        residual: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        self.fc2
+            .forward_add(self.fc1.forward_act(x, self.act), residual)
     }
 }
 
@@ -174,12 +184,13 @@ impl<B: Backend> PreLnLayer<B> {
     /// The attention half alone, `x + attn(ln1(x))` (X-CLIP attends over the frame tokens plus
     /// a message token, then drops the message token before the MLP half).
     pub fn forward_attention(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        x.clone() + self.attn.forward(self.norm1.forward(x), bias)
+        self.attn
+            .forward_add(self.norm1.forward(x.clone()), bias, x)
     }
 
     /// The MLP half alone, `h + fc2(act(fc1(ln2(h))))`.
     pub fn forward_mlp(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
-        h.clone() + self.mlp.forward(self.norm2.forward(h))
+        self.mlp.forward_add(self.norm2.forward(h.clone()), h)
     }
 }
 

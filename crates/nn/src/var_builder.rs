@@ -3,14 +3,24 @@
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor, TensorData};
-use ipfs_accelerate_core::{Error, Result, TensorSource};
+use ipfs_accelerate_core::{DType, Error, HostTensor, Result, TensorSource};
+
+use crate::quant::LinearWeight;
+use crate::weights::{Kind, LoadContext, LoadedWeights};
+use crate::WeightQuantization;
 
 /// A cursor into a weight source: a name prefix plus the device tensors are created on.
 /// `vb.pp("encoder").pp("layer.0").tensor("attention.self.query.weight", [h, h])`.
+///
+/// A root builder made inside [`weights::load_scope`](crate::weights::load_scope) takes the
+/// scope's quantization and sharing settings; sub-builders ([`VarBuilder::pp`]) inherit the
+/// quantization and share one [`LoadedWeights`] record.
 pub struct VarBuilder<B: Backend> {
     source: Arc<dyn TensorSource>,
     prefix: String,
     device: B::Device,
+    quantization: WeightQuantization,
+    load: Arc<LoadContext>,
 }
 
 impl<B: Backend> Clone for VarBuilder<B> {
@@ -19,27 +29,48 @@ impl<B: Backend> Clone for VarBuilder<B> {
             source: self.source.clone(),
             prefix: self.prefix.clone(),
             device: self.device.clone(),
+            quantization: self.quantization,
+            load: self.load.clone(),
         }
     }
 }
 
 impl<B: Backend> VarBuilder<B> {
-    /// A builder at the root of `source`.
+    /// A builder at the root of `source` (with the enclosing load scope's settings, if any).
     pub fn new(source: Arc<dyn TensorSource>, device: &B::Device) -> Self {
+        let (quantization, load) = LoadContext::current();
         VarBuilder {
             source,
             prefix: String::new(),
             device: device.clone(),
+            quantization,
+            load,
         }
     }
 
     /// A builder one level down (`prefix.name`).
     pub fn pp(&self, name: impl AsRef<str>) -> Self {
         VarBuilder {
-            source: self.source.clone(),
             prefix: self.path(name.as_ref()),
-            device: self.device.clone(),
+            ..self.clone()
         }
+    }
+
+    /// This builder with linear layers' weights kept as `q` (inherited by its sub-builders).
+    pub fn with_quantization(mut self, q: WeightQuantization) -> Self {
+        self.quantization = q;
+        self
+    }
+
+    /// How [`Linear::load`](crate::Linear::load) keeps the weights it loads through this builder.
+    pub fn quantization(&self) -> WeightQuantization {
+        self.quantization
+    }
+
+    /// What the loads through this builder (and every builder of the same root or load scope)
+    /// hold so far.
+    pub fn weights(&self) -> LoadedWeights {
+        self.load.weights().clone()
     }
 
     /// The device tensors are created on.
@@ -71,23 +102,82 @@ impl<B: Backend> VarBuilder<B> {
     /// Loads `name` as float32, checking it has exactly `shape`.
     pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D]) -> Result<Tensor<B, D>> {
         let full = self.path(name);
-        let host = self.source.tensor_shaped(&full, &shape)?;
+        self.load.fetch::<B, Tensor<B, D>>(
+            self.source.as_ref(),
+            &full,
+            &shape,
+            "f32",
+            &self.device,
+            Kind::Tensor,
+            || self.host(&full, &shape),
+            |host| {
+                let data = TensorData::new(host.to_f32_vec(), shape);
+                Ok(Tensor::from_data(data, &self.device))
+            },
+        )
+    }
+
+    /// Loads the linear weight `name` (PyTorch's `[out_dim, in_dim]`) kept as
+    /// [`VarBuilder::quantization`] asks; float when the in-features are not a multiple of the
+    /// block size ([`WeightQuantization::fits`]; counted in [`crate::weights::WeightStats`]).
+    pub fn linear_weight(
+        &self,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<LinearWeight<B>> {
+        let full = self.path(name);
+        let asked = self.quantization;
+        asked.validate()?;
+        let q = if asked.fits(in_dim) {
+            asked
+        } else {
+            WeightQuantization::None
+        };
+        let form = match q {
+            WeightQuantization::None => "linear-f32".to_string(),
+            WeightQuantization::Int8 { block_size } => format!("linear-int8-{block_size}"),
+            WeightQuantization::Int4 { block_size } => format!("linear-int4-{block_size}"),
+        };
+        let shape = [out_dim, in_dim];
+        let kind = Kind::Linear {
+            name: full.clone(),
+            f32_bytes: (out_dim * in_dim * 4) as u64,
+            kept_float: q != asked,
+        };
+        self.load.fetch::<B, LinearWeight<B>>(
+            self.source.as_ref(),
+            &full,
+            &shape,
+            &form,
+            &self.device,
+            kind,
+            || self.host(&full, &shape),
+            |host| LinearWeight::from_out_in(&host.to_f32_vec(), out_dim, in_dim, q, &self.device),
+        )
+    }
+
+    /// The host copy of `full`, checked to be a float tensor of exactly `shape`, as f32.
+    fn host(&self, full: &str, shape: &[usize]) -> Result<HostTensor> {
+        let host = self.source.tensor_shaped(full, shape)?;
         if host.shape() != shape {
             return Err(Error::ShapeMismatch {
-                name: full,
+                name: full.to_string(),
                 expected: shape.to_vec(),
                 actual: host.shape().to_vec(),
             });
         }
         if !host.dtype().is_float() {
             return Err(Error::UnsupportedDType {
-                name: full,
+                name: full.to_string(),
                 dtype: host.dtype(),
                 context: "is not a float type (weights must be f32, f16, bf16 or int8 blocks with scales)".into(),
             });
         }
-        let data = TensorData::new(host.to_f32_vec(), shape);
-        Ok(Tensor::from_data(data, &self.device))
+        match host.dtype() {
+            DType::F32 => Ok(host),
+            _ => HostTensor::from_f32(host.shape().to_vec(), &host.to_f32_vec()),
+        }
     }
 
     /// Loads the first of `names` that exists (for checkpoints that spell a tensor differently).

@@ -87,9 +87,9 @@ impl<B: Backend> Layer<B> {
         let k = split_heads(self.key.forward(x.clone()), self.heads);
         let v = split_heads(self.value.forward(x.clone()), self.heads);
         let ctx = merge_heads(sdpa(q, k, v, bias, None));
-        let x = self.attn_norm.forward(self.attn_out.forward(ctx) + x);
-        let inner = self.act.forward(self.intermediate.forward(x.clone()));
-        self.out_norm.forward(self.output.forward(inner) + x)
+        let x = self.attn_norm.forward(self.attn_out.forward_add(ctx, x));
+        let inner = self.intermediate.forward_act(x.clone(), self.act);
+        self.out_norm.forward(self.output.forward_add(inner, x))
     }
 }
 

@@ -1,0 +1,263 @@
+//! Fast paths for the CPU backend: when a model runs on burn-flex in f32, the hot blocks call the
+//! fused, vectorised kernels of `ipfs-accelerate-kernels` on the tensors' storage instead of a
+//! chain of burn ops (each of which allocates and walks its output once). Every other backend, and
+//! burn-flex in other dtypes, keeps the generic burn code, so model code stays backend-generic.
+//!
+//! The kernels are on by default; `IPFS_ACCELERATE_CPU_KERNELS=0` turns them off (to compare, or
+//! to rule them out when debugging).
+
+use std::any::{Any, TypeId};
+use std::sync::OnceLock;
+
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
+use burn_flex::FlexTensor;
+use ipfs_accelerate_kernels::{self as kernels, Epilogue, EpilogueActivation, StridedView};
+
+use crate::Activation;
+
+/// Whether the CPU kernels are enabled (`IPFS_ACCELERATE_CPU_KERNELS` is not `0` / `false` /
+/// `off`), read once.
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("IPFS_ACCELERATE_CPU_KERNELS").as_deref(),
+            Ok("0" | "false" | "off")
+        )
+    })
+}
+
+/// Whether `t` is an f32 burn-flex tensor the kernels can read.
+fn eligible<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
+    TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<FlexTensor>()
+        && t.dtype() == DType::F32
+        && enabled()
+}
+
+/// The burn-flex tensor inside `t` (the caller checked [`eligible`]). `None` for a quantized
+/// tensor.
+fn into_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Option<FlexTensor> {
+    match t.into_primitive() {
+        TensorPrimitive::Float(p) => {
+            let boxed: Box<dyn Any> = Box::new(p);
+            boxed.downcast::<FlexTensor>().ok().map(|b| *b)
+        }
+        TensorPrimitive::QFloat(_) => None,
+    }
+}
+
+/// Wraps a burn-flex tensor back into `Tensor<B, D>` (`B` is burn-flex: checked by [`eligible`]).
+fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
+    let boxed: Box<dyn Any> = Box::new(t);
+    match boxed.downcast::<B::FloatTensorPrimitive>() {
+        Ok(p) => Tensor::from_primitive(TensorPrimitive::Float(*p)),
+        Err(_) => unreachable!("from_flex is only called when B's float tensor is FlexTensor"),
+    }
+}
+
+/// A contiguous f32 tensor's values and shape (copying only when the layout is strided).
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// A new contiguous f32 burn-flex tensor of `shape` holding `values`.
+fn new_flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// The kernel's fused activation for an activation, when it has one.
+fn epilogue_activation(act: Option<Activation>) -> Option<EpilogueActivation> {
+    Some(match act {
+        None | Some(Activation::Identity) => EpilogueActivation::Identity,
+        Some(Activation::Gelu) => EpilogueActivation::GeluErf,
+        Some(Activation::GeluTanh) => EpilogueActivation::GeluTanh,
+        Some(Activation::Silu) => EpilogueActivation::Silu,
+        Some(Activation::QuickGelu) => EpilogueActivation::QuickGelu,
+        Some(Activation::Relu) => EpilogueActivation::Relu,
+        Some(_) => return None,
+    })
+}
+
+/// `act(x · w + bias + residual)` for `x` `[rows, in]`, `w` `[in, out]`, through one fused kernel,
+/// or `None` (inputs untouched) when the fast path does not apply.
+pub(crate) fn linear<B: Backend>(
+    x: &Tensor<B, 2>,
+    w: &Tensor<B, 2>,
+    bias: Option<&Tensor<B, 1>>,
+    residual: Option<&Tensor<B, 2>>,
+    act: Option<Activation>,
+) -> Option<Tensor<B, 2>> {
+    if !(eligible(x) && eligible(w) && bias.is_none_or(eligible) && residual.is_none_or(eligible)) {
+        return None;
+    }
+    let activation = epilogue_activation(act)?;
+    let [rows, k] = x.dims();
+    let [wk, n] = w.dims();
+    if wk != k
+        || bias.is_some_and(|b| b.dims() != [n])
+        || residual.is_some_and(|r| r.dims() != [rows, n])
+    {
+        return None;
+    }
+    let x = contiguous(into_flex(x.clone())?);
+    let w = contiguous(into_flex(w.clone())?);
+    let bias = match bias {
+        Some(b) => Some(contiguous(into_flex(b.clone())?)),
+        None => None,
+    };
+    let residual = match residual {
+        Some(r) => Some(contiguous(into_flex(r.clone())?)),
+        None => None,
+    };
+    let epilogue = Epilogue {
+        bias: match &bias {
+            Some(b) => Some(b.as_slice::<f32>()?),
+            None => None,
+        },
+        residual: match &residual {
+            Some(r) => Some(r.as_slice::<f32>()?),
+            None => None,
+        },
+        activation,
+    };
+    let out = kernels::linear(
+        x.as_slice::<f32>()?,
+        rows,
+        k,
+        w.as_slice::<f32>()?,
+        n,
+        epilogue,
+    );
+    Some(from_flex(new_flex(out, vec![rows, n])))
+}
+
+/// The activation applied in place (a copy only when `x` shares its storage), or `x` back when
+/// the fast path does not apply.
+pub(crate) fn activation<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    act: Activation,
+) -> Result<Tensor<B, D>, Tensor<B, D>> {
+    let kernel: fn(&mut [f32]) = match act {
+        Activation::Gelu => kernels::gelu_erf,
+        Activation::GeluTanh => kernels::gelu_tanh,
+        Activation::Silu => kernels::silu,
+        Activation::QuickGelu => kernels::quick_gelu,
+        _ => return Err(x),
+    };
+    if !eligible(&x) {
+        return Err(x);
+    }
+    let shape = x.dims().to_vec();
+    let Some(flex) = into_flex(x.clone()) else {
+        return Err(x);
+    };
+    drop(x);
+    let mut flex = contiguous(flex);
+    if let Some(values) = flex.try_storage_mut::<f32>() {
+        if values.len() == shape.iter().product::<usize>() {
+            kernel(values);
+            return Ok(from_flex(flex));
+        }
+    }
+    let mut values = flex
+        .as_slice::<f32>()
+        .map(<[f32]>::to_vec)
+        .unwrap_or_default();
+    kernel(&mut values);
+    Ok(from_flex(new_flex(values, shape)))
+}
+
+/// A 4-D burn-flex tensor's storage as a strided view.
+fn view(t: &FlexTensor) -> Option<StridedView<'_>> {
+    let layout = t.layout();
+    let shape = layout.shape();
+    if shape.num_dims() != 4 {
+        return None;
+    }
+    let s = layout.strides();
+    StridedView::new(
+        t.storage::<f32>(),
+        layout.start_offset(),
+        [shape[0], shape[1], shape[2], shape[3]],
+        [s[0], s[1], s[2], s[3]],
+    )
+}
+
+/// `softmax(q kᵀ · scale + bias) v` through the fused attention kernel, or `None` when the fast
+/// path does not apply. The result is `[batch, heads, queries, v_dim]` viewed over a
+/// `[batch, queries, heads, v_dim]` buffer, so merging the heads afterwards costs no copy.
+pub(crate) fn attention<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    bias: Option<&Tensor<B, 4>>,
+    scale: f64,
+) -> Option<Tensor<B, 4>> {
+    if !(eligible(q) && eligible(k) && eligible(v) && bias.is_none_or(eligible)) {
+        return None;
+    }
+    let [batch, heads, queries, _] = q.dims();
+    let [_, kv_heads, keys, _] = k.dims();
+    let v_dim = v.dims()[3];
+    if k.dims()[0] != batch
+        || v.dims()[..3] != k.dims()[..3]
+        || q.dims()[3] != k.dims()[3]
+        || kv_heads == 0
+        || !heads.is_multiple_of(kv_heads)
+    {
+        return None;
+    }
+    if let Some(b) = bias {
+        let [bb, bh, bq, bk] = b.dims();
+        if !((bb == batch || bb == 1) && (bh == heads || bh == 1) && bq == queries && bk == keys) {
+            return None;
+        }
+    }
+    let (qf, kf, vf) = (
+        into_flex(q.clone())?,
+        into_flex(k.clone())?,
+        into_flex(v.clone())?,
+    );
+    let bf = match bias {
+        Some(b) => Some(into_flex(b.clone())?),
+        None => None,
+    };
+    let bias_view = match &bf {
+        Some(b) => {
+            let mut view = view(b)?;
+            // Broadcast dimensions of size 1 read with stride 0.
+            let layout = b.layout();
+            let mut strides: [isize; 4] = [0; 4];
+            for (d, s) in strides.iter_mut().enumerate() {
+                *s = if layout.shape()[d] == 1 {
+                    0
+                } else {
+                    layout.strides()[d]
+                };
+            }
+            view = StridedView::new(
+                b.storage::<f32>(),
+                layout.start_offset(),
+                view.shape(),
+                strides,
+            )?;
+            Some(view)
+        }
+        None => None,
+    };
+    let mut out = vec![0.0f32; batch * queries * heads * v_dim];
+    kernels::attention(
+        view(&qf)?,
+        view(&kf)?,
+        view(&vf)?,
+        bias_view,
+        scale as f32,
+        &mut out,
+    );
+    let merged = new_flex(out, vec![batch, queries, heads, v_dim]);
+    Some(from_flex(merged.permute(&[0, 2, 1, 3])))
+}
