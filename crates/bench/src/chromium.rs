@@ -18,6 +18,8 @@
 //! # }
 //! ```
 
+use ipfs_accelerate_chromium::{is_executable, log_tail, system_chromium};
+pub use ipfs_accelerate_chromium::{CHROMIUM_ENV, CHROMIUM_FALLBACK, CHROMIUM_NAMES};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -25,12 +27,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// Environment variable naming the Chromium executable to use.
-pub const CHROMIUM_ENV: &str = "IPFS_ACCELERATE_CHROMIUM";
-/// Executable names looked up on `PATH`, in order.
-pub const CHROMIUM_NAMES: [&str; 3] = ["chromium", "chromium-browser", "google-chrome"];
-/// Last place looked at.
-pub const CHROMIUM_FALLBACK: &str = "/usr/bin/chromium";
 /// How long a screenshot may take before Chromium is killed.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -111,22 +107,6 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ChromiumError
     move |source| ChromiumError::Io { context, source }
 }
 
-/// True when `path` is a regular file with an execute bit (any file on non-Unix systems).
-fn is_executable(path: &Path) -> bool {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return false;
-    };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        meta.is_file() && meta.permissions().mode() & 0o111 != 0
-    }
-    #[cfg(not(unix))]
-    {
-        meta.is_file()
-    }
-}
-
 /// Finds the Chromium executable: `$IPFS_ACCELERATE_CHROMIUM` (which must then be executable),
 /// then [`CHROMIUM_NAMES`] on `PATH`, then [`CHROMIUM_FALLBACK`].
 pub fn find_chromium() -> Result<PathBuf> {
@@ -138,18 +118,8 @@ pub fn find_chromium() -> Result<PathBuf> {
             Err(ChromiumError::EnvNotExecutable { path })
         };
     }
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    for name in CHROMIUM_NAMES {
-        for dir in std::env::split_paths(&path_var) {
-            let candidate = dir.join(name);
-            if is_executable(&candidate) {
-                return Ok(candidate);
-            }
-        }
-    }
-    let fallback = PathBuf::from(CHROMIUM_FALLBACK);
-    if is_executable(&fallback) {
-        return Ok(fallback);
+    if let Some(found) = system_chromium() {
+        return Ok(found);
     }
     Err(ChromiumError::NotFound {
         searched: format!(
@@ -328,19 +298,7 @@ pub fn screenshot(html_path: &Path, png_path: &Path, width: u32, height: u32) ->
 
 /// Kills the process group `pgid` (a group this module created for a browser it started).
 fn end_group(pgid: u32) {
-    #[cfg(unix)]
-    {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = pgid;
-    }
+    ipfs_accelerate_chromium::kill_group(pgid);
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -353,21 +311,7 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 
 /// The last 2000 characters of the log, without Chromium's harmless D-Bus chatter.
 fn stderr_tail(path: &Path) -> String {
-    let text = std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.contains("dbus") && !l.trim().is_empty())
-        .collect();
-    let joined = kept.join("\n");
-    let start = joined
-        .char_indices()
-        .rev()
-        .nth(1999)
-        .map(|(i, _)| i)
-        .unwrap_or(0);
-    joined[start..].to_string()
+    log_tail(path, 2000)
 }
 
 /// `file://` URL of an absolute path, percent-encoding every byte outside `A-Za-z0-9-._~/`.

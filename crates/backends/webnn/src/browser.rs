@@ -117,38 +117,14 @@ impl std::fmt::Debug for Browser {
 
 /// Kills the process group `pgid` and the child, and reaps it.
 fn kill_tree(child: &mut Child, pgid: u32) {
-    #[cfg(unix)]
-    {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    #[cfg(not(unix))]
-    let _ = pgid;
+    ipfs_accelerate_chromium::kill_group(pgid);
     let _ = child.kill();
     let _ = child.wait();
 }
 
 /// The last 1500 characters of the browser's log.
 fn log_tail(path: &Path) -> String {
-    let text = std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.contains("dbus") && !l.trim().is_empty())
-        .collect();
-    let joined = kept.join("\n");
-    let start = joined
-        .char_indices()
-        .rev()
-        .nth(1499)
-        .map(|(i, _)| i)
-        .unwrap_or(0);
-    joined[start..].to_string()
+    ipfs_accelerate_chromium::log_tail(path, 1500)
 }
 
 impl Browser {

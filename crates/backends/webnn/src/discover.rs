@@ -3,20 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
+pub use ipfs_accelerate_chromium::{
+    is_executable, system_chromium, CHROMIUM_ENV, CHROMIUM_FALLBACK, CHROMIUM_NAMES,
+};
+
 use crate::BrowserError;
 
-/// Environment variable naming the Chromium executable to use.
-pub const CHROMIUM_ENV: &str = "IPFS_ACCELERATE_CHROMIUM";
 /// Environment variable naming the folder `cargo xtask fetch-browser` fills (default:
 /// `~/.cache/ipfs-accelerate/browser`).
 pub const BROWSER_DIR_ENV: &str = "IPFS_ACCELERATE_BROWSER_DIR";
 /// Environment variable naming a folder with onnxruntime-web's `dist/` files (default:
 /// `<browser dir>/onnxruntime-web`).
 pub const ORT_WEB_ENV: &str = "IPFS_ACCELERATE_ORT_WEB";
-/// Executable names looked up on `PATH`, in order.
-pub const CHROMIUM_NAMES: [&str; 3] = ["chromium", "chromium-browser", "google-chrome"];
-/// The last place looked at.
-pub const CHROMIUM_FALLBACK: &str = "/usr/bin/chromium";
 /// The pinned npm package of onnxruntime-web that `fetch-browser` installs.
 pub const ORT_WEB_PACKAGE: &str = "onnxruntime-web@1.30.0";
 /// The pinned npm package whose (brotli-compressed) Chromium `fetch-browser` installs: a build
@@ -44,32 +42,6 @@ pub fn browser_dir() -> Option<PathBuf> {
         .filter(|p| p.is_absolute())
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(cache.join("ipfs-accelerate").join("browser"))
-}
-
-/// True when `path` is a regular file with an execute bit (any file on non-Unix systems).
-pub fn is_executable(path: &Path) -> bool {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return false;
-    };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        meta.is_file() && meta.permissions().mode() & 0o111 != 0
-    }
-    #[cfg(not(unix))]
-    {
-        meta.is_file()
-    }
-}
-
-/// The system's Chromium: [`CHROMIUM_NAMES`] on `PATH`, then [`CHROMIUM_FALLBACK`].
-pub fn system_chromium() -> Option<PathBuf> {
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    CHROMIUM_NAMES
-        .iter()
-        .flat_map(|name| std::env::split_paths(&path_var).map(move |dir| dir.join(name)))
-        .chain(std::iter::once(PathBuf::from(CHROMIUM_FALLBACK)))
-        .find(|p| is_executable(p))
 }
 
 /// The Chromium `fetch-browser` installed (`<browser dir>/chromium/chromium`), when there is one.
