@@ -9,7 +9,7 @@ const QUERY_BLOCK: usize = 64;
 
 /// A read-only 4-D view `[d0, d1, d2, d3]` into a slice: element `[i, j, k, l]` is
 /// `data[offset + i·s0 + j·s1 + k·s2 + l·s3]`. Strides are non-negative; a stride of 0
-/// broadcasts that dimension.
+/// broadcasts that dimension; the stride of a dimension of size 1 is ignored.
 #[derive(Debug, Clone, Copy)]
 pub struct StridedView<'a> {
     data: &'a [f32],
@@ -29,7 +29,12 @@ impl<'a> StridedView<'a> {
         let mut s = [0usize; 4];
         let mut last = offset;
         for d in 0..4 {
-            s[d] = usize::try_from(strides[d]).ok()?;
+            // A dimension of size 1 is only ever read at index 0: its stride does not matter.
+            s[d] = if shape[d] == 1 {
+                0
+            } else {
+                usize::try_from(strides[d]).ok()?
+            };
             if shape[d] == 0 {
                 return Some(StridedView {
                     data,

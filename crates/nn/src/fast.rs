@@ -226,27 +226,10 @@ pub(crate) fn attention<B: Backend>(
         Some(b) => Some(into_flex(b.clone())?),
         None => None,
     };
+    // A bias of one batch or one head is broadcast by the kernel (it reads index 0 of a size-1
+    // dimension), so its own layout serves as is.
     let bias_view = match &bf {
-        Some(b) => {
-            let mut view = view(b)?;
-            // Broadcast dimensions of size 1 read with stride 0.
-            let layout = b.layout();
-            let mut strides: [isize; 4] = [0; 4];
-            for (d, s) in strides.iter_mut().enumerate() {
-                *s = if layout.shape()[d] == 1 {
-                    0
-                } else {
-                    layout.strides()[d]
-                };
-            }
-            view = StridedView::new(
-                b.storage::<f32>(),
-                layout.start_offset(),
-                view.shape(),
-                strides,
-            )?;
-            Some(view)
-        }
+        Some(b) => Some(view(b)?),
         None => None,
     };
     let mut out = vec![0.0f32; batch * queries * heads * v_dim];
