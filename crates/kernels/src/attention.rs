@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::math::softmax_row;
+use crate::math::exp_one;
 
 /// Query rows per parallel task (bounds the score scratch to `QUERY_BLOCK × keys`).
 const QUERY_BLOCK: usize = 64;
@@ -82,14 +82,57 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 multiversion! {
-    fn add_bias_row(row: &mut [f32], bias: &[f32], stride: usize) {
-        if stride == 1 {
-            for (r, b) in row.iter_mut().zip(bias) {
-                *r += *b;
+    /// One row of attention weights before normalisation: adds the bias row (`bias[j · stride]`;
+    /// none when `bias` is empty), replaces each score by `e^(score − max)` and returns
+    /// `1 / Σ`, which the caller applies to the (narrower) weighted sum of the values instead
+    /// of to every weight.
+    fn exp_row(row: &mut [f32], bias: &[f32], stride: usize) -> f32 {
+        let mut max = [f32::NEG_INFINITY; 16];
+        if !bias.is_empty() {
+            if stride == 1 {
+                for (r, b) in row.iter_mut().zip(bias) {
+                    *r += *b;
+                }
+            } else {
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r += bias[j * stride];
+                }
             }
-        } else {
-            for (j, r) in row.iter_mut().enumerate() {
-                *r += bias[j * stride];
+        }
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            for (m, v) in max.iter_mut().zip(c) {
+                *m = m.max(*v);
+            }
+        }
+        for v in chunks.remainder() {
+            max[0] = max[0].max(*v);
+        }
+        let max = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = [0.0f32; 16];
+        let mut chunks = row.chunks_exact_mut(16);
+        for c in &mut chunks {
+            for (s, v) in sum.iter_mut().zip(c.iter_mut()) {
+                *v = exp_one(*v - max);
+                *s += *v;
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp_one(*v - max);
+            sum[0] += *v;
+        }
+        1.0 / sum.iter().sum::<f32>()
+    }
+}
+
+multiversion! {
+    /// Multiplies `rows` rows of `width` values, `row_stride` apart from `ptr`, by their factors.
+    fn scale_rows(out: OutPtr, row_stride: usize, width: usize, factors: &[f32]) {
+        for (r, f) in factors.iter().enumerate() {
+            // SAFETY: the caller owns these `factors.len()` rows of `width` values.
+            let row = unsafe { std::slice::from_raw_parts_mut(out.get().add(r * row_stride), width) };
+            for v in row {
+                *v *= *f;
             }
         }
     }
@@ -179,18 +222,24 @@ pub fn attention(
                     gemm::Parallelism::None,
                 );
             }
+            let mut inv_sums = [0.0f32; QUERY_BLOCK];
             for (r, row) in scores.chunks_exact_mut(keys.max(1)).enumerate() {
-                if let Some(b) = &bias {
-                    let (i, j) = (
-                        if b.shape[0] == 1 { 0 } else { bi },
-                        if b.shape[1] == 1 { 0 } else { hi },
-                    );
-                    let start =
-                        b.offset + i * b.strides[0] + j * b.strides[1] + (q0 + r) * b.strides[2];
-                    let end = start + (keys - 1) * b.strides[3] + 1;
-                    add_bias_row(row, &b.data[start..end], b.strides[3]);
-                }
-                softmax_row(row, 1.0);
+                let (bias_row, stride) = match &bias {
+                    Some(b) => {
+                        let (i, j) = (
+                            if b.shape[0] == 1 { 0 } else { bi },
+                            if b.shape[1] == 1 { 0 } else { hi },
+                        );
+                        let start = b.offset
+                            + i * b.strides[0]
+                            + j * b.strides[1]
+                            + (q0 + r) * b.strides[2];
+                        let end = start + (keys - 1) * b.strides[3] + 1;
+                        (&b.data[start..end], b.strides[3])
+                    }
+                    None => (&[][..], 1),
+                };
+                inv_sums[r] = exp_row(row, bias_row, stride);
             }
             let dst = out_ptr
                 .get()
@@ -221,6 +270,7 @@ pub fn attention(
                     false,
                     gemm::Parallelism::None,
                 );
+                scale_rows(OutPtr(dst), heads * v_dim, v_dim, &inv_sums[..rows]);
             }
         }
     };

@@ -22,19 +22,19 @@
 /// Defines `pub fn $name(args)` that runs `$body` compiled for the widest vector extension the
 /// CPU has (AVX-512, else AVX2 + FMA, else the baseline target), chosen at run time.
 macro_rules! multiversion {
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
-        $vis fn $name($($arg: $ty),*) {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn body($($arg: $ty),*) $body
+            fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2")]
-                unsafe fn avx512($($arg: $ty),*) {
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) {
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f") {

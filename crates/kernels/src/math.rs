@@ -14,15 +14,25 @@ pub(crate) fn exp_one(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding 1.5 · 2^23 rounds to the nearest integer and leaves it in the low mantissa bits,
+    // so `n` and `2^n` come without a float → int conversion (which does not vectorise).
+    const ROUNDER: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E).round();
+    let t = x * LOG2E + ROUNDER;
+    let n = t - ROUNDER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n ∈ [-126, 127]: the biased exponent n + 127 is a normal float's.
+    let scale = f32::from_bits(
+        t.to_bits()
+            .wrapping_sub(ROUNDER.to_bits())
+            .wrapping_add(127)
+            << 23,
+    );
     p * scale
 }
 
