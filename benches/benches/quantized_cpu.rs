@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ipfs_accelerate_backend_cpu::CpuBurn;
-use ipfs_accelerate_benches::{bert_inputs, random_bert};
+use ipfs_accelerate_benches::{bench_encode, bert_inputs, random_bert};
 use ipfs_accelerate_core::BackendKind;
 use ipfs_accelerate_nn::{load_scope, LoadSettings, WeightQuantization};
 
@@ -33,15 +33,11 @@ fn quantized_cpu(c: &mut Criterion) {
                 "{model} {label}: weights {:.1} MiB",
                 loaded.stats().bytes as f64 / (1024.0 * 1024.0)
             );
-            group.bench_with_input(
+            bench_encode(
+                &mut group,
                 BenchmarkId::new(model, format!("{label}_b{batch}xs{seq}")),
+                &runner,
                 &inputs,
-                |b, inputs| {
-                    b.iter(|| {
-                        let out = runner.encode(inputs).expect("forward");
-                        out.last_hidden_state.into_data()
-                    })
-                },
             );
         }
     }

@@ -26,6 +26,22 @@ pub fn bert_inputs(batch: usize, seq: usize, vocab: usize) -> BertInputs {
     }
 }
 
+/// Times `runner.encode(inputs)` as `id` in `group`, reading the result back so the work finishes.
+pub fn bench_encode<B: Backend>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    id: criterion::BenchmarkId,
+    runner: &BertRunner<B>,
+    inputs: &BertInputs,
+) {
+    group.bench_with_input(id, inputs, |b, inputs| {
+        b.iter(|| {
+            let out = runner.encode(inputs).expect("forward");
+            // Reading the result back forces the computation to finish.
+            out.last_hidden_state.into_data()
+        })
+    });
+}
+
 /// Criterion group `group`: BERT forward at seq 128 for the `minilm-l6` and `bert-base` presets,
 /// batch 1 and 8, on backend `B` (the shared body of the `bert_forward` and `cpu_backends` benches).
 pub fn bench_bert_forward<B: Backend>(c: &mut criterion::Criterion, group: &str) {
@@ -39,16 +55,11 @@ pub fn bench_bert_forward<B: Backend>(c: &mut criterion::Criterion, group: &str)
         for batch in [1usize, 8] {
             let inputs = bert_inputs(batch, seq, 30522);
             group.throughput(Throughput::Elements(batch as u64));
-            group.bench_with_input(
+            bench_encode(
+                &mut group,
                 BenchmarkId::new(model, format!("b{batch}xs{seq}")),
+                &runner,
                 &inputs,
-                |b, inputs| {
-                    b.iter(|| {
-                        let out = runner.encode(inputs).expect("forward");
-                        // Reading the result back forces the computation to finish.
-                        out.last_hidden_state.into_data()
-                    })
-                },
             );
         }
     }

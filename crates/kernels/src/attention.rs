@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::math::exp_one;
+use crate::math::exp_row;
 
 /// Query rows per parallel task (bounds the score scratch to `QUERY_BLOCK × keys`).
 const QUERY_BLOCK: usize = 64;
@@ -80,50 +80,6 @@ impl OutPtr {
 // SAFETY: every task writes a disjoint set of elements (its own batch, head and query rows).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
-
-multiversion! {
-    /// One row of attention weights before normalisation: adds the bias row (`bias[j · stride]`;
-    /// none when `bias` is empty), replaces each score by `e^(score − max)` and returns
-    /// `1 / Σ`, which the caller applies to the (narrower) weighted sum of the values instead
-    /// of to every weight.
-    fn exp_row(row: &mut [f32], bias: &[f32], stride: usize) -> f32 {
-        let mut max = [f32::NEG_INFINITY; 16];
-        if !bias.is_empty() {
-            if stride == 1 {
-                for (r, b) in row.iter_mut().zip(bias) {
-                    *r += *b;
-                }
-            } else {
-                for (j, r) in row.iter_mut().enumerate() {
-                    *r += bias[j * stride];
-                }
-            }
-        }
-        let mut chunks = row.chunks_exact(16);
-        for c in &mut chunks {
-            for (m, v) in max.iter_mut().zip(c) {
-                *m = m.max(*v);
-            }
-        }
-        for v in chunks.remainder() {
-            max[0] = max[0].max(*v);
-        }
-        let max = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = [0.0f32; 16];
-        let mut chunks = row.chunks_exact_mut(16);
-        for c in &mut chunks {
-            for (s, v) in sum.iter_mut().zip(c.iter_mut()) {
-                *v = exp_one(*v - max);
-                *s += *v;
-            }
-        }
-        for v in chunks.into_remainder() {
-            *v = exp_one(*v - max);
-            sum[0] += *v;
-        }
-        1.0 / sum.iter().sum::<f32>()
-    }
-}
 
 multiversion! {
     /// Multiplies `rows` rows of `width` values, `row_stride` apart from `ptr`, by their factors.

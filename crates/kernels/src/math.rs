@@ -147,23 +147,34 @@ pub fn quick_gelu(x: &mut [f32]) {
 }
 
 multiversion! {
-    /// Softmax of one row in place, after `x · scale`.
-    pub(crate) fn softmax_row(x: &mut [f32], scale: f32) {
+    /// One row of softmax weights before normalisation: adds the bias row (`bias[j · stride]`;
+    /// none when `bias` is empty), replaces each value by `e^(value − max)` and returns `1 / Σ`
+    /// (attention applies it to the narrower weighted sum of the values instead of every weight).
+    pub(crate) fn exp_row(row: &mut [f32], bias: &[f32], stride: usize) -> f32 {
+        if !bias.is_empty() {
+            if stride == 1 {
+                for (r, b) in row.iter_mut().zip(bias) {
+                    *r += *b;
+                }
+            } else {
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r += bias[j * stride];
+                }
+            }
+        }
         let mut max = [f32::NEG_INFINITY; 16];
-        let mut chunks = x.chunks_exact_mut(16);
+        let mut chunks = row.chunks_exact(16);
         for c in &mut chunks {
-            for (m, v) in max.iter_mut().zip(c.iter_mut()) {
-                *v *= scale;
+            for (m, v) in max.iter_mut().zip(c) {
                 *m = m.max(*v);
             }
         }
-        for v in chunks.into_remainder() {
-            *v *= scale;
+        for v in chunks.remainder() {
             max[0] = max[0].max(*v);
         }
         let max = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let mut sum = [0.0f32; 16];
-        let mut chunks = x.chunks_exact_mut(16);
+        let mut chunks = row.chunks_exact_mut(16);
         for c in &mut chunks {
             for (s, v) in sum.iter_mut().zip(c.iter_mut()) {
                 *v = exp_one(*v - max);
@@ -174,7 +185,14 @@ multiversion! {
             *v = exp_one(*v - max);
             sum[0] += *v;
         }
-        let inv = 1.0 / sum.iter().sum::<f32>();
+        1.0 / sum.iter().sum::<f32>()
+    }
+}
+
+multiversion! {
+    /// Softmax of one row in place.
+    fn softmax_row(x: &mut [f32]) {
+        let inv = exp_row(x, &[], 1);
         for v in x.iter_mut() {
             *v *= inv;
         }
@@ -187,9 +205,9 @@ pub fn softmax_rows(x: &mut [f32], cols: usize) {
         return;
     }
     if x.len() <= CHUNK {
-        x.chunks_mut(cols).for_each(|r| softmax_row(r, 1.0));
+        x.chunks_mut(cols).for_each(softmax_row);
     } else {
-        x.par_chunks_mut(cols).for_each(|r| softmax_row(r, 1.0));
+        x.par_chunks_mut(cols).for_each(softmax_row);
     }
 }
 
