@@ -23,9 +23,9 @@ use crate::{Error, Result};
 enum Graph {
     /// ONNX Runtime (an execution provider).
     Native(OnnxSession),
-    /// onnxruntime-web in a headless browser.
+    /// onnxruntime-web in a headless browser (boxed: it is several times larger than a session).
     #[cfg(feature = "webnn")]
-    Browser(ipfs_accelerate_backend_webnn::BrowserGraph),
+    Browser(Box<ipfs_accelerate_backend_webnn::BrowserGraph>),
 }
 
 impl Graph {
@@ -82,6 +82,9 @@ pub struct OnnxRunner {
     /// DETR's configuration (class names for post-processing), read once at load.
     #[cfg(feature = "detr")]
     detr: Option<ipfs_accelerate_detr::DetrConfig>,
+    /// LLaVA's configuration (the image-token count check), read once at load.
+    #[cfg(feature = "llava")]
+    llava: Option<ipfs_accelerate_llava::LlavaConfig>,
 }
 
 /// Where the ONNX files of a checkpoint folder are: the folder itself or its `onnx/` subfolder.
@@ -118,7 +121,7 @@ impl OnnxRunner {
         options: ipfs_accelerate_backend_webnn::GraphOptions,
     ) -> Result<Self> {
         Self::load_with(family, dir, BackendKind::Browser(provider), |path| {
-            Ok(Graph::Browser(
+            Ok(Graph::Browser(Box::new(
                 ipfs_accelerate_backend_webnn::BrowserGraph::load(
                     browser.clone(),
                     path,
@@ -126,7 +129,7 @@ impl OnnxRunner {
                     options,
                 )
                 .map_err(ipfs_accelerate_core::Error::from)?,
-            ))
+            )))
         })
     }
 
@@ -168,7 +171,42 @@ impl OnnxRunner {
             } else {
                 None
             },
+            #[cfg(feature = "llava")]
+            llava: if family == "llava" {
+                Some(ipfs_accelerate_llava::LlavaConfig::from_file_as(
+                    &dir.join("config.json"),
+                    ipfs_accelerate_llava::LlavaVariant::Llava,
+                )?)
+            } else {
+                None
+            },
         })
+    }
+
+    /// LLaVA: the prompt must hold one image token per image feature (HF raises otherwise; the
+    /// graph's merge would fail or, on WebNN, clamp the out-of-range feature index).
+    #[cfg(feature = "llava")]
+    fn check_image_tokens(&self, inputs: &TensorMap) -> CoreResult<()> {
+        let (Some(config), Some(pixels)) = (&self.llava, inputs.get("pixel_values")) else {
+            return Ok(());
+        };
+        let features = pixels.shape().first().copied().unwrap_or(0) * config.tokens_per_view();
+        for key in ["input_ids", "greedy_prompt"] {
+            let Some(ids) = inputs.get(key) else { continue };
+            let tokens = ids
+                .to_i64_vec()?
+                .iter()
+                .filter(|&&t| t == config.image_token_id)
+                .count();
+            if tokens != features {
+                return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
+                    "image features and image tokens do not match: `{key}` holds {tokens} image \
+                     tokens (id {}), the images give {features} features",
+                    config.image_token_id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Runs the encoder (when there is one) and returns its outputs plus the decoder's inputs.
@@ -368,6 +406,8 @@ impl ModelRunner for OnnxRunner {
     }
 
     fn run(&self, inputs: &TensorMap) -> CoreResult<TensorMap> {
+        #[cfg(feature = "llava")]
+        self.check_image_tokens(inputs)?;
         let (mut out, dec_inputs) = self.encode(inputs)?;
         let needs_decoder = match &self.graphs {
             Graphs::Single(_) => true,

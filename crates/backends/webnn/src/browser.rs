@@ -428,16 +428,22 @@ impl Browser {
         let parsed: Value = serde_json::from_str(text)
             .map_err(|e| BrowserError::Script(format!("{function} returned bad JSON: {e}")))?;
         if parsed.get("ok") == Some(&Value::Bool(true)) {
-            Ok(parsed)
-        } else {
-            Err(BrowserError::Script(
-                parsed
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown error")
-                    .to_string(),
-            ))
+            return Ok(parsed);
         }
+        let error = parsed
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown error")
+            .to_string();
+        Err(match parsed.get("kind").and_then(Value::as_str) {
+            // The graph's caller fills in the model and the provider.
+            Some("graph-build") => BrowserError::GraphBuild {
+                model: String::new(),
+                provider: String::new(),
+                reason: error,
+            },
+            _ => BrowserError::Script(error),
+        })
     }
 
     /// True while the browser process runs.

@@ -1,6 +1,7 @@
 //! One ONNX graph on one browser provider, run on named host tensors.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,7 @@ use ipfs_accelerate_core::{BrowserProvider, HostTensor, TensorMap};
 use serde_json::{json, Value};
 
 use crate::onnx_proto::{graph_inputs, Dim, GraphInput};
+use crate::rewrite::rewrite_for_webnn;
 use crate::{page_provider, Browser, BrowserError};
 
 /// Sessions kept per graph (WebNN: one per input shape); the oldest is released beyond this.
@@ -56,7 +58,10 @@ pub struct BrowserGraph {
     provider: BrowserProvider,
     options: GraphOptions,
     inputs: Vec<GraphInput>,
+    rewrites: Vec<String>,
     state: Mutex<State>,
+    /// The rewritten model file served instead of `path` (removed on drop).
+    _rewritten: Option<tempfile::TempPath>,
 }
 
 impl std::fmt::Debug for BrowserGraph {
@@ -65,6 +70,7 @@ impl std::fmt::Debug for BrowserGraph {
             .field("path", &self.path)
             .field("provider", &self.provider)
             .field("inputs", &self.inputs)
+            .field("rewrites", &self.rewrites)
             .finish()
     }
 }
@@ -91,6 +97,16 @@ impl BrowserGraph {
                 path.display()
             ))
         })?;
+        // WebNN: exact reformulations of what it cannot build or ONNX Runtime cannot place there.
+        let rewritten = match provider {
+            BrowserProvider::WebNn(_) => rewrite_for_webnn(&bytes).map_err(|e| {
+                BrowserError::Input(format!(
+                    "{} is not a usable ONNX model: {e}",
+                    path.display()
+                ))
+            })?,
+            _ => None,
+        };
         drop(bytes);
         if let Some(bad) = inputs.iter().find(|i| i.web_dtype().is_none()) {
             return Err(BrowserError::Input(format!(
@@ -102,7 +118,26 @@ impl BrowserGraph {
         }
         check_provider(&browser, provider)?;
         let model_key = format!("m{}", NEXT_MODEL.fetch_add(1, Ordering::SeqCst));
-        let model_url = browser.serve_model(&model_key, path);
+        let (served, rewrites) = match rewritten {
+            Some(r) => {
+                let io = |source| BrowserError::Io {
+                    context: format!("writing the WebNN rewrite of {}", path.display()),
+                    source,
+                };
+                let mut file = tempfile::Builder::new()
+                    .prefix("ipfs-accelerate-webnn-")
+                    .suffix(".onnx")
+                    .tempfile()
+                    .map_err(io)?;
+                file.write_all(&r.bytes).map_err(io)?;
+                for what in &r.applied {
+                    tracing::debug!(model = %path.display(), "WebNN rewrite: {what}");
+                }
+                (Some(file.into_temp_path()), r.applied)
+            }
+            None => (None, Vec::new()),
+        };
+        let model_url = browser.serve_model(&model_key, served.as_deref().unwrap_or(path));
         let graph = BrowserGraph {
             browser,
             path: path.to_path_buf(),
@@ -111,7 +146,9 @@ impl BrowserGraph {
             provider,
             options,
             inputs,
+            rewrites,
             state: Mutex::new(State::default()),
+            _rewritten: served,
         };
         if !matches!(provider, BrowserProvider::WebNn(_)) {
             let mut state = graph.lock()?;
@@ -139,6 +176,12 @@ impl BrowserGraph {
     /// The browser running the graph.
     pub fn browser(&self) -> &Arc<Browser> {
         &self.browser
+    }
+
+    /// The rewrites made to the graph before it was sent (WebNN: see [`crate::rewrite`]); empty
+    /// when the file is served as it is.
+    pub fn rewrites(&self) -> &[String] {
+        &self.rewrites
     }
 
     /// The graph's input names.
@@ -213,6 +256,11 @@ impl BrowserGraph {
                     self.path.display(),
                     self.provider.name()
                 )),
+                BrowserError::GraphBuild { reason, .. } => BrowserError::GraphBuild {
+                    model: self.path.display().to_string(),
+                    provider: self.provider.name().to_string(),
+                    reason,
+                },
                 other => other,
             })?;
         let placement: BTreeMap<String, usize> = created

@@ -51,6 +51,7 @@ pub mod discover;
 mod graph;
 pub mod onnx_proto;
 mod probe;
+pub mod rewrite;
 mod server;
 
 pub use browser::{chromium_args, Browser, BrowserOptions, TIMEOUT_ENV};
@@ -129,6 +130,19 @@ pub enum BrowserError {
     /// The page's script failed (onnxruntime-web's error, e.g. an operator it cannot run).
     #[error("onnxruntime-web: {0}")]
     Script(String),
+    /// The browser's WebNN could not build the graph (`MLGraphBuilder.build` rejected it: an
+    /// operator, data type or shape it does not take; the reason names the WebNN operator).
+    /// Reported as soon as the build fails, instead of waiting for a session that
+    /// onnxruntime-web never settles.
+    #[error("{provider} cannot build {model}: {reason}")]
+    GraphBuild {
+        /// The model file.
+        model: String,
+        /// The provider asked for.
+        provider: String,
+        /// The browser's reason.
+        reason: String,
+    },
     /// A graph was not placed wholly on the requested provider (with `require_full_placement`).
     #[error("{model}: not every node runs on {provider} (placement: {placement})")]
     Placement {

@@ -42,24 +42,41 @@ impl GraphInput {
     }
 }
 
-struct Reader<'a> {
+/// A reader of protobuf wire-format fields.
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 /// A field: number and payload (varint value, or bytes of a length-delimited field).
-enum Field<'a> {
+pub(crate) enum Field<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
     Other,
 }
 
+/// A field read by [`Reader::next_raw`]: its number, its value and its whole encoding.
+pub(crate) type RawField<'a> = (u64, Field<'a>, &'a [u8]);
+
 impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Self {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    /// The next field together with its whole encoding (key and payload).
+    pub(crate) fn next_raw(&mut self) -> Result<Option<RawField<'a>>, String> {
+        let start = self.pos;
+        Ok(self
+            .next()?
+            .map(|(num, field)| (num, field, &self.buf[start..self.pos])))
+    }
+
+    /// True when every byte has been read.
+    pub(crate) fn at_end(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    pub(crate) fn varint(&mut self) -> Result<u64, String> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = *self.buf.get(self.pos).ok_or("truncated varint")?;
@@ -83,7 +100,7 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, String> {
+    pub(crate) fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, String> {
         if self.pos >= self.buf.len() {
             return Ok(None);
         }
@@ -108,7 +125,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn string(bytes: &[u8]) -> String {
+pub(crate) fn string(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
@@ -133,7 +150,8 @@ fn dims(shape: &[u8]) -> Result<Vec<Dim>, String> {
     Ok(out)
 }
 
-fn value_info(bytes: &[u8]) -> Result<GraphInput, String> {
+/// A `ValueInfoProto`: name, element type and dimensions (none when it has no shape).
+pub(crate) fn value_info(bytes: &[u8]) -> Result<GraphInput, String> {
     let mut input = GraphInput {
         name: String::new(),
         elem_type: 0,

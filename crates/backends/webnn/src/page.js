@@ -16,6 +16,39 @@ for (const level of ["log", "info", "warn", "error", "debug"]) {
 const modules = {};
 const sessions = new Map();
 
+// WebNN graph builds that fail. onnxruntime-web 1.30 never settles a session whose WebNN graph
+// MLGraphBuilder.build rejects (e.g. Chromium's "gatherElements only supports constant indices"),
+// so `create` listens for these and fails at once with the browser's reason.
+const buildListeners = new Set();
+if (self.MLGraphBuilder && MLGraphBuilder.prototype.build) {
+  const build = MLGraphBuilder.prototype.build;
+  MLGraphBuilder.prototype.build = function (...args) {
+    const built = build.apply(this, args);
+    built.catch((e) => {
+      for (const listener of buildListeners) listener(e);
+    });
+    return built;
+  };
+}
+
+// Settles with `work`, or rejects (kind "graph-build") as soon as a WebNN graph build fails.
+async function failingOnBuild(work) {
+  let listener;
+  const failed = new Promise((_, reject) => {
+    listener = (e) => {
+      const error = new Error("MLGraphBuilder.build rejected the graph: " + message(e));
+      error.kind = "graph-build";
+      reject(error);
+    };
+  });
+  buildListeners.add(listener);
+  try {
+    return await Promise.race([work, failed]);
+  } finally {
+    buildListeners.delete(listener);
+  }
+}
+
 function bundleFor(provider) {
   // The dedicated WebGPU bundle (native WebGPU provider); the JSEP bundle for WebNN and wasm.
   return provider === "webgpu" ? "ort.webgpu.min.mjs" : "ort.min.mjs";
@@ -82,7 +115,7 @@ async function guarded(work) {
   try {
     return JSON.stringify(Object.assign({ ok: true }, await work()));
   } catch (e) {
-    return JSON.stringify({ ok: false, error: message(e) });
+    return JSON.stringify({ ok: false, error: message(e), kind: (e && e.kind) || "" });
   }
 }
 
@@ -159,13 +192,15 @@ window.ipfsAccel = {
       if (!response.ok) throw new Error("fetching " + spec.model + ": HTTP " + response.status);
       const bytes = new Uint8Array(await response.arrayBuffer());
       const start = logs.length;
-      const session = await ort.InferenceSession.create(bytes, {
-        executionProviders: [ep],
-        freeDimensionOverrides: spec.freeDimensionOverrides,
-        graphOptimizationLevel: "all",
-        logSeverityLevel: 0,
-        logVerbosityLevel: 0,
-      });
+      const session = await failingOnBuild(
+        ort.InferenceSession.create(bytes, {
+          executionProviders: [ep],
+          freeDimensionOverrides: spec.freeDimensionOverrides,
+          graphOptimizationLevel: "all",
+          logSeverityLevel: 0,
+          logVerbosityLevel: 0,
+        }),
+      );
       const lines = logs.slice(start);
       sessions.set(key, { ort, session });
       return {

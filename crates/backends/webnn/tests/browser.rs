@@ -11,10 +11,13 @@ use std::time::Duration;
 
 use ipfs_accelerate_backend_webnn::discover::{find_browser, find_ort_web, ORT_WEB_FILES};
 use ipfs_accelerate_backend_webnn::{
-    Browser, BrowserError, BrowserGraph, BrowserOptions, GraphOptions,
+    probe_browser, Browser, BrowserBackend, BrowserError, BrowserGraph, BrowserOptions,
+    GraphOptions,
 };
 use ipfs_accelerate_conformance::{family_fixtures, relative_error, Fixture};
-use ipfs_accelerate_core::{BrowserProvider, HostTensor, TensorMap, TensorSource, WebNnDevice};
+use ipfs_accelerate_core::{
+    Availability, BrowserProvider, HostTensor, ProbeBackend, TensorMap, TensorSource, WebNnDevice,
+};
 
 const WEBNN: BrowserProvider = BrowserProvider::WebNn(WebNnDevice::Cpu);
 
@@ -407,4 +410,108 @@ fn bert_on_webnn_webgpu_and_wasm_matches_hf() {
     let err = webnn.run(&bad).unwrap_err();
     assert!(matches!(err, BrowserError::Input(_)), "{err}");
     assert!(browser.alive());
+}
+
+#[test]
+fn probe_reports_version_webnn_per_device_and_the_webgpu_adapter() {
+    // What `ipfs-accelerate devices` prints for the browser kinds.
+    let Some((exe, _)) = installed("probe_reports_version_webnn_per_device_and_the_webgpu_adapter")
+    else {
+        return;
+    };
+    let report = probe_browser(&BrowserOptions {
+        executable: Some(exe.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(report.executable, exe);
+    assert!(report.version.contains("Chrome/"), "{}", report.version);
+    for device in ["cpu", "gpu", "npu"] {
+        assert!(report.webnn.contains_key(device), "{:?}", report.webnn);
+    }
+    // The fetched Chromium has WebNN on the CPU; SwiftShader (or a real GPU) gives WebGPU.
+    assert_eq!(report.webnn["cpu"], Ok(()), "{:?}", report.webnn);
+    let adapter = report.webgpu.as_ref().unwrap();
+    assert!(!adapter.vendor.is_empty() || !adapter.architecture.is_empty());
+    assert!(report.unusable_reason(WEBNN).is_none());
+    assert!(report.cross_origin_isolated && report.threads > 0);
+
+    let rows: Vec<(BrowserProvider, Availability)> = BrowserBackend::all()
+        .into_iter()
+        .map(|b| (b.provider(), b.probe()))
+        .collect();
+    assert_eq!(rows.len(), BrowserProvider::ALL.len());
+    for (provider, availability) in &rows {
+        match availability {
+            Availability::Available(info) => {
+                assert!(info.name.contains("Chrome/"), "{provider:?}: {}", info.name);
+                if *provider == BrowserProvider::WebGpu {
+                    assert!(info.name.contains("WebGPU ("), "{}", info.name);
+                }
+            }
+            Availability::Unavailable(reason) => {
+                // Only WebNN device types the browser has no context for.
+                assert!(
+                    matches!(provider, BrowserProvider::WebNn(d) if *d != WebNnDevice::Cpu),
+                    "{provider:?}: {reason}"
+                );
+                assert!(reason.contains("WebNN"), "{reason}");
+            }
+            Availability::NotCompiled => panic!("{provider:?} not compiled"),
+        }
+    }
+}
+
+#[test]
+fn clap_and_llava_run_wholly_on_webnn_after_the_rewrites() {
+    // CLAP's text tower gathers `token_type_ids` at computed positions (GatherElements, which
+    // Chromium's WebNN builds only with constant indices); LLaVA merges the image features with
+    // masked_scatter (NonZero + ScatterND, dynamic shapes). Both are rewritten before sending.
+    let Some(_) = installed("clap_and_llava_run_wholly_on_webnn_after_the_rewrites") else {
+        return;
+    };
+    let fixtures: Vec<Fixture> = ["clap", "llava"]
+        .iter()
+        .flat_map(|f| family_fixtures("browser clap / llava", f))
+        .filter(Fixture::has_onnx_export)
+        .collect();
+    if fixtures.is_empty() {
+        return;
+    }
+    let browser = Arc::new(Browser::launch(&BrowserOptions::default()).unwrap());
+    for fixture in &fixtures {
+        let graph = BrowserGraph::load(
+            Arc::clone(&browser),
+            &fixture.dir.join("model.onnx"),
+            WEBNN,
+            GraphOptions {
+                require_full_placement: true,
+            },
+        )
+        .unwrap();
+        assert!(!graph.rewrites().is_empty(), "{}", fixture.dir.display());
+        let out = graph.run(&fixture.inputs().unwrap()).unwrap();
+        assert!(graph.fully_placed(), "{:?}", graph.placement());
+        let reference = fixture.reference().unwrap();
+        let meta = fixture.meta().unwrap();
+        let mut compared = 0;
+        for (name, got) in &out {
+            let Ok(want) = reference.tensor(name) else {
+                continue;
+            };
+            let err = relative_error(&got.to_f64_vec(), &want.to_f64_vec());
+            let tol = meta.tolerance.get(name).copied().unwrap_or(1e-4);
+            assert!(
+                err <= tol,
+                "{}: {name} {err:.3e} > {tol:.1e}",
+                fixture.dir.display()
+            );
+            compared += 1;
+        }
+        assert!(
+            compared > 0,
+            "{}: no output to compare",
+            fixture.dir.display()
+        );
+    }
 }
