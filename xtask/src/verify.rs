@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ipfs_accelerate::conformance::{discover, implemented_families, verify_fixture, Check};
-use ipfs_accelerate::BackendKind;
+use ipfs_accelerate::conformance::{discover, implemented_families, verify_fixture_in, Check};
+use ipfs_accelerate::{BackendKind, Precision};
 
 /// Arguments of `verify`.
 #[derive(clap::Args)]
@@ -18,6 +18,10 @@ pub struct Args {
     /// Comma-separated backends to run on.
     #[arg(long, value_delimiter = ',', default_value = "cpu")]
     backend: Vec<String>,
+    /// The float type the native backends compute in: f32 (default), f16 or bf16. The bars
+    /// loosen to at least 1e-2 (f16) / 5e-2 (bf16); integer outputs must still match.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
     /// Also print the results as JSON lines.
     #[arg(long)]
     json: bool,
@@ -56,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ));
                 continue;
             }
-            match verify_fixture(fixture, backend) {
+            match verify_fixture_in(fixture, backend, args.precision) {
                 Ok(c) => checks.extend(c),
                 Err(e) => checks.push(Check {
                     family: fixture.family.clone(),

@@ -33,7 +33,8 @@ pub struct BenchArgs {
     /// (whisper) or samples (wav2vec2). Default: the family's usual size.
     #[arg(long, value_delimiter = ',')]
     pub seq: Vec<usize>,
-    /// Compute precisions, comma separated.
+    /// Compute precisions, comma separated (f32, f16, bf16; native backends). A device computes
+    /// in one precision per process: give f16 / bf16 on a GPU in a run of their own.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     pub dtype: Vec<String>,
     /// Timed iterations per point.

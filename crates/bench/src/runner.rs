@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ipfs_accelerate::{Availability, BackendKind};
+use ipfs_accelerate::{Availability, BackendKind, Precision};
 use ipfs_accelerate_core::{ModelRunner, ProbeBackend, TensorMap};
 use serde_json::Value;
 
@@ -398,20 +398,28 @@ pub fn run_benchmark(
         let peak = spec
             .peak_flops
             .or_else(|| device_name.as_deref().and_then(known_peak_flops));
-        // Load once per backend (measured), unless the backend cannot run at all.
+        // Load once per backend and dtype (measured), unless the backend cannot run at all.
         let unusable = availability.reason(backend);
-        let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match &unusable {
-            Some(reason) => Err(reason.clone()),
-            None => {
-                bar.set_message(format!("loading {} on {backend}", plan.label));
-                let start = Instant::now();
-                ipfs_accelerate::conformance::load_family(&plan.family, &plan.dir, backend)
-                    .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
-                    .map_err(|e| format!("load failed: {e}"))
-            }
-        };
         let unavailable = unusable.is_some();
         for dtype in &dtypes {
+            let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match &unusable {
+                Some(reason) => Err(reason.clone()),
+                None => match dtype.parse::<Precision>() {
+                    Err(e) => Err(e.to_string()),
+                    Ok(precision) => {
+                        bar.set_message(format!("loading {} on {backend} ({dtype})", plan.label));
+                        let start = Instant::now();
+                        ipfs_accelerate::conformance::load_family_in(
+                            &plan.family,
+                            &plan.dir,
+                            backend,
+                            precision,
+                        )
+                        .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
+                        .map_err(|e| format!("load failed: {e}"))
+                    }
+                },
+            };
             for &(batch, size) in &points {
                 let point = Point {
                     run: &run,
@@ -436,14 +444,6 @@ pub fn run_benchmark(
                     }
                     Ok((runner, load_ms)) => (runner, *load_ms),
                 };
-                if dtype != "f32" {
-                    bar.inc((spec.warmup + spec.iters) as u64);
-                    let reason = format!(
-                        "dtype `{dtype}`: only f32 compute is implemented on {backend} in this build"
-                    );
-                    record(point.empty(Status::Failed, Some(reason)), &mut out)?;
-                    continue;
-                }
                 bar.set_message(format!("{} {backend} b{batch}×{size}", plan.label));
                 let m = measure(
                     &point,

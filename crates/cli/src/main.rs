@@ -47,6 +47,15 @@ struct Cli {
     /// weight memory.
     #[arg(long, global = true)]
     quantize: Option<String>,
+    /// Calibrate the int4 weights (GPTQ) on these texts: a file with one text per line, or
+    /// `default` for the built-in English corpus. Needs `--quantize int4`; embed, classify and
+    /// qa only. Loading takes longer (a float load, one pass over the texts, the solver).
+    #[arg(long, global = true, value_name = "FILE|default")]
+    calibrate: Option<String>,
+    /// The float type to compute in on the native backends: `f32` (default), `f16` or `bf16`.
+    /// A backend that does not compute in it is skipped with the reason (`generate` runs f32).
+    #[arg(long, global = true, default_value = "f32")]
+    precision: ipfs_accelerate::Precision,
     #[command(subcommand)]
     command: Command,
 }
@@ -285,18 +294,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ipfs_accelerate_bench::cli::bench(args, &cli.backend, command)?;
         return Ok(());
     }
+    let text_pipeline = matches!(
+        cli.command,
+        Command::Embed { .. } | Command::Classify { .. } | Command::Qa { .. }
+    );
+    if cli.calibrate.is_some() && !text_pipeline {
+        anyhow::bail!("--calibrate applies to the embed, classify and qa commands");
+    }
     if matches!(cli.command, Command::Generate { .. }) {
         return generate(cli);
     }
-    if !matches!(
-        cli.command,
-        Command::Embed { .. } | Command::Classify { .. } | Command::Qa { .. }
-    ) {
+    if !text_pipeline {
         return tasks::run(cli);
     }
     let mut builder = Pipeline::builder(&cli.model)
         .offline(cli.offline)
+        .precision(cli.precision)
         .quantize(quantization(&cli)?);
+    match cli.calibrate.as_deref() {
+        None => {}
+        Some("default") => builder = builder.calibrate_default(),
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the calibration texts {file}"))?;
+            builder = builder.calibrate(ipfs_accelerate::calibration_lines(&text));
+        }
+    }
     if let Some(list) = backend_list(&cli)? {
         builder = builder.backends(list).env_override(false);
     }
@@ -370,6 +393,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.metrics {
         print_metrics(&metrics, pipe.model_name());
         print_weights(&pipe.weights());
+        if let Some(c) = pipe.calibration() {
+            eprintln!(
+                "calibration  {} layers on {} texts in {:.2} s (GPTQ)",
+                c.layers,
+                c.texts,
+                c.duration.as_secs_f64()
+            );
+        }
     }
     Ok(())
 }
@@ -377,6 +408,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn generate(cli: Cli) -> anyhow::Result<()> {
     use ipfs_accelerate::text::{GenerateOptions, Sampling, TextGenerator};
     use std::io::Write;
+    if cli.precision != ipfs_accelerate::Precision::F32 {
+        anyhow::bail!(
+            "generate computes in f32 in this build (got --precision {})",
+            cli.precision
+        );
+    }
     let backends = backend_list(&cli)?;
     let quantize = cli.quantize.clone();
     let Command::Generate {

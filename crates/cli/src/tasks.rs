@@ -13,6 +13,7 @@ fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
         offline: cli.offline,
         quantization: quantization(cli)?,
         share_weights: false,
+        precision: cli.precision,
     })
 }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipfs_accelerate_core::{
-    BackendKind, DType, Error, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
+    BackendKind, DType, Error, HostTensor, ModelRunner, Precision, Result, TensorMap, TensorSource,
 };
 use ipfs_accelerate_io::SafeTensorsFile;
 
@@ -223,6 +223,28 @@ pub fn verify_runner(
     backend: BackendKind,
     runner: &dyn ModelRunner,
 ) -> Result<Vec<Check>> {
+    verify_runner_in(fixture, backend, Precision::F32, runner)
+}
+
+/// The relative-error bar for a model computing in `precision`: [`tolerance_for`], and at least
+/// 1e-2 in f16 (11-bit mantissa) and 5e-2 in bf16 (8-bit mantissa).
+pub fn precision_tolerance(backend: BackendKind, precision: Precision, tolerance: f64) -> f64 {
+    let bar = tolerance_for(backend, tolerance);
+    match precision {
+        Precision::F32 => bar,
+        Precision::F16 => bar.max(1e-2),
+        Precision::BF16 => bar.max(5e-2),
+    }
+}
+
+/// [`verify_runner`] for a model computing in `precision` (bars from [`precision_tolerance`];
+/// integer outputs such as greedy tokens must still match exactly).
+pub fn verify_runner_in(
+    fixture: &Fixture,
+    backend: BackendKind,
+    precision: Precision,
+    runner: &dyn ModelRunner,
+) -> Result<Vec<Check>> {
     let meta_path = fixture.dir.join("meta.json");
     let meta_text = std::fs::read_to_string(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
     let meta: Meta =
@@ -233,7 +255,11 @@ pub fn verify_runner(
     let mut checks = Vec::new();
     for name in &meta.outputs {
         let expected = reference.tensor(name)?;
-        let tol = tolerance_for(backend, meta.tolerance.get(name).copied().unwrap_or(1e-4));
+        let tol = precision_tolerance(
+            backend,
+            precision,
+            meta.tolerance.get(name).copied().unwrap_or(1e-4),
+        );
         let mut check = Check {
             family: fixture.family.clone(),
             variant: fixture.variant.clone(),

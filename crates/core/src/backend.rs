@@ -300,6 +300,104 @@ pub trait Backend: ProbeBackend + Clone + 'static {
     type Burn: burn::tensor::backend::Backend;
     /// The burn device to place tensors on.
     fn device(&self) -> burn::tensor::Device<Self::Burn>;
+    /// Makes `precision` the float type of every tensor created on this backend's device from
+    /// now on ([`set_device_precision`]): once per device and process.
+    fn set_precision(&self, precision: Precision) -> Result<(), Error> {
+        set_device_precision::<Self::Burn>(&self.device(), self.kind(), precision)
+    }
+}
+
+/// The float type a model computes in. `F32` is the default everywhere; `F16` / `BF16` halve the
+/// weight and activation memory where the device computes in them (CUDA, and wgpu adapters with
+/// `SHADER_F16` for f16; burn-flex on the CPU computes both, without the CPU kernels' speed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl Precision {
+    /// The lower-case name (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::BF16 => "bf16",
+        }
+    }
+
+    /// burn's float dtype of this precision.
+    pub fn float_dtype(self) -> burn::tensor::FloatDType {
+        match self {
+            Precision::F32 => burn::tensor::FloatDType::F32,
+            Precision::F16 => burn::tensor::FloatDType::F16,
+            Precision::BF16 => burn::tensor::FloatDType::BF16,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" | "float" => Ok(Precision::F32),
+            "f16" | "fp16" | "float16" | "half" => Ok(Precision::F16),
+            "bf16" | "bfloat16" => Ok(Precision::BF16),
+            other => Err(Error::InvalidInput(format!(
+                "unknown precision `{other}` (known: f32, f16, bf16)"
+            ))),
+        }
+    }
+}
+
+/// Makes `precision` the default float type of `device` (burn's per-device dtype policy): every
+/// float tensor a model creates there (weights, masks, activations) is then of that type. burn
+/// fixes a device's policy at its first tensor, so this is once per device and process: asking
+/// for another precision afterwards is an error naming both, as is a precision the device does
+/// not compute in. `F32` on a fresh device changes nothing (it is burn's default).
+pub fn set_device_precision<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+    kind: BackendKind,
+    precision: Precision,
+) -> Result<(), Error> {
+    use burn::tensor::{DType, Element};
+    let wanted = precision.float_dtype();
+    let unsupported = |reason: String| Error::BackendUnavailable {
+        kind: kind.to_string(),
+        reason,
+    };
+    if precision != Precision::F32 {
+        if !B::supports_dtype(device, DType::from(wanted)) {
+            return Err(unsupported(format!(
+                "the device does not compute in {precision} (use f32)"
+            )));
+        }
+        let int = <B::IntElem as Element>::dtype();
+        if burn::tensor::set_default_dtypes::<B>(device, wanted, int).is_ok() {
+            return Ok(());
+        }
+    }
+    let current = burn::tensor::get_device_settings::<B>(device).float_dtype;
+    if current == wanted {
+        return Ok(());
+    }
+    Err(unsupported(format!(
+        "the device already computes in {} in this process (its precision is fixed by its first \
+         tensor); {precision} needs a new process",
+        DType::from(current).name()
+    )))
 }
 
 #[cfg(test)]

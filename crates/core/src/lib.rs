@@ -20,8 +20,8 @@ pub mod shared;
 mod tensor;
 
 pub use backend::{
-    Availability, Backend, BackendKind, BrowserProvider, Capabilities, DeviceInfo,
-    ExecutionProvider, ProbeBackend, WebNnDevice,
+    set_device_precision, Availability, Backend, BackendKind, BrowserProvider, Capabilities,
+    DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, JsonConfig};
 pub use error::{Error, Result};

@@ -1,7 +1,7 @@
 //! The backends compiled into this build, and dispatch from a run-time [`BackendKind`] to the
 //! compile-time burn backend type.
 
-use ipfs_accelerate_core::{Availability, BackendKind, ProbeBackend, Selector};
+use ipfs_accelerate_core::{Availability, BackendKind, Precision, ProbeBackend, Selector};
 
 use crate::{Error, Result};
 
@@ -91,15 +91,16 @@ pub(crate) fn resolve_preferences(
 }
 
 /// Probes `preferences` in order and runs the load `work` (made fresh per attempt) on the first
-/// usable backend; a backend whose load fails is recorded as skipped with the error and the next
-/// one is tried.
+/// usable backend in `precision`; a backend whose load fails (a precision it does not compute in
+/// included) is recorded as skipped with the error and the next one is tried.
 pub(crate) fn load_on_first_usable<W: WithBackend>(
     preferences: &[BackendKind],
+    precision: Precision,
     mut work: impl FnMut() -> W,
 ) -> Result<(W::Output, ipfs_accelerate_core::Selection)> {
     let (usable, mut skipped) = selector().candidates(preferences);
     for device in usable {
-        match with_backend(device.kind, work()) {
+        match with_backend(device.kind, precision, work()) {
             Ok(out) => return Ok((out, ipfs_accelerate_core::Selection { device, skipped })),
             Err(e) => {
                 tracing::warn!(backend = %device.kind, error = %e, "load failed, trying the next backend");
@@ -128,19 +129,29 @@ pub(crate) trait WithBackend {
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output>;
 }
 
-/// Runs `work` on the backend `kind`, if it is compiled in.
-pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result<W::Output> {
+/// Runs `work` on the backend `kind` in `precision`, if it is compiled in.
+pub(crate) fn with_backend<W: WithBackend>(
+    kind: BackendKind,
+    precision: Precision,
+    work: W,
+) -> Result<W::Output> {
     match kind {
         #[cfg(feature = "cpu")]
-        BackendKind::Cpu => work.run(&ipfs_accelerate_backend_cpu::CpuBackend),
+        BackendKind::Cpu => run_in(&ipfs_accelerate_backend_cpu::CpuBackend, precision, work),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => work.run(&ipfs_accelerate_backend_cuda::CudaBackend::default()),
+        BackendKind::Cuda => run_in(
+            &ipfs_accelerate_backend_cuda::CudaBackend::default(),
+            precision,
+            work,
+        ),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu | BackendKind::WebGpu => {
-            work.run(&ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind))
-        }
+        BackendKind::Wgpu | BackendKind::WebGpu => run_in(
+            &ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind),
+            precision,
+            work,
+        ),
         other => {
-            let _ = work;
+            let _ = (work, precision);
             Err(Error::Core(
                 ipfs_accelerate_core::Error::BackendUnavailable {
                     kind: other.to_string(),
@@ -149,6 +160,17 @@ pub(crate) fn with_backend<W: WithBackend>(kind: BackendKind, work: W) -> Result
             ))
         }
     }
+}
+
+/// Sets the device's precision, then runs `work` on `hal`.
+#[allow(dead_code)] // unused only in a build with no native backend
+fn run_in<H: ipfs_accelerate_core::Backend, W: WithBackend>(
+    hal: &H,
+    precision: Precision,
+    work: W,
+) -> Result<W::Output> {
+    hal.set_precision(precision)?;
+    work.run(hal)
 }
 
 #[cfg(all(test, feature = "cpu", not(feature = "cuda"), not(feature = "wgpu")))]

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ipfs_accelerate_core::{BackendKind, Family, ModelRunner};
+use ipfs_accelerate_core::{BackendKind, Family, ModelRunner, Precision};
 
 pub use ipfs_accelerate_conformance::*;
 
@@ -56,6 +56,25 @@ pub fn load_runner(fixture: &Fixture, backend: BackendKind) -> Result<Box<dyn Mo
 
 /// Loads the checkpoint folder `dir` (config.json + safetensors) of `family` on `backend`.
 pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box<dyn ModelRunner>> {
+    load_family_in(family, dir, backend, Precision::F32)
+}
+
+/// [`load_family`] computing in `precision` (native burn backends only: the ONNX and browser
+/// backends run the f32 exports).
+pub fn load_family_in(
+    family: &str,
+    dir: &Path,
+    backend: BackendKind,
+    precision: Precision,
+) -> Result<Box<dyn ModelRunner>> {
+    if precision != Precision::F32
+        && matches!(backend, BackendKind::Onnx(_) | BackendKind::Browser(_))
+    {
+        return Err(Error::Unsupported(format!(
+            "{backend} runs the f32 ONNX export; precision {precision} applies to the native \
+             backends (cpu, cuda, wgpu)"
+        )));
+    }
     #[cfg(feature = "webnn")]
     if let BackendKind::Browser(provider) = backend {
         let browser = ipfs_accelerate_backend_webnn::Browser::launch(&Default::default())
@@ -91,7 +110,9 @@ pub fn load_family(family: &str, dir: &Path, backend: BackendKind) -> Result<Box
             match $family {
                 $(
                     #[cfg(feature = $feature)]
-                    <$fam as Family>::NAME => with_backend($backend, LoadFamily::<$fam>::new($dir)),
+                    <$fam as Family>::NAME => {
+                        with_backend($backend, precision, LoadFamily::<$fam>::new($dir))
+                    }
                 )*
                 other => Err(Error::Unsupported(format!(
                     "family `{other}` is not implemented in this build"
@@ -128,6 +149,21 @@ impl<F: Family> WithBackend for LoadFamily<F> {
 
 /// Runs one fixture on `backend` and compares every output named in its meta.json.
 pub fn verify_fixture(fixture: &Fixture, backend: BackendKind) -> Result<Vec<Check>> {
-    let runner = load_runner(fixture, backend)?;
-    Ok(verify_runner(fixture, backend, runner.as_ref())?)
+    verify_fixture_in(fixture, backend, Precision::F32)
+}
+
+/// [`verify_fixture`] computing in `precision`, against its looser bars
+/// ([`ipfs_accelerate_conformance::precision_tolerance`]).
+pub fn verify_fixture_in(
+    fixture: &Fixture,
+    backend: BackendKind,
+    precision: Precision,
+) -> Result<Vec<Check>> {
+    let runner = load_family_in(&fixture.family, &fixture.dir, backend, precision)?;
+    Ok(verify_runner_in(
+        fixture,
+        backend,
+        precision,
+        runner.as_ref(),
+    )?)
 }

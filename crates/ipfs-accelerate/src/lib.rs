@@ -51,11 +51,16 @@ pub use backends::{
 };
 pub use error::{Error, Result};
 pub use loaded::{LabelScore, LoadOptions};
-pub use pipeline::{Answer, Label, Output, Pipeline, PipelineBuilder, Task, TokenLabel};
+pub use pipeline::{
+    calibration_lines, Answer, CalibrationReport, Label, Output, Pipeline, PipelineBuilder, Task,
+    TokenLabel, DEFAULT_CALIBRATION_TEXT,
+};
 
 pub use ipfs_accelerate_core as core;
-pub use ipfs_accelerate_core::{Availability, BackendKind, DeviceInfo, ExecutionProvider, Metrics};
-pub use ipfs_accelerate_nn::{weights, WeightQuantization};
+pub use ipfs_accelerate_core::{
+    Availability, BackendKind, DeviceInfo, ExecutionProvider, Metrics, Precision,
+};
+pub use ipfs_accelerate_nn::{gptq, weights, WeightQuantization};
 
 /// The environment variable that overrides the backend preference list (`cuda,wgpu,cpu`).
 pub const BACKENDS_ENV: &str = "IPFS_ACCELERATE_BACKENDS";

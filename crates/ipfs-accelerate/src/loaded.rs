@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ipfs_accelerate_core::{BackendKind, Metrics, Selection, Stopwatch};
+use ipfs_accelerate_core::{BackendKind, Metrics, Precision, Selection, Stopwatch};
 use ipfs_accelerate_io::ResolveOptions;
+use ipfs_accelerate_nn::gptq::{calibrate, GptqOptions};
 use ipfs_accelerate_nn::weights::{load_scope, LoadSettings, LoadedWeights, WeightStats};
 use ipfs_accelerate_nn::WeightQuantization;
 
@@ -26,6 +27,9 @@ pub struct LoadOptions {
     /// Share weight tensors with other models loaded from the same files in this process
     /// (default off; see `docs/memory.md`).
     pub share_weights: bool,
+    /// The float type to compute in (default f32; f16 / bf16 where the device computes in them,
+    /// fixed per device and process: see [`Precision`]).
+    pub precision: Precision,
 }
 
 /// Loads with `work` inside a weight load scope ([`load_scope`]) set up for the backend it runs
@@ -49,6 +53,48 @@ impl<W: WithBackend> WithBackend for Scoped<W> {
             .on(hal.kind(), 0);
         let (out, weights) = load_scope(settings, || self.work.run(hal));
         Ok((out?, weights))
+    }
+}
+
+/// Like [`Scoped`], with the int4 weights calibrated first ([`calibrate`], GPTQ): loads the model
+/// float, runs the calibration inputs through it with `run`, solves every linear layer that ran,
+/// then loads it again keeping those layers as GPTQ chose (the others rounded to nearest). The
+/// float copy is dropped before the final load.
+pub(crate) struct Calibrated<'a, W: WithBackend> {
+    /// The family's loader (cloned for each load).
+    pub(crate) work: W,
+    /// How to keep the linear weights (int4).
+    pub(crate) quantization: WeightQuantization,
+    /// Whether to share weights with other loads.
+    pub(crate) share: bool,
+    /// The solver's settings.
+    pub(crate) options: GptqOptions,
+    /// Runs the calibration inputs through a loaded model.
+    pub(crate) run: &'a dyn Fn(&W::Output) -> Result<()>,
+}
+
+impl<W: WithBackend + Clone> WithBackend for Calibrated<'_, W> {
+    /// The model, its weights, the time calibration took (float loads, calibration passes and
+    /// solving; not the final load) and the number of layers calibrated.
+    type Output = (W::Output, LoadedWeights, Duration, usize);
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        let settings = LoadSettings::default()
+            .quantize(self.quantization)
+            .share(self.share)
+            .on(hal.kind(), 0);
+        let clock = std::time::Instant::now();
+        let calibrated = calibrate(
+            &settings,
+            &self.options,
+            || self.work.clone().run(hal),
+            self.run,
+        )?;
+        let duration = clock.elapsed();
+        let layers = calibrated.len();
+        let settings = settings.calibrated(Some(calibrated));
+        let (out, weights) = load_scope(settings, || self.work.run(hal));
+        Ok((out?, weights, duration, layers))
     }
 }
 
@@ -188,11 +234,12 @@ impl<T: ?Sized> Loaded<T> {
         mut work: impl FnMut(PathBuf) -> W,
     ) -> Result<Self> {
         let preferences = resolve_preferences(options.backends.clone(), true)?;
-        let ((model, weights), selection) = load_on_first_usable(&preferences, || Scoped {
-            work: work(dir.clone()),
-            quantization: options.quantization,
-            share: options.share_weights,
-        })?;
+        let ((model, weights), selection) =
+            load_on_first_usable(&preferences, options.precision, || Scoped {
+                work: work(dir.clone()),
+                quantization: options.quantization,
+                share: options.share_weights,
+            })?;
         Ok(Loaded {
             model,
             selection,

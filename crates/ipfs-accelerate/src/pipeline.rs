@@ -8,17 +8,46 @@ use ipfs_accelerate_bert::{
     BertConfig, BertHead, BertInputs, BertRunner, BertTasks, HostLogits,
 };
 use ipfs_accelerate_core::{
-    BackendKind, Metrics, ProbeBackend, Selection, SkippedBackend, Stopwatch,
+    BackendKind, Metrics, Precision, ProbeBackend, Selection, SkippedBackend, Stopwatch,
 };
 use ipfs_accelerate_io::ResolveOptions;
+use ipfs_accelerate_nn::gptq::GptqOptions;
 use ipfs_accelerate_nn::weights::{LoadedWeights, WeightStats};
 use ipfs_accelerate_nn::WeightQuantization;
 use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
-use crate::loaded::Scoped;
+use crate::loaded::{Calibrated, Scoped};
 use crate::{Error, Result};
+
+/// The built-in calibration corpus ([`PipelineBuilder::calibrate_default`]): 146 short English
+/// sentences across everyday topics (travel, science, cooking, sport, finance, software, ...),
+/// one per line, written for this purpose. It deliberately shares no sentence with
+/// `shared/refs/minilm_public_sentences.txt`, the evaluation set the quantization tests compare
+/// against, so calibration never sees what it is judged on.
+pub const DEFAULT_CALIBRATION_TEXT: &str = include_str!("../data/calibration_en.txt");
+
+/// The non-empty lines of a calibration text (one text per line, surrounding whitespace trimmed).
+pub fn calibration_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// What calibrating a pipeline's int4 weights did and took ([`Pipeline::calibration`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct CalibrationReport {
+    /// Calibration texts run through the model (per pass).
+    pub texts: usize,
+    /// Linear layers whose int4 weights GPTQ chose (the others were rounded to nearest).
+    pub layers: usize,
+    /// Time from the first float load to the solved weights: the float load(s), the calibration
+    /// pass(es) and the solver (the final load is not included).
+    pub duration: Duration,
+}
 
 /// What a pipeline is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,6 +76,9 @@ pub struct PipelineBuilder {
     max_length: Option<usize>,
     quantization: WeightQuantization,
     share_weights: bool,
+    calibration: Option<Vec<String>>,
+    gptq: GptqOptions,
+    precision: Precision,
 }
 
 impl PipelineBuilder {
@@ -56,6 +88,39 @@ impl PipelineBuilder {
     /// [`Pipeline::weights`] reports the memory.
     pub fn quantize(mut self, q: WeightQuantization) -> Self {
         self.quantization = q;
+        self
+    }
+
+    /// Calibrate the int4 weights on `texts` (GPTQ, see `ipfs_accelerate::gptq`): the model is
+    /// loaded float, runs each text, and every linear layer that ran is quantized to minimise
+    /// the change of its outputs on those inputs, in the same int4 format and memory as
+    /// [`quantize`](Self::quantize) alone, which rounds each weight to nearest. Needs
+    /// `quantize(Int4 { .. })`; blank texts are skipped, at least one must remain. Loading takes
+    /// longer by one float load, the calibration pass and the solver
+    /// ([`Pipeline::calibration`]).
+    pub fn calibrate<S: Into<String>>(mut self, texts: impl IntoIterator<Item = S>) -> Self {
+        self.calibration = Some(texts.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// [`calibrate`](Self::calibrate) on the built-in English corpus
+    /// ([`DEFAULT_CALIBRATION_TEXT`]).
+    pub fn calibrate_default(self) -> Self {
+        self.calibrate(calibration_lines(DEFAULT_CALIBRATION_TEXT))
+    }
+
+    /// The GPTQ solver's settings for [`calibrate`](Self::calibrate) (default:
+    /// `GptqOptions::default()`).
+    pub fn gptq_options(mut self, options: GptqOptions) -> Self {
+        self.gptq = options;
+        self
+    }
+
+    /// Compute in `precision` (default f32). f16 / bf16 run where the device computes in them
+    /// (a backend that does not is skipped with the reason); a device's precision is fixed by
+    /// its first model in a process (see `ipfs_accelerate::Precision`).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
         self
     }
 
@@ -146,18 +211,56 @@ impl PipelineBuilder {
         };
 
         self.quantization.validate()?;
-        let (((model, hal), loaded), selection) = load_on_first_usable(&preferences, || Scoped {
-            work: LoadBert {
-                weights: weights.clone(),
-                config: &config,
-            },
-            quantization: self.quantization,
-            share: self.share_weights,
-        })?;
+        let work = LoadBert {
+            weights: weights.clone(),
+            config: &config,
+        };
+        let (((model, hal), loaded, calibration), selection) = match &self.calibration {
+            None => {
+                let (((model, hal), loaded), selection) =
+                    load_on_first_usable(&preferences, self.precision, || Scoped {
+                        work: work.clone(),
+                        quantization: self.quantization,
+                        share: self.share_weights,
+                    })?;
+                (((model, hal), loaded, None), selection)
+            }
+            Some(texts) => {
+                let encoded = calibration_inputs(&tokenizer, texts, self.quantization)?;
+                self.gptq.validate()?;
+                // The head the pipeline runs: the encoder and pooling for embeddings, the whole
+                // head otherwise, so every layer a task uses is calibrated.
+                let run = |(model, _): &(Box<dyn BertTasks>, Box<dyn ProbeBackend>)| -> Result<()> {
+                    for enc in &encoded {
+                        if task == Task::Embed {
+                            model.embed(&to_inputs(enc), pooling, false)?;
+                        } else {
+                            model.logits(&to_inputs(enc))?;
+                        }
+                    }
+                    Ok(())
+                };
+                let ((model, loaded, duration, layers), selection) =
+                    load_on_first_usable(&preferences, self.precision, || Calibrated {
+                        work: work.clone(),
+                        quantization: self.quantization,
+                        share: self.share_weights,
+                        options: self.gptq,
+                        run: &run,
+                    })?;
+                let report = CalibrationReport {
+                    texts: encoded.len(),
+                    layers,
+                    duration,
+                };
+                ((model, loaded, Some(report)), selection)
+            }
+        };
         Ok(Pipeline {
             model,
             hal,
             weights: loaded,
+            calibration,
             tokenizer,
             pooling,
             task,
@@ -193,6 +296,34 @@ fn resolve_task(task: Task, head: BertHead) -> Result<Task> {
     }
 }
 
+/// The calibration texts tokenized one by one (no padding in the recorded inputs); an error when
+/// none is left or the quantization is not int4.
+fn calibration_inputs(
+    tokenizer: &TextTokenizer,
+    texts: &[String],
+    q: WeightQuantization,
+) -> Result<Vec<Encoded>> {
+    if !matches!(q, WeightQuantization::Int4 { .. }) {
+        return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
+            "calibration (GPTQ) applies to int4 weights: add `.quantize(Int4 {{ .. }})` (got {q:?})"
+        ))
+        .into());
+    }
+    let encoded = texts
+        .iter()
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| tokenizer.encode_batch(&[t.as_str()]))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    if encoded.is_empty() {
+        return Err(ipfs_accelerate_core::Error::InvalidInput(
+            "calibration needs at least one non-empty text".into(),
+        )
+        .into());
+    }
+    Ok(encoded)
+}
+
+#[derive(Clone)]
 struct LoadBert<'a> {
     weights: std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>,
     config: &'a BertConfig,
@@ -213,6 +344,7 @@ pub struct Pipeline {
     model: Box<dyn BertTasks>,
     hal: Box<dyn ProbeBackend>,
     weights: LoadedWeights,
+    calibration: Option<CalibrationReport>,
     tokenizer: TextTokenizer,
     pooling: Pooling,
     task: Task,
@@ -281,7 +413,16 @@ impl Pipeline {
             max_length: None,
             quantization: WeightQuantization::None,
             share_weights: false,
+            calibration: None,
+            gptq: GptqOptions::default(),
+            precision: Precision::F32,
         }
+    }
+
+    /// What calibrating the int4 weights took, when the builder asked for it
+    /// ([`PipelineBuilder::calibrate`]).
+    pub fn calibration(&self) -> Option<&CalibrationReport> {
+        self.calibration.as_ref()
     }
 
     /// What the model's weights take in memory, as kept (quantized or float, shared or not).

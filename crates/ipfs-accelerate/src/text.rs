@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ipfs_accelerate_core::{BackendKind, Metrics, Selection, Stopwatch};
+use ipfs_accelerate_core::{BackendKind, Metrics, Precision, Selection, Stopwatch};
 use ipfs_accelerate_io::{gguf::GgufFile, ResolveOptions};
 use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner, TextGeneration};
 use ipfs_accelerate_nn::generate::GenerationConfig;
@@ -180,8 +180,9 @@ impl TextGenerator {
                 eos,
             )
         };
-        let (model_box, selection) =
-            load_on_first_usable(&preferences, || LoadLlama { source: &source })?;
+        let (model_box, selection) = load_on_first_usable(&preferences, Precision::F32, || {
+            LoadLlama { source: &source }
+        })?;
         Ok(TextGenerator {
             model: model_box,
             tokenizer,

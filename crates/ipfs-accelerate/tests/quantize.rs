@@ -1,13 +1,15 @@
 //! Quantization at load time for every family (`Pipeline::builder(..).quantize(..)`,
 //! `LoadOptions::quantization`, `nn::weights::load_scope`): all-MiniLM-L6-v2's sentence
-//! embeddings against the float reference and its linear-weight memory, and tiny fixtures of
-//! other families staying close to their float outputs.
+//! embeddings against the float reference and its linear-weight memory (round-to-nearest int8 /
+//! int4, and int4 calibrated with GPTQ on the built-in corpus), and tiny fixtures of other
+//! families staying close to their float outputs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn_flex::Flex;
 use ipfs_accelerate::core::{BackendKind, DType, Family, ModelRunner, TensorSource};
+use ipfs_accelerate::gptq::{GptqOptions, Int4Levels, ScaleSearch};
 use ipfs_accelerate::weights::{load_scope, LoadSettings, LoadedWeights, WeightStats};
 use ipfs_accelerate::{Pipeline, WeightQuantization};
 use ipfs_accelerate_conformance::{family_fixtures, relative_error, shared_dir, Fixture};
@@ -44,47 +46,80 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
+/// The reference sentences and their float sentence embeddings (row-major, `dim` wide).
+struct Refs {
+    text: String,
+    expected: Vec<f64>,
+    dim: usize,
+}
+
+impl Refs {
+    fn load(refs: &Path) -> Self {
+        let text = std::fs::read_to_string(refs.join("minilm_public_sentences.txt")).unwrap();
+        let reference =
+            ipfs_accelerate_io::SafeTensorsFile::open(refs.join("minilm_public.safetensors"))
+                .unwrap()
+                .tensor("sentence_embeddings")
+                .unwrap();
+        let refs = Refs {
+            expected: reference.to_f64_vec(),
+            dim: reference.shape()[1],
+            text,
+        };
+        assert_eq!(reference.shape()[0], refs.sentences().len());
+        refs
+    }
+
+    fn sentences(&self) -> Vec<&str> {
+        self.text.lines().filter(|l| !l.trim().is_empty()).collect()
+    }
+
+    /// The cosine of each sentence's normalised embedding by `pipe` with the reference.
+    fn cosines(&self, pipe: &Pipeline) -> Vec<f64> {
+        let out = pipe.embed(&self.sentences(), true).unwrap().value;
+        out.iter()
+            .zip(self.expected.chunks(self.dim))
+            .map(|(a, b)| cosine(a, b))
+            .collect()
+    }
+}
+
+fn min_mean(c: &[f64]) -> (f64, f64) {
+    let min = c.iter().cloned().fold(f64::INFINITY, f64::min);
+    (min, c.iter().sum::<f64>() / c.len() as f64)
+}
+
+/// MiniLM as a CPU pipeline keeping its linear weights as `q`.
+fn minilm_builder(model: &Path, q: WeightQuantization) -> ipfs_accelerate::PipelineBuilder {
+    Pipeline::builder(model.to_str().unwrap())
+        .offline(true)
+        .backends([BackendKind::Cpu])
+        .env_override(false)
+        .quantize(q)
+}
+
 #[test]
 fn minilm_quantized_embeddings_stay_close_and_the_linear_weights_shrink() {
     let test = "minilm_quantized_embeddings_stay_close_and_the_linear_weights_shrink";
     let Some((model, refs)) = minilm(test) else {
         return;
     };
-    let text = std::fs::read_to_string(refs.join("minilm_public_sentences.txt")).unwrap();
-    let sentences: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let reference =
-        ipfs_accelerate_io::SafeTensorsFile::open(refs.join("minilm_public.safetensors"))
-            .unwrap()
-            .tensor("sentence_embeddings")
-            .unwrap();
-    let dim = reference.shape()[1];
-    let expected = reference.to_f64_vec();
-    assert_eq!(reference.shape()[0], sentences.len());
-
+    let refs = Refs::load(&refs);
     let mut float_stats = WeightStats::default();
     // Int4 (block 32) does NOT reach issue #10's 0.98 per sentence: symmetric round-to-nearest
     // 4-bit blocks give a minimum of 0.935 (mean 0.958) on these sentences, the same as
     // PyTorch's MiniLM with its weights rounded identically (0.93495); no data-free variant
     // tried (blocks along the out-features, MSE-optimal scales over -8..7, Hadamard rotation)
-    // passed 0.97. The bound below is the measured floor, to catch regressions.
+    // passed 0.97. The bound below is the measured floor, to catch regressions. Calibrated int4
+    // (GPTQ) reaches 0.98: `minilm_int4_calibrated_with_gptq_reaches_0_98` below.
     for (q, min_cosine, min_ratio) in [
         (WeightQuantization::None, 0.99999, 1.0),
         (INT8, 0.995, 3.5),
         (INT4, 0.93, 6.0),
     ] {
-        let pipe = Pipeline::builder(model.to_str().unwrap())
-            .offline(true)
-            .backends([BackendKind::Cpu])
-            .env_override(false)
-            .quantize(q)
-            .build()
-            .unwrap();
-        let out = pipe.embed(&sentences, true).unwrap().value;
-        let cosines: Vec<f64> = out
-            .iter()
-            .zip(expected.chunks(dim))
-            .map(|(a, b)| cosine(a, b))
-            .collect();
+        let pipe = minilm_builder(&model, q).build().unwrap();
+        let cosines = refs.cosines(&pipe);
+        assert!(pipe.calibration().is_none());
         let w = pipe.weights();
         let ratio = w.linear_f32_bytes as f64 / w.linear_bytes as f64;
         eprintln!(
@@ -123,6 +158,147 @@ fn minilm_quantized_embeddings_stay_close_and_the_linear_weights_shrink() {
             assert_eq!(w.f32_bytes(), float_stats.bytes);
             assert!(w.bytes < float_stats.bytes);
         }
+    }
+}
+
+/// Issue #10's int4 bound, met with calibration: GPTQ (`nn::gptq`, default options: damping
+/// 0.1, codes -8..=7, each block's clipping chosen by GPTQ's own loss) on the built-in corpus
+/// (`data/calibration_en.txt`, which shares no sentence with the reference sentences), in the
+/// same int4 format and memory as round-to-nearest.
+#[test]
+fn minilm_int4_calibrated_with_gptq_reaches_0_98() {
+    let test = "minilm_int4_calibrated_with_gptq_reaches_0_98";
+    let Some((model, refs)) = minilm(test) else {
+        return;
+    };
+    let refs = Refs::load(&refs);
+    let clock = std::time::Instant::now();
+    let rtn = minilm_builder(&model, INT4).build().unwrap();
+    let rtn_load = clock.elapsed().as_secs_f64();
+    let rtn_w = rtn.weights();
+    drop(rtn);
+    let clock = std::time::Instant::now();
+    let pipe = minilm_builder(&model, INT4)
+        .calibrate_default()
+        .build()
+        .unwrap();
+    let load = clock.elapsed().as_secs_f64();
+    let cosines = refs.cosines(&pipe);
+    let (min, mean) = min_mean(&cosines);
+    let w = pipe.weights();
+    let report = *pipe.calibration().unwrap();
+    let ratio = w.linear_f32_bytes as f64 / w.linear_bytes as f64;
+    eprintln!(
+        "int4 GPTQ: cosine min {min:.5} mean {mean:.5} (all {cosines:.5?}); linear weights \
+         {ratio:.2}x smaller; {} of {} layers calibrated on {} texts in {:.2} s; load {load:.2} s \
+         (round-to-nearest {rtn_load:.2} s)",
+        w.linear_calibrated,
+        w.linear_layers,
+        report.texts,
+        report.duration.as_secs_f64(),
+    );
+    for (i, c) in cosines.iter().enumerate() {
+        assert!(*c >= 0.98, "sentence {i}: cosine {c} < 0.98");
+    }
+    assert!(ratio >= 6.0, "linear weights only {ratio:.3}x smaller");
+    // The same format and bytes as round-to-nearest; every encoder layer calibrated (6 per BERT
+    // layer: query, key, value, attention output, intermediate, output; plus the pooler when the
+    // model runs it).
+    assert_eq!(w.linear_bytes, rtn_w.linear_bytes);
+    assert_eq!(w.bytes, rtn_w.bytes);
+    assert_eq!(w.linear_quantized, w.linear_layers);
+    assert!(report.layers >= 6 * pipe.config().num_hidden_layers);
+    assert!(report.layers <= w.linear_layers);
+    assert_eq!(w.linear_calibrated, report.layers);
+    assert_eq!(report.texts, 146);
+}
+
+/// The GPTQ variants of issue #10's report, on MiniLM with the built-in corpus (slow: one
+/// calibrated load each, the sequential one a load and a pass per layer group). Prints the
+/// cosines; each must at least beat round-to-nearest's floor.
+#[test]
+#[ignore = "slow; prints the GPTQ variants' cosines"]
+fn minilm_int4_gptq_variants() {
+    let test = "minilm_int4_gptq_variants";
+    let Some((model, refs)) = minilm(test) else {
+        return;
+    };
+    let refs = Refs::load(&refs);
+    let base = GptqOptions::default();
+    let plain = GptqOptions {
+        damp: 0.01,
+        levels: Int4Levels::Symmetric,
+        scale_search: ScaleSearch::AbsMax,
+        ..base
+    };
+    let variants = [
+        ("paper: damp 0.01, -7..7, absmax", plain),
+        (
+            "damp 0.1, -7..7, absmax",
+            GptqOptions { damp: 0.1, ..plain },
+        ),
+        (
+            "damp 0.1, -8..7, absmax",
+            GptqOptions {
+                damp: 0.1,
+                levels: Int4Levels::Full,
+                ..plain
+            },
+        ),
+        (
+            "damp 0.1, -8..7, mse clip",
+            GptqOptions {
+                scale_search: ScaleSearch::Mse,
+                ..base
+            },
+        ),
+        ("default: damp 0.1, -8..7, GPTQ-loss clip", base),
+        (
+            "default + act-order (static groups)",
+            GptqOptions {
+                act_order: true,
+                ..base
+            },
+        ),
+        (
+            "default + sequential",
+            GptqOptions {
+                sequential: true,
+                ..base
+            },
+        ),
+    ];
+    for (name, options) in variants {
+        let pipe = minilm_builder(&model, INT4)
+            .calibrate_default()
+            .gptq_options(options)
+            .build()
+            .unwrap();
+        let cosines = refs.cosines(&pipe);
+        let (min, mean) = min_mean(&cosines);
+        let secs = pipe.calibration().unwrap().duration.as_secs_f64();
+        eprintln!("{name}: cosine min {min:.5} mean {mean:.5} (calibration {secs:.1} s)");
+        assert!(min >= 0.93, "{name}: {min}");
+    }
+}
+
+#[test]
+fn calibration_needs_int4_and_some_text() {
+    for (q, texts, expected) in [
+        (INT8, vec!["A sentence."], "int4"),
+        (WeightQuantization::None, vec!["A sentence."], "int4"),
+        (INT4, vec!["", "  "], "non-empty"),
+    ] {
+        let err = Pipeline::builder("embedded")
+            .offline(true)
+            .backends([BackendKind::Cpu])
+            .env_override(false)
+            .quantize(q)
+            .calibrate(texts)
+            .build()
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains(expected), "{q:?}: {err}");
     }
 }
 

@@ -18,7 +18,7 @@ pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
 }
 
 /// The additive attention bias of a key-padding mask: `mask` `[batch, keys]` (row-major, 1 = attend,
-/// 0 = padding) becomes `[batch, heads, queries, keys]` holding 0 or `f32::MIN` (HF's convention),
+/// 0 = padding) becomes `[batch, heads, queries, keys]` holding 0 or [`mask_min`] (HF's convention),
 /// materialised once per forward so every layer adds it with one contiguous, vectorised add.
 /// With `causal`, keys after the query position are masked too (decoders).
 pub fn padding_bias<B: Backend>(
@@ -53,9 +53,20 @@ pub fn sliding_window_bias<B: Backend>(
     })
 }
 
+/// The most negative finite value of the float type `device` computes in (HF's
+/// `torch.finfo(dtype).min`): what masked attention scores become. `f32::MIN` would turn into
+/// -inf in f16 / bf16, and a row with every key masked into NaN.
+pub fn mask_min<B: Backend>(device: &B::Device) -> f32 {
+    match burn::tensor::DType::from(burn::tensor::get_device_settings::<B>(device).float_dtype) {
+        burn::tensor::DType::F16 => burn::tensor::f16::MIN.to_f32(),
+        burn::tensor::DType::BF16 => burn::tensor::bf16::MIN.to_f32(),
+        _ => f32::MIN,
+    }
+}
+
 /// `[batch, heads, queries, keys]` of 0 where `mask` keeps the key and `visible(query position,
 /// key position)` holds (query positions offset so the queries are the last of the keys), else
-/// `f32::MIN`.
+/// [`mask_min`].
 fn mask_bias<B: Backend>(
     mask: &[i64],
     batch: usize,
@@ -66,13 +77,14 @@ fn mask_bias<B: Backend>(
     visible: impl Fn(usize, usize) -> bool,
 ) -> Tensor<B, 4> {
     let offset = keys.saturating_sub(queries);
+    let masked = mask_min::<B>(device);
     let mut rows = Vec::with_capacity(batch * queries * keys);
     for b in 0..batch {
         let m = &mask[b * keys..(b + 1) * keys];
         for q in 0..queries {
             rows.extend(m.iter().enumerate().map(|(k, &keep)| {
                 if keep == 0 || !visible(q + offset, k) {
-                    f32::MIN
+                    masked
                 } else {
                     0.0
                 }

@@ -13,6 +13,7 @@ pub mod convert;
 mod embedding;
 pub mod fast;
 pub mod generate;
+pub mod gptq;
 pub mod kv_cache;
 mod linear;
 pub mod mlp;

@@ -101,6 +101,7 @@ impl<B: Backend> Linear<B> {
         let in_dim = dims[D - 1];
         let rows = x.shape().num_elements() / in_dim.max(1);
         let x2: Tensor<B, 2> = x.reshape([rows, in_dim]);
+        crate::gptq::observe(&self.weight, &x2);
         dims[D - 1] = self.out_dim();
         let residual = residual.map(|r| r.reshape([rows, self.out_dim()]));
         let weight = self.weight.matrix();

@@ -1,6 +1,6 @@
 //! Normalisation layers.
 
-use burn::tensor::{backend::Backend, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use ipfs_accelerate_core::Result;
 
 use crate::VarBuilder;
@@ -51,15 +51,21 @@ impl<B: Backend> RmsNorm<B> {
         })
     }
 
-    /// Normalises `x` over its last dimension.
+    /// Normalises `x` over its last dimension. In f16 / bf16 the statistic and the division run
+    /// in f32 and the result is cast back before the weight (as HF's LLaMA and T5 norms: `x²`
+    /// overflows f16 above 256).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let narrow = matches!(dtype, DType::F16 | DType::BF16);
+        let x = if narrow { x.cast(DType::F32) } else { x };
         let rms = x
             .clone()
             .powi_scalar(2)
             .mean_dim(D - 1)
             .add_scalar(self.eps)
             .sqrt();
-        let weight = self.weight.clone().unsqueeze::<D>();
-        x.div(rms).mul(weight)
+        let normed = x.div(rms);
+        let normed = if narrow { normed.cast(dtype) } else { normed };
+        normed.mul(self.weight.clone().unsqueeze::<D>())
     }
 }

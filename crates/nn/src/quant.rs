@@ -12,9 +12,13 @@
 //!   packed stores (`QuantStore::PackedU32`), and burn exposes no per-backend probe for them.
 //!
 //! Values are `round(w / scale)` clamped to ±127 (int8) or ±7 (int4) with `scale = max|block| /
-//! 127` (or `/ 7`).
+//! 127` (or `/ 7`): round-to-nearest. Calibrated int4 weights ([`crate::gptq`]) are kept in the
+//! same format from the codes and scales GPTQ chose ([`Int4Weight`], [`LinearWeight::from_int4`]);
+//! their codes may use the whole 4-bit range -8..=7 (stored as `q + 8` in `0..=15`, which the
+//! unpacking reads unchanged).
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use burn::tensor::quantization::{BlockSize, QuantLevel, QuantScheme, QuantStore, QuantValue};
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
@@ -132,6 +136,105 @@ impl FromStr for WeightQuantization {
     }
 }
 
+/// A linear weight as 4-bit codes with one f32 scale per block of `block_size` consecutive
+/// in-features of one output: weight `[o, i]` is `codes[o * in_dim + i] * scales[(o * in_dim + i)
+/// / block_size]`. Codes are within -8..=7 (round-to-nearest uses -7..=7). This is what
+/// [`LinearWeight`] keeps for [`WeightQuantization::Int4`], before packing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int4Weight {
+    /// Out-features (rows).
+    pub out_dim: usize,
+    /// In-features (columns); a multiple of `block_size`.
+    pub in_dim: usize,
+    /// In-features per scale.
+    pub block_size: usize,
+    /// `out_dim * in_dim` codes, row-major.
+    pub codes: Vec<i8>,
+    /// One scale per block, row-major (`out_dim * in_dim / block_size`).
+    pub scales: Vec<f32>,
+}
+
+impl Int4Weight {
+    /// Symmetric round-to-nearest of row-major `[out, in]` `values`: `scale = max|block| / 7`
+    /// (1 for an all-zero block), `code = round(w / scale)` clamped to ±7.
+    pub fn round_to_nearest(
+        values: &[f32],
+        out_dim: usize,
+        in_dim: usize,
+        block_size: usize,
+    ) -> Result<Self> {
+        let q = WeightQuantization::Int4 { block_size };
+        q.validate()?;
+        if values.len() != out_dim * in_dim || !q.fits(in_dim) {
+            return Err(Error::InvalidInput(format!(
+                "{} values are not an [{out_dim}, {in_dim}] weight of whole blocks of {block_size}",
+                values.len()
+            )));
+        }
+        let mut codes = Vec::with_capacity(values.len());
+        let mut scales = Vec::with_capacity(values.len() / block_size.max(1));
+        for chunk in values.chunks(block_size) {
+            let alpha = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = if alpha > 0.0 && alpha.is_finite() {
+                alpha / 7.0
+            } else {
+                1.0
+            };
+            scales.push(scale);
+            codes.extend(chunk.iter().map(|&x| quantize_code(x, scale, -7)));
+        }
+        Ok(Int4Weight {
+            out_dim,
+            in_dim,
+            block_size,
+            codes,
+            scales,
+        })
+    }
+
+    /// Checks the sizes and the code range.
+    pub fn validate(&self) -> Result<()> {
+        WeightQuantization::Int4 {
+            block_size: self.block_size,
+        }
+        .validate()?;
+        let n = self.out_dim * self.in_dim;
+        if self.codes.len() != n
+            || !self.in_dim.is_multiple_of(self.block_size)
+            || self.scales.len() != n / self.block_size
+        {
+            return Err(Error::InvalidInput(format!(
+                "int4 weight [{}, {}] with blocks of {} has {} codes and {} scales",
+                self.out_dim,
+                self.in_dim,
+                self.block_size,
+                self.codes.len(),
+                self.scales.len()
+            )));
+        }
+        if let Some(c) = self.codes.iter().find(|c| !(-8..=7).contains(*c)) {
+            return Err(Error::InvalidInput(format!(
+                "int4 code {c} is outside -8..=7"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The weight values, row-major `[out, in]` (`code * scale`).
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| f32::from(c) * self.scales[i / self.block_size])
+            .collect()
+    }
+}
+
+/// `round(x / scale)` clamped to `lo..=7`, computed in f32 as round-to-nearest does.
+pub(crate) fn quantize_code(x: f32, scale: f32, lo: i8) -> i8 {
+    (x / scale).round().clamp(f32::from(lo), 7.0) as i8
+}
+
 /// The weight matrix of a linear layer as it is kept in memory: f32, int8 blocks (burn quantized
 /// tensor) or int4 blocks (packed nibbles). Clones share the storage.
 #[derive(Debug, Clone)]
@@ -140,6 +243,9 @@ pub struct LinearWeight<B: Backend> {
     in_dim: usize,
     out_dim: usize,
     quantization: WeightQuantization,
+    /// The weight's name in its source (set when a `VarBuilder` loads it), which calibration
+    /// ([`crate::gptq`]) records its layer's inputs under.
+    name: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +275,7 @@ impl<B: Backend> LinearWeight<B> {
             in_dim,
             out_dim,
             quantization: WeightQuantization::None,
+            name: None,
         }
     }
 
@@ -217,13 +324,8 @@ impl<B: Backend> LinearWeight<B> {
                 Store::Int8(w.quantize_dynamic(&scheme))
             }
             WeightQuantization::Int4 { block_size } => {
-                let (words, scales) = pack_int4(values, block_size);
-                let n = words.len();
-                let s = scales.len();
-                Store::Int4 {
-                    words: Tensor::from_data(TensorData::new(words, [n]), device),
-                    scales: Tensor::from_data(TensorData::new(scales, [s]), device),
-                }
+                let int4 = Int4Weight::round_to_nearest(values, out_dim, in_dim, block_size)?;
+                return Self::from_int4(&int4, device);
             }
         };
         Ok(LinearWeight {
@@ -231,7 +333,39 @@ impl<B: Backend> LinearWeight<B> {
             in_dim,
             out_dim,
             quantization: q,
+            name: None,
         })
+    }
+
+    /// Keeps `w`'s codes and scales as they are, packed (the [`WeightQuantization::Int4`] form,
+    /// whatever chose them: round-to-nearest or a calibration such as [`crate::gptq`]).
+    pub fn from_int4(w: &Int4Weight, device: &B::Device) -> Result<Self> {
+        w.validate()?;
+        let words = pack_codes(&w.codes);
+        let (n, s) = (words.len(), w.scales.len());
+        Ok(LinearWeight {
+            store: Store::Int4 {
+                words: Tensor::from_data(TensorData::new(words, [n]), device),
+                scales: Tensor::from_data(TensorData::new(w.scales.clone(), [s]), device),
+            },
+            in_dim: w.in_dim,
+            out_dim: w.out_dim,
+            quantization: WeightQuantization::Int4 {
+                block_size: w.block_size,
+            },
+            name: None,
+        })
+    }
+
+    /// The same weight (sharing the storage) recorded under `name`, its name in the source.
+    pub fn with_name(mut self, name: &str) -> Self {
+        self.name = Some(Arc::from(name));
+        self
+    }
+
+    /// Its name in the source, when a `VarBuilder` loaded it.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// This weight kept as `q` instead (from a float weight; a quantized one is an error).
@@ -245,7 +379,9 @@ impl<B: Backend> LinearWeight<B> {
             return Ok(self.clone());
         }
         let values = self.to_out_in_f32()?;
-        Self::from_out_in(&values, self.out_dim, self.in_dim, q, &self.device())
+        let mut kept = Self::from_out_in(&values, self.out_dim, self.in_dim, q, &self.device())?;
+        kept.name = self.name.clone();
+        Ok(kept)
     }
 
     fn device(&self) -> B::Device {
@@ -332,27 +468,16 @@ pub(crate) fn to_f32_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<
         .map_err(|e| Error::Compute(format!("reading a weight back: {e:?}")))
 }
 
-/// Packs `values` (row-major, blocks of `block` consecutive values) as int4: the planar words
-/// described on [`LinearWeight`] and one scale per block.
-fn pack_int4(values: &[f32], block: usize) -> (Vec<i32>, Vec<f32>) {
-    let words = values.len().div_ceil(8).max(1);
+/// Packs int4 `codes` (-8..=7, row-major) as the planar words described on [`LinearWeight`]:
+/// `code + 8` in nibble `i / words` of word `i % words`.
+fn pack_codes(codes: &[i8]) -> Vec<i32> {
+    let words = codes.len().div_ceil(8).max(1);
     let mut packed = vec![0u32; words];
-    let mut scales = Vec::with_capacity(values.len().div_ceil(block));
-    for (b, chunk) in values.chunks(block).enumerate() {
-        let alpha = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let scale = if alpha > 0.0 && alpha.is_finite() {
-            alpha / 7.0
-        } else {
-            1.0
-        };
-        scales.push(scale);
-        for (j, &x) in chunk.iter().enumerate() {
-            let i = b * block + j;
-            let q = ((x / scale).round().clamp(-7.0, 7.0) as i32 + 8) as u32;
-            packed[i % words] |= q << (4 * (i / words));
-        }
+    for (i, &c) in codes.iter().enumerate() {
+        let q = (i32::from(c) + 8) as u32 & 15;
+        packed[i % words] |= q << (4 * (i / words));
     }
-    (packed.into_iter().map(|w| w as i32).collect(), scales)
+    packed.into_iter().map(|w| w as i32).collect()
 }
 
 #[cfg(test)]

@@ -92,7 +92,8 @@ use ipfs_accelerate_core::{
     BackendKind, Error, HostTensor, Residency, Result, SharedHandle, SharedTensors, TensorSource,
 };
 
-use crate::quant::LinearWeight;
+use crate::gptq::CalibratedWeights;
+use crate::quant::{Int4Weight, LinearWeight};
 use crate::WeightQuantization;
 
 /// How a load keeps its weights.
@@ -106,6 +107,10 @@ pub struct LoadSettings {
     pub residency: Residency,
     /// The name the load's handles are recorded under (the registry's holder).
     pub holder: String,
+    /// Int4 weights chosen by a calibration ([`crate::gptq`]), by linear weight name: those
+    /// layers are kept as these codes and scales (whatever `quantization` says), the others as
+    /// `quantization` asks.
+    pub calibrated: Option<CalibratedWeights>,
 }
 
 impl Default for LoadSettings {
@@ -115,6 +120,7 @@ impl Default for LoadSettings {
             share: false,
             residency: Residency::device(BackendKind::Cpu, 0),
             holder: "model".into(),
+            calibrated: None,
         }
     }
 }
@@ -143,6 +149,12 @@ impl LoadSettings {
         self.holder = holder.into();
         self
     }
+
+    /// With the linear layers `calibrated` names kept as its int4 codes and scales.
+    pub fn calibrated(mut self, calibrated: Option<CalibratedWeights>) -> Self {
+        self.calibrated = calibrated;
+        self
+    }
 }
 
 /// What one load holds: counts and bytes, as kept in memory.
@@ -165,6 +177,9 @@ pub struct WeightStats {
     pub linear_f32_bytes: u64,
     /// Tensors that were already loaded by another load and are shared with it.
     pub shared_tensors: usize,
+    /// Of the quantized linear layers, those kept as a calibration chose
+    /// ([`LoadSettings::calibrated`]) rather than rounded to nearest.
+    pub linear_calibrated: usize,
 }
 
 impl WeightStats {
@@ -180,6 +195,8 @@ struct Record {
     seen: HashSet<String>,
     handles: Vec<SharedHandle>,
     linear: Vec<(String, WeightQuantization)>,
+    /// Names of the linear weights built from a calibration's codes.
+    calibrated: HashSet<String>,
 }
 
 /// The weights of one load: its [`WeightStats`] and the registry handles that keep its shared
@@ -234,6 +251,10 @@ pub(crate) trait HeldWeight: Clone + Send + Sync + 'static {
     fn quantization(&self) -> WeightQuantization {
         WeightQuantization::None
     }
+    /// The value recorded under `name`, its name in the source (linear weights remember it).
+    fn named(self, _name: &str) -> Self {
+        self
+    }
 }
 
 impl<B: Backend, const D: usize> HeldWeight for Tensor<B, D> {
@@ -259,6 +280,10 @@ impl<B: Backend> HeldWeight for LinearWeight<B> {
     fn quantization(&self) -> WeightQuantization {
         LinearWeight::quantization(self)
     }
+
+    fn named(self, name: &str) -> Self {
+        self.with_name(name)
+    }
 }
 
 /// A registry entry's device copy: the value as the load keeps it.
@@ -276,6 +301,24 @@ impl<T: HeldWeight> DeviceCopy for Held<T> {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// One tensor a load asks for: where it comes from and the form it is kept in.
+struct Request<'a, B: Backend> {
+    source: &'a dyn TensorSource,
+    name: &'a str,
+    shape: &'a [usize],
+    form: &'a str,
+    device: &'a B::Device,
+    kind: Kind,
+}
+
+/// `w` as the linear weight type `T` of a load on backend `B`.
+fn calibrated_weight<B: Backend, T: HeldWeight>(w: &Int4Weight, device: &B::Device) -> Result<T> {
+    let value: Box<dyn Any> = Box::new(LinearWeight::<B>::from_int4(w, device)?);
+    value.downcast::<T>().map(|v| *v).map_err(|_| {
+        Error::Compute("a calibrated int4 weight was asked for as another tensor type".into())
+    })
 }
 
 /// The registry every load scope's weights are entries of.
@@ -390,7 +433,8 @@ impl LoadContext {
     }
 
     /// Loads one tensor: reads the host copy with `host` and builds the kept value with `build`,
-    /// or, when another load (or this one) already holds the same entry, clones its value.
+    /// or, when another load (or this one) already holds the same entry, clones its value. A
+    /// linear weight the settings' calibration covers is built from its int4 codes instead.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn fetch<B: Backend, T: HeldWeight>(
         &self,
@@ -403,7 +447,64 @@ impl LoadContext {
         host: impl FnOnce() -> Result<HostTensor>,
         build: impl FnOnce(&HostTensor) -> Result<T>,
     ) -> Result<T> {
-        let key = self.entry_name::<B>(source, name, shape, form, device);
+        let calibrated = match (&kind, &self.settings) {
+            (Kind::Linear { .. }, Some(s)) => s
+                .calibrated
+                .as_ref()
+                .and_then(|c| c.get(name).map(|w| (c.id(), w))),
+            _ => None,
+        };
+        let mut request = Request::<B> {
+            source,
+            name,
+            shape,
+            form,
+            device,
+            kind,
+        };
+        let Some((id, w)) = calibrated else {
+            return Ok(self.fetch_built(request, host, build)?.named(name));
+        };
+        if shape != [w.out_dim, w.in_dim] {
+            return Err(Error::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                actual: vec![w.out_dim, w.in_dim],
+            });
+        }
+        let form = format!("linear-int4-{}-calibrated-{id}", w.block_size);
+        request.form = &form;
+        // Kept quantized, whatever the settings' own quantization would have done.
+        if let Kind::Linear { kept_float, .. } = &mut request.kind {
+            *kept_float = false;
+        }
+        let value = self.fetch_built(
+            request,
+            || HostTensor::from_f32(shape.to_vec(), &w.dequantize()),
+            |_: &HostTensor| calibrated_weight::<B, T>(w, device),
+        )?;
+        let mut record = self.weights.lock();
+        if record.calibrated.insert(name.to_string()) {
+            record.stats.linear_calibrated += 1;
+        }
+        Ok(value.named(name))
+    }
+
+    /// [`fetch`](Self::fetch) of a value made by `build`.
+    fn fetch_built<B: Backend, T: HeldWeight>(
+        &self,
+        request: Request<'_, B>,
+        host: impl FnOnce() -> Result<HostTensor>,
+        build: impl FnOnce(&HostTensor) -> Result<T>,
+    ) -> Result<T> {
+        let key = self.entry_name::<B>(
+            request.source,
+            request.name,
+            request.shape,
+            request.form,
+            request.device,
+        );
+        let kind = request.kind;
         let Some(settings) = &self.settings else {
             let value = build(&host()?)?;
             self.count(None, &value, kind, false, None);
