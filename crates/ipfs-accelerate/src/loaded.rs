@@ -43,14 +43,21 @@ pub(crate) struct Scoped<W> {
     pub(crate) share: bool,
 }
 
+impl<W> Scoped<W> {
+    /// The load scope's settings on the backend `kind`.
+    fn settings(&self, kind: BackendKind) -> LoadSettings {
+        LoadSettings::default()
+            .quantize(self.quantization)
+            .share(self.share)
+            .on(kind, 0)
+    }
+}
+
 impl<W: WithBackend> WithBackend for Scoped<W> {
     type Output = (W::Output, LoadedWeights);
 
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
-        let settings = LoadSettings::default()
-            .quantize(self.quantization)
-            .share(self.share)
-            .on(hal.kind(), 0);
+        let settings = self.settings(hal.kind());
         let (out, weights) = load_scope(settings, || self.work.run(hal));
         Ok((out?, weights))
     }
@@ -61,12 +68,8 @@ impl<W: WithBackend> WithBackend for Scoped<W> {
 /// then loads it again keeping those layers as GPTQ chose (the others rounded to nearest). The
 /// float copy is dropped before the final load.
 pub(crate) struct Calibrated<'a, W: WithBackend> {
-    /// The family's loader (cloned for each load).
-    pub(crate) work: W,
-    /// How to keep the linear weights (int4).
-    pub(crate) quantization: WeightQuantization,
-    /// Whether to share weights with other loads.
-    pub(crate) share: bool,
+    /// The family's loader (cloned for each load) and how to keep its weights (int4).
+    pub(crate) scoped: Scoped<W>,
     /// The solver's settings.
     pub(crate) options: GptqOptions,
     /// Runs the calibration inputs through a loaded model.
@@ -79,21 +82,14 @@ impl<W: WithBackend + Clone> WithBackend for Calibrated<'_, W> {
     type Output = (W::Output, LoadedWeights, Duration, usize);
 
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
-        let settings = LoadSettings::default()
-            .quantize(self.quantization)
-            .share(self.share)
-            .on(hal.kind(), 0);
+        let settings = self.scoped.settings(hal.kind());
+        let work = self.scoped.work;
         let clock = std::time::Instant::now();
-        let calibrated = calibrate(
-            &settings,
-            &self.options,
-            || self.work.clone().run(hal),
-            self.run,
-        )?;
+        let calibrated = calibrate(&settings, &self.options, || work.clone().run(hal), self.run)?;
         let duration = clock.elapsed();
         let layers = calibrated.len();
         let settings = settings.calibrated(Some(calibrated));
-        let (out, weights) = load_scope(settings, || self.work.run(hal));
+        let (out, weights) = load_scope(settings, || work.run(hal));
         Ok((out?, weights, duration, layers))
     }
 }

@@ -242,9 +242,11 @@ impl PipelineBuilder {
                 };
                 let ((model, loaded, duration, layers), selection) =
                     load_on_first_usable(&preferences, self.precision, || Calibrated {
-                        work: work.clone(),
-                        quantization: self.quantization,
-                        share: self.share_weights,
+                        scoped: Scoped {
+                            work: work.clone(),
+                            quantization: self.quantization,
+                            share: self.share_weights,
+                        },
                         options: self.gptq,
                         run: &run,
                     })?;
@@ -303,12 +305,7 @@ fn calibration_inputs(
     texts: &[String],
     q: WeightQuantization,
 ) -> Result<Vec<Encoded>> {
-    if !matches!(q, WeightQuantization::Int4 { .. }) {
-        return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
-            "calibration (GPTQ) applies to int4 weights: add `.quantize(Int4 {{ .. }})` (got {q:?})"
-        ))
-        .into());
-    }
+    ipfs_accelerate_nn::gptq::calibration_block_size(q)?;
     let encoded = texts
         .iter()
         .filter(|t| !t.trim().is_empty())

@@ -752,6 +752,18 @@ impl std::fmt::Debug for CalibratedWeights {
     }
 }
 
+/// The block size of `q` when it can be calibrated (valid [`WeightQuantization::Int4`]); an error
+/// naming the quantization otherwise.
+pub fn calibration_block_size(q: WeightQuantization) -> Result<usize> {
+    let WeightQuantization::Int4 { block_size } = q else {
+        return Err(Error::InvalidInput(format!(
+            "calibration (GPTQ) applies to int4 weights: add `.quantize(Int4 {{ .. }})` (got {q:?})"
+        )));
+    };
+    q.validate()?;
+    Ok(block_size)
+}
+
 /// Calibrates a model's linear layers for int4: loads it with `load` (inside a [`load_scope`]
 /// with `settings`' residency and holder, float weights, unshared), runs the calibration inputs
 /// through it with `run` inside a [`calibration_scope`], and GPTQ-quantizes every recorded layer
@@ -767,14 +779,7 @@ pub fn calibrate<M, E: From<Error>>(
     mut run: impl FnMut(&M) -> std::result::Result<(), E>,
 ) -> std::result::Result<CalibratedWeights, E> {
     options.validate()?;
-    let WeightQuantization::Int4 { block_size } = settings.quantization else {
-        return Err(Error::InvalidInput(format!(
-            "calibration (GPTQ) needs int4 quantization, not {:?}",
-            settings.quantization
-        ))
-        .into());
-    };
-    settings.quantization.validate()?;
+    let block_size = calibration_block_size(settings.quantization)?;
     let mut done: HashMap<String, Int4Weight> = HashMap::new();
     let mut calibrated = CalibratedWeights::new(HashMap::new());
     loop {
