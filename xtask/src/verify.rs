@@ -22,12 +22,19 @@ pub struct Args {
     /// loosen to at least 1e-2 (f16) / 5e-2 (bf16); integer outputs must still match.
     #[arg(long, default_value = "f32")]
     precision: Precision,
+    /// Kernel fusion on the CubeCL backends (cuda, wgpu): `on` or `off` (default: on, or what
+    /// `IPFS_ACCELERATE_FUSION` says).
+    #[arg(long, value_parser = ipfs_accelerate_bench::cli::parse_switch)]
+    fusion: Option<bool>,
     /// Also print the results as JSON lines.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(on) = args.fusion {
+        ipfs_accelerate::set_kernel_fusion(on);
+    }
     let backends = args
         .backend
         .iter()

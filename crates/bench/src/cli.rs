@@ -37,6 +37,11 @@ pub struct BenchArgs {
     /// in one precision per process: give f16 / bf16 on a GPU in a run of their own.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     pub dtype: Vec<String>,
+    /// Kernel fusion on the CubeCL backends (cuda, wgpu), comma separated: `on`, `off` or
+    /// `on,off` (both, the unfused points recorded as `<backend>/unfused`). Default: on, or what
+    /// `IPFS_ACCELERATE_FUSION` says.
+    #[arg(long, value_delimiter = ',', value_parser = parse_switch)]
+    pub fusion: Vec<bool>,
     /// Timed iterations per point.
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
@@ -153,6 +158,7 @@ pub fn bench(
         batches: args.batch.clone(),
         sizes: args.seq.clone(),
         dtypes: args.dtype.clone(),
+        fusion: args.fusion.clone(),
         warmup: args.warmup,
         iters: args.iters,
         peak_flops: args.peak_gflops.map(|g| g * 1e9),
@@ -227,4 +233,13 @@ pub fn compare(args: &CompareArgs) -> Result<(), BenchError> {
         html::compare_backends(&measurements, &args.family, args.model.as_deref())
     );
     Ok(())
+}
+
+/// Parses a switch: `on` / `off` (and `1` / `0`, `true` / `false`).
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        other => Err(format!("expected on or off, got `{other}`")),
+    }
 }

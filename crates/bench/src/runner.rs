@@ -35,6 +35,10 @@ pub struct BenchSpec {
     pub sizes: Vec<usize>,
     /// Compute precisions (`f32`; others are recorded as failed until a backend implements them).
     pub dtypes: Vec<String>,
+    /// Kernel fusion settings to measure on the CubeCL backends (cuda, wgpu): `[true, false]`
+    /// measures both, the unfused points recorded under `<backend>/unfused`. Empty: the process
+    /// setting ([`ipfs_accelerate::kernel_fusion`]). Other backends run once.
+    pub fusion: Vec<bool>,
     /// Untimed iterations before timing.
     pub warmup: usize,
     /// Timed iterations.
@@ -57,6 +61,7 @@ impl Default for BenchSpec {
             batches: vec![1],
             sizes: Vec::new(),
             dtypes: vec!["f32".into()],
+            fusion: Vec::new(),
             warmup: 2,
             iters: 10,
             peak_flops: None,
@@ -281,7 +286,8 @@ pub fn run_info(backends: &[BackendKind], command: &str) -> RunInfo {
 struct Point<'a> {
     run: &'a RunInfo,
     plan: &'a ModelPlan,
-    backend: BackendKind,
+    /// The backend's name, with `/unfused` when kernel fusion is off.
+    backend: &'a str,
     dtype: &'a str,
     batch: usize,
     size: usize,
@@ -369,8 +375,26 @@ pub fn run_benchmark(
     } else {
         spec.dtypes.clone()
     };
-    let total =
-        (spec.backends.len() * dtypes.len() * points.len() * (spec.warmup + spec.iters)) as u64;
+    // `None`: a backend without a fusion setting.
+    let fusions = |backend: BackendKind| -> Vec<Option<bool>> {
+        let cubecl = matches!(
+            backend,
+            BackendKind::Cuda
+                | BackendKind::Rocm
+                | BackendKind::Metal
+                | BackendKind::Wgpu
+                | BackendKind::WebGpu
+        );
+        if !cubecl {
+            vec![None]
+        } else if spec.fusion.is_empty() {
+            vec![Some(ipfs_accelerate::kernel_fusion())]
+        } else {
+            spec.fusion.iter().map(|&f| Some(f)).collect()
+        }
+    };
+    let variants: usize = spec.backends.iter().map(|&b| fusions(b).len()).sum();
+    let total = (variants * dtypes.len() * points.len() * (spec.warmup + spec.iters)) as u64;
     let bar = if spec.progress {
         ProgressBar::new(total)
     } else {
@@ -399,15 +423,28 @@ pub fn run_benchmark(
             .peak_flops
             .or_else(|| device_name.as_deref().and_then(known_peak_flops));
         // Load once per backend and dtype (measured), unless the backend cannot run at all.
-        let unusable = availability.reason(backend);
+        let unusable = match &availability {
+            Availability::Unavailable(reason) => Some(reason.clone()),
+            other => other.reason(backend),
+        };
         let unavailable = unusable.is_some();
-        for dtype in &dtypes {
+        for (dtype, fusion) in dtypes
+            .iter()
+            .flat_map(|d| fusions(backend).into_iter().map(move |f| (d, f)))
+        {
+            let label = match fusion {
+                Some(false) => format!("{backend}/unfused"),
+                _ => backend.to_string(),
+            };
             let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match &unusable {
                 Some(reason) => Err(reason.clone()),
                 None => match dtype.parse::<Precision>() {
                     Err(e) => Err(e.to_string()),
                     Ok(precision) => {
-                        bar.set_message(format!("loading {} on {backend} ({dtype})", plan.label));
+                        if let Some(on) = fusion {
+                            ipfs_accelerate::set_kernel_fusion(on);
+                        }
+                        bar.set_message(format!("loading {} on {label} ({dtype})", plan.label));
                         let start = Instant::now();
                         ipfs_accelerate::conformance::load_family_in(
                             &plan.family,
@@ -424,7 +461,7 @@ pub fn run_benchmark(
                 let point = Point {
                     run: &run,
                     plan: &plan,
-                    backend,
+                    backend: &label,
                     dtype,
                     batch,
                     size,
@@ -444,7 +481,7 @@ pub fn run_benchmark(
                     }
                     Ok((runner, load_ms)) => (runner, *load_ms),
                 };
-                bar.set_message(format!("{} {backend} b{batch}×{size}", plan.label));
+                bar.set_message(format!("{} {label} b{batch}×{size}", plan.label));
                 let m = measure(
                     &point,
                     runner.as_ref(),

@@ -56,6 +56,9 @@ struct Cli {
     /// A backend that does not compute in it is skipped with the reason (`generate` runs f32).
     #[arg(long, global = true, default_value = "f32")]
     precision: ipfs_accelerate::Precision,
+    /// Kernel fusion on the CubeCL backends (cuda, wgpu): `on` (default) or `off`.
+    #[arg(long, global = true, value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate_bench::cli::parse_switch)]
+    fusion: Option<bool>,
     #[command(subcommand)]
     command: Command,
 }
@@ -286,6 +289,9 @@ fn print_weights(w: &ipfs_accelerate::weights::WeightStats) {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(on) = cli.fusion {
+        ipfs_accelerate::set_kernel_fusion(on);
+    }
     if let Command::Devices { json } = &cli.command {
         return devices(*json);
     }

@@ -305,6 +305,12 @@ pub trait Backend: ProbeBackend + Clone + 'static {
     fn set_precision(&self, precision: Precision) -> Result<(), Error> {
         set_device_precision::<Self::Burn>(&self.device(), self.kind(), precision)
     }
+    /// Whether this device's f32 matrix kernels round their inputs to a shorter mantissa (TF32
+    /// tensor cores). The models then split their f32 products into exact parts
+    /// (`ipfs_accelerate_nn::exact`) to compute what HF transformers computes in f32.
+    fn rounds_f32_products(&self) -> bool {
+        false
+    }
 }
 
 /// The float type a model computes in. `F32` is the default everywhere; `F16` / `BF16` halve the

@@ -1,6 +1,8 @@
 //! The backends compiled into this build, and dispatch from a run-time [`BackendKind`] to the
 //! compile-time burn backend type.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use ipfs_accelerate_core::{Availability, BackendKind, Precision, ProbeBackend, Selector};
 
 use crate::{Error, Result};
@@ -14,11 +16,20 @@ pub fn compiled_backends() -> Vec<Box<dyn ProbeBackend>> {
     v.push(Box::new(
         ipfs_accelerate_backend_cuda::CudaBackend::default(),
     ));
+    #[cfg(feature = "rocm")]
+    v.push(Box::new(
+        ipfs_accelerate_backend_rocm::RocmBackend::default(),
+    ));
     // one backend under both kinds: `wgpu` (native API) and `webgpu` (same adapter and kernels)
     #[cfg(feature = "wgpu")]
     v.extend([BackendKind::Wgpu, BackendKind::WebGpu].map(|kind| {
         Box::new(ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind)) as Box<dyn ProbeBackend>
     }));
+    // the same backend on Metal adapters only, with MSL kernels
+    #[cfg(feature = "metal")]
+    v.push(Box::new(ipfs_accelerate_backend_wgpu::WgpuBackend::new(
+        BackendKind::Metal,
+    )));
     #[cfg(feature = "cpu")]
     v.push(Box::new(ipfs_accelerate_backend_cpu::CpuBackend));
     #[cfg(feature = "onnx")]
@@ -123,6 +134,48 @@ pub(crate) fn load_on_first_usable<W: WithBackend>(
     }))
 }
 
+/// The process-wide fusion setting: 0 = unset (the environment decides), 1 = on, 2 = off.
+static FUSION: AtomicU8 = AtomicU8::new(0);
+
+/// The environment variable that turns kernel fusion off on the CubeCL backends (`0` / `off`).
+pub const FUSION_ENV: &str = "IPFS_ACCELERATE_FUSION";
+/// The environment variable that lets CUDA's f32 matmuls round to TF32 (`1`): faster, and off by
+/// default because outputs then move by up to a few percent from HF's f32 ones.
+pub const TF32_ENV: &str = "IPFS_ACCELERATE_TF32";
+
+/// Turns kernel fusion on or off for the CubeCL backends (cuda, wgpu) in the loads that follow,
+/// in this process (models already loaded keep theirs). The default is on, unless
+/// `IPFS_ACCELERATE_FUSION` is `0`, `false` or `off`. With fusion, burn records tensor ops and
+/// compiles chains of element-wise work (and the element-wise work around matmuls and
+/// reductions) into single kernels; without it every op is its own kernel.
+pub fn set_kernel_fusion(on: bool) {
+    FUSION.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Whether loads on the CubeCL backends use kernel fusion ([`set_kernel_fusion`]).
+pub fn kernel_fusion() -> bool {
+    match FUSION.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => !matches!(
+            std::env::var(FUSION_ENV)
+                .map(|v| v.trim().to_ascii_lowercase())
+                .as_deref(),
+            Ok("0" | "false" | "off")
+        ),
+    }
+}
+
+/// Whether `IPFS_ACCELERATE_TF32` allows TF32 matmuls.
+fn tf32_allowed() -> bool {
+    matches!(
+        std::env::var(TF32_ENV)
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref(),
+        Ok("1" | "true" | "on")
+    )
+}
+
 /// Work that needs a concrete backend type: implemented once, run on whichever backend is chosen.
 pub(crate) trait WithBackend {
     type Output;
@@ -139,17 +192,29 @@ pub(crate) fn with_backend<W: WithBackend>(
         #[cfg(feature = "cpu")]
         BackendKind::Cpu => run_in(&ipfs_accelerate_backend_cpu::CpuBackend, precision, work),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => run_in(
-            &ipfs_accelerate_backend_cuda::CudaBackend::default(),
-            precision,
-            work,
-        ),
+        BackendKind::Cuda => {
+            use ipfs_accelerate_backend_cuda::CudaBackend;
+            fused_or_not(
+                CudaBackend::new(0),
+                CudaBackend::unfused(0),
+                precision,
+                work,
+            )
+        }
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => {
+            use ipfs_accelerate_backend_rocm::RocmBackend;
+            fused_or_not(
+                RocmBackend::new(0),
+                RocmBackend::unfused(0),
+                precision,
+                work,
+            )
+        }
+        #[cfg(feature = "metal")]
+        BackendKind::Metal => wgpu_in(kind, precision, work),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu | BackendKind::WebGpu => run_in(
-            &ipfs_accelerate_backend_wgpu::WgpuBackend::new(kind),
-            precision,
-            work,
-        ),
+        BackendKind::Wgpu | BackendKind::WebGpu => wgpu_in(kind, precision, work),
         other => {
             let _ = (work, precision);
             Err(Error::Core(
@@ -162,14 +227,62 @@ pub(crate) fn with_backend<W: WithBackend>(
     }
 }
 
-/// Sets the device's precision, then runs `work` on `hal`.
+/// Runs `work` on the wgpu backend as `kind` (wgpu, webgpu or metal).
+#[cfg(feature = "wgpu")]
+fn wgpu_in<W: WithBackend>(kind: BackendKind, precision: Precision, work: W) -> Result<W::Output> {
+    use ipfs_accelerate_backend_wgpu::WgpuBackend;
+    fused_or_not(
+        WgpuBackend::new(kind),
+        WgpuBackend::unfused(kind),
+        precision,
+        work,
+    )
+}
+
+/// Runs `work` on `fused` when kernel fusion is on ([`kernel_fusion`]), else on `unfused`; the
+/// fused attention path (`ipfs_accelerate_nn::attention::set_fused_attention`) follows the same
+/// switch.
+#[allow(dead_code)] // unused only in a build with no CubeCL backend
+fn fused_or_not<F, U, W>(fused: F, unfused: U, precision: Precision, work: W) -> Result<W::Output>
+where
+    F: ipfs_accelerate_core::Backend,
+    U: ipfs_accelerate_core::Backend,
+    W: WithBackend,
+{
+    let fusion = kernel_fusion();
+    ipfs_accelerate_nn::attention::set_fused_attention(fusion);
+    if fusion {
+        run_in(&fused, precision, work)
+    } else {
+        run_in(&unfused, precision, work)
+    }
+}
+
+/// Checks that `hal` can run here, sets the device's precision, then runs `work` on `hal`. On a device whose f32 matrix kernels
+/// round to TF32, f32 products are split into exact parts (`ipfs_accelerate_nn::exact`) unless
+/// `IPFS_ACCELERATE_TF32=1`.
 #[allow(dead_code)] // unused only in a build with no native backend
 fn run_in<H: ipfs_accelerate_core::Backend, W: WithBackend>(
     hal: &H,
     precision: Precision,
     work: W,
 ) -> Result<W::Output> {
+    // burn panics creating a device the machine does not have: say why instead.
+    if let Some(reason) = hal.probe().reason(hal.kind()) {
+        return Err(Error::Core(
+            ipfs_accelerate_core::Error::BackendUnavailable {
+                kind: hal.kind().to_string(),
+                reason: reason
+                    .strip_prefix("unavailable: ")
+                    .unwrap_or(&reason)
+                    .to_string(),
+            },
+        ));
+    }
     hal.set_precision(precision)?;
+    if precision == Precision::F32 && hal.rounds_f32_products() && !tf32_allowed() {
+        ipfs_accelerate_nn::exact::split_f32_products::<H::Burn>();
+    }
     work.run(hal)
 }
 

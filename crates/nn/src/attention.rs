@@ -1,9 +1,11 @@
 //! Attention helpers: masks, head splitting and scaled dot-product attention.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::tensor::{activation, backend::Backend, Tensor, TensorData};
 use ipfs_accelerate_core::{Error, Result};
 
-use crate::{Linear, VarBuilder};
+use crate::{exact, Linear, VarBuilder};
 
 /// `[batch, seq, heads * head_dim]` → `[batch, heads, seq, head_dim]`.
 pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
@@ -101,6 +103,27 @@ fn mask_bias<B: Backend>(
     Tensor::from_data(TensorData::new(data, [batch, heads, queries, keys]), device)
 }
 
+/// Whether [`sdpa`] may hand unmasked attention to burn's fused attention op (set by
+/// [`set_fused_attention`]; on by default).
+static FUSED_ATTENTION: AtomicBool = AtomicBool::new(true);
+
+/// Turns the fused attention path of [`sdpa`] on or off for this process. With it on, attention
+/// without a bias and with the default scale goes to burn's `module::attention`, which the CubeCL
+/// backends (cuda, wgpu, rocm) run as one flash-attention kernel (autotuned against the unfused
+/// kernels); the facade turns it off with kernel fusion.
+pub fn set_fused_attention(on: bool) {
+    FUSED_ATTENTION.store(on, Ordering::Relaxed);
+}
+
+/// Whether `q`'s attention takes burn's fused op: the path is on, the backend is not the CPU one
+/// (whose own fused kernel is [`crate::fast::attention`]), and its f32 products are not split
+/// ([`crate::exact`]: the flash kernel's inner products would round to TF32).
+fn uses_fused_attention<B: Backend>(q: &Tensor<B, 4>) -> bool {
+    FUSED_ATTENTION.load(Ordering::Relaxed)
+        && !crate::fast::is_cpu_backend::<B>()
+        && !(q.dtype() == burn::tensor::DType::F32 && exact::splits_f32_products::<B>())
+}
+
 /// Scaled dot-product attention over `[batch, heads, seq, head_dim]` tensors:
 /// `softmax(q kᵀ · scale + bias) v`, with `scale` defaulting to `1/sqrt(head_dim)` and `bias` an
 /// additive `[batch, heads, queries, keys]` tensor (padding / causal masks from [`padding_bias`],
@@ -114,15 +137,18 @@ pub fn sdpa<B: Backend>(
     scale: Option<f64>,
 ) -> Tensor<B, 4> {
     let head_dim = q.dims()[3];
+    if bias.is_none() && scale.is_none() && q.dims()[1] == k.dims()[1] && uses_fused_attention(&q) {
+        return burn::tensor::module::attention(q, k, v, None, None, Default::default());
+    }
     let scale = scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
     if let Some(out) = crate::fast::attention(&q, &k, &v, bias, scale) {
         return out;
     }
-    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    let mut scores = exact::matmul(q, k.swap_dims(2, 3)).mul_scalar(scale);
     if let Some(bias) = bias {
         scores = scores + bias.clone();
     }
-    activation::softmax(scores, 3).matmul(v)
+    exact::matmul(activation::softmax(scores, 3), v)
 }
 
 /// Which of the four projections of a [`MultiHeadAttention`] carry a bias.

@@ -228,7 +228,7 @@ impl<B: Backend> Conv1d<B> {
     /// `[batch, in, length]` → `[batch, out, length']`. The caller guarantees `in` equals
     /// [`Conv::in_channels`] and the input is at least as long as the dilated kernel.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        burn::tensor::module::conv1d(
+        crate::exact::conv1d(
             x,
             self.weight.clone(),
             self.bias.clone(),
@@ -241,7 +241,7 @@ impl<B: Backend> Conv2d<B> {
     /// `[batch, in, h, w]` → `[batch, out, h', w']`. The caller guarantees `in` equals
     /// [`Conv::in_channels`] and the input is at least as large as the dilated kernel.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        burn::tensor::module::conv2d(
+        crate::exact::conv2d(
             x,
             self.weight.clone(),
             self.bias.clone(),

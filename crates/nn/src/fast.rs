@@ -27,11 +27,14 @@ pub fn enabled() -> bool {
     })
 }
 
+/// Whether `B` is the CPU backend (burn-flex).
+pub fn is_cpu_backend<B: Backend>() -> bool {
+    TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<FlexTensor>()
+}
+
 /// Whether `t` is an f32 burn-flex tensor the kernels can read.
 fn eligible<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<FlexTensor>()
-        && t.dtype() == DType::F32
-        && enabled()
+    is_cpu_backend::<B>() && t.dtype() == DType::F32 && enabled()
 }
 
 /// The burn-flex tensor inside `t` (the caller checked [`eligible`]). `None` for a quantized

@@ -11,6 +11,7 @@ pub mod attention;
 pub mod conv;
 pub mod convert;
 mod embedding;
+pub mod exact;
 pub mod fast;
 pub mod generate;
 pub mod gptq;

@@ -129,7 +129,7 @@ impl<B: Backend> PatchEmbedding<B> {
             .reshape([b, c, gh, p, gw, p])
             .permute([0, 2, 4, 1, 3, 5])
             .reshape([b * gh * gw, c * p * p]);
-        let y = burn::tensor::module::linear(patches, self.weight.clone(), self.bias.clone());
+        let y = crate::exact::linear(patches, self.weight.clone(), self.bias.clone());
         let hidden = self.weight.dims()[1];
         Ok(y.reshape([b, gh * gw, hidden]))
     }
@@ -197,12 +197,9 @@ pub fn interpolate_bicubic<B: Backend>(
         &device,
     );
     // Along the width: [c·h, w] × [w, out_w].
-    let x = grid
-        .reshape([c * h, w])
-        .matmul(mx.transpose())
-        .reshape([c, h, out_w]);
+    let x = crate::exact::matmul(grid.reshape([c * h, w]), mx.transpose()).reshape([c, h, out_w]);
     // Along the height: [out_h, h] × [c, h, out_w] for every channel.
-    my.unsqueeze::<3>().expand([c, out_h, h]).matmul(x)
+    crate::exact::matmul(my.unsqueeze::<3>().expand([c, out_h, h]), x)
 }
 
 /// ViT / CLIP `interpolate_pos_encoding`: `positions` `[1 + n, hidden]` (class position first,

@@ -1,26 +1,67 @@
 //! # ipfs-accelerate-backend-cuda
 //!
 //! NVIDIA GPUs through burn's CUDA backend (CubeCL kernels compiled at run time with NVRTC, kernel
-//! fusion and autotuning on). Nothing CUDA is linked at build time: the probe opens the driver
+//! fusion and autotuning on; fusion can be turned off, see [`CudaUnfusedBurn`]). Compiled kernels
+//! and autotune results persist across processes
+//! ([`ipfs_accelerate_cubecl::install_kernel_cache`]). Nothing CUDA is linked at build time: the probe opens the driver
 //! library (`libcuda.so.1` / `nvcuda.dll`) with `libloading` and asks it for the devices, so a
 //! binary built with the `cuda` feature starts, reports "unavailable: <reason>" and falls back on
 //! a machine without an NVIDIA driver instead of aborting (candle's failure mode, #3900).
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::marker::PhantomData;
 
 use ipfs_accelerate_core::{
     Availability, Backend, BackendKind, Capabilities, DeviceInfo, Error, ProbeBackend,
 };
+use ipfs_accelerate_cubecl::VendorLibrary;
 
-/// The burn backend type the CUDA path runs on (f32 floats, i32 integers).
+/// The burn backend type the CUDA path runs on (f32 floats, i32 integers; kernels fused).
 pub type CudaBurn = burn_cuda::Cuda<f32, i32>;
 
-/// The CUDA backend on device `index`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CudaBackend {
+/// The same backend without kernel fusion: every tensor op launches its own kernel.
+pub type CudaUnfusedBurn =
+    burn_cubecl::CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+/// The CUDA backend on device `index`, running models on the burn backend `B` ([`CudaBurn`]:
+/// fused, the default; or [`CudaUnfusedBurn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CudaBackend<B = CudaBurn> {
     /// Device ordinal.
     pub index: usize,
+    burn: PhantomData<fn() -> B>,
 }
+
+impl Default for CudaBackend {
+    fn default() -> Self {
+        CudaBackend::new(0)
+    }
+}
+
+impl CudaBackend {
+    /// The fused backend on device `index`.
+    pub fn new(index: usize) -> Self {
+        CudaBackend {
+            index,
+            burn: PhantomData,
+        }
+    }
+}
+
+impl CudaBackend<CudaUnfusedBurn> {
+    /// The backend without kernel fusion on device `index`.
+    pub fn unfused(index: usize) -> Self {
+        CudaBackend {
+            index,
+            burn: PhantomData,
+        }
+    }
+}
+
+/// The burn backend types [`CudaBackend`] runs on (fused and unfused CubeCL CUDA).
+pub trait CudaBurnBackend: burn::tensor::backend::Backend<Device = burn_cuda::CudaDevice> {}
+impl CudaBurnBackend for CudaBurn {}
+impl CudaBurnBackend for CudaUnfusedBurn {}
 
 #[cfg(target_os = "windows")]
 const DRIVER_LIBRARIES: &[&str] = &["nvcuda.dll"];
@@ -49,43 +90,21 @@ pub struct CudaDeviceReport {
 /// Asks the driver library about device `index`: `Err` names what is missing (no library, no
 /// device, an init error code) and never panics.
 pub fn query_device(index: usize) -> Result<CudaDeviceReport, String> {
-    // SAFETY: loading the vendor driver runs its initialisers, which is what every CUDA program
-    // does; the symbols are looked up by their documented names and C signatures.
-    let lib = DRIVER_LIBRARIES
-        .iter()
-        .find_map(|name| unsafe { libloading::Library::new(name) }.ok())
-        .ok_or_else(|| {
-            format!(
-                "the NVIDIA driver library ({}) is not installed",
-                DRIVER_LIBRARIES.join(" / ")
-            )
-        })?;
+    let lib = VendorLibrary::open(DRIVER_LIBRARIES, "NVIDIA driver library", "CUDA")?;
+    // SAFETY: the symbols are the driver API's documented functions with their C signatures.
     unsafe {
-        let sym = |name: &[u8]| -> Result<*const (), String> {
-            lib.get::<*const ()>(name)
-                .map(|s| *s)
-                .map_err(|e| format!("driver symbol {}: {e}", String::from_utf8_lossy(name)))
-        };
-        let cu_init: extern "C" fn(c_uint) -> CuResult = std::mem::transmute(sym(b"cuInit\0")?);
+        let cu_init: extern "C" fn(c_uint) -> CuResult = lib.function(b"cuInit\0")?;
         let driver_version: extern "C" fn(*mut c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDriverGetVersion\0")?);
-        let count: extern "C" fn(*mut c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDeviceGetCount\0")?);
-        let get: extern "C" fn(*mut c_int, c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDeviceGet\0")?);
+            lib.function(b"cuDriverGetVersion\0")?;
+        let count: extern "C" fn(*mut c_int) -> CuResult = lib.function(b"cuDeviceGetCount\0")?;
+        let get: extern "C" fn(*mut c_int, c_int) -> CuResult = lib.function(b"cuDeviceGet\0")?;
         let get_name: extern "C" fn(*mut c_char, c_int, c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDeviceGetName\0")?);
+            lib.function(b"cuDeviceGetName\0")?;
         let total_mem: extern "C" fn(*mut usize, c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDeviceTotalMem_v2\0")?);
+            lib.function(b"cuDeviceTotalMem_v2\0")?;
         let attribute: extern "C" fn(*mut c_int, c_int, c_int) -> CuResult =
-            std::mem::transmute(sym(b"cuDeviceGetAttribute\0")?);
-        let check = |what: &str, code: CuResult| {
-            if code == 0 {
-                Ok(())
-            } else {
-                Err(format!("{what} failed with CUDA error {code}"))
-            }
-        };
+            lib.function(b"cuDeviceGetAttribute\0")?;
+        let check = |call: &str, code: CuResult| lib.check(call, code);
         check("cuInit", cu_init(0))?;
         let mut version = 0;
         check("cuDriverGetVersion", driver_version(&mut version))?;
@@ -120,7 +139,7 @@ pub fn query_device(index: usize) -> Result<CudaDeviceReport, String> {
     }
 }
 
-impl CudaBackend {
+impl<B> CudaBackend<B> {
     /// The device report as a [`DeviceInfo`].
     pub fn device_info(&self) -> Result<DeviceInfo, String> {
         let r = query_device(self.index)?;
@@ -154,7 +173,7 @@ impl CudaBackend {
     }
 }
 
-impl ProbeBackend for CudaBackend {
+impl<B: CudaBurnBackend> ProbeBackend for CudaBackend<B> {
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
     }
@@ -167,8 +186,7 @@ impl ProbeBackend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<(), Error> {
-        <CudaBurn as burn::tensor::backend::Backend>::sync(&self.device())
-            .map_err(|e| Error::Compute(format!("CUDA synchronize: {e:?}")))
+        B::sync(&self.device()).map_err(|e| Error::Compute(format!("CUDA synchronize: {e:?}")))
     }
 
     /// Bytes of live tensors in CubeCL's CUDA memory pool on this device (`bytes_in_use` of the
@@ -177,16 +195,24 @@ impl ProbeBackend for CudaBackend {
     fn memory_in_use(&self) -> Option<u64> {
         use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
         query_device(self.index).ok()?;
+        ipfs_accelerate_cubecl::install_kernel_cache();
         let client = CudaRuntime::client(&burn_cuda::CudaDevice::new(self.index));
         client.memory_usage().ok().map(|usage| usage.bytes_in_use)
     }
 }
 
-impl Backend for CudaBackend {
-    type Burn = CudaBurn;
+impl<B: CudaBurnBackend> Backend for CudaBackend<B> {
+    type Burn = B;
 
-    fn device(&self) -> burn::tensor::Device<CudaBurn> {
+    fn device(&self) -> burn_cuda::CudaDevice {
+        ipfs_accelerate_cubecl::install_kernel_cache();
         burn_cuda::CudaDevice::new(self.index)
+    }
+
+    /// CubeCL's CUDA matmul and convolution kernels run f32 through the tensor cores as TF32 on
+    /// compute capability 8.0 and later (Ampere, Hopper, Blackwell).
+    fn rounds_f32_products(&self) -> bool {
+        query_device(self.index).is_ok_and(|r| r.compute_capability.0 >= 8)
     }
 }
 

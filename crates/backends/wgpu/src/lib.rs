@@ -1,7 +1,9 @@
 //! # ipfs-accelerate-backend-wgpu
 //!
 //! GPUs (and software Vulkan drivers) through burn's wgpu backend: CubeCL kernels compiled at run
-//! time, with kernel fusion and autotuning on. On Vulkan adapters (Linux, Windows, Android) the
+//! time, with kernel fusion (unless turned off: [`WgpuUnfusedBurn`]) and autotuning on; compiled
+//! kernels and autotune results persist across processes
+//! ([`ipfs_accelerate_cubecl::install_kernel_cache`]). On Vulkan adapters (Linux, Windows, Android) the
 //! kernels are SPIR-V (burn-wgpu's `vulkan` feature); on every other wgpu API (Metal, DX12, GL, the
 //! browser's WebGPU in a wasm build) they are WGSL, the portable WebGPU path. burn picks the
 //! graphics API per OS (`AutoGraphicsApi`: Metal on macOS, the browser's WebGPU on wasm, Vulkan
@@ -29,6 +31,7 @@
 //! ```
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 
@@ -42,6 +45,14 @@ pub use burn_wgpu::WgpuDevice;
 
 /// The burn backend type the wgpu path runs on (f32 floats, i32 integers, u32 booleans; fused).
 pub type WgpuBurn = burn_wgpu::Wgpu<f32, i32>;
+
+/// The same backend without kernel fusion: every tensor op launches its own kernel.
+pub type WgpuUnfusedBurn = burn_wgpu::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// The burn backend types [`WgpuBackend`] runs on (fused and unfused CubeCL wgpu).
+pub trait WgpuBurnBackend: burn::tensor::backend::Backend<Device = WgpuDevice> {}
+impl WgpuBurnBackend for WgpuBurn {}
+impl WgpuBurnBackend for WgpuUnfusedBurn {}
 
 /// The limits of an adapter that bound what the kernels may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +116,8 @@ impl AdapterReport {
     pub fn shader_language(&self) -> &'static str {
         if self.api == wgpu::Backend::Vulkan {
             "spirv"
+        } else if self.api == wgpu::Backend::Metal && cfg!(feature = "metal") {
+            "msl"
         } else {
             "wgsl"
         }
@@ -349,34 +362,65 @@ fn vendor_name(vendor: u32) -> &'static str {
 }
 
 /// The wgpu backend, as [`BackendKind::Wgpu`] or [`BackendKind::WebGpu`], on the adapter the probe
-/// chooses.
+/// chooses, running models on the burn backend `B` ([`WgpuBurn`]: fused, the default; or
+/// [`WgpuUnfusedBurn`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WgpuBackend {
+pub struct WgpuBackend<B = WgpuBurn> {
     kind: BackendKind,
+    burn: PhantomData<fn() -> B>,
 }
 
 impl Default for WgpuBackend {
     fn default() -> Self {
-        WgpuBackend {
-            kind: BackendKind::Wgpu,
-        }
+        WgpuBackend::new(BackendKind::Wgpu)
+    }
+}
+
+/// `kind` as a wgpu kind: [`BackendKind::WebGpu`] and [`BackendKind::Metal`] stay, anything else
+/// is `Wgpu`.
+fn wgpu_kind(kind: BackendKind) -> BackendKind {
+    match kind {
+        BackendKind::WebGpu | BackendKind::Metal => kind,
+        _ => BackendKind::Wgpu,
     }
 }
 
 impl WgpuBackend {
-    /// The backend under `kind`: [`BackendKind::Wgpu`] or [`BackendKind::WebGpu`] (any other kind
-    /// is taken as `Wgpu`).
+    /// The fused backend under `kind`: [`BackendKind::Wgpu`] or [`BackendKind::WebGpu`] (any
+    /// other kind is taken as `Wgpu`).
     pub fn new(kind: BackendKind) -> Self {
-        let kind = match kind {
-            BackendKind::WebGpu => BackendKind::WebGpu,
-            _ => BackendKind::Wgpu,
-        };
-        WgpuBackend { kind }
+        WgpuBackend {
+            kind: wgpu_kind(kind),
+            burn: PhantomData,
+        }
     }
+}
 
+impl WgpuBackend<WgpuUnfusedBurn> {
+    /// The backend without kernel fusion under `kind` (as [`WgpuBackend::new`]).
+    pub fn unfused(kind: BackendKind) -> Self {
+        WgpuBackend {
+            kind: wgpu_kind(kind),
+            burn: PhantomData,
+        }
+    }
+}
+
+impl<B> WgpuBackend<B> {
     /// The adapter it runs on, or why there is none.
+    /// As [`BackendKind::Metal`], only a Metal adapter qualifies (Apple platforms; the kernels are
+    /// MSL when the crate's `metal` feature is on, WGSL otherwise).
     pub fn adapter(&self) -> Result<&'static AdapterReport, String> {
-        chosen_adapter()
+        let adapter = chosen_adapter()?;
+        if self.kind == BackendKind::Metal && adapter.api != wgpu::Backend::Metal {
+            return Err(format!(
+                "no Metal adapter: Metal runs on Apple platforms (macOS, iOS) and this is {}; \
+                 the adapter here is {}",
+                std::env::consts::OS,
+                adapter.display_name()
+            ));
+        }
+        Ok(adapter)
     }
 
     fn unavailable(&self, reason: String) -> Error {
@@ -387,7 +431,7 @@ impl WgpuBackend {
     }
 }
 
-impl ProbeBackend for WgpuBackend {
+impl<B: WgpuBurnBackend> ProbeBackend for WgpuBackend<B> {
     fn kind(&self) -> BackendKind {
         self.kind
     }
@@ -402,14 +446,14 @@ impl ProbeBackend for WgpuBackend {
     fn synchronize(&self) -> Result<(), Error> {
         // Without an adapter burn would panic creating the device: say why instead.
         self.adapter().map_err(|e| self.unavailable(e))?;
-        <WgpuBurn as burn::tensor::backend::Backend>::sync(&self.device())
-            .map_err(|e| Error::Compute(format!("wgpu synchronize: {e:?}")))
+        B::sync(&self.device()).map_err(|e| Error::Compute(format!("wgpu synchronize: {e:?}")))
     }
 
     /// Bytes the CubeCL memory pools have reserved on the device (allocated pages, in use or free
     /// for reuse) for this thread's stream.
     fn memory_in_use(&self) -> Option<u64> {
         self.adapter().ok()?;
+        ipfs_accelerate_cubecl::install_kernel_cache();
         burn_wgpu::WgpuRuntime::client(&self.device())
             .memory_usage()
             .ok()
@@ -417,10 +461,11 @@ impl ProbeBackend for WgpuBackend {
     }
 }
 
-impl Backend for WgpuBackend {
-    type Burn = WgpuBurn;
+impl<B: WgpuBurnBackend> Backend for WgpuBackend<B> {
+    type Burn = B;
 
     fn device(&self) -> WgpuDevice {
+        ipfs_accelerate_cubecl::install_kernel_cache();
         self.adapter()
             .map(|a| a.device.clone())
             .unwrap_or(WgpuDevice::DefaultDevice)
@@ -494,5 +539,22 @@ mod tests {
             BackendKind::WebGpu
         );
         assert_eq!(WgpuBackend::new(BackendKind::Cpu).kind(), BackendKind::Wgpu);
+        assert_eq!(
+            WgpuBackend::new(BackendKind::Metal).kind(),
+            BackendKind::Metal
+        );
+    }
+
+    /// Off Apple platforms the Metal kind is unavailable with the reason, never a panic.
+    #[cfg(not(target_vendor = "apple"))]
+    #[test]
+    fn metal_is_unavailable_off_apple() {
+        match WgpuBackend::new(BackendKind::Metal).probe() {
+            Availability::Unavailable(reason) => assert!(
+                reason.contains("Metal") || reason.contains("adapter"),
+                "{reason}"
+            ),
+            other => panic!("Metal on a non-Apple machine: {other:?}"),
+        }
     }
 }

@@ -380,7 +380,7 @@ impl<B: Backend> HtsatEncoder<B> {
                 TensorData::new(bicubic_matrix_align_corners(from, to), [to, from]),
                 &device,
             );
-            x.matmul(m.transpose())
+            ipfs_accelerate_nn::exact::matmul(x, m.transpose())
         };
         let mut x = x;
         if t < g.spec_width {

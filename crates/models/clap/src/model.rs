@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{Error, Result, TensorSource, TokenBatch};
-use ipfs_accelerate_nn::{Activation, Linear, VarBuilder};
+use ipfs_accelerate_nn::{exact, Activation, Linear, VarBuilder};
 
 use crate::{ClapConfig, ClapTextModel, HtsatEncoder};
 
@@ -148,13 +148,9 @@ impl<B: Backend> ClapModel<B> {
         let audio_embeds = self.audio_embeds(input_features)?;
         let text_embeds = self.text_embeds(text)?;
         let (scale_a, scale_t) = self.logit_scales();
-        let logits_per_text = text_embeds
-            .clone()
-            .matmul(audio_embeds.clone().transpose())
+        let logits_per_text = exact::matmul(text_embeds.clone(), audio_embeds.clone().transpose())
             .mul_scalar(scale_t);
-        let logits_per_audio = audio_embeds
-            .clone()
-            .matmul(text_embeds.clone().transpose())
+        let logits_per_audio = exact::matmul(audio_embeds.clone(), text_embeds.clone().transpose())
             .mul_scalar(scale_a);
         Ok(ClapOutput {
             text_embeds,

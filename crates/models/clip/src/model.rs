@@ -7,6 +7,7 @@ use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{padding_bias, ProjectionBias},
     convert::int_tensor,
+    exact,
     transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
     vision::{ClassPatchEmbedding, PatchEmbedding},
     Activation, Embedding, LayerNorm, Linear, VarBuilder,
@@ -384,9 +385,7 @@ impl<B: Backend> ClipModel<B> {
     ) -> Result<ClipOutput<B>> {
         let text_embeds = l2_normalize(self.text_features(inputs)?);
         let image_embeds = l2_normalize(self.image_features(pixel_values)?);
-        let logits_per_text = text_embeds
-            .clone()
-            .matmul(image_embeds.clone().transpose())
+        let logits_per_text = exact::matmul(text_embeds.clone(), image_embeds.clone().transpose())
             .mul_scalar(self.logit_temperature());
         Ok(ClipOutput {
             logits_per_image: logits_per_text.clone().transpose(),

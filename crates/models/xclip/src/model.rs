@@ -11,6 +11,7 @@ use ipfs_accelerate_clip::{
 use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames},
+    exact,
     transformer::{Mlp, PreLnConfig, PreLnEncoder, PreLnLayer, PreLnNames},
     vision::ClassPatchEmbedding,
     LayerNorm, Linear, VarBuilder,
@@ -371,8 +372,7 @@ impl<B: Backend> XclipModel<B> {
             .prompts_visual_layernorm
             .forward(patches)
             .reshape([b * t * (n1 - 1), hv]);
-        let img_features = img
-            .matmul(self.prompts_visual_projection.clone())
+        let img_features = exact::matmul(img, self.prompts_visual_projection.clone())
             .reshape([b, t, n1 - 1, p])
             .mean_dim(1)
             .squeeze_dim(1);
@@ -397,11 +397,10 @@ impl<B: Backend> XclipModel<B> {
         let text = text.clone() + self.prompts_generator.forward(text, video.img_features);
         let text_embeds = l2_normalize(text.reshape([b * k, p])).reshape([b, k, p]);
         let video_embeds = l2_normalize(video.video_embeds);
-        let logits_per_video = text_embeds
-            .clone()
-            .matmul(video_embeds.clone().reshape([b, p, 1]))
-            .reshape([b, k])
-            .mul_scalar(self.logit_temperature());
+        let logits_per_video =
+            exact::matmul(text_embeds.clone(), video_embeds.clone().reshape([b, p, 1]))
+                .reshape([b, k])
+                .mul_scalar(self.logit_temperature());
         Ok(XclipOutput {
             logits_per_text: logits_per_video.clone().transpose(),
             logits_per_video,
