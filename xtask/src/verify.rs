@@ -24,7 +24,7 @@ pub struct Args {
     precision: Precision,
     /// Kernel fusion on the CubeCL backends (cuda, wgpu): `on` or `off` (default: on, or what
     /// `IPFS_ACCELERATE_FUSION` says).
-    #[arg(long, value_parser = ipfs_accelerate_bench::cli::parse_switch)]
+    #[arg(long, value_parser = ipfs_accelerate::parse_switch)]
     fusion: Option<bool>,
     /// Also print the results as JSON lines.
     #[arg(long)]

@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// Kernel fusion on the CubeCL backends (cuda, wgpu), comma separated: `on`, `off` or
     /// `on,off` (both, the unfused points recorded as `<backend>/unfused`). Default: on, or what
     /// `IPFS_ACCELERATE_FUSION` says.
-    #[arg(long, value_delimiter = ',', value_parser = parse_switch)]
+    #[arg(long, value_delimiter = ',', value_parser = ipfs_accelerate::parse_switch)]
     pub fusion: Vec<bool>,
     /// Timed iterations per point.
     #[arg(long, default_value_t = 10)]
@@ -233,13 +233,4 @@ pub fn compare(args: &CompareArgs) -> Result<(), BenchError> {
         html::compare_backends(&measurements, &args.family, args.model.as_deref())
     );
     Ok(())
-}
-
-/// Parses a switch: `on` / `off` (and `1` / `0`, `true` / `false`).
-pub fn parse_switch(s: &str) -> Result<bool, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "on" | "1" | "true" => Ok(true),
-        "off" | "0" | "false" => Ok(false),
-        other => Err(format!("expected on or off, got `{other}`")),
-    }
 }

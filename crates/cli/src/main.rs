@@ -57,7 +57,7 @@ struct Cli {
     #[arg(long, global = true, default_value = "f32")]
     precision: ipfs_accelerate::Precision,
     /// Kernel fusion on the CubeCL backends (cuda, wgpu): `on` (default) or `off`.
-    #[arg(long, global = true, value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate_bench::cli::parse_switch)]
+    #[arg(long, global = true, value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate::parse_switch)]
     fusion: Option<bool>,
     #[command(subcommand)]
     command: Command,

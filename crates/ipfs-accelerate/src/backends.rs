@@ -157,23 +157,29 @@ pub fn kernel_fusion() -> bool {
     match FUSION.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
-        _ => !matches!(
-            std::env::var(FUSION_ENV)
-                .map(|v| v.trim().to_ascii_lowercase())
-                .as_deref(),
-            Ok("0" | "false" | "off")
-        ),
+        _ => env_switch(FUSION_ENV).unwrap_or(true),
     }
 }
 
 /// Whether `IPFS_ACCELERATE_TF32` allows TF32 matmuls.
 fn tf32_allowed() -> bool {
-    matches!(
-        std::env::var(TF32_ENV)
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref(),
-        Ok("1" | "true" | "on")
-    )
+    env_switch(TF32_ENV).unwrap_or(false)
+}
+
+/// Parses a switch: `on` / `off` (and `1` / `0`, `true` / `false`), as the `--fusion` flags and
+/// the switch variables take it.
+pub fn parse_switch(s: &str) -> std::result::Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        other => Err(format!("expected on or off, got `{other}`")),
+    }
+}
+
+/// The switch the environment variable `name` sets ([`parse_switch`]); `None` when it is unset or
+/// not a switch.
+fn env_switch(name: &str) -> Option<bool> {
+    parse_switch(&std::env::var(name).ok()?).ok()
 }
 
 /// Work that needs a concrete backend type: implemented once, run on whichever backend is chosen.
@@ -258,9 +264,9 @@ where
     }
 }
 
-/// Checks that `hal` can run here, sets the device's precision, then runs `work` on `hal`. On a device whose f32 matrix kernels
-/// round to TF32, f32 products are split into exact parts (`ipfs_accelerate_nn::exact`) unless
-/// `IPFS_ACCELERATE_TF32=1`.
+/// Checks that `hal` can run here, sets the device's precision, then runs `work` on `hal`. On a
+/// device whose f32 matrix kernels round to TF32, f32 products are split into exact parts
+/// (`ipfs_accelerate_nn::exact`) unless `IPFS_ACCELERATE_TF32=1`.
 #[allow(dead_code)] // unused only in a build with no native backend
 fn run_in<H: ipfs_accelerate_core::Backend, W: WithBackend>(
     hal: &H,
@@ -268,14 +274,11 @@ fn run_in<H: ipfs_accelerate_core::Backend, W: WithBackend>(
     work: W,
 ) -> Result<W::Output> {
     // burn panics creating a device the machine does not have: say why instead.
-    if let Some(reason) = hal.probe().reason(hal.kind()) {
+    if let Availability::Unavailable(reason) = hal.probe() {
         return Err(Error::Core(
             ipfs_accelerate_core::Error::BackendUnavailable {
                 kind: hal.kind().to_string(),
-                reason: reason
-                    .strip_prefix("unavailable: ")
-                    .unwrap_or(&reason)
-                    .to_string(),
+                reason,
             },
         ));
     }

@@ -46,9 +46,12 @@ pub fn splits_f32_products<B: Backend>() -> bool {
             .contains(&TypeId::of::<B>())
 }
 
-/// Whether `t`'s products are to be split: an f32 tensor of a registered backend.
-fn splits<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    splits_f32_products::<B>() && t.dtype() == DType::F32
+/// Whether the product of `a` and `b` is to be split: both f32, on a registered backend.
+fn splits<B: Backend, const DA: usize, const DB: usize>(
+    a: &Tensor<B, DA>,
+    b: &Tensor<B, DB>,
+) -> bool {
+    a.dtype() == DType::F32 && b.dtype() == DType::F32 && splits_f32_products::<B>()
 }
 
 /// `(hi, lo)` with `hi` exactly representable in TF32 (rounded to bf16's 8 mantissa bits, same
@@ -59,16 +62,13 @@ fn split<B: Backend, const D: usize>(t: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B
     (hi, lo)
 }
 
-/// `f(a, b)` for a product `f` that is linear in each argument, as three split products when
-/// `a` is split ([`splits`]), else once.
-fn bilinear<B: Backend, const DA: usize, const DB: usize, const DO: usize>(
+/// `f(a, b)` for a product `f` that is linear in each argument, as the three split products
+/// `f(a_hi, b_hi) + f(a_hi, b_lo) + f(a_lo, b_hi)`.
+fn split_product<B: Backend, const DA: usize, const DB: usize, const DO: usize>(
     a: Tensor<B, DA>,
     b: Tensor<B, DB>,
     f: impl Fn(Tensor<B, DA>, Tensor<B, DB>) -> Tensor<B, DO>,
 ) -> Tensor<B, DO> {
-    if !splits(&a) || b.dtype() != DType::F32 {
-        return f(a, b);
-    }
     let (a_hi, a_lo) = split(a);
     let (b_hi, b_lo) = split(b);
     f(a_hi.clone(), b_hi.clone()) + f(a_hi, b_lo) + f(a_lo, b_hi)
@@ -76,17 +76,23 @@ fn bilinear<B: Backend, const DA: usize, const DB: usize, const DO: usize>(
 
 /// `a.matmul(b)` (batched over the leading dimensions), in full f32 on a registered backend.
 pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
-    bilinear(a, b, |a, b| a.matmul(b))
+    if !splits(&a, &b) {
+        return a.matmul(b);
+    }
+    split_product(a, b, |a, b| a.matmul(b))
 }
 
-/// `x Wᵀ + bias` as burn's `module::linear` computes it (`weight` is `[in, out]`), in full f32
-/// on a registered backend.
+/// burn's `module::linear` (`x Wᵀ + bias`, `weight` is `[in, out]`), in full f32 on a registered
+/// backend.
 pub fn linear<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
 ) -> Tensor<B, D> {
-    let y = bilinear(x, weight, |x, w| burn::tensor::module::linear(x, w, None));
+    if !splits(&x, &weight) {
+        return burn::tensor::module::linear(x, weight, bias);
+    }
+    let y = split_product(x, weight, |x, w| burn::tensor::module::linear(x, w, None));
     match bias {
         Some(b) => y + b.unsqueeze(),
         None => y,
@@ -100,10 +106,10 @@ pub fn conv1d<B: Backend>(
     bias: Option<Tensor<B, 1>>,
     options: ConvOptions<1>,
 ) -> Tensor<B, 3> {
-    if !splits(&x) {
+    if !splits(&x, &weight) {
         return burn::tensor::module::conv1d(x, weight, bias, options);
     }
-    let y = bilinear(x, weight, |x, w| {
+    let y = split_product(x, weight, |x, w| {
         burn::tensor::module::conv1d(x, w, None, options.clone())
     });
     add_channel_bias(y, bias)
@@ -116,11 +122,11 @@ pub fn conv2d<B: Backend>(
     bias: Option<Tensor<B, 1>>,
     options: ConvOptions<2>,
 ) -> Tensor<B, 4> {
-    if !splits(&x) {
+    if !splits(&x, &weight) {
         return burn::tensor::module::conv2d(x, weight, bias, options);
     }
     add_channel_bias(
-        bilinear(x, weight, |x, w| {
+        split_product(x, weight, |x, w| {
             burn::tensor::module::conv2d(x, w, None, options.clone())
         }),
         bias,

@@ -1,10 +1,13 @@
 //! # ipfs-accelerate-cubecl
 //!
-//! What the CubeCL backends (cuda, wgpu) share: the persistent kernel cache. CubeCL compiles every kernel at run time (NVRTC to PTX on
-//! CUDA, SPIR-V on Vulkan) and autotunes the matmuls, reductions and convolutions on first use:
-//! seconds to minutes for a model's first call. [`install_kernel_cache`] keeps the compiled
-//! kernels and the autotune results on disk, in [`kernel_cache_dir`], so a later process starts
-//! warm.
+//! What the CubeCL backends (cuda, rocm, wgpu) share.
+//!
+//! - The persistent kernel cache. CubeCL compiles every kernel at run time (NVRTC to PTX on CUDA,
+//!   SPIR-V on Vulkan) and autotunes the matmuls, reductions and convolutions on first use:
+//!   seconds to minutes for a model's first call. [`install_kernel_cache`] keeps the compiled
+//!   kernels and the autotune results on disk, in [`kernel_cache_dir`], so a later process starts
+//!   warm.
+//! - [`VendorLibrary`]: the driver / runtime library a probe opens at run time.
 
 use std::path::PathBuf;
 use std::sync::Arc;

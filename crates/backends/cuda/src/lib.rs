@@ -87,6 +87,14 @@ pub struct CudaDeviceReport {
     pub device_count: i32,
 }
 
+impl CudaDeviceReport {
+    /// Whether the device has TF32 tensor cores (compute capability 8.0 and later), which CubeCL's
+    /// f32 matmul and convolution kernels then use.
+    pub fn has_tf32(&self) -> bool {
+        self.compute_capability.0 >= 8
+    }
+}
+
 /// Asks the driver library about device `index`: `Err` names what is missing (no library, no
 /// device, an init error code) and never panics.
 pub fn query_device(index: usize) -> Result<CudaDeviceReport, String> {
@@ -149,7 +157,7 @@ impl<B> CudaBackend<B> {
         if cc >= 70 {
             features.push("tensor-cores".into());
         }
-        if cc >= 80 {
+        if r.has_tf32() {
             features.push("tf32".into());
         }
         Ok(DeviceInfo {
@@ -212,7 +220,7 @@ impl<B: CudaBurnBackend> Backend for CudaBackend<B> {
     /// CubeCL's CUDA matmul and convolution kernels run f32 through the tensor cores as TF32 on
     /// compute capability 8.0 and later (Ampere, Hopper, Blackwell).
     fn rounds_f32_products(&self) -> bool {
-        query_device(self.index).is_ok_and(|r| r.compute_capability.0 >= 8)
+        query_device(self.index).is_ok_and(|r| r.has_tf32())
     }
 }
 
