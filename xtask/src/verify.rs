@@ -83,12 +83,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     println!(
-        "{:<10} {:<26} {:<8} {:<20} {:>12} {:>10}  ok",
+        "{:<10} {:<26} {:<12} {:<20} {:>12} {:>10}  ok",
         "family", "variant", "backend", "output", "rel_error", "tolerance"
     );
     for c in &checks {
         println!(
-            "{:<10} {:<26} {:<8} {:<20} {:>12.3e} {:>10.1e}  {}{}",
+            "{:<10} {:<26} {:<12} {:<20} {:>12.3e} {:>10.1e}  {}{}",
             c.family,
             c.variant,
             c.backend,

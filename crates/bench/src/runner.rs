@@ -457,6 +457,15 @@ pub fn run_benchmark(
                     }
                 },
             };
+            // A runner on another engine than the family's burn model (cuBLAS for BERT on cuda)
+            // is its own series.
+            let label = match &loaded {
+                Ok((runner, _)) => match runner.engine() {
+                    Some(engine) => format!("{label}/{engine}"),
+                    None => label,
+                },
+                Err(_) => label,
+            };
             for &(batch, size) in &points {
                 let point = Point {
                     run: &run,
@@ -527,7 +536,10 @@ fn measure(
             return m;
         }
     };
-    let sync = || hal.map(|h| h.synchronize());
+    // A runner on its own engine returns host outputs after its stream finished: nothing of the
+    // backend's allocator to wait for.
+    let own_engine = runner.engine().is_some();
+    let sync = || hal.filter(|_| !own_engine).map(|h| h.synchronize());
     let rss_reset = sysinfo::reset_peak_rss();
     let iterate = |timed: bool| -> Result<Option<f64>, String> {
         let start = Instant::now();
@@ -572,7 +584,10 @@ fn measure(
     if rss_reset {
         m.host_rss_peak_bytes = sysinfo::peak_rss_bytes();
     }
-    m.device_memory_bytes = hal.and_then(|h| h.memory_in_use());
+    m.device_memory_bytes = match runner.engine() {
+        Some(_) => runner.device_memory_in_use(),
+        None => hal.and_then(|h| h.memory_in_use()),
+    };
     m.flops = flops::forward_flops(&plan.family, &plan.config, &inputs);
     if let Some(lat) = m.latency {
         let secs = lat.mean_ms / 1e3;

@@ -13,6 +13,7 @@
 
 mod backend;
 mod config;
+pub mod encoder;
 mod error;
 mod metrics;
 mod selector;
@@ -24,6 +25,7 @@ pub use backend::{
     DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, JsonConfig};
+pub use encoder::{DenseWeights, EncoderActivation, EncoderLayerWeights, EncoderSpec, NormWeights};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};

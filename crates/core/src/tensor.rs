@@ -117,6 +117,23 @@ impl HostTensor {
         )
     }
 
+    /// A float32 tensor owning `values` (no copy).
+    pub fn from_f32_vec(shape: Vec<usize>, values: Vec<f32>) -> Result<HostTensor> {
+        /// Lets `Bytes` own a `Vec<f32>` as its little-endian bytes.
+        struct F32Bytes(Vec<f32>);
+        impl AsRef<[u8]> for F32Bytes {
+            fn as_ref(&self) -> &[u8] {
+                bytemuck::cast_slice(&self.0)
+            }
+        }
+        Self::from_bytes(
+            "f32 values",
+            shape,
+            DType::F32,
+            Bytes::from_owner(F32Bytes(values)),
+        )
+    }
+
     /// An int64 tensor from values.
     pub fn from_i64(shape: Vec<usize>, values: &[i64]) -> Result<HostTensor> {
         Self::from_bytes(
@@ -334,6 +351,16 @@ pub trait ModelRunner: Send {
     /// Where the work of the runs so far actually executed, when the backend can tell (ONNX
     /// Runtime: nodes per execution provider); `None` otherwise.
     fn placement(&self) -> Option<String> {
+        None
+    }
+    /// The engine behind the backend when it is not the family's burn model (`cublas`: the
+    /// cuBLAS encoder of the `cuda` feature); benchmarks label their points with it.
+    fn engine(&self) -> Option<&str> {
+        None
+    }
+    /// Device memory this runner's engine holds, when it manages its own (an [`engine`](Self::engine)
+    /// outside burn); `None` defers to the backend's allocator report.
+    fn device_memory_in_use(&self) -> Option<u64> {
         None
     }
 }

@@ -161,6 +161,32 @@ pub fn kernel_fusion() -> bool {
     }
 }
 
+/// The environment variable that turns the cuBLAS encoder off (`0` / `off`): BERT on `cuda` then
+/// runs on burn's CubeCL kernels like every other family.
+pub const CUBLAS_ENV: &str = "IPFS_ACCELERATE_CUBLAS";
+
+/// Whether BERT checkpoints on `cuda` run on the cuBLAS encoder (`ipfs-accelerate-backend-cublas`)
+/// when it can take them: on unless `IPFS_ACCELERATE_CUBLAS` is `0`, `false` or `off`.
+pub fn cublas_encoder() -> bool {
+    env_switch(CUBLAS_ENV).unwrap_or(true)
+}
+
+/// BERT in `dir` on the cuBLAS encoder, or why it cannot run there (a task head, bf16, a missing
+/// library): the caller falls back to burn's CubeCL path and logs the reason.
+#[cfg(all(feature = "cuda", feature = "bert"))]
+pub(crate) fn cublas_bert(
+    dir: &std::path::Path,
+    precision: Precision,
+) -> std::result::Result<Box<dyn ipfs_accelerate_core::ModelRunner>, String> {
+    if !matches!(precision, Precision::F32 | Precision::F16) {
+        return Err(format!("it runs f32 and f16, not {precision}"));
+    }
+    let spec = ipfs_accelerate_bert::encoder_spec(dir).map_err(|e| e.to_string())?;
+    let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(runner))
+}
+
 /// Whether `IPFS_ACCELERATE_TF32` allows TF32 matmuls.
 fn tf32_allowed() -> bool {
     env_switch(TF32_ENV).unwrap_or(false)

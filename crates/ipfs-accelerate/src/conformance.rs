@@ -105,6 +105,17 @@ pub fn load_family_in(
             family, dir, provider, &options,
         )?));
     }
+    // BERT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's CubeCL path.
+    #[cfg(all(feature = "cuda", feature = "bert"))]
+    if backend == BackendKind::Cuda && family == "bert" && crate::cublas_encoder() {
+        match crate::backends::cublas_bert(dir, precision) {
+            Ok(runner) => return Ok(runner),
+            Err(reason) => tracing::info!(
+                "bert on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
+                dir.display()
+            ),
+        }
+    }
     macro_rules! dispatch {
         ([$family:expr, $dir:expr, $backend:expr] $($feature:literal => $fam:ty,)*) => {
             match $family {
@@ -160,10 +171,11 @@ pub fn verify_fixture_in(
     precision: Precision,
 ) -> Result<Vec<Check>> {
     let runner = load_family_in(&fixture.family, &fixture.dir, backend, precision)?;
-    Ok(verify_runner_in(
-        fixture,
-        backend,
-        precision,
-        runner.as_ref(),
-    )?)
+    let mut checks = verify_runner_in(fixture, backend, precision, runner.as_ref())?;
+    if let Some(engine) = runner.engine() {
+        for c in &mut checks {
+            c.backend = format!("{}/{engine}", c.backend);
+        }
+    }
+    Ok(checks)
 }

@@ -47,8 +47,8 @@ pub mod vision;
 pub use assets::embedded;
 pub use assets::EMBEDDED_SPEC;
 pub use backends::{
-    compiled_backends, compiled_preferences, default_preferences, devices, kernel_fusion,
-    parse_switch, selector, set_kernel_fusion, FUSION_ENV, TF32_ENV,
+    compiled_backends, compiled_preferences, cublas_encoder, default_preferences, devices,
+    kernel_fusion, parse_switch, selector, set_kernel_fusion, CUBLAS_ENV, FUSION_ENV, TF32_ENV,
 };
 pub use error::{Error, Result};
 pub use loaded::{LabelScore, LoadOptions};

@@ -9,11 +9,13 @@
 //! the legacy `LayerNorm.gamma` / `beta` spelling) through [`names::bert_names`].
 
 mod config;
+mod encoder_spec;
 mod model;
 pub mod names;
 mod runner;
 pub mod tasks;
 
 pub use config::{preset, BertConfig, BertHead};
+pub use encoder_spec::encoder_spec;
 pub use model::{roberta_position_ids, Bert, BertModel, BertOutput, HeadLogits};
 pub use runner::{BertFamily, BertInputs, BertRunner, BertTasks, HostLogits};

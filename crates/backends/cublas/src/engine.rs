@@ -1,0 +1,832 @@
+//! The encoder on one CUDA stream: cuBLAS for every product, the NVRTC kernels of `kernels.cu`
+//! for embeddings, bias + activation, head split / merge, masked softmax and add + layer norm.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use ipfs_accelerate_core::{
+    DType, DenseWeights, EncoderActivation, EncoderSpec, HostTensor, NormWeights,
+};
+
+use crate::EngineError;
+
+/// The storage type of the activations and weights (arithmetic is f32 in the kernels; cuBLAS
+/// accumulates in f32).
+pub trait Elem:
+    DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Unpin + Send + Sync + 'static
+{
+    /// The host dtype of outputs in this type.
+    const DTYPE: DType;
+    /// The kernel-source prefix defining `T`, `ld` and `st` for this type.
+    const PREFIX: &'static str;
+    /// Converts from f32 (round to nearest).
+    fn from_f32(v: f32) -> Self;
+    /// Converts a slice from f32 (SIMD where the type has it).
+    fn from_f32_slice(src: &[f32]) -> Vec<Self>;
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    const PREFIX: &'static str = "typedef float T;\n\
+        __device__ __forceinline__ float ld(T x) { return x; }\n\
+        __device__ __forceinline__ T st(float x) { return x; }\n";
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn from_f32_slice(src: &[f32]) -> Vec<Self> {
+        src.to_vec()
+    }
+}
+
+impl Elem for half::f16 {
+    const DTYPE: DType = DType::F16;
+    const PREFIX: &'static str = "typedef unsigned short T;\n\
+        __device__ __forceinline__ float ld(T h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n\
+        __device__ __forceinline__ T st(float f) { T h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n";
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn from_f32_slice(src: &[f32]) -> Vec<Self> {
+        use half::slice::HalfFloatSliceExt;
+        let mut out = vec![half::f16::ZERO; src.len()];
+        out.convert_from_f32_slice(src);
+        out
+    }
+}
+
+const KERNELS: &str = include_str!("kernels.cu");
+/// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
+const ROW_THREADS: u32 = 256;
+/// Keys one softmax thread holds in registers (`SOFTMAX_PER_THREAD` in kernels.cu).
+const SOFTMAX_PER_THREAD: usize = 8;
+/// The longest key row the softmax kernel takes (1024 threads × [`SOFTMAX_PER_THREAD`]).
+pub const MAX_KEYS: usize = 1024 * SOFTMAX_PER_THREAD;
+
+/// Threads per softmax row: about four keys each, a multiple of 32, at most 1024.
+fn softmax_threads(keys: usize) -> u32 {
+    (keys.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// The activation codes of `bias_act` in `kernels.cu`.
+#[derive(Clone, Copy)]
+enum Act {
+    Gelu = 0,
+    GeluTanh = 1,
+    Relu = 2,
+    Tanh = 3,
+}
+
+impl From<EncoderActivation> for Act {
+    fn from(a: EncoderActivation) -> Act {
+        match a {
+            EncoderActivation::Gelu => Act::Gelu,
+            EncoderActivation::GeluTanh => Act::GeluTanh,
+            EncoderActivation::Relu => Act::Relu,
+        }
+    }
+}
+
+struct Kernels {
+    embeddings: CudaFunction,
+    bias_residual_norm: CudaFunction,
+    bias_act: CudaFunction,
+    split_heads: CudaFunction,
+    merge_heads: CudaFunction,
+    masked_softmax: CudaFunction,
+    split_heads_vec: CudaFunction,
+    merge_heads_vec: CudaFunction,
+    bias_act_vec: CudaFunction,
+    bias_residual_norm_vec: CudaFunction,
+    masked_softmax_warp: CudaFunction,
+}
+
+impl Kernels {
+    fn compile<T: Elem>(ctx: &Arc<CudaContext>) -> Result<Kernels, EngineError> {
+        let (major, minor) = ctx.compute_capability()?;
+        let options = CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            ..Default::default()
+        };
+        let source = format!(
+            "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}",
+            T::PREFIX
+        );
+        let ptx = compile_ptx_with_opts(source, options)
+            .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
+        let module = ctx.load_module(ptx)?;
+        let f = |name: &str| module.load_function(name);
+        Ok(Kernels {
+            embeddings: f("embeddings")?,
+            bias_residual_norm: f("bias_residual_norm")?,
+            bias_act: f("bias_act")?,
+            split_heads: f("split_heads")?,
+            merge_heads: f("merge_heads")?,
+            masked_softmax: f("masked_softmax")?,
+            split_heads_vec: f("split_heads_vec")?,
+            merge_heads_vec: f("merge_heads_vec")?,
+            bias_act_vec: f("bias_act_vec")?,
+            bias_residual_norm_vec: f("bias_residual_norm_vec")?,
+            masked_softmax_warp: f("masked_softmax_warp")?,
+        })
+    }
+}
+
+struct Dense<T> {
+    weight: CudaSlice<T>,
+    bias: CudaSlice<T>,
+    out_features: usize,
+    in_features: usize,
+}
+
+struct Norm<T> {
+    gamma: CudaSlice<T>,
+    beta: CudaSlice<T>,
+}
+
+struct Layer<T> {
+    /// Query, key and value stacked: `[3 * hidden, hidden]`.
+    qkv: Dense<T>,
+    attention_output: Dense<T>,
+    attention_norm: Norm<T>,
+    intermediate: Dense<T>,
+    output: Dense<T>,
+    output_norm: Norm<T>,
+}
+
+/// The encoder's outputs on the host, in the storage type (f32, or f16 when computing in f16, as
+/// HF's outputs are in the model's dtype).
+pub struct EncoderOutput {
+    /// `[batch, seq, hidden]`.
+    pub last_hidden_state: HostTensor,
+    /// `[batch, hidden]`, when the checkpoint has a pooler.
+    pub pooler_output: Option<HostTensor>,
+}
+
+/// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
+/// staging buffer several times faster than one `memcpy`).
+fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 18;
+    if src.len() <= CHUNK {
+        return src.to_vec();
+    }
+    let mut out = Vec::with_capacity(src.len());
+    out.spare_capacity_mut()[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| {
+            // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<T>(), s.len())
+            }
+        });
+    // SAFETY: the chunks above initialised all `src.len()` elements.
+    unsafe { out.set_len(src.len()) };
+    out
+}
+
+/// Lets `Bytes` own a vector of plain values as its bytes.
+struct PodBytes<T>(Vec<T>);
+
+impl<T: bytemuck::Pod> AsRef<[u8]> for PodBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// Token inputs, checked by the caller: `[batch, seq]` row-major each.
+pub struct Tokens<'a> {
+    /// Rows.
+    pub batch: usize,
+    /// Columns.
+    pub seq: usize,
+    /// Token ids (below the vocabulary size).
+    pub ids: &'a [i32],
+    /// Segment ids (below the type vocabulary size).
+    pub types: &'a [i32],
+    /// 1 for a visible key, 0 for padding.
+    pub mask: &'a [i32],
+}
+
+/// An [`EncoderSpec`] resident on the GPU in `T`.
+pub struct Encoder<T: Elem> {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Kernels,
+    hidden: usize,
+    heads: usize,
+    intermediate: usize,
+    eps: f32,
+    activation: Act,
+    word: CudaSlice<T>,
+    position: CudaSlice<T>,
+    token_type: CudaSlice<T>,
+    embedding_norm: Norm<T>,
+    layers: Vec<Layer<T>>,
+    pooler: Option<Dense<T>>,
+    /// Page-locked host memory the outputs are copied through (grown to the largest output).
+    staging: Mutex<Option<PinnedHostSlice<T>>>,
+    /// Per-stage device times on stderr after every call ([`PROFILE_ENV`]).
+    profile: bool,
+}
+
+/// Set to `1` to print the device time of each stage of every call to stderr.
+pub const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
+
+/// Lets the device's default memory pool keep what is freed instead of returning it to the
+/// driver at every synchronisation, so the per-call activation buffers (allocated and freed in
+/// stream order) come from the pool. Best effort: a device without pools allocates synchronously.
+fn keep_freed_memory_pooled(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` is written by the driver before use; the attribute takes a u64.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS
+        {
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            );
+        }
+    }
+}
+
+/// A launch over `rows × cols` values: one block row per matrix row, blocks of [`ROW_THREADS`]
+/// along the columns.
+fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, cols.div_ceil(ROW_THREADS as usize) as u32, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The add + norm launch of one forward: the kernel (scalar or vectorised), its grid, epsilon and
+/// the row length.
+struct AddNorm<'a> {
+    kernel: &'a CudaFunction,
+    cfg: LaunchConfig,
+    eps: f32,
+    hidden: i32,
+}
+
+/// Values of `T` in one 16-byte access of the `_vec` kernels (`VEC` in kernels.cu).
+fn vec_width<T>() -> usize {
+    16 / std::mem::size_of::<T>()
+}
+
+/// Keys per row the warp-per-row softmax takes (32 lanes × `WARP_KEYS`).
+const WARP_SOFTMAX_KEYS: usize = 32 * 8;
+/// Rows (warps) per block of the warp-per-row softmax.
+const WARP_SOFTMAX_ROWS: u32 = 4;
+
+/// Device time per stage, from events recorded after each stage ([`PROFILE_ENV`]).
+struct Profile<'a> {
+    stream: Option<&'a Arc<CudaStream>>,
+    marks: Vec<(&'static str, CudaEvent)>,
+}
+
+impl<'a> Profile<'a> {
+    fn new(stream: Option<&'a Arc<CudaStream>>) -> Result<Self, EngineError> {
+        let mut p = Profile {
+            stream,
+            marks: Vec::new(),
+        };
+        p.mark("start")?;
+        Ok(p)
+    }
+
+    fn mark(&mut self, stage: &'static str) -> Result<(), EngineError> {
+        if let Some(s) = self.stream {
+            let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+            self.marks.push((stage, s.record_event(Some(flags))?));
+        }
+        Ok(())
+    }
+
+    /// Prints the summed time of each stage, in first-seen order.
+    fn report(self, batch: usize, seq: usize) -> Result<(), EngineError> {
+        let mut totals: Vec<(&str, f32)> = Vec::new();
+        for pair in self.marks.windows(2) {
+            let ms = pair[0].1.elapsed_ms(&pair[1].1)?;
+            match totals.iter_mut().find(|(n, _)| *n == pair[1].0) {
+                Some((_, t)) => *t += ms,
+                None => totals.push((pair[1].0, ms)),
+            }
+        }
+        if !totals.is_empty() {
+            let sum: f32 = totals.iter().map(|(_, t)| t).sum();
+            let parts: Vec<String> = totals.iter().map(|(n, t)| format!("{n} {t:.3}")).collect();
+            eprintln!(
+                "cublas encoder b{batch}×{seq}: {sum:.3} ms on the device = {}",
+                parts.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
+impl<T: Elem> Encoder<T>
+where
+    CudaBlas: Gemm<T>,
+{
+    /// Compiles the kernels and uploads `spec` to device `ordinal`.
+    pub fn load(spec: &EncoderSpec, ordinal: usize) -> Result<Self, EngineError> {
+        spec.validate()
+            .map_err(|e| EngineError::Spec(e.to_string()))?;
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream: cudarc's cross-stream events would only add work.
+        // SAFETY: every buffer of this engine is used on `stream` alone.
+        unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory_pooled(&ctx);
+        let stream = ctx.new_stream()?;
+        let blas = CudaBlas::new(stream.clone())?;
+        let kernels = Kernels::compile::<T>(&ctx)?;
+        let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
+            Ok(stream.clone_htod(&T::from_f32_slice(v))?)
+        };
+        let dense = |d: &DenseWeights| -> Result<Dense<T>, EngineError> {
+            Ok(Dense {
+                weight: up(&d.weight)?,
+                bias: up(&d.bias)?,
+                out_features: d.out_features,
+                in_features: d.in_features,
+            })
+        };
+        let norm = |n: &NormWeights| -> Result<Norm<T>, EngineError> {
+            Ok(Norm {
+                gamma: up(&n.gamma)?,
+                beta: up(&n.beta)?,
+            })
+        };
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            let stacked = |parts: [&Vec<f32>; 3]| {
+                parts
+                    .iter()
+                    .flat_map(|p| p.iter().copied())
+                    .collect::<Vec<f32>>()
+            };
+            let qkv = DenseWeights {
+                out_features: 3 * spec.hidden,
+                in_features: spec.hidden,
+                weight: stacked([&l.query.weight, &l.key.weight, &l.value.weight]),
+                bias: stacked([&l.query.bias, &l.key.bias, &l.value.bias]),
+            };
+            layers.push(Layer {
+                qkv: dense(&qkv)?,
+                attention_output: dense(&l.attention_output)?,
+                attention_norm: norm(&l.attention_norm)?,
+                intermediate: dense(&l.intermediate)?,
+                output: dense(&l.output)?,
+                output_norm: norm(&l.output_norm)?,
+            });
+        }
+        let encoder = Encoder {
+            blas,
+            kernels,
+            hidden: spec.hidden,
+            heads: spec.heads,
+            intermediate: spec.intermediate,
+            eps: spec.eps,
+            activation: spec.activation.into(),
+            word: up(&spec.word_embeddings)?,
+            position: up(&spec.position_embeddings)?,
+            token_type: up(&spec.token_type_embeddings)?,
+            embedding_norm: norm(&spec.embedding_norm)?,
+            layers,
+            pooler: spec.pooler.as_ref().map(dense).transpose()?,
+            stream,
+            staging: Mutex::new(None),
+            profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
+        };
+        encoder.stream.synchronize()?;
+        Ok(encoder)
+    }
+
+    /// Whether the checkpoint has a pooler.
+    pub fn has_pooler(&self) -> bool {
+        self.pooler.is_some()
+    }
+
+    /// Waits for the stream.
+    pub fn synchronize(&self) -> Result<(), EngineError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Bytes allocated from the device's default memory pool, where every buffer of the engine
+    /// lives (weights and, during a call, activations); `None` when the driver cannot say.
+    pub fn memory_in_use(&self) -> Option<u64> {
+        use cudarc::driver::sys;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut used = 0u64;
+        // SAFETY: `pool` is written by the driver before use; the attribute is a u64.
+        unsafe {
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.stream.context().cu_device())
+                != sys::CUresult::CUDA_SUCCESS
+            {
+                return None;
+            }
+            if sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                (&mut used as *mut u64).cast(),
+            ) != sys::CUresult::CUDA_SUCCESS
+            {
+                return None;
+            }
+        }
+        Some(used)
+    }
+
+    /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), reading row `r` of `x` at `r * x_stride`.
+    fn linear(
+        &self,
+        x: &CudaSlice<T>,
+        x_stride: usize,
+        rows: usize,
+        d: &Dense<T>,
+        y: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let cfg = GemmConfig {
+            transa: CUBLAS_OP_T,
+            transb: CUBLAS_OP_N,
+            m: d.out_features as i32,
+            n: rows as i32,
+            k: d.in_features as i32,
+            alpha: T::from_f32(1.0),
+            lda: d.in_features as i32,
+            ldb: x_stride as i32,
+            beta: T::from_f32(0.0),
+            ldc: d.out_features as i32,
+        };
+        // SAFETY: the sizes above match the buffers' allocations (checked by the spec and by
+        // `forward`'s allocation sizes).
+        unsafe { self.blas.gemm(cfg, &d.weight, x, y) }?;
+        Ok(())
+    }
+
+    /// Runs the encoder on `tokens`.
+    pub fn forward(&self, tokens: &Tokens<'_>) -> Result<EncoderOutput, EngineError> {
+        let (batch, seq) = (tokens.batch, tokens.seq);
+        let (h, heads, inter) = (self.hidden, self.heads, self.intermediate);
+        let dh = h / heads;
+        let m = batch * seq;
+        let s = &self.stream;
+        s.context().bind_to_thread()?;
+        let mut profile = Profile::new(self.profile.then_some(s))?;
+        let ids = s.clone_htod(tokens.ids)?;
+        let types = s.clone_htod(tokens.types)?;
+        let mask = s.clone_htod(tokens.mask)?;
+        // SAFETY (allocations): every buffer is written in full before it is read.
+        let alloc =
+            |n: usize| -> Result<CudaSlice<T>, EngineError> { Ok(unsafe { s.alloc::<T>(n) }?) };
+        let mut x = alloc(m * h)?;
+        let mut qkv = alloc(m * 3 * h)?;
+        let (mut q, mut k, mut v) = (alloc(m * h)?, alloc(m * h)?, alloc(m * h)?);
+        let mut scores = alloc(batch * heads * seq * seq)?;
+        let mut ctx = alloc(m * h)?;
+        let mut merged = alloc(m * h)?;
+        let mut y = alloc(m * h)?;
+        let mut h1 = alloc(m * h)?;
+        let mut ff = alloc(m * inter)?;
+        profile.mark("upload")?;
+
+        let norm_cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: ((h + 32) * 4) as u32,
+        };
+        let vec = vec_width::<T>();
+        let heads_vec = dh.is_multiple_of(vec);
+        let hidden_vec = h.is_multiple_of(vec);
+        let (split, merge, split_cols, merge_cols) = if heads_vec {
+            let k = &self.kernels;
+            (&k.split_heads_vec, &k.merge_heads_vec, 3 * h / vec, h / vec)
+        } else {
+            let k = &self.kernels;
+            (&k.split_heads, &k.merge_heads, 3 * h, h)
+        };
+        let (add_norm, add_norm_cfg) = if hidden_vec {
+            let threads = (h / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
+            let cfg = LaunchConfig {
+                block_dim: (threads, 1, 1),
+                ..norm_cfg
+            };
+            (&self.kernels.bias_residual_norm_vec, cfg)
+        } else {
+            (&self.kernels.bias_residual_norm, norm_cfg)
+        };
+        let (seq_i, h_i, heads_i, dh_i) = (seq as i32, h as i32, heads as i32, dh as i32);
+        let eps = self.eps;
+        let add_norm = AddNorm {
+            kernel: add_norm,
+            cfg: add_norm_cfg,
+            eps,
+            hidden: h_i,
+        };
+        // SAFETY (launches): argument lists match the kernel signatures in kernels.cu, and every
+        // index a kernel computes stays inside the buffers allocated above.
+        unsafe {
+            let e = &self.embedding_norm;
+            self.launch(&self.kernels.embeddings)
+                .arg(&ids)
+                .arg(&types)
+                .arg(&self.word)
+                .arg(&self.position)
+                .arg(&self.token_type)
+                .arg(&e.gamma)
+                .arg(&e.beta)
+                .arg(&eps)
+                .arg(&seq_i)
+                .arg(&h_i)
+                .arg(&mut x)
+                .launch(norm_cfg)?;
+        }
+        profile.mark("embeddings")?;
+        let scale = 1.0 / (dh as f32).sqrt();
+        let score_rows = batch * heads * seq;
+        let (softmax, softmax_cfg) = if seq <= WARP_SOFTMAX_KEYS {
+            let cfg = LaunchConfig {
+                grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
+                block_dim: (32, WARP_SOFTMAX_ROWS, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.masked_softmax_warp, cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (score_rows as u32, 1, 1),
+                block_dim: (softmax_threads(seq), 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.masked_softmax, cfg)
+        };
+        let score_rows_i = score_rows as i64;
+        let per_head = (seq * dh) as i64;
+        for layer in &self.layers {
+            self.linear(&x, h, m, &layer.qkv, &mut qkv)?;
+            profile.mark("qkv gemm")?;
+            unsafe {
+                self.launch(split)
+                    .arg(&qkv)
+                    .arg(&layer.qkv.bias)
+                    .arg(&seq_i)
+                    .arg(&heads_i)
+                    .arg(&dh_i)
+                    .arg(&mut q)
+                    .arg(&mut k)
+                    .arg(&mut v)
+                    .launch(rows_by_columns(m, split_cols))?;
+            }
+            profile.mark("split heads")?;
+            // scores[b, h] = scale · q kᵀ, `[seq_q, seq_k]` row-major per head.
+            let scores_cfg = StridedBatchedConfig {
+                gemm: GemmConfig {
+                    transa: CUBLAS_OP_T,
+                    transb: CUBLAS_OP_N,
+                    m: seq_i,
+                    n: seq_i,
+                    k: dh_i,
+                    alpha: T::from_f32(scale),
+                    lda: dh_i,
+                    ldb: dh_i,
+                    beta: T::from_f32(0.0),
+                    ldc: seq_i,
+                },
+                batch_size: (batch * heads) as i32,
+                stride_a: per_head,
+                stride_b: per_head,
+                stride_c: (seq * seq) as i64,
+            };
+            unsafe {
+                self.blas
+                    .gemm_strided_batched(scores_cfg, &k, &q, &mut scores)
+            }?;
+            profile.mark("scores gemm")?;
+            unsafe {
+                let mut args = self.launch(softmax);
+                args.arg(&mut scores)
+                    .arg(&mask)
+                    .arg(&heads_i)
+                    .arg(&seq_i)
+                    .arg(&seq_i);
+                if seq <= WARP_SOFTMAX_KEYS {
+                    args.arg(&score_rows_i);
+                }
+                args.launch(softmax_cfg)?;
+            }
+            profile.mark("softmax")?;
+            // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
+            let ctx_cfg = StridedBatchedConfig {
+                gemm: GemmConfig {
+                    transa: CUBLAS_OP_N,
+                    transb: CUBLAS_OP_N,
+                    m: dh_i,
+                    n: seq_i,
+                    k: seq_i,
+                    alpha: T::from_f32(1.0),
+                    lda: dh_i,
+                    ldb: seq_i,
+                    beta: T::from_f32(0.0),
+                    ldc: dh_i,
+                },
+                batch_size: (batch * heads) as i32,
+                stride_a: per_head,
+                stride_b: (seq * seq) as i64,
+                stride_c: per_head,
+            };
+            unsafe {
+                self.blas
+                    .gemm_strided_batched(ctx_cfg, &v, &scores, &mut ctx)
+            }?;
+            profile.mark("context gemm")?;
+            unsafe {
+                self.launch(merge)
+                    .arg(&ctx)
+                    .arg(&seq_i)
+                    .arg(&heads_i)
+                    .arg(&dh_i)
+                    .arg(&mut merged)
+                    .launch(rows_by_columns(m, merge_cols))?;
+            }
+            profile.mark("merge heads")?;
+            self.linear(&merged, h, m, &layer.attention_output, &mut y)?;
+            profile.mark("attention output gemm")?;
+            self.add_norm(
+                &add_norm,
+                &y,
+                &layer.attention_output,
+                &x,
+                &layer.attention_norm,
+                &mut h1,
+            )?;
+            profile.mark("add + norm")?;
+            self.linear(&h1, h, m, &layer.intermediate, &mut ff)?;
+            profile.mark("ffn up gemm")?;
+            self.bias_act(&mut ff, &layer.intermediate.bias, m, inter, self.activation)?;
+            profile.mark("bias + activation")?;
+            self.linear(&ff, inter, m, &layer.output, &mut y)?;
+            profile.mark("ffn down gemm")?;
+            self.add_norm(
+                &add_norm,
+                &y,
+                &layer.output,
+                &h1,
+                &layer.output_norm,
+                &mut x,
+            )?;
+            profile.mark("add + norm")?;
+        }
+        let pooler_output = match &self.pooler {
+            Some(p) => {
+                // The first token of each row: row b of `x` at stride seq * hidden.
+                let mut pooled = alloc(batch * h)?;
+                self.linear(&x, seq * h, batch, p, &mut pooled)?;
+                self.bias_act(&mut pooled, &p.bias, batch, h, Act::Tanh)?;
+                profile.mark("pooler")?;
+                Some(self.to_host(&pooled, vec![batch, h])?)
+            }
+            None => None,
+        };
+        let last_hidden_state = self.to_host(&x, vec![batch, seq, h])?;
+        profile.mark("download")?;
+        profile.report(batch, seq)?;
+        Ok(EncoderOutput {
+            last_hidden_state,
+            pooler_output,
+        })
+    }
+
+    fn launch<'a>(&'a self, f: &'a CudaFunction) -> cudarc::driver::LaunchArgs<'a> {
+        self.stream.launch_builder(f)
+    }
+
+    /// `out = layer_norm(y + dense.bias + residual)`, row by row.
+    fn add_norm(
+        &self,
+        op: &AddNorm<'_>,
+        y: &CudaSlice<T>,
+        dense: &Dense<T>,
+        residual: &CudaSlice<T>,
+        norm: &Norm<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        // SAFETY: `bias_residual_norm[_vec](y, bias, residual, gamma, beta, eps, hidden, out)` over
+        // the rows of `op.cfg`'s grid, each `hidden` long in every buffer.
+        unsafe {
+            self.launch(op.kernel)
+                .arg(y)
+                .arg(&dense.bias)
+                .arg(residual)
+                .arg(&norm.gamma)
+                .arg(&norm.beta)
+                .arg(&op.eps)
+                .arg(&op.hidden)
+                .arg(out)
+                .launch(op.cfg)?;
+        }
+        Ok(())
+    }
+
+    /// `y[r, c] = act(y[r, c] + bias[c])` over `rows × cols`.
+    fn bias_act(
+        &self,
+        y: &mut CudaSlice<T>,
+        bias: &CudaSlice<T>,
+        rows: usize,
+        cols: usize,
+        act: Act,
+    ) -> Result<(), EngineError> {
+        let (cols_i, act_i) = (cols as i32, act as i32);
+        let vec = vec_width::<T>();
+        let (kernel, launch_cols) = if cols.is_multiple_of(vec) {
+            (&self.kernels.bias_act_vec, cols / vec)
+        } else {
+            (&self.kernels.bias_act, cols)
+        };
+        // SAFETY: `bias_act(T*, const T*, int, int)` over `rows × cols` values of `y` (the `_vec`
+        // kernel one 16-byte pack per thread).
+        unsafe {
+            self.launch(kernel)
+                .arg(y)
+                .arg(bias)
+                .arg(&cols_i)
+                .arg(&act_i)
+                .launch(rows_by_columns(rows, launch_cols))?;
+        }
+        Ok(())
+    }
+
+    /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
+    /// staging buffer.
+    fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
+        let n = x.len();
+        let mut staging = self
+            .staging
+            .lock()
+            .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
+        if staging.as_ref().is_none_or(|p| p.len() < n) {
+            // SAFETY: the buffer is written by the copy below before it is read.
+            *staging = Some(unsafe { self.stream.context().alloc_pinned::<T>(n) }?);
+        }
+        let Some(pinned) = staging.as_mut() else {
+            unreachable!("allocated above")
+        };
+        // Exactly `n` values: cudarc copies as many bytes as the destination slice holds.
+        let dst = &mut pinned.as_mut_slice()?[..n];
+        self.stream.memcpy_dtoh(x, dst)?;
+        self.stream.synchronize()?;
+        HostTensor::from_bytes(
+            "cuBLAS encoder output",
+            shape,
+            T::DTYPE,
+            bytes::Bytes::from_owner(PodBytes(parallel_copy(dst))),
+        )
+        .map_err(|e| EngineError::Spec(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_copy_keeps_every_value_in_order() {
+        for n in [0, 5, (1 << 18) + 3, 3 << 18] {
+            let src: Vec<u32> = (0..n as u32).collect();
+            assert_eq!(parallel_copy(&src), src);
+        }
+    }
+
+    #[test]
+    fn softmax_threads_cover_the_row_within_a_block() {
+        for keys in [1, 7, 128, 256, 257, 4000, MAX_KEYS] {
+            let t = softmax_threads(keys) as usize;
+            assert!(
+                t.is_multiple_of(32) && (32..=1024).contains(&t),
+                "{keys}: {t}"
+            );
+            assert!(t * SOFTMAX_PER_THREAD >= keys, "{keys}: {t}");
+        }
+    }
+
+    #[test]
+    fn half_weights_round_to_nearest() {
+        let h = <half::f16 as Elem>::from_f32_slice(&[1.0, 0.1, -65504.0, 1e-8]);
+        let back: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(back[0], 1.0);
+        assert!((back[1] - 0.1).abs() < 1e-4);
+        assert_eq!(back[2], -65504.0);
+        assert_eq!(<f32 as Elem>::from_f32_slice(&[0.1]), vec![0.1]);
+        assert_eq!(vec_width::<half::f16>(), 8);
+        assert_eq!(vec_width::<f32>(), 4);
+    }
+}

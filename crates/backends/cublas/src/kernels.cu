@@ -1,0 +1,275 @@
+// The element-wise and row kernels of the cuBLAS encoder. Compiled by NVRTC at load time, once per
+// storage type: the prefix the engine puts before this file defines `T` (float, or the bits of an
+// IEEE half in an unsigned short) with `ld` (to float) and `st` (from float, round to nearest).
+// Arithmetic is f32 throughout; only storage is `T`.
+
+#define BLOCK_SUM 0
+#define BLOCK_MAX 1
+
+// Sum or max of `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the result. `red` holds 32 floats of shared memory.
+__device__ float block_reduce(float v, float* red, int op) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = op == BLOCK_SUM ? v + other : fmaxf(v, other);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < warps; ++i) r = op == BLOCK_SUM ? r + red[i] : fmaxf(r, red[i]);
+    return r;
+}
+
+// The dynamic shared memory of the row kernels, as floats.
+__device__ __forceinline__ float* shared_floats() {
+    extern __shared__ float dynamic_shared[];
+    return dynamic_shared;
+}
+
+// Layer norm of the f32 row `row[0..n)` (shared memory) into `out`.
+__device__ void norm_row(const float* row, int n, const T* gamma, const T* beta, float eps,
+                         T* out, float* red) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += row[i];
+    float mean = block_reduce(s, red, BLOCK_SUM) / n;
+    float v = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float d = row[i] - mean;
+        v += d * d;
+    }
+    float var = block_reduce(v, red, BLOCK_SUM) / n;
+    float inv = 1.f / sqrtf(var + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        out[i] = st((row[i] - mean) * inv * ld(gamma[i]) + ld(beta[i]));
+}
+
+// One block per token: word + token type + position embedding, then layer norm.
+// Shared memory: (hidden + 32) floats.
+extern "C" __global__ void embeddings(const int* ids, const int* types, const T* word,
+                                      const T* position, const T* token_type, const T* gamma,
+                                      const T* beta, float eps, int seq, int hidden, T* out) {
+    float* shared = shared_floats();
+    float* row = shared;
+    float* red = shared + hidden;
+    long long m = blockIdx.x;
+    long long s = m % seq;
+    const T* w = word + (long long)ids[m] * hidden;
+    const T* t = token_type + (long long)types[m] * hidden;
+    const T* p = position + s * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        row[i] = (ld(w[i]) + ld(t[i])) + ld(p[i]);
+    __syncthreads();
+    norm_row(row, hidden, gamma, beta, eps, out + m * hidden, red);
+}
+
+#define ACT_GELU 0
+#define ACT_GELU_TANH 1
+#define ACT_RELU 2
+#define ACT_TANH 3
+
+__device__ __forceinline__ float activate(float v, int act) {
+    if (act == ACT_GELU) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    if (act == ACT_GELU_TANH)
+        return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    if (act == ACT_RELU) return fmaxf(v, 0.f);
+    return tanhf(v);
+}
+
+// ---- Row kernels in packs of W values: W = 1 for the plain kernels, W = VEC (16 bytes: 8 halves
+// or 4 floats) for the `_vec` ones, which the engine uses when the row lengths and the head size
+// are multiples of VEC.
+
+#define VEC (16 / sizeof(T))
+template <int W>
+struct __align__(sizeof(T) * W) Pack {
+    T v[W];
+};
+
+template <int W>
+__device__ __forceinline__ Pack<W> load_pack(const T* p) {
+    return *reinterpret_cast<const Pack<W>*>(p);
+}
+template <int W>
+__device__ __forceinline__ void store_pack(T* p, const Pack<W>& x) {
+    *reinterpret_cast<Pack<W>*>(p) = x;
+}
+
+// One block per row: out = layer_norm(y + bias + residual). Shared memory: (hidden + 32) floats.
+template <int W>
+__device__ void bias_residual_norm_impl(const T* y, const T* bias, const T* residual,
+                                        const T* gamma, const T* beta, float eps, int hidden,
+                                        T* out) {
+    float* shared = shared_floats();
+    float* row = shared;
+    float* red = shared + hidden;
+    size_t base = (size_t)blockIdx.x * hidden;
+    float s = 0.f;
+    for (int c = threadIdx.x * W; c < hidden; c += blockDim.x * W) {
+        Pack<W> a = load_pack<W>(y + base + c), bb = load_pack<W>(bias + c),
+                r = load_pack<W>(residual + base + c);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            float x = (ld(a.v[e]) + ld(bb.v[e])) + ld(r.v[e]);
+            row[c + e] = x;
+            s += x;
+        }
+    }
+    float mean = block_reduce(s, red, BLOCK_SUM) / hidden;
+    float var = 0.f;
+    for (int c = threadIdx.x * W; c < hidden; c += blockDim.x * W) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            float d = row[c + e] - mean;
+            var += d * d;
+        }
+    }
+    float inv = 1.f / sqrtf(block_reduce(var, red, BLOCK_SUM) / hidden + eps);
+    for (int c = threadIdx.x * W; c < hidden; c += blockDim.x * W) {
+        Pack<W> g = load_pack<W>(gamma + c), bt = load_pack<W>(beta + c), o;
+#pragma unroll
+        for (int e = 0; e < W; ++e)
+            o.v[e] = st((row[c + e] - mean) * inv * ld(g.v[e]) + ld(bt.v[e]));
+        store_pack<W>(out + base + c, o);
+    }
+}
+
+// y[r, c] = act(y[r, c] + bias[c]); grid (rows, blocks of packs along the columns).
+template <int W>
+__device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
+    int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
+    if (c >= cols) return;
+    T* p = y + (size_t)blockIdx.x * cols + c;
+    Pack<W> x = load_pack<W>(p), bb = load_pack<W>(bias + c);
+#pragma unroll
+    for (int e = 0; e < W; ++e) x.v[e] = st(activate(ld(x.v[e]) + ld(bb.v[e]), act));
+    store_pack<W>(p, x);
+}
+
+// Row m of the fused QKV projection `[batch * seq, 3 * hidden]` plus its bias, split into q, k, v
+// laid out `[batch, heads, seq, head_dim]`; grid (tokens, blocks of packs).
+template <int W>
+__device__ void split_heads_impl(const T* qkv, const T* bias, int seq, int heads, int head_dim,
+                                 T* q, T* k, T* v) {
+    int hidden = heads * head_dim;
+    int j = (blockIdx.y * blockDim.x + threadIdx.x) * W;
+    if (j >= 3 * hidden) return;
+    int m = blockIdx.x;
+    int which = j / hidden, c = j - which * hidden;
+    int h = c / head_dim, d = c - h * head_dim;
+    int b = m / seq, s = m - b * seq;
+    T* dst = which == 0 ? q : (which == 1 ? k : v);
+    Pack<W> x = load_pack<W>(qkv + (size_t)m * 3 * hidden + j), bb = load_pack<W>(bias + j), o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = st(ld(x.v[e]) + ld(bb.v[e]));
+    store_pack<W>(dst + (((size_t)b * heads + h) * seq + s) * head_dim + d, o);
+}
+
+// `[batch, heads, seq, head_dim]` back to `[batch, seq, heads * head_dim]`; grid (tokens, blocks of
+// packs).
+template <int W>
+__device__ void merge_heads_impl(const T* ctx, int seq, int heads, int head_dim, T* out) {
+    int hidden = heads * head_dim;
+    int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
+    if (c >= hidden) return;
+    int m = blockIdx.x;
+    int h = c / head_dim, d = c - h * head_dim;
+    int b = m / seq, s = m - b * seq;
+    store_pack<W>(out + (size_t)m * hidden + c,
+                  load_pack<W>(ctx + (((size_t)b * heads + h) * seq + s) * head_dim + d));
+}
+
+// The entry points: the same argument lists at pack widths 1 and VEC.
+#define ROW_KERNELS(SUFFIX, W)                                                                  \
+    extern "C" __global__ void bias_residual_norm##SUFFIX(                                      \
+        const T* y, const T* bias, const T* residual, const T* gamma, const T* beta, float eps, \
+        int hidden, T* out) {                                                                   \
+        bias_residual_norm_impl<W>(y, bias, residual, gamma, beta, eps, hidden, out);           \
+    }                                                                                           \
+    extern "C" __global__ void bias_act##SUFFIX(T* y, const T* bias, int cols, int act) {       \
+        bias_act_impl<W>(y, bias, cols, act);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void split_heads##SUFFIX(const T* qkv, const T* bias, int seq,        \
+                                                   int heads, int head_dim, T* q, T* k, T* v) { \
+        split_heads_impl<W>(qkv, bias, seq, heads, head_dim, q, k, v);                          \
+    }                                                                                           \
+    extern "C" __global__ void merge_heads##SUFFIX(const T* ctx, int seq, int heads,            \
+                                                   int head_dim, T* out) {                      \
+        merge_heads_impl<W>(ctx, seq, heads, head_dim, out);                                    \
+    }
+
+ROW_KERNELS(, 1)
+ROW_KERNELS(_vec, VEC)
+
+// ---- Masked softmax over score rows `[batch, heads, q_len, k_len]`: probabilities over the keys
+// whose `mask[b, key]` is non-zero (masked keys get 0). A row with no visible key attends to every
+// key, as HF's additive mask (finfo.min on every key) does.
+
+__device__ __forceinline__ float warp_reduce(float v, int op) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = op == BLOCK_SUM ? v + other : fmaxf(v, other);
+    }
+    return v;
+}
+
+// One row whose keys j = lane + i * stride (i < PER) sit in this thread's registers; `reduce`
+// combines a value over the threads sharing the row.
+template <int PER, class Reduce>
+__device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, int lane,
+                                            int stride, Reduce reduce) {
+    float v[PER];
+    bool on[PER];
+    float mx = NEG_INF, mx_all = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = lane + i * stride;
+        bool in = j < k_len;
+        v[i] = in ? ld(row[j]) : NEG_INF;
+        on[i] = in && keep[j] != 0;
+        if (on[i]) mx = fmaxf(mx, v[i]);
+        if (in) mx_all = fmaxf(mx_all, v[i]);
+    }
+    mx = reduce(mx, BLOCK_MAX);
+    if (mx == NEG_INF) {
+        mx = reduce(mx_all, BLOCK_MAX);
+#pragma unroll
+        for (int i = 0; i < PER; ++i) on[i] = lane + i * stride < k_len;
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        v[i] = on[i] ? expf(v[i] - mx) : 0.f;
+        s += v[i];
+    }
+    float inv = 1.f / reduce(s, BLOCK_SUM);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = lane + i * stride;
+        if (j < k_len) row[j] = st(v[i] * inv);
+    }
+}
+
+// One block per row, k_len <= SOFTMAX_PER_THREAD * blockDim.
+#define SOFTMAX_PER_THREAD 8
+extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
+                                          int k_len) {
+    __shared__ float red[32];
+    long long r = blockIdx.x;
+    long long b = r / ((long long)heads * q_len);
+    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_len, mask + b * k_len, k_len, threadIdx.x,
+                                    blockDim.x,
+                                    [&](float v, int op) { return block_reduce(v, red, op); });
+}
+
+// One warp per row (blockDim (32, rows per block)), k_len <= 32 * WARP_KEYS: no block barriers.
+#define WARP_KEYS 8
+extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int heads, int q_len,
+                                               int k_len, long long rows) {
+    long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    long long b = r / ((long long)heads * q_len);
+    softmax_row<WARP_KEYS>(scores + r * k_len, mask + b * k_len, k_len, threadIdx.x, 32,
+                           [](float v, int op) { return warp_reduce(v, op); });
+}

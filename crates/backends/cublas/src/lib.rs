@@ -1,0 +1,149 @@
+//! # ipfs-accelerate-backend-cublas
+//!
+//! A transformer-encoder engine for NVIDIA GPUs that runs every matrix product through cuBLAS
+//! (tensor cores in f16, exact f32 SGEMM in f32) and the rest through a handful of NVRTC-compiled
+//! kernels: embeddings + layer norm, bias + activation, head split / merge, masked softmax, and
+//! bias + residual + layer norm in one pass. It runs a backend-neutral [`EncoderSpec`] (BERT-style
+//! post-norm encoders; `ipfs_accelerate_bert::encoder_spec` builds one from a checkpoint), which
+//! is how the `cuda` backend runs BERT: burn's CubeCL kernels stay the path for every other family
+//! and for what the spec does not cover (task heads, bf16).
+//!
+//! Why a second engine: burn 0.21's CubeCL CUDA matmul reaches about 46 TFLOP/s on an H100 in f16
+//! (cuBLAS several times that) and CubeCL does not expose its CUDA stream, so cuBLAS cannot be
+//! called in order with burn's kernels.
+//!
+//! libcuda, NVRTC and cuBLAS are dlopened on first use; [`probe`] checks all three (without
+//! panicking) before anything touches the driver, so a binary built with `cuda` starts anywhere.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use ipfs_accelerate_backend_cublas::{probe, EncoderRunner};
+//! use ipfs_accelerate_core::{HostTensor, ModelRunner, Precision, TensorMap};
+//!
+//! probe()?; // "cuBLAS (libcublas) cannot be loaded ..." on a machine without it
+//! let spec = ipfs_accelerate_bert::encoder_spec(std::path::Path::new("models/bert-base"))?;
+//! let runner = EncoderRunner::load(&spec, Precision::F16)?;
+//! let mut inputs = TensorMap::new();
+//! inputs.insert("input_ids".into(), HostTensor::from_i64(vec![1, 4], &[101, 7592, 2088, 102])?);
+//! let outputs = runner.run(&inputs)?; // last_hidden_state [1, 4, 768] in f16, pooler_output
+//! # Ok(()) }
+//! ```
+
+mod engine;
+mod runner;
+
+pub use engine::{Elem, Encoder, EncoderOutput, Tokens};
+pub use runner::EncoderRunner;
+
+use ipfs_accelerate_core::EncoderSpec;
+
+/// What can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A library the engine needs cannot be loaded.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The CUDA driver reported an error.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// cuBLAS reported an error.
+    #[error("cuBLAS: {0:?}")]
+    Blas(#[from] cudarc::cublas::result::CublasError),
+    /// NVRTC could not compile the kernels.
+    #[error("NVRTC could not compile the encoder kernels: {0}")]
+    Compile(String),
+    /// The spec is inconsistent.
+    #[error("invalid encoder spec: {0}")]
+    Spec(String),
+    /// The precision is not one the engine runs.
+    #[error("the cuBLAS encoder runs f32 and f16, not {0}")]
+    Precision(String),
+}
+
+impl From<EngineError> for ipfs_accelerate_core::Error {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Unavailable(reason) => ipfs_accelerate_core::Error::BackendUnavailable {
+                kind: "cuda (cuBLAS encoder)".into(),
+                reason,
+            },
+            other => ipfs_accelerate_core::Error::Compute(other.to_string()),
+        }
+    }
+}
+
+/// The shared libraries the engine loads, as cudarc names them, with what they are.
+const LIBRARIES: &[(&str, &str)] = &[
+    ("cuda", "the NVIDIA driver library"),
+    ("nvrtc", "NVRTC (the CUDA run-time compiler)"),
+    ("cublas", "cuBLAS"),
+];
+
+/// Checks that libcuda, NVRTC and cuBLAS can be loaded, under the names cudarc will look for, and
+/// that a device exists; never panics. The error says which library is missing and where it was
+/// looked for.
+pub fn probe() -> Result<(), EngineError> {
+    for (lib, what) in LIBRARIES {
+        let names = cudarc::get_lib_name_candidates(lib);
+        // SAFETY: loading a vendor library runs its initialisers, which is what cudarc does next.
+        let found = names
+            .iter()
+            .any(|name| unsafe { libloading::Library::new(name) }.is_ok());
+        if !found {
+            return Err(EngineError::Unavailable(format!(
+                "{what} (lib{lib}) cannot be loaded: none of {} is on the library path \
+                 (LD_LIBRARY_PATH; the CUDA toolkit's lib64, or the nvidia-*-cu12 / cu13 wheels' \
+                 lib folders)",
+                names
+                    .iter()
+                    .filter(|n| n.contains(".so"))
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let count = cudarc::driver::result::init()
+        .and_then(|_| cudarc::driver::result::device::get_count())
+        .map_err(|e| EngineError::Unavailable(format!("the CUDA driver has no device: {e}")))?;
+    if count < 1 {
+        return Err(EngineError::Unavailable("no CUDA device".into()));
+    }
+    Ok(())
+}
+
+/// Checks a spec before loading (the engine's own limits on top of [`EncoderSpec::validate`]).
+pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
+    spec.validate()
+        .map_err(|e| EngineError::Spec(e.to_string()))?;
+    // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).
+    if (spec.hidden + 32) * 4 > 48 * 1024 {
+        return Err(EngineError::Spec(format!(
+            "hidden size {} exceeds the row kernels' shared memory",
+            spec.hidden
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_names_the_missing_driver_without_panicking() {
+        // SAFETY: loading the driver library runs its initialisers only.
+        let driver = cudarc::get_lib_name_candidates("cuda")
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+        match (driver, probe()) {
+            (false, Err(EngineError::Unavailable(reason))) => {
+                assert!(reason.contains("NVIDIA driver library"), "{reason}")
+            }
+            (false, other) => panic!("no driver here, yet the probe said {other:?}"),
+            // A machine with the driver: the probe's answer depends on NVRTC, cuBLAS and devices.
+            (true, _) => {}
+        }
+    }
+}

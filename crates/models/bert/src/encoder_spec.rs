@@ -1,0 +1,187 @@
+//! BERT's checkpoint as a backend-neutral [`EncoderSpec`], for engines that do not run through
+//! burn (the cuBLAS encoder of the `cuda` feature). The names come from the same table the burn
+//! model loads through ([`crate::names`]).
+
+use std::path::Path;
+
+use ipfs_accelerate_core::{
+    DenseWeights, EncoderActivation, EncoderLayerWeights, EncoderSpec, Error, JsonConfig,
+    NormWeights, Result, TensorSource,
+};
+use ipfs_accelerate_nn::Activation;
+
+use crate::{names, BertConfig, BertHead};
+
+/// Reads the bare `BertModel` checkpoint in `dir` (config.json + safetensors, or a random-weight
+/// folder) as an [`EncoderSpec`]. A checkpoint with a task head, or an activation the spec has no
+/// name for, is an [`Error::InvalidInput`] saying so (those run on the burn model).
+pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
+    let config = BertConfig::from_file(&dir.join("config.json"))?;
+    if config.head() != BertHead::Base {
+        return Err(Error::InvalidInput(format!(
+            "the encoder spec covers bare BertModel checkpoints, not the {:?} head",
+            config.head()
+        )));
+    }
+    let activation = match config.hidden_act {
+        Activation::Gelu => EncoderActivation::Gelu,
+        Activation::GeluTanh => EncoderActivation::GeluTanh,
+        Activation::Relu => EncoderActivation::Relu,
+        other => {
+            return Err(Error::InvalidInput(format!(
+                "the encoder spec has no activation {other:?}"
+            )))
+        }
+    };
+    let source = ipfs_accelerate_io::open_weights(dir)?;
+    let prefix = names::encoder_prefix(source.as_ref());
+    let source = names::bert_names(source);
+    let reader = Reader {
+        source: source.as_ref(),
+        prefix: if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}.")
+        },
+    };
+    let (h, i) = (config.hidden_size, config.intermediate_size);
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for n in 0..config.num_hidden_layers {
+        let l = format!("encoder.layer.{n}");
+        layers.push(EncoderLayerWeights {
+            query: reader.dense(&format!("{l}.attention.self.query"), h, h)?,
+            key: reader.dense(&format!("{l}.attention.self.key"), h, h)?,
+            value: reader.dense(&format!("{l}.attention.self.value"), h, h)?,
+            attention_output: reader.dense(&format!("{l}.attention.output.dense"), h, h)?,
+            attention_norm: reader.norm(&format!("{l}.attention.output.LayerNorm"), h)?,
+            intermediate: reader.dense(&format!("{l}.intermediate.dense"), i, h)?,
+            output: reader.dense(&format!("{l}.output.dense"), h, i)?,
+            output_norm: reader.norm(&format!("{l}.output.LayerNorm"), h)?,
+        });
+    }
+    let pooler = if reader.has("pooler.dense.weight") {
+        Some(reader.dense("pooler.dense", h, h)?)
+    } else {
+        None
+    };
+    let spec = EncoderSpec {
+        family: "bert".into(),
+        hidden: h,
+        heads: config.num_attention_heads,
+        intermediate: i,
+        eps: config.layer_norm_eps as f32,
+        activation,
+        vocab: config.vocab_size,
+        max_positions: config.max_position_embeddings,
+        type_vocab: config.type_vocab_size,
+        word_embeddings: reader
+            .read("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
+        position_embeddings: reader.read(
+            "embeddings.position_embeddings.weight",
+            &[config.max_position_embeddings, h],
+        )?,
+        token_type_embeddings: reader.read(
+            "embeddings.token_type_embeddings.weight",
+            &[config.type_vocab_size, h],
+        )?,
+        embedding_norm: reader.norm("embeddings.LayerNorm", h)?,
+        layers,
+        pooler,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Reads f32 copies of the encoder's tensors under its prefix.
+struct Reader<'a> {
+    source: &'a dyn TensorSource,
+    prefix: String,
+}
+
+impl Reader<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.source.contains(&format!("{}{name}", self.prefix))
+    }
+
+    fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let full = format!("{}{name}", self.prefix);
+        Ok(self.source.tensor_shaped(&full, shape)?.to_f32_vec())
+    }
+
+    fn dense(&self, name: &str, out: usize, inp: usize) -> Result<DenseWeights> {
+        Ok(DenseWeights {
+            out_features: out,
+            in_features: inp,
+            weight: self.read(&format!("{name}.weight"), &[out, inp])?,
+            bias: self.read(&format!("{name}.bias"), &[out])?,
+        })
+    }
+
+    fn norm(&self, name: &str, h: usize) -> Result<NormWeights> {
+        Ok(NormWeights {
+            gamma: self.read(&format!("{name}.weight"), &[h])?,
+            beta: self.read(&format!("{name}.bias"), &[h])?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixtures_read_as_specs_holding_the_checkpoint_tensors() {
+        let fixtures = ipfs_accelerate_conformance::family_fixtures("encoder_spec", "bert");
+        for fixture in fixtures {
+            let config = BertConfig::from_file(&fixture.dir.join("config.json")).unwrap();
+            let result = encoder_spec(&fixture.dir);
+            if config.head() != BertHead::Base {
+                let e = result.unwrap_err().to_string();
+                assert!(e.contains("bare BertModel"), "{}: {e}", fixture.variant);
+                continue;
+            }
+            let spec = result.unwrap();
+            assert_eq!(spec.layers.len(), config.num_hidden_layers);
+            assert_eq!(
+                (spec.hidden, spec.heads),
+                (config.hidden_size, config.num_attention_heads)
+            );
+            let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
+            let last = config.num_hidden_layers - 1;
+            for (name, got) in [
+                ("embeddings.word_embeddings.weight", &spec.word_embeddings),
+                (
+                    &format!("encoder.layer.{last}.output.dense.weight") as &str,
+                    &spec.layers[last].output.weight,
+                ),
+                (
+                    &format!("encoder.layer.{last}.attention.self.value.bias") as &str,
+                    &spec.layers[last].value.bias,
+                ),
+            ] {
+                assert_eq!(&weights.tensor(name).unwrap().to_f32_vec(), got, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_random_weight_folder_reads_as_a_spec() {
+        let dir = std::env::temp_dir().join(format!("bert-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = r#"{"model_type": "bert", "vocab_size": 50, "hidden_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
+            "max_position_embeddings": 20, "hidden_act": "gelu_new"}"#;
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        std::fs::write(
+            dir.join(ipfs_accelerate_io::RANDOM_INIT_FILE),
+            r#"{"seed": 1, "std": 0.02}"#,
+        )
+        .unwrap();
+        let spec = encoder_spec(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        let spec = spec.unwrap();
+        assert_eq!(spec.activation, EncoderActivation::GeluTanh);
+        assert_eq!(spec.layers[1].intermediate.weight.len(), 32 * 16);
+        assert!(spec.word_embeddings.iter().any(|&v| v != 0.0));
+    }
+}
