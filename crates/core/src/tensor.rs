@@ -117,20 +117,33 @@ impl HostTensor {
         )
     }
 
-    /// A float32 tensor owning `values` (no copy).
-    pub fn from_f32_vec(shape: Vec<usize>, values: Vec<f32>) -> Result<HostTensor> {
-        /// Lets `Bytes` own a `Vec<f32>` as its little-endian bytes.
-        struct F32Bytes(Vec<f32>);
-        impl AsRef<[u8]> for F32Bytes {
+    /// A tensor owning `values` (no copy), whose element type `dtype` names (a length or element
+    /// size that does not fit `shape` and `dtype` is an error).
+    pub fn from_vec<T: bytemuck::Pod + Send + Sync>(
+        shape: Vec<usize>,
+        dtype: DType,
+        values: Vec<T>,
+    ) -> Result<HostTensor> {
+        /// Lets `Bytes` own a vector of plain values as its little-endian bytes.
+        struct PodBytes<T>(Vec<T>);
+        impl<T: bytemuck::Pod> AsRef<[u8]> for PodBytes<T> {
             fn as_ref(&self) -> &[u8] {
                 bytemuck::cast_slice(&self.0)
             }
         }
+        if std::mem::size_of::<T>() != dtype.size() {
+            return Err(Error::BadTensorBytes {
+                name: format!("{} values", std::any::type_name::<T>()),
+                len: values.len() * std::mem::size_of::<T>(),
+                shape,
+                dtype,
+            });
+        }
         Self::from_bytes(
-            "f32 values",
+            "owned values",
             shape,
-            DType::F32,
-            Bytes::from_owner(F32Bytes(values)),
+            dtype,
+            Bytes::from_owner(PodBytes(values)),
         )
     }
 
@@ -378,4 +391,20 @@ pub trait Family {
         device: &B::Device,
         kind: crate::BackendKind,
     ) -> Result<Box<dyn ModelRunner>>;
+}
+
+#[cfg(test)]
+mod owned_vector_tests {
+    use super::*;
+
+    #[test]
+    fn owned_vectors_become_tensors_of_their_dtype_only() {
+        let t = HostTensor::from_vec(vec![2], DType::F32, vec![1.5f32, -2.0]).unwrap();
+        assert_eq!(t.to_f32_vec(), vec![1.5, -2.0]);
+        let h = vec![half::f16::from_f32(0.5); 3];
+        let t = HostTensor::from_vec(vec![3], DType::F16, h).unwrap();
+        assert_eq!(t.to_f32_vec(), vec![0.5; 3]);
+        assert!(HostTensor::from_vec(vec![2], DType::F16, vec![1.0f32, 2.0]).is_err());
+        assert!(HostTensor::from_vec(vec![3], DType::F32, vec![1.0f32, 2.0]).is_err());
+    }
 }

@@ -191,15 +191,6 @@ fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
     out
 }
 
-/// Lets `Bytes` own a vector of plain values as its bytes.
-struct PodBytes<T>(Vec<T>);
-
-impl<T: bytemuck::Pod> AsRef<[u8]> for PodBytes<T> {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
-    }
-}
-
 /// Token inputs, checked by the caller: `[batch, seq]` row-major each.
 pub struct Tokens<'a> {
     /// Rows.
@@ -338,10 +329,10 @@ impl<T: Elem> Encoder<T>
 where
     CudaBlas: Gemm<T>,
 {
-    /// Compiles the kernels and uploads `spec` to device `ordinal`.
+    /// Checks `spec` ([`crate::check_spec`]), compiles the kernels and uploads it to device
+    /// `ordinal`.
     pub fn load(spec: &EncoderSpec, ordinal: usize) -> Result<Self, EngineError> {
-        spec.validate()
-            .map_err(|e| EngineError::Spec(e.to_string()))?;
+        crate::check_spec(spec)?;
         let ctx = CudaContext::new(ordinal)?;
         // One stream: cudarc's cross-stream events would only add work.
         // SAFETY: every buffer of this engine is used on `stream` alone.
@@ -784,13 +775,8 @@ where
         let dst = &mut pinned.as_mut_slice()?[..n];
         self.stream.memcpy_dtoh(x, dst)?;
         self.stream.synchronize()?;
-        HostTensor::from_bytes(
-            "cuBLAS encoder output",
-            shape,
-            T::DTYPE,
-            bytes::Bytes::from_owner(PodBytes(parallel_copy(dst))),
-        )
-        .map_err(|e| EngineError::Spec(e.to_string()))
+        HostTensor::from_vec(shape, T::DTYPE, parallel_copy(dst))
+            .map_err(|e| EngineError::Spec(e.to_string()))
     }
 }
 

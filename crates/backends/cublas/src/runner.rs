@@ -7,7 +7,7 @@ use ipfs_accelerate_core::{
 };
 
 use crate::engine::{Elem, Encoder, EncoderOutput, Tokens};
-use crate::{check_spec, probe, EngineError};
+use crate::{probe, EngineError};
 
 /// An encoder of either storage type.
 trait Forward: Send {
@@ -43,7 +43,6 @@ impl EncoderRunner {
     /// weights in `precision` (f32 or f16).
     pub fn load(spec: &EncoderSpec, precision: Precision) -> Result<Self, EngineError> {
         probe()?;
-        check_spec(spec)?;
         let engine: Box<dyn Forward> = match precision {
             Precision::F32 => Box::new(Encoder::<f32>::load(spec, 0)?),
             Precision::F16 => Box::new(Encoder::<half::f16>::load(spec, 0)?),
