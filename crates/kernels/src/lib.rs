@@ -56,10 +56,12 @@ macro_rules! multiversion {
 mod attention;
 mod linear;
 mod math;
+mod qlinear;
 
 pub use attention::{attention, StridedView};
 pub use linear::{linear, Epilogue, EpilogueActivation};
 pub use math::{exp, gelu_erf, gelu_tanh, quick_gelu, silu, softmax_rows};
+pub use qlinear::{linear_int8, Int8Isa, PackedInt8};
 
 /// Work (multiply-adds) below which a kernel runs on the calling thread.
 const PARALLEL_THRESHOLD: usize = 1 << 16;

@@ -36,7 +36,8 @@ pub enum EpilogueActivation {
 }
 
 multiversion! {
-    fn finish_rows(
+    /// `activation(out + residual + bias)` in place over rows of `n` values.
+    pub(crate) fn finish_rows(
         out: &mut [f32],
         n: usize,
         bias: Option<&[f32]>,

@@ -1,0 +1,797 @@
+//! Int8 linear layers: activations quantized per row on the fly, weights kept as signed 8-bit
+//! codes with one f32 scale per block of consecutive in-features of one output (the format of
+//! GGUF's Q8_0 and of `ipfs-accelerate-nn`'s int8 weights), products summed exactly in 32-bit
+//! integers and scaled to f32 once per block.
+//!
+//! `y[r, j] = sx[r] · Σ_b s[j, b] · Σ_{i ∈ b} qx[r, i] · qw[j, i]`, with `qx = round(x / sx)`
+//! in `-127..=127` and `sx = max|x[r, ·]| / 127`: the only error next to the dequantized f32
+//! product is the rounding of the activations (at most `sx / 2` per value).
+//!
+//! Three kernels, the widest the CPU has chosen at run time:
+//! - **AVX-512 VNNI** (`vpdpbusd`, u8 × s8 → i32 four products at a time): the activations are
+//!   shifted to `qx + 128` (unsigned) and each block's accumulator starts at `-128 · Σ qw`,
+//!   precomputed when the weight is packed, so the sum stays exact.
+//! - **AVX2** (`vpmaddwd`, s16 × s16 → i32 two products at a time): the activations are stored
+//!   as 16-bit codes and the weight codes widened as they are loaded. Exact, unlike the u8 × s8
+//!   `vpmaddubsw`, whose 16-bit pair sums saturate (255 · 127 · 2 > 32 767); its saturation-free
+//!   form (`|qw| · (qx · sign(qw))`) needs a third instruction per product and measured ~25 %
+//!   slower than this one on Zen 3.
+//! - **Scalar**, everywhere else.
+//!
+//! Weights are packed once ([`PackedInt8`]) into panels of 16 outputs whose codes are
+//! interleaved in groups of 4 in-features (VNNI, scalar) or 2 (AVX2), the operand layout of each
+//! instruction; the product
+//! runs on every rayon thread over tiles of rows × panels, and the bias, residual and activation
+//! of an [`Epilogue`] are applied to each finished tile.
+
+use rayon::prelude::*;
+
+use crate::linear::{finish_rows, Epilogue};
+
+/// Outputs per packed panel (one 512-bit or two 256-bit registers of i32 sums).
+const PANEL: usize = 16;
+/// In-features per interleaved group at most (the four bytes one 32-bit lane of `vpdpbusd`
+/// sums); every block size is a multiple of it.
+const GROUP: usize = 4;
+
+/// Which integer instructions run an int8 linear layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Int8Isa {
+    /// Portable Rust.
+    Scalar,
+    /// AVX2 `vpmaddwd` on 16-bit codes.
+    Avx2,
+    /// AVX-512 VNNI `vpdpbusd` on 512-bit registers.
+    Avx512Vnni,
+}
+
+impl Int8Isa {
+    /// Every kernel, narrowest first.
+    pub const ALL: [Int8Isa; 3] = [Int8Isa::Scalar, Int8Isa::Avx2, Int8Isa::Avx512Vnni];
+
+    /// Whether this CPU runs the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Int8Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Int8Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Int8Isa::Avx512Vnni => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The widest kernel this CPU runs.
+    pub fn detect() -> Int8Isa {
+        *Int8Isa::ALL
+            .iter()
+            .rev()
+            .find(|isa| isa.available())
+            .unwrap_or(&Int8Isa::Scalar)
+    }
+
+    /// Rows one call of the kernel's inner tile computes.
+    fn tile_rows(self) -> usize {
+        match self {
+            Int8Isa::Scalar => 4,
+            Int8Isa::Avx2 => 6,
+            Int8Isa::Avx512Vnni => 8,
+        }
+    }
+
+    /// Whether the activations are stored as `qx + 128` (unsigned) for this kernel.
+    fn unsigned_activations(self) -> bool {
+        self == Int8Isa::Avx512Vnni
+    }
+
+    /// In-features per interleaved group of the packed codes.
+    fn group(self) -> usize {
+        match self {
+            Int8Isa::Avx2 => 2,
+            Int8Isa::Scalar | Int8Isa::Avx512Vnni => 4,
+        }
+    }
+}
+
+/// An int8 weight `[n, k]` (n outputs of k in-features, PyTorch's `[out, in]`) packed for
+/// [`linear_int8`]: codes in panels of 16 outputs, interleaved by groups of 4 or 2 in-features
+/// (zero-padded; the group of the kernel it is packed for), one f32 scale per block of `block` in-features of each output, and, for the
+/// VNNI kernel, `-128 ·` each block's code sum.
+#[derive(Debug, Clone)]
+pub struct PackedInt8 {
+    n: usize,
+    k: usize,
+    block: usize,
+    isa: Int8Isa,
+    /// `[panel][group][output in panel][isa.group()]`.
+    codes: Vec<i8>,
+    /// `[panel][block][output in panel]`.
+    scales: Vec<f32>,
+    /// `[panel][block][output in panel]`, empty unless `isa` is VNNI.
+    offsets: Vec<i32>,
+}
+
+impl PackedInt8 {
+    /// Packs row-major `[n, k]` `codes` with `scales` `[n, ceil(k / block)]` (the scale of
+    /// `codes[j * k + i]` is `scales[j * blocks + i / block]`) for the widest kernel this CPU
+    /// runs. `None` when the lengths do not match the shape or `block` is not a positive
+    /// multiple of 4.
+    pub fn new(codes: &[i8], scales: &[f32], n: usize, k: usize, block: usize) -> Option<Self> {
+        Self::with_isa(codes, scales, n, k, block, Int8Isa::detect())
+    }
+
+    /// As [`PackedInt8::new`] for the kernel `isa` (`None` also when this CPU lacks it).
+    pub fn with_isa(
+        codes: &[i8],
+        scales: &[f32],
+        n: usize,
+        k: usize,
+        block: usize,
+        isa: Int8Isa,
+    ) -> Option<Self> {
+        if block == 0 || !block.is_multiple_of(GROUP) || !isa.available() {
+            return None;
+        }
+        let blocks = k.div_ceil(block);
+        if codes.len() != n.checked_mul(k)? || scales.len() != n.checked_mul(blocks)? {
+            return None;
+        }
+        let panels = n.div_ceil(PANEL);
+        let group = isa.group();
+        let groups = k.div_ceil(group);
+        let mut packed = vec![0i8; panels * groups * PANEL * group];
+        let mut packed_scales = vec![0f32; panels * blocks * PANEL];
+        let mut offsets = if isa.unsigned_activations() {
+            vec![0i32; panels * blocks * PANEL]
+        } else {
+            Vec::new()
+        };
+        for j in 0..n {
+            let (p, c) = (j / PANEL, j % PANEL);
+            let row = &codes[j * k..(j + 1) * k];
+            for (i, &q) in row.iter().enumerate() {
+                let (g, l) = (i / group, i % group);
+                packed[((p * groups + g) * PANEL + c) * group + l] = q;
+            }
+            for b in 0..blocks {
+                let at = (p * blocks + b) * PANEL + c;
+                packed_scales[at] = scales[j * blocks + b];
+                if !offsets.is_empty() {
+                    let end = ((b + 1) * block).min(k);
+                    let sum: i32 = row[b * block..end].iter().map(|&q| i32::from(q)).sum();
+                    offsets[at] = -128 * sum;
+                }
+            }
+        }
+        Some(PackedInt8 {
+            n,
+            k,
+            block,
+            isa,
+            codes: packed,
+            scales: packed_scales,
+            offsets,
+        })
+    }
+
+    /// Outputs.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// In-features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// In-features per scale.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The kernel it is packed for.
+    pub fn isa(&self) -> Int8Isa {
+        self.isa
+    }
+
+    /// Bytes it holds (codes with their padding, scales and VNNI offsets).
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len() + 4 * self.offsets.len()
+    }
+
+    /// The codes `[n, k]` and scales `[n, ceil(k / block)]` it was packed from.
+    pub fn unpack(&self) -> (Vec<i8>, Vec<f32>) {
+        let (n, k) = (self.n, self.k);
+        let blocks = k.div_ceil(self.block);
+        let group = self.isa.group();
+        let groups = k.div_ceil(group);
+        let mut codes = vec![0i8; n * k];
+        let mut scales = vec![0f32; n * blocks];
+        for j in 0..n {
+            let (p, c) = (j / PANEL, j % PANEL);
+            for i in 0..k {
+                let (g, l) = (i / group, i % group);
+                codes[j * k + i] = self.codes[((p * groups + g) * PANEL + c) * group + l];
+            }
+            for b in 0..blocks {
+                scales[j * blocks + b] = self.scales[(p * blocks + b) * PANEL + c];
+            }
+        }
+        (codes, scales)
+    }
+}
+
+/// A row's scale `max|x| / 127` and its inverse (both 0 for a zero or non-finite row).
+#[inline(always)]
+fn row_scale(row: &[f32]) -> (f32, f32) {
+    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax > 0.0 && amax.is_finite() {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// `x / scale` rounded to the nearest code (ties to even) within `-127..=127`.
+#[inline(always)]
+fn code(v: f32, inv: f32) -> i32 {
+    (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32
+}
+
+multiversion! {
+    /// Quantizes each row of `x` (`[rows, k]`) to `-127..=127` codes (`+ 128` when `unsigned`)
+    /// in `q` (`[rows, kp]`, the padding left 0 / 128) and its scale in `scales`.
+    fn quantize_rows_i8(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        unsigned: bool,
+        q: &mut [i8],
+        scales: &mut [f32],
+    ) {
+        let shift: i32 = if unsigned { 128 } else { 0 };
+        for ((row, qrow), s) in x.chunks_exact(k).zip(q.chunks_exact_mut(kp)).zip(scales.iter_mut()) {
+            let (scale, inv) = row_scale(row);
+            *s = scale;
+            for (d, v) in qrow.iter_mut().zip(row) {
+                *d = (code(*v, inv) + shift) as u8 as i8;
+            }
+            for d in &mut qrow[k..] {
+                *d = shift as u8 as i8;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// As [`quantize_rows_i8`] (signed), with 16-bit codes.
+    fn quantize_rows_i16(x: &[f32], k: usize, kp: usize, q: &mut [i16], scales: &mut [f32]) {
+        for ((row, qrow), s) in x.chunks_exact(k).zip(q.chunks_exact_mut(kp)).zip(scales.iter_mut()) {
+            let (scale, inv) = row_scale(row);
+            *s = scale;
+            for (d, v) in qrow.iter_mut().zip(row) {
+                *d = code(*v, inv) as i16;
+            }
+            qrow[k..].fill(0);
+        }
+    }
+}
+
+/// The quantized activations, in the width the kernel reads.
+enum Activations {
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+}
+
+/// One tile's operands: `rows` quantized activation rows starting at `x` (stride `kp`), one
+/// panel of the weight, the rows' scales; writes `rows × 16` f32 values to `out` (stride 16).
+struct Tile<'a> {
+    /// 8-bit codes (scalar, VNNI), `rows × kp`; empty for AVX2.
+    x: &'a [i8],
+    /// 16-bit codes (AVX2), `rows × kp`; empty otherwise.
+    x16: &'a [i16],
+    kp: usize,
+    rows: usize,
+    codes: &'a [i8],
+    scales: &'a [f32],
+    offsets: &'a [i32],
+    blocks: usize,
+    block_groups: usize,
+    row_scales: &'a [f32],
+}
+
+fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
+    let groups = t.kp / GROUP;
+    for r in 0..t.rows {
+        let xr = &t.x[r * t.kp..(r + 1) * t.kp];
+        let mut acc = [0f32; PANEL];
+        for b in 0..t.blocks {
+            let g0 = b * t.block_groups;
+            let g1 = (g0 + t.block_groups).min(groups);
+            let mut sums = [0i32; PANEL];
+            for g in g0..g1 {
+                let w = &t.codes[g * PANEL * GROUP..(g + 1) * PANEL * GROUP];
+                let xg = &xr[g * GROUP..(g + 1) * GROUP];
+                for (c, s) in sums.iter_mut().enumerate() {
+                    for l in 0..GROUP {
+                        *s += i32::from(xg[l]) * i32::from(w[c * GROUP + l]);
+                    }
+                }
+            }
+            let sc = &t.scales[b * PANEL..(b + 1) * PANEL];
+            for c in 0..PANEL {
+                acc[c] += sums[c] as f32 * sc[c];
+            }
+        }
+        for c in 0..PANEL {
+            out[r * PANEL + c] = acc[c] * t.row_scales[r];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Tile, GROUP, PANEL};
+    use std::arch::x86_64::*;
+
+    /// `MR` rows of the AVX2 kernel: per pair of in-features, the 16 outputs' codes widened to
+    /// 16 bits (two registers) times each row's pair of codes broadcast, summed by `vpmaddwd`.
+    #[inline(always)]
+    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+        const PAIR: usize = 2;
+        let pairs = t.kp / PAIR;
+        let x = t.x16.as_ptr();
+        let w = t.codes.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        for b in 0..t.blocks {
+            let g0 = b * t.block_groups;
+            let g1 = (g0 + t.block_groups).min(pairs);
+            let mut sums = [[_mm256_setzero_si256(); 2]; MR];
+            for g in g0..g1 {
+                let wp = w.add(g * PANEL * PAIR);
+                let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp as *const __m128i));
+                let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.add(16) as *const __m128i));
+                for (r, s) in sums.iter_mut().enumerate() {
+                    let xv = (x.add(r * t.kp + g * PAIR) as *const i32).read_unaligned();
+                    let xb = _mm256_set1_epi32(xv);
+                    s[0] = _mm256_add_epi32(s[0], _mm256_madd_epi16(w0, xb));
+                    s[1] = _mm256_add_epi32(s[1], _mm256_madd_epi16(w1, xb));
+                }
+            }
+            let sc = t.scales.as_ptr().add(b * PANEL);
+            let s0 = _mm256_loadu_ps(sc);
+            let s1 = _mm256_loadu_ps(sc.add(8));
+            for (a, s) in acc.iter_mut().zip(&sums) {
+                a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[0]), s0, a[0]);
+                a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), s1, a[1]);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let rs = _mm256_set1_ps(t.row_scales[r]);
+            let o = out.as_mut_ptr().add(r * PANEL);
+            _mm256_storeu_ps(o, _mm256_mul_ps(a[0], rs));
+            _mm256_storeu_ps(o.add(8), _mm256_mul_ps(a[1], rs));
+        }
+    }
+
+    /// The AVX2 kernel over one tile (up to 6 rows).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `t` holds `t.rows` rows of `kp` codes, the panel's
+    /// `kp / 4` groups and `blocks` scales; `out` holds `rows × 16` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_avx2(t: &Tile<'_>, out: &mut [f32]) {
+        match t.rows {
+            6 => tile_avx2_rows::<6>(t, out),
+            5 => tile_avx2_rows::<5>(t, out),
+            4 => tile_avx2_rows::<4>(t, out),
+            3 => tile_avx2_rows::<3>(t, out),
+            2 => tile_avx2_rows::<2>(t, out),
+            _ => tile_avx2_rows::<1>(t, out),
+        }
+    }
+
+    /// `MR` rows of the VNNI kernel.
+    #[inline(always)]
+    unsafe fn tile_vnni_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+        let groups = t.kp / GROUP;
+        let mut acc = [_mm512_setzero_ps(); MR];
+        let x = t.x.as_ptr();
+        let w = t.codes.as_ptr();
+        for b in 0..t.blocks {
+            let g0 = b * t.block_groups;
+            let g1 = (g0 + t.block_groups).min(groups);
+            // Starting at -128 · Σ w cancels the +128 of the unsigned activations.
+            let start = _mm512_loadu_si512(t.offsets.as_ptr().add(b * PANEL) as *const __m512i);
+            let mut sums = [start; MR];
+            for g in g0..g1 {
+                let wv = _mm512_loadu_si512(w.add(g * PANEL * GROUP) as *const __m512i);
+                for (r, s) in sums.iter_mut().enumerate() {
+                    let xv = (x.add(r * t.kp + g * GROUP) as *const i32).read_unaligned();
+                    *s = _mm512_dpbusd_epi32(*s, _mm512_set1_epi32(xv), wv);
+                }
+            }
+            let sc = _mm512_loadu_ps(t.scales.as_ptr().add(b * PANEL));
+            for (a, s) in acc.iter_mut().zip(&sums) {
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), sc, *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let rs = _mm512_set1_ps(t.row_scales[r]);
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), _mm512_mul_ps(*a, rs));
+        }
+    }
+
+    /// The AVX-512 VNNI kernel over one tile (up to 8 rows).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F, BW and VNNI; otherwise as [`tile_avx2`], and `t.offsets`
+    /// holds `blocks × 16` values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    pub(super) unsafe fn tile_vnni(t: &Tile<'_>, out: &mut [f32]) {
+        match t.rows {
+            8 => tile_vnni_rows::<8>(t, out),
+            7 => tile_vnni_rows::<7>(t, out),
+            6 => tile_vnni_rows::<6>(t, out),
+            5 => tile_vnni_rows::<5>(t, out),
+            4 => tile_vnni_rows::<4>(t, out),
+            3 => tile_vnni_rows::<3>(t, out),
+            2 => tile_vnni_rows::<2>(t, out),
+            _ => tile_vnni_rows::<1>(t, out),
+        }
+    }
+}
+
+/// Runs the packed weight's kernel over one tile.
+fn run_tile(isa: Int8Isa, t: &Tile<'_>, out: &mut [f32]) {
+    debug_assert!(out.len() >= t.rows * PANEL && t.rows <= isa.tile_rows());
+    match isa {
+        Int8Isa::Scalar => tile_scalar(t, out),
+        // SAFETY: a PackedInt8 is only built for a kernel the CPU supports
+        // (`Int8Isa::available`); the tile's slices are cut to the sizes the kernels read.
+        #[cfg(target_arch = "x86_64")]
+        Int8Isa::Avx2 => unsafe { x86::tile_avx2(t, out) },
+        #[cfg(target_arch = "x86_64")]
+        Int8Isa::Avx512Vnni => unsafe { x86::tile_vnni(t, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => tile_scalar(t, out),
+    }
+}
+
+/// An output pointer shared by tasks that write disjoint tiles.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+impl OutPtr {
+    /// The pointer `i` values past the start (a method, so closures capture the whole
+    /// `Send + Sync` wrapper rather than its raw pointer field).
+    ///
+    /// # Safety
+    /// `i` is within the output.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
+// SAFETY: every task writes its own rectangle of the output (see `linear_int8`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// `activation(x · Wᵀ + bias + residual)` (see [`Epilogue`]) for `x` `[rows, k]` and a packed
+/// int8 weight `[n, k]`; returns `[rows, n]`. Each row of `x` is quantized to int8 with its own
+/// scale (see the module documentation); the product runs on every rayon thread when it is
+/// large.
+///
+/// # Panics
+/// When a slice's length does not match the shapes.
+pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_>) -> Vec<f32> {
+    let (n, k) = (w.n, w.k);
+    let Epilogue {
+        bias,
+        residual,
+        activation,
+    } = epilogue;
+    assert_eq!(x.len(), rows * k, "linear_int8: input is not [rows, k]");
+    assert!(
+        bias.is_none_or(|b| b.len() == n),
+        "linear_int8: bias is not [n]"
+    );
+    assert!(
+        residual.is_none_or(|r| r.len() == rows * n),
+        "linear_int8: residual is not [rows, n]"
+    );
+    let mut out = vec![0f32; rows * n];
+    if rows == 0 || n == 0 {
+        return out;
+    }
+    let isa = w.isa;
+    let group = isa.group();
+    let groups = k.div_ceil(group);
+    let kp = groups * group;
+    let blocks = k.div_ceil(w.block);
+    let panels = n.div_ceil(PANEL);
+    let mr = isa.tile_rows();
+
+    let mut row_scales = vec![0f32; rows];
+    let rows_per_task = (crate::PARALLEL_THRESHOLD / k.max(1)).max(1);
+    let xq = if isa == Int8Isa::Avx2 {
+        let mut q = vec![0i16; rows * kp];
+        if k > 0 && rows <= rows_per_task {
+            quantize_rows_i16(x, k, kp, &mut q, &mut row_scales);
+        } else if k > 0 {
+            x.par_chunks(rows_per_task * k)
+                .zip(q.par_chunks_mut(rows_per_task * kp))
+                .zip(row_scales.par_chunks_mut(rows_per_task))
+                .for_each(|((x, q), s)| quantize_rows_i16(x, k, kp, q, s));
+        }
+        Activations::I16(q)
+    } else {
+        let unsigned = isa.unsigned_activations();
+        let mut q = vec![0i8; rows * kp];
+        if k > 0 && rows <= rows_per_task {
+            quantize_rows_i8(x, k, kp, unsigned, &mut q, &mut row_scales);
+        } else if k > 0 {
+            x.par_chunks(rows_per_task * k)
+                .zip(q.par_chunks_mut(rows_per_task * kp))
+                .zip(row_scales.par_chunks_mut(rows_per_task))
+                .for_each(|((x, q), s)| quantize_rows_i8(x, k, kp, unsigned, q, s));
+        }
+        Activations::I8(q)
+    };
+
+    // Tiles of `row_block` rows × `panel_block` panels; enough of them to keep every thread busy.
+    let threads = rayon::current_num_threads().max(1);
+    let work = rows * n * k.max(1);
+    let tasks_wanted = if work >= crate::PARALLEL_THRESHOLD * 16 {
+        threads * 8
+    } else {
+        1
+    };
+    let row_tiles = rows.div_ceil(mr);
+    let row_block = (row_tiles.div_ceil(tasks_wanted).clamp(1, 16)) * mr;
+    let row_tasks = rows.div_ceil(row_block);
+    let panel_tasks = tasks_wanted.div_ceil(row_tasks).clamp(1, panels);
+    let panel_block = panels.div_ceil(panel_tasks);
+    let panel_tasks = panels.div_ceil(panel_block);
+
+    let block_groups = w.block / group;
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let task = |t: usize| {
+        let (rt, pt) = (t / panel_tasks, t % panel_tasks);
+        let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
+        let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
+        let (c0, c1) = (p0 * PANEL, (p1 * PANEL).min(n));
+        let mut buf = [0f32; 8 * PANEL];
+        for p in p0..p1 {
+            let codes = &w.codes[p * groups * PANEL * group..(p + 1) * groups * PANEL * group];
+            let scales = &w.scales[p * blocks * PANEL..(p + 1) * blocks * PANEL];
+            let offsets = if w.offsets.is_empty() {
+                &[][..]
+            } else {
+                &w.offsets[p * blocks * PANEL..(p + 1) * blocks * PANEL]
+            };
+            let width = PANEL.min(n - p * PANEL);
+            let mut r = r0;
+            while r < r1 {
+                let tile_rows = mr.min(r1 - r);
+                let (x8, x16) = match &xq {
+                    Activations::I8(q) => (&q[r * kp..(r + tile_rows) * kp], &[][..]),
+                    Activations::I16(q) => (&[][..], &q[r * kp..(r + tile_rows) * kp]),
+                };
+                let tile = Tile {
+                    x: x8,
+                    x16,
+                    kp,
+                    rows: tile_rows,
+                    codes,
+                    scales,
+                    offsets,
+                    blocks,
+                    block_groups,
+                    row_scales: &row_scales[r..r + tile_rows],
+                };
+                run_tile(isa, &tile, &mut buf);
+                for i in 0..tile_rows {
+                    // SAFETY: row r + i < rows and columns p·16 .. p·16 + width < n lie in this
+                    // task's rectangle, which no other task writes.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.at((r + i) * n + p * PANEL), width)
+                    };
+                    dst.copy_from_slice(&buf[i * PANEL..i * PANEL + width]);
+                }
+                r += tile_rows;
+            }
+        }
+        if bias.is_some() || residual.is_some() || activation != Default::default() {
+            for row in r0..r1 {
+                // SAFETY: as above: this task's row segment.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), c1 - c0) };
+                finish_rows(
+                    dst,
+                    c1 - c0,
+                    bias.map(|b| &b[c0..c1]),
+                    residual.map(|res| &res[row * n + c0..row * n + c1]),
+                    activation,
+                );
+            }
+        }
+    };
+    let tasks = row_tasks * panel_tasks;
+    if tasks == 1 {
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EpilogueActivation;
+    use rand::{Rng, SeedableRng};
+
+    /// Symmetric per-block codes and scales of a random `[n, k]` weight.
+    fn random_weight(
+        rng: &mut rand::rngs::StdRng,
+        n: usize,
+        k: usize,
+        block: usize,
+    ) -> (Vec<i8>, Vec<f32>) {
+        let blocks = k.div_ceil(block);
+        let mut codes = vec![0i8; n * k];
+        let mut scales = vec![0f32; n * blocks];
+        for j in 0..n {
+            for b in 0..blocks {
+                let scale = rng.random_range(0.001f32..0.05);
+                scales[j * blocks + b] = scale;
+                for i in b * block..((b + 1) * block).min(k) {
+                    // Extremes included: -128 and ±127 are where 16-bit sums could saturate.
+                    codes[j * k + i] = match rng.random_range(0..20) {
+                        0 => -128,
+                        1 => 127,
+                        2 => -127,
+                        _ => rng.random_range(-127i32..=127) as i8,
+                    };
+                }
+            }
+        }
+        (codes, scales)
+    }
+
+    #[test]
+    fn every_kernel_matches_an_f64_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let shapes = [
+            (1, 1, 1, 4),
+            (1, 7, 5, 4),
+            (3, 33, 17, 32),
+            (5, 64, 16, 32),
+            (9, 100, 31, 8),
+            (17, 129, 45, 64),
+            (33, 384, 40, 32),
+            (70, 96, 130, 32),
+        ];
+        let isas: Vec<Int8Isa> = Int8Isa::ALL.into_iter().filter(|i| i.available()).collect();
+        eprintln!("int8 kernels tested: {isas:?}");
+        for &(rows, k, n, block) in &shapes {
+            let (codes, scales) = random_weight(&mut rng, n, k, block);
+            let blocks = k.div_ceil(block);
+            let mut x: Vec<f32> = (0..rows * k)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            if rows > 2 {
+                // An all-zero row (scale 0) and one with an outlier.
+                x[k..2 * k].fill(0.0);
+                x[2 * k] = 40.0;
+            }
+            let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let res: Vec<f32> = (0..rows * n)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let w = |j: usize, i: usize| {
+                f64::from(codes[j * k + i]) * f64::from(scales[j * blocks + i / block])
+            };
+            for isa in &isas {
+                let packed = PackedInt8::with_isa(&codes, &scales, n, k, block, *isa).unwrap();
+                assert_eq!(packed.unpack(), (codes.clone(), scales.clone()));
+                let epi = Epilogue {
+                    bias: Some(&bias),
+                    residual: Some(&res),
+                    activation: EpilogueActivation::Identity,
+                };
+                let got = linear_int8(&x, rows, &packed, epi);
+                let plain = linear_int8(&x, rows, &packed, Epilogue::default());
+                let relu = Epilogue {
+                    activation: EpilogueActivation::Relu,
+                    ..epi
+                };
+                let relu = linear_int8(&x, rows, &packed, relu);
+                for r in 0..rows {
+                    let xr = &x[r * k..(r + 1) * k];
+                    let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let sx = amax / 127.0;
+                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    for j in 0..n {
+                        // The exact product of the quantized activations and the weight.
+                        let mut exact = 0f64;
+                        // The f32 product and the bound on what activation rounding changes.
+                        let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
+                        for (i, &xi) in xr.iter().enumerate() {
+                            let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
+                            exact += f64::from(q) * f64::from(sx) * w(j, i);
+                            float += f64::from(xi) * w(j, i);
+                            bound += w(j, i).abs() * f64::from(sx) * 0.5;
+                            mag += (f64::from(xi) * w(j, i)).abs();
+                        }
+                        let g = f64::from(plain[r * n + j]);
+                        let tol = 1e-5 * (1.0 + mag);
+                        assert!(
+                            (g - exact).abs() <= tol,
+                            "{isa:?} {rows}x{k}x{n}/{block} [{r},{j}]: {g} vs {exact}"
+                        );
+                        assert!(
+                            (g - float).abs() <= bound + tol,
+                            "{isa:?} {rows}x{k}x{n} [{r},{j}]: {g} vs f32 {float} (bound {bound})"
+                        );
+                        let want = exact + f64::from(bias[j]) + f64::from(res[r * n + j]);
+                        let f = f64::from(got[r * n + j]);
+                        assert!(
+                            (f - want).abs() <= tol + 1e-6 * want.abs(),
+                            "{isa:?} epilogue [{r},{j}]"
+                        );
+                        let f = f64::from(relu[r * n + j]);
+                        assert!(
+                            (f - want.max(0.0)).abs() <= tol + 1e-6 * want.abs(),
+                            "{isa:?} relu [{r},{j}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_agree_exactly_on_integer_sums() {
+        // Every kernel sums the same integers; with one block the f32 results are identical.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (rows, k, n) = (13, 200, 37);
+        let (codes, scales) = random_weight(&mut rng, n, k, 200);
+        let x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(-3.0f32..3.0))
+            .collect();
+        let outs: Vec<Vec<f32>> = Int8Isa::ALL
+            .into_iter()
+            .filter_map(|isa| PackedInt8::with_isa(&codes, &scales, n, k, 200, isa))
+            .map(|w| linear_int8(&x, rows, &w, Epilogue::default()))
+            .collect();
+        for o in &outs[1..] {
+            assert_eq!(o, &outs[0]);
+        }
+    }
+
+    #[test]
+    fn bad_shapes_and_blocks_are_refused() {
+        assert!(PackedInt8::new(&[0; 8], &[1.0; 2], 2, 4, 4).is_some());
+        assert!(PackedInt8::new(&[0; 8], &[1.0; 2], 2, 4, 3).is_none());
+        assert!(PackedInt8::new(&[0; 8], &[1.0; 2], 2, 4, 0).is_none());
+        assert!(PackedInt8::new(&[0; 7], &[1.0; 2], 2, 4, 4).is_none());
+        assert!(PackedInt8::new(&[0; 8], &[1.0; 3], 2, 4, 4).is_none());
+        let w = PackedInt8::new(&[], &[], 3, 0, 32).unwrap();
+        let bias = [1.0, 2.0, 3.0];
+        let epi = Epilogue {
+            bias: Some(&bias),
+            ..Epilogue::default()
+        };
+        assert_eq!(
+            linear_int8(&[], 2, &w, epi),
+            vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+        );
+    }
+}
