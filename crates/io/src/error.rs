@@ -78,6 +78,20 @@ pub enum IoError {
         /// The error.
         reason: String,
     },
+    /// A file name, model id or revision taken from a command line or a model's metadata would
+    /// leave the model folder or the cache (an absolute path, `..`, a separator where a plain
+    /// name is expected, ...). Nothing was opened.
+    #[error("refusing {what} `{value}` of `{model}`: {reason}")]
+    UnsafeName {
+        /// What the value is (`file name`, `model id`, `revision`, ...).
+        what: &'static str,
+        /// The value as given.
+        value: String,
+        /// The model it came from.
+        model: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// An error from the core crate (missing tensor, shape, dtype).
     #[error(transparent)]
     Core(#[from] ipfs_accelerate_core::Error),

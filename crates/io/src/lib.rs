@@ -13,20 +13,26 @@
 //! - [`NameMap`]: renames checkpoint tensor names (legacy `gamma`/`beta`, prefixes) for a family.
 //! - [`GgufFile`] ([`gguf`]): memory-mapped GGUF files — metadata, tensor table, ggml
 //!   dequantisation (F32/F16/BF16, Q4_0 … Q8_0, k-quants, IQ4), and the tokenizer in the metadata.
+//! - [`mmap_enabled`]: weight files are memory-mapped unless `IPFS_ACCELERATE_MMAP=0` (read into
+//!   memory instead: immune to another process truncating the file, see the `mapped` notes).
 
 mod error;
 pub mod gguf;
+mod mapped;
 mod names;
 mod random;
 mod safetensors_file;
 mod source;
 
 pub use error::IoError;
+pub use mapped::mmap_enabled;
 pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, SpecialTokens};
 pub use names::NameMap;
 pub use random::{RandomInit, RandomWeights};
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
-pub use source::{resolve, ModelFiles, ModelSource, ResolveOptions};
+pub use source::{
+    check_file_name, check_model_id, check_revision, resolve, ModelFiles, ModelSource, ResolveOptions,
+};
 
 /// The file that marks a checkpoint folder as "configuration only, random weights": a folder with
 /// `config.json` and this file (`{"seed": 0, "std": 0.02}`) instead of safetensors loads with

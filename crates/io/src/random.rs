@@ -32,8 +32,8 @@ impl RandomWeights {
     pub fn num_params(&self) -> usize {
         self.shapes
             .values()
-            .map(|s| s.iter().product::<usize>())
-            .sum()
+            .map(|s| s.iter().fold(1usize, |a, &d| a.saturating_mul(d)))
+            .fold(0usize, usize::saturating_add)
     }
 }
 
@@ -65,22 +65,34 @@ impl TensorSource for RandomWeights {
 
 /// A deterministic tensor for `name`: rank-1 biases zeros, rank-1 weights ones, else roughly normal
 /// values with standard deviation `std`.
+///
+/// The element count is checked and the buffer reserved fallibly, so a configuration asking for
+/// an impossible tensor is an error naming it rather than an abort.
 fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<HostTensor> {
-    let n: usize = shape.iter().product();
-    let values: Vec<f32> = if shape.len() == 1 && name.ends_with("bias") {
-        vec![0.0; n]
+    let too_large = || {
+        Error::InvalidInput(format!(
+            "random tensor `{name}` of shape {shape:?} is too large to allocate"
+        ))
+    };
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|n| n.checked_mul(4).is_some())
+        .ok_or_else(too_large)?;
+    let mut values: Vec<f32> = Vec::new();
+    values.try_reserve_exact(n).map_err(|_| too_large())?;
+    if shape.len() == 1 && name.ends_with("bias") {
+        values.resize(n, 0.0);
     } else if shape.len() == 1 && name.ends_with("weight") {
-        vec![1.0; n]
+        values.resize(n, 1.0);
     } else {
         let mut state = seed ^ fnv1a(name);
-        (0..n)
-            .map(|_| {
-                // Sum of four uniforms: cheap, bounded, roughly normal (variance 1/3 → rescale).
-                let s: f32 = (0..4).map(|_| next_unit(&mut state)).sum::<f32>() - 2.0;
-                s * std * 1.732_050_8
-            })
-            .collect()
-    };
+        values.extend((0..n).map(|_| {
+            // Sum of four uniforms: cheap, bounded, roughly normal (variance 1/3 → rescale).
+            let s: f32 = (0..4).map(|_| next_unit(&mut state)).sum::<f32>() - 2.0;
+            s * std * 1.732_050_8
+        }));
+    }
     HostTensor::from_f32(shape.to_vec(), &values)
 }
 

@@ -33,16 +33,12 @@ pub struct SafeTensorsFile {
 }
 
 impl SafeTensorsFile {
-    /// Memory-maps and validates `path`. A truncated file, a header whose offsets do not match the
+    /// Memory-maps (see [`crate::mmap_enabled`]) and validates `path`. A truncated file, a header whose offsets do not match the
     /// data, or an unsupported dtype is an [`IoError::MalformedSafetensors`] naming the file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, IoError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| IoError::read(path, e))?;
-        // SAFETY: the map is read-only; weight files are not expected to change while loaded
-        // (the same contract as every mmap-based loader: safetensors, candle, transformers).
-        let mmap = unsafe { memmap2::MmapOptions::new().map(&file) }
-            .map_err(|e| IoError::read(path, e))?;
-        let mut opened = Self::from_bytes(path.display().to_string(), Bytes::from_owner(mmap))?;
+        let (data, file) = crate::mapped::file_bytes(path)?;
+        let mut opened = Self::from_bytes(path.display().to_string(), data)?;
         opened.identity = file_identity(path, &file);
         Ok(opened)
     }
@@ -54,6 +50,7 @@ impl SafeTensorsFile {
             path: PathBuf::from(&name),
             reason,
         };
+        check_offsets(&data).map_err(malformed)?;
         let (header_len, meta) =
             SafeTensors::read_metadata(&data).map_err(|e| malformed(describe(&e)))?;
         let base = 8 + header_len;
@@ -104,6 +101,46 @@ impl SafeTensorsFile {
             self.data.slice(entry.start..entry.end),
         )
     }
+}
+
+/// Checks every `data_offsets` pair of the header against the file's size before the safetensors
+/// crate sums them (its `end + 8 + header_len` overflows, and panics in checked builds, on
+/// offsets near 2^64). Header problems other than offsets are left to the crate's own messages.
+fn check_offsets(data: &[u8]) -> Result<(), String> {
+    let Some(len_bytes) = data.get(..8) else {
+        return Ok(());
+    };
+    let mut n = [0u8; 8];
+    n.copy_from_slice(len_bytes);
+    let header_len = u64::from_le_bytes(n);
+    let Some(header) = usize::try_from(header_len)
+        .ok()
+        .and_then(|h| h.checked_add(8))
+        .and_then(|end| data.get(8..end))
+    else {
+        return Ok(());
+    };
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header)
+    else {
+        return Ok(());
+    };
+    let room = (data.len() as u64).saturating_sub(8 + header_len);
+    for (name, info) in &map {
+        let Some(offsets) = info.get("data_offsets").and_then(|o| o.as_array()) else {
+            continue;
+        };
+        for o in offsets {
+            match o.as_u64() {
+                Some(v) if v <= room => {}
+                _ => {
+                    return Err(format!(
+                        "tensor `{name}` has data offset {o} outside the {room} bytes of data"
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl TensorSource for SafeTensorsFile {

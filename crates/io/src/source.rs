@@ -8,6 +8,101 @@ use crate::IoError;
 /// (`$IPFS_ACCELERATE_MODELS/<org>/<name>/config.json`).
 pub const MODELS_ENV: &str = "IPFS_ACCELERATE_MODELS";
 
+/// The longest file name, model id segment and revision accepted (HF's own limits are lower).
+const MAX_NAME_LEN: usize = 1024;
+
+/// Checks a file name that comes from a caller or from a model's metadata (the shards of
+/// `model.safetensors.index.json`, processor files, ...): a relative path of plain components
+/// separated by `/` (`model.safetensors`, `onnx/model.onnx`, `1_Pooling/config.json`). Absolute
+/// paths, `..` and `.` components, empty components, backslashes, drive prefixes and control
+/// characters are refused, so a joined name never leaves the model folder or the cache snapshot.
+pub fn check_file_name(model: &str, name: &str) -> Result<(), IoError> {
+    let refuse = |reason: &str| {
+        Err(IoError::UnsafeName {
+            what: "file name",
+            value: name.chars().take(200).collect(),
+            model: model.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return refuse("a file name must have 1 to 1024 bytes");
+    }
+    if name.chars().any(|c| c.is_control() || c == '\\' || c == ':') {
+        return refuse("control characters, `\\` and `:` are not allowed in a file name");
+    }
+    if name.starts_with('/') || Path::new(name).is_absolute() {
+        return refuse("absolute paths are not allowed; name a file inside the model folder");
+    }
+    if name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return refuse("empty, `.` and `..` path components are not allowed");
+    }
+    Ok(())
+}
+
+/// Checks a hub repository id: `name` or `org/name`, each part 1 to 96 characters of ASCII
+/// letters, digits, `-`, `_` and `.`, not starting with `-` or `.`, without `--` or `..` (the
+/// hub's own rules; the HF cache folder name joins the parts with `--`).
+pub fn check_model_id(id: &str) -> Result<(), IoError> {
+    let refuse = |reason: &str| {
+        Err(IoError::UnsafeName {
+            what: "model id",
+            value: id.chars().take(200).collect(),
+            model: id.chars().take(200).collect(),
+            reason: reason.to_string(),
+        })
+    };
+    let parts: Vec<&str> = id.split('/').collect();
+    if parts.len() > 2 {
+        return refuse("a hub id is `name` or `org/name`; a local folder must exist (or start with ./ or /)");
+    }
+    for part in parts {
+        if part.is_empty() || part.len() > 96 {
+            return refuse("each part of a hub id has 1 to 96 characters");
+        }
+        if !part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return refuse("a hub id has only ASCII letters, digits, `-`, `_`, `.` and one `/`");
+        }
+        if part.starts_with(['-', '.']) || part.contains("--") || part.contains("..") {
+            return refuse("a hub id part may not start with `-` or `.` nor contain `--` or `..`");
+        }
+    }
+    Ok(())
+}
+
+/// Checks a revision (branch, tag, `refs/pr/N` or commit hash) before it names a folder of the HF
+/// cache or reaches the hub client: 1 to 256 characters of ASCII letters, digits, `-`, `_`, `.`,
+/// `/`, with no empty, `.`-leading or `..` components.
+pub fn check_revision(model: &str, revision: &str) -> Result<(), IoError> {
+    let refuse = |reason: &str| {
+        Err(IoError::UnsafeName {
+            what: "revision",
+            value: revision.chars().take(200).collect(),
+            model: model.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if revision.is_empty() || revision.len() > 256 {
+        return refuse("a revision has 1 to 256 characters");
+    }
+    if !revision
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    {
+        return refuse("a revision has only ASCII letters, digits, `-`, `_`, `.` and `/`");
+    }
+    if revision
+        .split('/')
+        .any(|c| c.is_empty() || c.starts_with('.'))
+    {
+        return refuse("a revision may not have empty components or components starting with `.`");
+    }
+    Ok(())
+}
+
 /// Where a model comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
@@ -117,7 +212,11 @@ impl ModelFiles {
     }
 
     /// The local path of `file` (downloading it if needed and allowed).
+    ///
+    /// `file` must be a relative name inside the model ([`check_file_name`]); in the HF cache the
+    /// resolved file must also stay inside the repository's cache folder.
     pub fn get(&self, file: &str) -> Result<PathBuf, IoError> {
+        check_file_name(&self.display_name(), file)?;
         if let Some(dir) = &self.local_dir {
             let p = dir.join(file);
             return if p.is_file() {
@@ -135,7 +234,7 @@ impl ModelFiles {
             unreachable!("directory sources always have a local_dir")
         };
         let cache = hf_cache_dir(&self.options);
-        if let Some(p) = cached_file(&cache, id, revision, file) {
+        if let Some(p) = cached_file(&cache, id, revision, file)? {
             return Ok(p);
         }
         if self.options.offline {
@@ -197,7 +296,9 @@ impl ModelFiles {
 /// Resolves `spec` (a directory, `$IPFS_ACCELERATE_MODELS/<spec>`, or a hub id).
 pub fn resolve(spec: &str, options: ResolveOptions) -> Result<ModelFiles, IoError> {
     let mut source = ModelSource::parse(spec);
-    if let ModelSource::Hub { id, .. } = &source {
+    if let ModelSource::Hub { id, revision } = &source {
+        check_model_id(id)?;
+        check_revision(id, revision)?;
         if let Some(dir) = std::env::var_os(MODELS_ENV).map(|d| PathBuf::from(d).join(id)) {
             if dir.is_dir() {
                 source = ModelSource::Dir(dir);
@@ -211,14 +312,6 @@ pub fn resolve(spec: &str, options: ResolveOptions) -> Result<ModelFiles, IoErro
                 model: d.display().to_string(),
                 file: "config.json".into(),
                 reason: "no such directory".into(),
-                env_var: MODELS_ENV,
-            })
-        }
-        ModelSource::Hub { id, .. } if id.is_empty() || id.contains("..") => {
-            return Err(IoError::NotFound {
-                model: id.clone(),
-                file: "config.json".into(),
-                reason: "not a valid model id or path".into(),
                 env_var: MODELS_ENV,
             })
         }
@@ -250,14 +343,37 @@ fn hf_cache_dir(options: &ResolveOptions) -> PathBuf {
 }
 
 /// Looks a file up in the HF cache layout:
-/// `<cache>/models--org--name/{refs/<revision>, snapshots/<commit>/<file>}`.
-fn cached_file(cache: &Path, id: &str, revision: &str, file: &str) -> Option<PathBuf> {
+/// `<cache>/models--org--name/{refs/<revision>, snapshots/<commit>/<file>}`. The commit a ref
+/// file names is checked like a revision, and the file (a symbolic link into `blobs/` as the hub
+/// client writes it) must resolve inside the repository's cache folder.
+fn cached_file(
+    cache: &Path,
+    id: &str,
+    revision: &str,
+    file: &str,
+) -> Result<Option<PathBuf>, IoError> {
     let repo = cache.join(format!("models--{}", id.replace('/', "--")));
     let commit = std::fs::read_to_string(repo.join("refs").join(revision))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| revision.to_string());
-    let p = repo.join("snapshots").join(commit).join(file);
-    p.is_file().then_some(p)
+    check_revision(id, &commit)?;
+    let p = repo.join("snapshots").join(&commit).join(file);
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let inside = match (p.canonicalize(), repo.canonicalize()) {
+        (Ok(target), Ok(root)) => target.starts_with(root),
+        _ => false,
+    };
+    if !inside {
+        return Err(IoError::UnsafeName {
+            what: "cached file",
+            value: p.display().to_string(),
+            model: id.to_string(),
+            reason: format!("it resolves outside the cache folder {}", repo.display()),
+        });
+    }
+    Ok(Some(p))
 }
 
 #[cfg(feature = "hub")]

@@ -451,3 +451,30 @@ fn sentencepiece_by_hand() {
     let tok = f.tokenizer().unwrap();
     assert_eq!(tok.encode("ab", true).unwrap().get_ids(), &[4, 5, 2]);
 }
+
+/// A hostile vocabulary costs no more than the limits allow: one 1 MB token (merge derivation is
+/// quadratic in token length: it took ~2 minutes before the limit), many long tokens, or too many
+/// tokens are typed errors, at once.
+#[test]
+fn hostile_vocabularies_are_refused_quickly() {
+    use ipfs_accelerate_io::gguf::{MAX_TOKEN_BYTES, MAX_VOCABULARY};
+    let reason = |tokens: Vec<String>| {
+        let mut b = GgufBuilder::new();
+        b.metadata("tokenizer.ggml.model", "llama")
+            .metadata("tokenizer.ggml.tokens", tokens);
+        match open(Bytes::from(b.to_bytes().unwrap())).unwrap().tokenizer() {
+            Err(IoError::GgufTokenizer { reason, .. }) => reason,
+            Err(e) => panic!("untyped error {e}"),
+            Ok(_) => panic!("tokenizer built"),
+        }
+    };
+    let one_mb = reason(vec!["a".into(), "a".repeat(1 << 20)]);
+    assert!(one_mb.contains("bytes"), "{one_mb}");
+    let edge = reason(vec!["a".into(), "a".repeat(MAX_TOKEN_BYTES + 1)]);
+    assert!(edge.contains(&MAX_TOKEN_BYTES.to_string()), "{edge}");
+    // 4096 tokens of 2 KiB each: every one under the length limit, too long in total.
+    let total = reason((0..4096).map(|i| format!("{i:04}{}", "b".repeat(2048))).collect());
+    assert!(total.contains("too long in total"), "{total}");
+    let many = reason((0..=MAX_VOCABULARY).map(|i| i.to_string()).collect());
+    assert!(many.contains("more than"), "{many}");
+}

@@ -33,7 +33,9 @@ use crate::IoError;
 
 pub use dequant::{dequantize, GgmlType, QK_K};
 pub use reader::{GgufTensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC};
-pub use tokenizer::{SpecialTokens, SUPPORTED_PRE};
+pub use tokenizer::{
+    SpecialTokens, MAX_MERGE_WORK, MAX_TOKEN_BYTES, MAX_VOCABULARY, SUPPORTED_PRE,
+};
 pub use value::GgufValue;
 pub use writer::GgufBuilder;
 
@@ -62,16 +64,12 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-maps and parses `path`. Anything malformed is an [`IoError::MalformedGguf`] naming
+    /// Memory-maps (see [`crate::mmap_enabled`]) and parses `path`. Anything malformed is an [`IoError::MalformedGguf`] naming
     /// the file and what is wrong.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, IoError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| IoError::read(path, e))?;
-        // SAFETY: the map is read-only; weight files are not expected to change while loaded
-        // (the same contract as every mmap-based loader: llama.cpp, safetensors, candle).
-        let mmap = unsafe { memmap2::MmapOptions::new().map(&file) }
-            .map_err(|e| IoError::read(path, e))?;
-        Self::from_bytes(path.display().to_string(), Bytes::from_owner(mmap))
+        let (data, _) = crate::mapped::file_bytes(path)?;
+        Self::from_bytes(path.display().to_string(), data)
     }
 
     /// Parses a GGUF image held in memory; `name` is used in error messages.

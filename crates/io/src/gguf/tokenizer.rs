@@ -202,6 +202,41 @@ fn numbers<T>(
         .map(Some)
 }
 
+/// The largest vocabulary a GGUF tokenizer may have (real ones have up to ~256k tokens).
+pub const MAX_VOCABULARY: usize = 1 << 22;
+/// The longest token, in bytes (real vocabularies stay under a few hundred).
+pub const MAX_TOKEN_BYTES: usize = 1 << 16;
+/// The work budget of deriving merges from a vocabulary: the sum of its tokens' squared lengths
+/// (the derivation splits every token at every character; real vocabularies need ~10^7).
+pub const MAX_MERGE_WORK: u64 = 1 << 33;
+
+/// Bounds the vocabulary before anything is built from it: a hostile file with one 1 MB token
+/// or millions of tokens would otherwise cost minutes of CPU and gigabytes of memory.
+fn check_vocabulary(tokens: &[&str]) -> R<()> {
+    if tokens.len() > MAX_VOCABULARY {
+        return Err(format!(
+            "{} tokens, more than the {MAX_VOCABULARY} a vocabulary may have",
+            tokens.len()
+        ));
+    }
+    let mut work = 0u64;
+    for (i, t) in tokens.iter().enumerate() {
+        if t.len() > MAX_TOKEN_BYTES {
+            return Err(format!(
+                "token {i} has {} bytes, more than the {MAX_TOKEN_BYTES} a token may have",
+                t.len()
+            ));
+        }
+        work = work.saturating_add((t.len() as u64).pow(2));
+    }
+    if work > MAX_MERGE_WORK {
+        return Err(format!(
+            "the tokens are too long in total to derive merges from (sum of squared lengths {work} > {MAX_MERGE_WORK})"
+        ));
+    }
+    Ok(())
+}
+
 /// Builds the tokenizer; errors are reasons, the caller names the file.
 pub(crate) fn build(meta: &BTreeMap<String, GgufValue>) -> R<Tokenizer> {
     let model = meta
@@ -214,9 +249,7 @@ pub(crate) fn build(meta: &BTreeMap<String, GgufValue>) -> R<Tokenizer> {
     if tokens.is_empty() {
         return Err("`tokenizer.ggml.tokens` is empty".into());
     }
-    if tokens.len() > u32::MAX as usize {
-        return Err("more tokens than u32 ids".into());
-    }
+    check_vocabulary(&tokens)?;
     let n = tokens.len();
     let types = numbers(meta, "tokenizer.ggml.token_type", n, |v| {
         v.as_i64().and_then(|x| i32::try_from(x).ok())
