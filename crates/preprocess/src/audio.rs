@@ -10,8 +10,10 @@
 //! - [`Wav2Vec2FeatureExtractor`]: padding and zero-mean / unit-variance normalisation of raw
 //!   waveforms.
 //!
-//! Bad audio (not a WAV, empty, NaN samples, the wrong sampling rate) is an [`AudioError`], which
-//! converts into [`ipfs_accelerate_core::Error`].
+//! Bad audio (not a WAV, empty, NaN samples, the wrong sampling rate, past the crate's
+//! [`Limits`](crate::Limits)) is an [`AudioError`], which converts into
+//! [`ipfs_accelerate_core::Error`]. Extractors with a window (Whisper, CLAP) cut long inputs to it
+//! before resampling (`extract_any_rate`).
 
 mod clap;
 mod error;
@@ -25,8 +27,10 @@ pub use clap::{
     ClapFeatureConfig, ClapFeatureExtractor, ClapFeatures, ClapPadding, ClapTruncation,
 };
 pub use error::{AudioError, AudioResult};
-pub use resample::{conform_rate, resample};
-pub use wav::{decode_wav, read_wav, Audio};
+pub use resample::{conform_rate, resample, resample_prefix};
+pub use wav::{
+    decode_wav, decode_wav_prefix, decode_wav_with_limits, read_wav, read_wav_prefix, Audio,
+};
 pub use wav2vec2::{
     zero_mean_unit_var, Wav2Vec2FeatureConfig, Wav2Vec2FeatureExtractor, WaveformBatch,
 };

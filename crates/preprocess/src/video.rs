@@ -19,6 +19,12 @@ use std::path::Path;
 use ipfs_accelerate_core::HostTensor;
 
 use crate::image::{load_image, ImageError, ImageProcessor, ImageResult, RgbImage};
+use crate::limits::{Limit, Limits};
+
+/// `Err` when `frames` is over [`Limits::max_video_frames`] of `limits`.
+fn check_frames(limits: &Limits, what: &str, frames: usize) -> ImageResult<()> {
+    Ok(limits.check(Limit::VideoFrames, || what.to_string(), frames as u128)?)
+}
 
 /// Uniform segment sampling of `n_wanted` frame indices from a clip of `n_total` frames: the clip
 /// is cut into `n_wanted` equal segments and the middle frame of each is taken, index
@@ -37,7 +43,8 @@ pub fn sample_frames(n_total: usize, n_wanted: usize) -> Vec<usize> {
 }
 
 /// Preprocesses decoded frames (in order) into `pixel_values` `[frames, 3, height, width]`; the
-/// processor must give one equally sized view per image (not LLaVA-NeXT's anyres tiles).
+/// processor must give one equally sized view per image (not LLaVA-NeXT's anyres tiles). At most
+/// [`Limits::max_video_frames`] (of the processor's limits) frames.
 pub fn frames_to_pixels(
     frames: &[RgbImage],
     processor: &ImageProcessor,
@@ -47,6 +54,11 @@ pub fn frames_to_pixels(
             "a video needs at least one frame".into(),
         ));
     }
+    check_frames(
+        processor.limits(),
+        "video frames to preprocess",
+        frames.len(),
+    )?;
     let pixel_values = processor.preprocess(frames)?.pixel_values;
     if pixel_values.shape().len() != 4 {
         return Err(ImageError::InvalidInput(format!(
@@ -58,11 +70,13 @@ pub fn frames_to_pixels(
 }
 
 /// Decodes and preprocesses frame image files (PNG / JPEG, in the given order) into
-/// `pixel_values` `[frames, 3, height, width]`.
+/// `pixel_values` `[frames, 3, height, width]`; the frame count is checked against
+/// [`Limits::max_video_frames`] before any file is read.
 pub fn load_frames<P: AsRef<Path>>(
     paths: &[P],
     processor: &ImageProcessor,
 ) -> ImageResult<HostTensor> {
+    check_frames(processor.limits(), "video frame files", paths.len())?;
     let frames = paths
         .iter()
         .map(load_image)
@@ -83,6 +97,7 @@ pub fn load_sampled_frames<P: AsRef<Path>>(
             paths.len()
         )));
     }
+    check_frames(processor.limits(), "video frames to sample", n_wanted)?;
     let chosen: Vec<&P> = sample_frames(paths.len(), n_wanted)
         .into_iter()
         .map(|i| &paths[i])

@@ -16,7 +16,9 @@ use ipfs_accelerate_core::HostTensor;
 use super::error::{
     check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
 };
+use super::resample::conform_prefix;
 use super::spectrogram::MelSpectrogram;
+use crate::limits::{Limit, Limits};
 
 /// How a waveform longer than the window is cut (`truncation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -95,17 +97,30 @@ impl ClapFeatureConfig {
 
     /// Parses and validates config JSON (`origin` names it in errors).
     pub fn from_json(text: &str, origin: &str) -> AudioResult<Self> {
-        let cfg: ClapFeatureConfig =
-            serde_json::from_str(text).map_err(|e| AudioError::Config {
-                origin: origin.to_string(),
-                reason: e.to_string(),
-            })?;
+        let bad = |reason: String| AudioError::Config {
+            origin: origin.to_string(),
+            reason,
+        };
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !v.is_object() {
+            return Err(bad(format!("expected a JSON object, got {v}")));
+        }
+        let cfg: ClapFeatureConfig = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
         cfg.validate(origin)?;
         Ok(cfg)
     }
 
-    /// Checks every size is usable and the truncation mode is supported.
+    /// Checks every size is usable, within [`Limits::current`], and the truncation mode is
+    /// supported.
     pub fn validate(&self, origin: &str) -> AudioResult<()> {
+        self.validate_with(origin, &Limits::current())
+    }
+
+    /// Checks every size is usable and within `limits` (the sampling rate in range,
+    /// `fft_window_size` within `max_n_fft`, `feature_size` within `max_mel_bins`,
+    /// `max_length_s` within `max_audio_secs`, the frames within `max_spectrogram_frames`) and
+    /// the truncation mode is supported.
+    pub fn validate_with(&self, origin: &str, limits: &Limits) -> AudioResult<()> {
         let bad = |reason: String| config_error(origin, reason);
         require_positive(
             origin,
@@ -129,6 +144,28 @@ impl ClapFeatureConfig {
                 self.max_length_s, self.sampling_rate
             ));
         }
+        let what = |key: &str| format!("{origin}: `{key}`");
+        limits.check_sample_rate(|| what("sampling_rate"), self.sampling_rate.into())?;
+        limits.check(
+            Limit::NFft,
+            || what("fft_window_size"),
+            self.fft_window_size as u128,
+        )?;
+        limits.check(
+            Limit::MelBins,
+            || what("feature_size"),
+            self.feature_size as u128,
+        )?;
+        limits.check_secs(Limit::AudioSecs, || what("max_length_s"), self.max_length_s)?;
+        limits.check(
+            Limit::SpectrogramFrames,
+            || {
+                format!(
+                    "{origin}: frames of the window (max_length_s · sampling_rate / hop_length)"
+                )
+            },
+            self.num_frames() as u128,
+        )?;
         if !(self.frequency_min.is_finite()
             && self.frequency_max.is_finite()
             && 0.0 <= self.frequency_min
@@ -179,24 +216,74 @@ pub struct ClapFeatures {
 pub struct ClapFeatureExtractor {
     config: ClapFeatureConfig,
     spectrogram: MelSpectrogram,
+    limits: Limits,
 }
 
 impl ClapFeatureExtractor {
-    /// Builds the window, FFT plan and Slaney mel filters for `config`.
+    /// Builds the window, FFT plan and Slaney mel filters for `config` within
+    /// [`Limits::current`].
     pub fn new(config: ClapFeatureConfig) -> AudioResult<Self> {
-        config.validate("clap feature extractor")?;
-        let spectrogram = MelSpectrogram::slaney(
+        Self::with_limits(config, Limits::current())
+    }
+
+    /// Builds the window, FFT plan and Slaney mel filters for `config` within `limits` (checked
+    /// first).
+    pub fn with_limits(config: ClapFeatureConfig, limits: Limits) -> AudioResult<Self> {
+        config.validate_with("clap feature extractor", &limits)?;
+        let spectrogram = MelSpectrogram::slaney_with(
             config.fft_window_size,
             config.hop_length,
             config.feature_size,
-            config.frequency_min,
-            config.frequency_max,
+            (config.frequency_min, config.frequency_max),
             config.sampling_rate,
+            &limits,
         )?;
         Ok(ClapFeatureExtractor {
             config,
             spectrogram,
+            limits,
         })
+    }
+
+    /// [`ClapFeatureExtractor::extract`] of mono `samples` at any `sampling_rate`: the waveform
+    /// is cut to the window (its first `max_samples` at the config's rate) *before* it is
+    /// resampled (when `allow_resample`; else a different rate is [`AudioError::SampleRate`]),
+    /// so an input of any length costs one window. Equals resampling the whole input, then
+    /// [`ClapFeatureExtractor::extract`].
+    pub fn extract_any_rate(
+        &self,
+        samples: &[f32],
+        sampling_rate: u32,
+        allow_resample: bool,
+    ) -> AudioResult<ClapFeatures> {
+        let target = self.config.sampling_rate;
+        let n = self.config.max_samples();
+        let (window, full_len) = conform_prefix(
+            samples,
+            sampling_rate,
+            target,
+            allow_resample,
+            n,
+            &self.limits,
+        )?;
+        let mut out = self.extract(&window, target)?;
+        out.is_longer |= full_len > n as u128;
+        Ok(out)
+    }
+
+    /// [`ClapFeatureExtractor::input_features`] of waveforms at any `sampling_rate`, each cut
+    /// before resampling as [`ClapFeatureExtractor::extract_any_rate`] does.
+    pub fn input_features_any_rate(
+        &self,
+        waveforms: &[&[f32]],
+        sampling_rate: u32,
+        allow_resample: bool,
+    ) -> AudioResult<(HostTensor, Vec<bool>)> {
+        let features = waveforms
+            .iter()
+            .map(|w| self.extract_any_rate(w, sampling_rate, allow_resample))
+            .collect::<AudioResult<Vec<_>>>()?;
+        self.stack(features)
     }
 
     /// From `preprocessor_config.json`.
@@ -294,18 +381,26 @@ impl ClapFeatureExtractor {
         waveforms: &[&[f32]],
         sampling_rate: u32,
     ) -> AudioResult<(HostTensor, Vec<bool>)> {
-        if waveforms.is_empty() {
+        let features = waveforms
+            .iter()
+            .map(|w| self.extract(w, sampling_rate))
+            .collect::<AudioResult<Vec<_>>>()?;
+        self.stack(features)
+    }
+
+    /// `input_features` `[batch, 1, frames, mels]` and `is_longer` of extracted features.
+    fn stack(&self, features: Vec<ClapFeatures>) -> AudioResult<(HostTensor, Vec<bool>)> {
+        if features.is_empty() {
             return Err(AudioError::Empty("no waveforms".into()));
         }
         let mut data = Vec::new();
-        let mut longer = Vec::with_capacity(waveforms.len());
-        for w in waveforms {
-            let f = self.extract(w, sampling_rate)?;
+        let mut longer = Vec::with_capacity(features.len());
+        for f in &features {
             data.extend_from_slice(&f.data);
             longer.push(f.is_longer);
         }
         let shape = vec![
-            waveforms.len(),
+            features.len(),
             1,
             self.config.num_frames(),
             self.spectrogram.num_mels(),

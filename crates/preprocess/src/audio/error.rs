@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::limits::LimitExceeded;
+
 /// Errors raised while decoding, resampling or featurising audio.
 #[derive(Debug, thiserror::Error)]
 pub enum AudioError {
@@ -49,6 +51,10 @@ pub enum AudioError {
     /// A signal transform (FFT) failed.
     #[error("signal transform failed: {0}")]
     Transform(String),
+    /// A size from a header or config, or a duration, is past one of the
+    /// [`Limits`](crate::Limits).
+    #[error(transparent)]
+    Limit(#[from] LimitExceeded),
     /// `preprocessor_config.json` is unreadable or holds values that cannot be used.
     #[error("invalid audio feature extractor config {origin}: {reason}")]
     Config {

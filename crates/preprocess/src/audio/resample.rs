@@ -3,28 +3,60 @@
 use rubato::{FftFixedInOut, Resampler};
 
 use super::error::{check_finite, AudioError, AudioResult};
+use crate::limits::{Limit, Limits};
 
 /// Input frames per FFT block (rounded up by rubato to a multiple of the rate ratio's denominator).
 const CHUNK: usize = 1024;
 
 /// Resamples mono `samples` from `from` Hz to `to` Hz. The output has `ceil(len * to / from)`
 /// samples, aligned with the input (the resampler's delay is removed). Equal rates return the
-/// input unchanged.
+/// input unchanged. Both rates must be within [`Limits::current`]'s sample-rate range and the
+/// input within its `max_audio_secs`.
 pub fn resample(samples: &[f32], from: u32, to: u32) -> AudioResult<Vec<f32>> {
+    resample_with(samples, from, to, usize::MAX, &Limits::current())
+}
+
+/// The first `max_len` samples of [`resample`]`(samples, from, to)`, bit for bit, computed from
+/// only the input they depend on (a few resampler blocks past `max_len · from / to` samples):
+/// what a consumer with a fixed window should call on a long input.
+pub fn resample_prefix(
+    samples: &[f32],
+    from: u32,
+    to: u32,
+    max_len: usize,
+) -> AudioResult<Vec<f32>> {
+    resample_with(samples, from, to, max_len, &Limits::current())
+}
+
+/// Samples `len` input samples at `from` Hz become at `to` Hz (`ceil(len · to / from)`).
+pub(crate) fn resampled_len(len: usize, from: u32, to: u32) -> u128 {
+    (len as u128 * u128::from(to)).div_ceil(u128::from(from.max(1)))
+}
+
+/// [`resample_prefix`] within `limits`.
+pub(crate) fn resample_with(
+    samples: &[f32],
+    from: u32,
+    to: u32,
+    max_len: usize,
+    limits: &Limits,
+) -> AudioResult<Vec<f32>> {
     if from == 0 || to == 0 {
         return Err(AudioError::Resample(format!(
             "sampling rates must be positive (from {from} Hz to {to} Hz)"
         )));
     }
+    limits.check_sample_rate(|| "the rate resampled from".into(), from.into())?;
+    limits.check_sample_rate(|| "the rate resampled to".into(), to.into())?;
     if samples.is_empty() {
         return Err(AudioError::Empty("nothing to resample".into()));
     }
-    check_finite(samples)?;
     if from == to {
-        return Ok(samples.to_vec());
+        let prefix = &samples[..samples.len().min(max_len)];
+        check_finite(prefix)?;
+        return Ok(prefix.to_vec());
     }
-    let n = samples.len();
-    let expected = (n as u128 * u128::from(to)).div_ceil(u128::from(from));
+    let expected = resampled_len(samples.len(), from, to).min(max_len as u128);
     let expected = usize::try_from(expected)
         .map_err(|_| AudioError::Resample("the resampled signal would be too long".into()))?;
     // An even number of ratio periods per FFT block keeps both block sizes even, so the delay
@@ -35,6 +67,20 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> AudioResult<Vec<f32>> {
     let mut r = FftFixedInOut::<f64>::new(from as usize, to as usize, periods * period_in, 1)
         .map_err(|e| AudioError::Resample(e.to_string()))?;
     let delay = r.output_delay();
+    // Only whole blocks of input up to the last block the wanted output needs: the blocks the
+    // full signal would go through, so the prefix is the same.
+    let (block_in, block_out) = (r.input_frames_next(), r.output_frames_next().max(1));
+    let blocks = (expected as u128 + delay as u128).div_ceil(block_out as u128);
+    let n = samples
+        .len()
+        .min(usize::try_from(blocks * block_in as u128).unwrap_or(usize::MAX));
+    limits.check_secs(
+        Limit::AudioSecs,
+        || "the audio to resample".into(),
+        Limits::secs(n as u64, from),
+    )?;
+    let samples = &samples[..n];
+    check_finite(samples)?;
     let input: Vec<f64> = samples.iter().map(|&v| f64::from(v)).collect();
     let mut out: Vec<f64> = Vec::with_capacity(expected + delay + r.output_frames_max());
     let mut pos = 0;
@@ -69,6 +115,40 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> AudioResult<Vec<f32>> {
         .take(expected)
         .map(|v| v as f32)
         .collect())
+}
+
+/// At most `max_len` samples of `samples` (at `rate` Hz) at `target` Hz, resampling only the
+/// input they need, and the length the whole input would have at `target` Hz. A different rate
+/// without `allow_resample` is [`AudioError::SampleRate`].
+pub(crate) fn conform_prefix<'a>(
+    samples: &'a [f32],
+    rate: u32,
+    target: u32,
+    allow_resample: bool,
+    max_len: usize,
+    limits: &Limits,
+) -> AudioResult<(std::borrow::Cow<'a, [f32]>, u128)> {
+    if samples.is_empty() {
+        return Err(AudioError::Empty("the waveform has no samples".into()));
+    }
+    if rate == target {
+        let full = samples.len() as u128;
+        return Ok((
+            std::borrow::Cow::Borrowed(&samples[..samples.len().min(max_len)]),
+            full,
+        ));
+    }
+    if !allow_resample {
+        return Err(AudioError::SampleRate {
+            expected: target,
+            got: rate,
+        });
+    }
+    let out = resample_with(samples, rate, target, max_len, limits)?;
+    Ok((
+        std::borrow::Cow::Owned(out),
+        resampled_len(samples.len(), rate, target),
+    ))
 }
 
 fn gcd(mut a: u32, mut b: u32) -> u32 {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use realfft::{RealFftPlanner, RealToComplex};
 
 use super::error::{AudioError, AudioResult};
+use crate::limits::{Limit, Limits};
 
 /// The Hann window of `length` samples; `periodic` drops the last point of a `length + 1`
 /// symmetric window (`np.hanning(length + 1)[:-1]`, `torch.hann_window(length)`).
@@ -68,7 +69,8 @@ pub struct MelFilterBank {
 impl MelFilterBank {
     /// HF's `mel_filter_bank(num_frequency_bins, num_mel_filters, min_frequency, max_frequency,
     /// sampling_rate, norm="slaney", mel_scale="slaney")`: filters evenly spaced on the Slaney mel
-    /// scale between the two frequencies, triangles in hertz, area-normalised.
+    /// scale between the two frequencies, triangles in hertz, area-normalised. The filter count
+    /// and bins are bounded by [`Limits::current`] (`max_mel_bins`, `max_n_fft / 2 + 1`).
     pub fn slaney(
         num_frequency_bins: usize,
         num_mel_filters: usize,
@@ -76,6 +78,35 @@ impl MelFilterBank {
         max_frequency: f64,
         sampling_rate: u32,
     ) -> AudioResult<Self> {
+        Self::slaney_with(
+            num_frequency_bins,
+            num_mel_filters,
+            min_frequency,
+            max_frequency,
+            sampling_rate,
+            &Limits::current(),
+        )
+    }
+
+    /// [`MelFilterBank::slaney`] within `limits`.
+    pub(crate) fn slaney_with(
+        num_frequency_bins: usize,
+        num_mel_filters: usize,
+        min_frequency: f64,
+        max_frequency: f64,
+        sampling_rate: u32,
+        limits: &Limits,
+    ) -> AudioResult<Self> {
+        limits.check(
+            Limit::MelBins,
+            || "mel filters".into(),
+            num_mel_filters as u128,
+        )?;
+        limits.check(
+            Limit::NFft,
+            || "FFT size implied by the frequency bins".into(),
+            (num_frequency_bins as u128).saturating_sub(1) * 2,
+        )?;
         let bad = |reason: String| AudioError::Config {
             origin: "mel filter bank".into(),
             reason,
@@ -191,7 +222,8 @@ pub struct MelSpectrogram {
 }
 
 impl MelSpectrogram {
-    /// The window, FFT plan and `mels` Slaney filters between `min_frequency` and `max_frequency`.
+    /// The window, FFT plan and `mels` Slaney filters between `min_frequency` and `max_frequency`;
+    /// `n_fft` and `mels` are checked against [`Limits::current`] before the window is built.
     pub fn slaney(
         n_fft: usize,
         hop_length: usize,
@@ -200,13 +232,35 @@ impl MelSpectrogram {
         max_frequency: f64,
         sampling_rate: u32,
     ) -> AudioResult<Self> {
+        Self::slaney_with(
+            n_fft,
+            hop_length,
+            mels,
+            (min_frequency, max_frequency),
+            sampling_rate,
+            &Limits::current(),
+        )
+    }
+
+    /// [`MelSpectrogram::slaney`] within `limits`.
+    pub(crate) fn slaney_with(
+        n_fft: usize,
+        hop_length: usize,
+        mels: usize,
+        (min_frequency, max_frequency): (f64, f64),
+        sampling_rate: u32,
+        limits: &Limits,
+    ) -> AudioResult<Self> {
+        limits.check(Limit::NFft, || "n_fft".into(), n_fft as u128)?;
+        limits.check(Limit::MelBins, || "mel bins".into(), mels as u128)?;
         let stft = PowerStft::new(hann_window(n_fft, true), hop_length)?;
-        let filters = MelFilterBank::slaney(
+        let filters = MelFilterBank::slaney_with(
             stft.num_bins(),
             mels,
             min_frequency,
             max_frequency,
             sampling_rate,
+            limits,
         )?;
         Ok(MelSpectrogram { stft, filters })
     }

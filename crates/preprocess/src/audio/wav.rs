@@ -1,12 +1,14 @@
 //! WAV decoding with `hound`: 8/16/24/32-bit integer PCM and 32-bit float, any channel count,
-//! mixed down to mono float samples in [-1, 1).
+//! mixed down to mono float samples in [-1, 1) while reading (no interleaved copy). The header's
+//! sampling rate and length are checked against [`Limits`] before any sample is read.
 
-use std::io::Cursor;
+use std::io::{BufReader, Cursor, Read};
 use std::path::Path;
 
 use hound::{SampleFormat, WavReader};
 
-use super::error::{check_finite, AudioError, AudioResult};
+use super::error::{AudioError, AudioResult};
+use crate::limits::{Limit, Limits};
 
 /// Mono audio: float samples and their sampling rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,18 +19,63 @@ pub struct Audio {
     pub sample_rate: u32,
     /// Channels in the source before mixing down.
     pub channels: u16,
+    /// Whether the file holds more than was decoded ([`decode_wav_prefix`] stopped early).
+    pub truncated: bool,
 }
 
 impl Audio {
-    /// Duration in seconds.
+    /// Duration in seconds (of the decoded samples).
     pub fn duration_secs(&self) -> f64 {
         self.samples.len() as f64 / f64::from(self.sample_rate.max(1))
     }
 }
 
-/// Decodes WAV bytes to mono samples (the mean of the channels, as librosa's `to_mono`).
+/// Decodes WAV bytes to mono samples (the mean of the channels, as librosa's `to_mono`) within
+/// [`Limits::current`]: a header past `min_sample_rate..=max_sample_rate` or declaring more
+/// than `max_audio_secs` is an [`AudioError::Limit`] before any sample is read.
 pub fn decode_wav(bytes: &[u8]) -> AudioResult<Audio> {
-    let reader = WavReader::new(Cursor::new(bytes)).map_err(|e| match e {
+    decode_wav_with_limits(bytes, &Limits::current())
+}
+
+/// [`decode_wav`] within `limits`.
+pub fn decode_wav_with_limits(bytes: &[u8], limits: &Limits) -> AudioResult<Audio> {
+    decode(Cursor::new(bytes), limits, None)
+}
+
+/// Decodes at most the first `max_secs` seconds of WAV bytes ([`Audio::truncated`] says whether
+/// the file holds more): a file of any length costs only that prefix. `max_secs` itself must be
+/// within `max_audio_secs`.
+pub fn decode_wav_prefix(bytes: &[u8], max_secs: f64) -> AudioResult<Audio> {
+    decode(Cursor::new(bytes), &Limits::current(), Some(max_secs))
+}
+
+/// Reads and decodes a WAV file (see [`decode_wav`]); samples are read from the file as they are
+/// decoded.
+pub fn read_wav(path: &Path) -> AudioResult<Audio> {
+    decode(open(path)?, &Limits::current(), None)
+}
+
+/// Reads at most the first `max_secs` seconds of a WAV file (see [`decode_wav_prefix`]); the rest
+/// of the file is not read.
+pub fn read_wav_prefix(path: &Path, max_secs: f64) -> AudioResult<Audio> {
+    decode(open(path)?, &Limits::current(), Some(max_secs))
+}
+
+fn open(path: &Path) -> AudioResult<BufReader<std::fs::File>> {
+    std::fs::File::open(path)
+        .map(BufReader::new)
+        .map_err(|source| AudioError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Samples reserved up front at most: the rest grows with what the file really holds, whatever
+/// its header declares.
+const INITIAL_CAPACITY: usize = 1 << 20;
+
+fn decode<R: Read>(input: R, limits: &Limits, max_secs: Option<f64>) -> AudioResult<Audio> {
+    let mut reader = WavReader::new(input).map_err(|e| match e {
         hound::Error::Unsupported => AudioError::Unsupported(
             "the WAV header declares a compressed or otherwise unsupported encoding".into(),
         ),
@@ -43,21 +90,13 @@ pub fn decode_wav(bytes: &[u8]) -> AudioResult<Audio> {
             "the header declares a sampling rate of 0 Hz".into(),
         ));
     }
-    let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
-        (SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
-            let scale = 1.0 / f64::from(1u32 << (bits - 1));
-            reader
-                .into_samples::<i32>()
-                .map(|s| {
-                    s.map(|v| (f64::from(v) * scale) as f32)
-                        .map_err(|e| AudioError::Decode(e.to_string()))
-                })
-                .collect::<AudioResult<_>>()?
-        }
-        (SampleFormat::Float, 32) => reader
-            .into_samples::<f32>()
-            .map(|s| s.map_err(|e| AudioError::Decode(e.to_string())))
-            .collect::<AudioResult<_>>()?,
+    limits.check_sample_rate(
+        || "the WAV header's sampling rate".into(),
+        spec.sample_rate.into(),
+    )?;
+    let int_scale = match (spec.sample_format, spec.bits_per_sample) {
+        (SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => Some(1.0 / f64::from(1u32 << (bits - 1))),
+        (SampleFormat::Float, 32) => None,
         (format, bits) => {
             return Err(AudioError::Unsupported(format!(
                 "{bits}-bit {} samples (supported: 8/16/24/32-bit integer PCM, 32-bit float)",
@@ -68,36 +107,89 @@ pub fn decode_wav(bytes: &[u8]) -> AudioResult<Audio> {
             )))
         }
     };
+    let declared = u64::from(reader.duration());
+    let wanted = match max_secs {
+        None => {
+            limits.check_secs(
+                Limit::AudioSecs,
+                || "the WAV header's duration".into(),
+                Limits::secs(declared, spec.sample_rate),
+            )?;
+            declared
+        }
+        Some(secs) => {
+            limits.check_secs(
+                Limit::AudioSecs,
+                || "the requested audio prefix".into(),
+                secs,
+            )?;
+            if secs <= 0.0 {
+                return Err(AudioError::Empty(format!(
+                    "a prefix of {secs} s holds no samples"
+                )));
+            }
+            declared.min((secs * f64::from(spec.sample_rate)).ceil() as u64)
+        }
+    };
     let channels = usize::from(spec.channels);
-    if interleaved.len() < channels {
+    let frames = usize::try_from(wanted)
+        .map_err(|_| AudioError::Decode(format!("{wanted} frames do not fit in memory")))?;
+    let mut samples = Vec::with_capacity(frames.min(INITIAL_CAPACITY));
+    let mut index = 0usize;
+    let mut frame = vec![0f32; channels];
+    let read_err = |e: hound::Error| AudioError::Decode(e.to_string());
+    let mid_frame = || AudioError::Decode("the sample data ends mid-frame".into());
+    match int_scale {
+        Some(scale) => {
+            let mut it = reader.samples::<i32>();
+            for _ in 0..frames {
+                for slot in frame.iter_mut() {
+                    let v = it.next().ok_or_else(mid_frame)?;
+                    *slot = (f64::from(v.map_err(read_err)?) * scale) as f32;
+                }
+                push_frame(&mut samples, &frame, &mut index)?;
+            }
+        }
+        None => {
+            let mut it = reader.samples::<f32>();
+            for _ in 0..frames {
+                for slot in frame.iter_mut() {
+                    let v = it.next().ok_or_else(mid_frame)?;
+                    *slot = v.map_err(read_err)?;
+                }
+                push_frame(&mut samples, &frame, &mut index)?;
+            }
+        }
+    }
+    if samples.is_empty() {
         return Err(AudioError::Empty("the WAV file holds no samples".into()));
     }
-    check_finite(&interleaved)?;
-    let samples = if channels == 1 {
-        interleaved
-    } else {
-        // A trailing partial frame (a truncated file) is dropped.
-        interleaved
-            .chunks_exact(channels)
-            .map(|frame| {
-                (frame.iter().map(|&v| f64::from(v)).sum::<f64>() / channels as f64) as f32
-            })
-            .collect()
-    };
     Ok(Audio {
         samples,
         sample_rate: spec.sample_rate,
         channels: spec.channels,
+        truncated: wanted < declared,
     })
 }
 
-/// Reads and decodes a WAV file.
-pub fn read_wav(path: &Path) -> AudioResult<Audio> {
-    let bytes = std::fs::read(path).map_err(|source| AudioError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    decode_wav(&bytes)
+/// Mixes one frame down (the mean of its channels in f64) after checking every value is finite;
+/// `index` counts interleaved samples (the position reported for a non-finite one).
+fn push_frame(samples: &mut Vec<f32>, frame: &[f32], index: &mut usize) -> AudioResult<()> {
+    for &v in frame {
+        if !v.is_finite() {
+            return Err(AudioError::NonFinite {
+                index: *index,
+                value: v,
+            });
+        }
+        *index += 1;
+    }
+    samples.push(if frame.len() == 1 {
+        frame[0]
+    } else {
+        (frame.iter().map(|&v| f64::from(v)).sum::<f64>() / frame.len() as f64) as f32
+    });
+    Ok(())
 }
 
 #[cfg(test)]

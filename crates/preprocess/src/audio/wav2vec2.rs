@@ -7,6 +7,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::{check_finite, read_text, AudioError, AudioResult};
+use super::resample::conform_prefix;
+use crate::limits::{Limit, Limits};
 
 /// The fields of a Wav2Vec2 `preprocessor_config.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,9 @@ impl Wav2Vec2FeatureConfig {
             reason,
         };
         let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !v.is_object() {
+            return Err(bad(format!("expected a JSON object, got {v}")));
+        }
         let d = Wav2Vec2FeatureConfig::default();
         let flag = |key: &str, default: bool| match v.get(key) {
             None | Some(Value::Null) => Ok(default),
@@ -65,6 +70,10 @@ impl Wav2Vec2FeatureConfig {
                     ))
                 })?,
         };
+        Limits::current().check_sample_rate(
+            || format!("{origin}: `sampling_rate`"),
+            sampling_rate.into(),
+        )?;
         let padding_value =
             match v.get("padding_value") {
                 None | Some(Value::Null) => d.padding_value,
@@ -123,12 +132,65 @@ pub fn zero_mean_unit_var(x: &[f32]) -> Vec<f32> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wav2Vec2FeatureExtractor {
     config: Wav2Vec2FeatureConfig,
+    limits: Limits,
 }
 
 impl Wav2Vec2FeatureExtractor {
-    /// An extractor with `config`.
+    /// An extractor with `config` within [`Limits::current`].
     pub fn new(config: Wav2Vec2FeatureConfig) -> Self {
-        Wav2Vec2FeatureExtractor { config }
+        Wav2Vec2FeatureExtractor {
+            config,
+            limits: Limits::current(),
+        }
+    }
+
+    /// An extractor with `config` within `limits` (its sampling rate checked now).
+    pub fn with_limits(config: Wav2Vec2FeatureConfig, limits: Limits) -> AudioResult<Self> {
+        limits.check_sample_rate(
+            || "wav2vec2 feature extractor: `sampling_rate`".into(),
+            config.sampling_rate.into(),
+        )?;
+        Ok(Wav2Vec2FeatureExtractor { config, limits })
+    }
+
+    /// `Err` when a waveform of `len` samples at `rate` Hz is longer than `max_wav2vec2_secs`.
+    fn check_duration(&self, index: usize, len: usize, rate: u32) -> AudioResult<()> {
+        Ok(self.limits.check_secs(
+            Limit::Wav2Vec2Secs,
+            || format!("the duration of waveform {index}"),
+            Limits::secs(len as u64, rate),
+        )?)
+    }
+
+    /// [`Wav2Vec2FeatureExtractor::extract`] of waveforms at any `sampling_rate`: each one's
+    /// duration is checked against `max_wav2vec2_secs` *before* it is resampled (when
+    /// `allow_resample`; else a different rate is [`AudioError::SampleRate`]).
+    pub fn extract_any_rate(
+        &self,
+        waveforms: &[&[f32]],
+        sampling_rate: u32,
+        allow_resample: bool,
+    ) -> AudioResult<WaveformBatch> {
+        let target = self.config.sampling_rate;
+        for (i, w) in waveforms.iter().enumerate() {
+            self.check_duration(i, w.len(), sampling_rate.max(1))?;
+        }
+        let conformed = waveforms
+            .iter()
+            .map(|w| {
+                conform_prefix(
+                    w,
+                    sampling_rate,
+                    target,
+                    allow_resample,
+                    usize::MAX,
+                    &self.limits,
+                )
+                .map(|(w, _)| w)
+            })
+            .collect::<AudioResult<Vec<_>>>()?;
+        let refs: Vec<&[f32]> = conformed.iter().map(|w| w.as_ref()).collect();
+        self.extract(&refs, target)
     }
 
     /// The configuration.
@@ -136,8 +198,9 @@ impl Wav2Vec2FeatureExtractor {
         &self.config
     }
 
-    /// Pads `waveforms` (each sampled at `sampling_rate`, which must match the config) to the
-    /// longest and normalises each over its own length when `do_normalize`.
+    /// Pads `waveforms` (each sampled at `sampling_rate`, which must match the config, and at
+    /// most `max_wav2vec2_secs` long) to the longest and normalises each over its own length
+    /// when `do_normalize`.
     pub fn extract(&self, waveforms: &[&[f32]], sampling_rate: u32) -> AudioResult<WaveformBatch> {
         if sampling_rate != self.config.sampling_rate {
             return Err(AudioError::SampleRate {
@@ -148,9 +211,18 @@ impl Wav2Vec2FeatureExtractor {
         if waveforms.is_empty() {
             return Err(AudioError::Empty("no waveforms".into()));
         }
+        for (i, w) in waveforms.iter().enumerate() {
+            self.check_duration(i, w.len(), sampling_rate)?;
+        }
         let len = waveforms.iter().map(|w| w.len()).max().unwrap_or(0);
-        let mut values = Vec::with_capacity(waveforms.len() * len);
-        let mut attention_mask = Vec::with_capacity(waveforms.len() * len);
+        let total = waveforms.len().checked_mul(len).ok_or_else(|| {
+            AudioError::Transform(format!(
+                "{} waveforms of {len} samples overflow",
+                waveforms.len()
+            ))
+        })?;
+        let mut values = Vec::with_capacity(total);
+        let mut attention_mask = Vec::with_capacity(total);
         for (i, w) in waveforms.iter().enumerate() {
             if w.is_empty() {
                 return Err(AudioError::Empty(format!("waveform {i} has no samples")));

@@ -9,8 +9,10 @@ use serde_json::Value;
 use super::error::{
     check_finite, config_error, read_text, require_positive, AudioError, AudioResult,
 };
+use super::resample::conform_prefix;
 use super::spectrogram::{MelFilterBank, MelSpectrogram};
 use super::LogMel;
+use crate::limits::{Limit, Limits};
 
 /// The upper edge of Whisper's mel filters, fixed by HF whatever the sampling rate.
 const WHISPER_MAX_FREQUENCY: f64 = 8000.0;
@@ -60,6 +62,9 @@ impl WhisperFeatureConfig {
             reason,
         };
         let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !v.is_object() {
+            return Err(bad(format!("expected a JSON object, got {v}")));
+        }
         let d = WhisperFeatureConfig::default();
         let uint = |key: &str, default: usize| -> AudioResult<usize> {
             match v.get(key) {
@@ -110,17 +115,30 @@ impl WhisperFeatureConfig {
     /// `frames` input frames (`frames * hop_length`).
     pub fn for_model(num_mel_bins: usize, frames: usize) -> AudioResult<Self> {
         let d = WhisperFeatureConfig::default();
+        let n_samples = frames
+            .checked_mul(d.hop_length)
+            .ok_or_else(|| AudioError::Config {
+                origin: "model config".into(),
+                reason: format!("{frames} frames overflow"),
+            })?;
         let cfg = WhisperFeatureConfig {
             feature_size: num_mel_bins,
-            n_samples: frames * d.hop_length,
+            n_samples,
             ..d
         };
         cfg.validate("model config")?;
         Ok(cfg)
     }
 
-    /// Checks every size is usable.
+    /// Checks every size is usable and within [`Limits::current`].
     pub fn validate(&self, origin: &str) -> AudioResult<()> {
+        self.validate_with(origin, &Limits::current())
+    }
+
+    /// Checks every size is usable and within `limits`: the sampling rate in range, `n_fft`
+    /// within `max_n_fft`, `feature_size` within `max_mel_bins`, the window within
+    /// `max_audio_secs` and its frames within `max_spectrogram_frames`.
+    pub fn validate_with(&self, origin: &str, limits: &Limits) -> AudioResult<()> {
         let bad = |reason: String| config_error(origin, reason);
         require_positive(
             origin,
@@ -135,6 +153,24 @@ impl WhisperFeatureConfig {
         if self.n_fft < 2 {
             return bad(format!("n_fft {} must be at least 2", self.n_fft));
         }
+        let what = |key: &str| format!("{origin}: `{key}`");
+        limits.check_sample_rate(|| what("sampling_rate"), self.sampling_rate.into())?;
+        limits.check(Limit::NFft, || what("n_fft"), self.n_fft as u128)?;
+        limits.check(
+            Limit::MelBins,
+            || what("feature_size"),
+            self.feature_size as u128,
+        )?;
+        limits.check_secs(
+            Limit::AudioSecs,
+            || what("chunk_length"),
+            Limits::secs(self.n_samples as u64, self.sampling_rate),
+        )?;
+        limits.check(
+            Limit::SpectrogramFrames,
+            || format!("{origin}: frames of the window (n_samples / hop_length)"),
+            (self.n_samples / self.hop_length) as u128,
+        )?;
         if self.n_samples < self.hop_length {
             return bad(format!(
                 "{} samples give no frame with hop {}",
@@ -159,24 +195,57 @@ impl WhisperFeatureConfig {
 pub struct WhisperFeatureExtractor {
     config: WhisperFeatureConfig,
     spectrogram: MelSpectrogram,
+    limits: Limits,
 }
 
 impl WhisperFeatureExtractor {
-    /// Builds the window, FFT plan and mel filters for `config`.
+    /// Builds the window, FFT plan and mel filters for `config` within [`Limits::current`].
     pub fn new(config: WhisperFeatureConfig) -> AudioResult<Self> {
-        config.validate("whisper feature extractor")?;
-        let spectrogram = MelSpectrogram::slaney(
+        Self::with_limits(config, Limits::current())
+    }
+
+    /// Builds the window, FFT plan and mel filters for `config` within `limits` (checked first).
+    pub fn with_limits(config: WhisperFeatureConfig, limits: Limits) -> AudioResult<Self> {
+        config.validate_with("whisper feature extractor", &limits)?;
+        let spectrogram = MelSpectrogram::slaney_with(
             config.n_fft,
             config.hop_length,
             config.feature_size,
-            0.0,
-            WHISPER_MAX_FREQUENCY,
+            (0.0, WHISPER_MAX_FREQUENCY),
             config.sampling_rate,
+            &limits,
         )?;
         Ok(WhisperFeatureExtractor {
             config,
             spectrogram,
+            limits,
         })
+    }
+
+    /// The log-mel features of mono `samples` at any `sampling_rate`: the waveform is cut to the
+    /// window (`n_samples` at the config's rate) *before* it is resampled (when
+    /// `allow_resample`; else a different rate is [`AudioError::SampleRate`]), so an input of
+    /// any length costs one window. Equals resampling the whole input, then
+    /// [`WhisperFeatureExtractor::extract`].
+    pub fn extract_any_rate(
+        &self,
+        samples: &[f32],
+        sampling_rate: u32,
+        allow_resample: bool,
+    ) -> AudioResult<LogMel> {
+        let target = self.config.sampling_rate;
+        let n = self.config.n_samples;
+        let (window, full_len) = conform_prefix(
+            samples,
+            sampling_rate,
+            target,
+            allow_resample,
+            n,
+            &self.limits,
+        )?;
+        let mut out = self.extract(&window, target)?;
+        out.truncated |= full_len > n as u128;
+        Ok(out)
     }
 
     /// From `preprocessor_config.json`.

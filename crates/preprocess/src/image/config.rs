@@ -4,9 +4,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::anyres::anyres_view_count;
 use super::error::{ImageError, ImageResult};
 use super::ops::{Normalization, SizeRule};
 use super::resize::Resample;
+use crate::limits::{Limit, Limits};
 
 /// Which HF image processor a config belongs to; it fixes the defaults of absent fields and the
 /// pipeline (plain, DETR padding, LLaVA-NeXT anyres).
@@ -369,7 +371,88 @@ impl ImageProcessorConfig {
         if kind == ProcessorKind::LlavaNext && c.image_grid_pinpoints.is_empty() {
             return Err(bad(origin, "`image_grid_pinpoints` is empty"));
         }
+        c.check_limits(&Limits::current(), origin)?;
         Ok(c)
+    }
+
+    /// LLaVA-NeXT's `(base view size, tile side)`: the base view is `size` (a square of
+    /// `shortest_edge`), tiles are `crop_size`'s height (else the base view's).
+    pub fn anyres_base_and_tile(&self) -> ImageResult<((usize, usize), usize)> {
+        let base = match self.size {
+            SizeRule::Exact { height, width } => (height, width),
+            SizeRule::ShortestEdge(s) | SizeRule::ShortestLongest { shortest: s, .. } => (s, s),
+            other => {
+                return Err(ImageError::InvalidInput(format!(
+                    "LLaVA-NeXT needs size as height/width or shortest_edge, got {other:?}"
+                )))
+            }
+        };
+        let tile = match (self.crop_size, self.size) {
+            (Some((h, _)), _) => h,
+            (None, SizeRule::Exact { height, .. }) => height,
+            (None, _) => base.0,
+        };
+        Ok((base, tile))
+    }
+
+    /// Checks every size the config sets against `limits` (`origin` names the config in
+    /// errors): resize, crop and pad targets and grid pinpoints within
+    /// [`Limits::max_output_side`] / [`Limits::max_output_pixels`], LLaVA-NeXT's tiles per
+    /// pinpoint within [`Limits::max_anyres_views`].
+    pub fn check_limits(&self, limits: &Limits, origin: &str) -> ImageResult<()> {
+        let side = |key: &str, v: usize| {
+            limits.check(
+                Limit::OutputSide,
+                || format!("{origin}: `{key}`"),
+                v as u128,
+            )
+        };
+        let area = |key: &str, (h, w): (usize, usize)| {
+            side(&format!("{key}.height"), h)?;
+            side(&format!("{key}.width"), w)?;
+            limits.check(
+                Limit::OutputPixels,
+                || format!("{origin}: `{key}` {w}x{h}"),
+                h as u128 * w as u128,
+            )
+        };
+        match self.size {
+            SizeRule::Exact { height, width } => area("size", (height, width))?,
+            SizeRule::ShortestEdge(s) => side("size.shortest_edge", s)?,
+            SizeRule::ShortestLongest { shortest, longest } => {
+                side("size.shortest_edge", shortest)?;
+                side("size.longest_edge", longest)?;
+            }
+            SizeRule::LongestEdge(l) => side("size.longest_edge", l)?,
+            SizeRule::MaxHeightWidth {
+                max_height,
+                max_width,
+            } => area("size", (max_height, max_width))?,
+        }
+        if let Some(crop) = self.crop_size {
+            area("crop_size", crop)?;
+        }
+        if let Some(pad) = self.pad_size {
+            area("pad_size", pad)?;
+        }
+        for &p in &self.image_grid_pinpoints {
+            area("image_grid_pinpoints", p)?;
+        }
+        if self.kind == ProcessorKind::LlavaNext {
+            let (base, tile) = self.anyres_base_and_tile()?;
+            area("size", base)?;
+            if tile == 0 {
+                return Err(bad(origin, "the anyres tile size is 0"));
+            }
+            for &p in &self.image_grid_pinpoints {
+                limits.check(
+                    Limit::AnyresViews,
+                    || format!("{origin}: views of pinpoint {p:?} in {tile}-pixel tiles"),
+                    anyres_view_count(p, tile),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// The rescale / normalise step this config asks for.

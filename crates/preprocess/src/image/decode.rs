@@ -3,9 +3,10 @@
 use std::io::Cursor;
 use std::path::Path;
 
-use ::image::{DynamicImage, ImageDecoder, ImageReader, Limits};
+use ::image::{DynamicImage, ImageDecoder, ImageReader, Limits as Limits_};
 
 use super::error::{ImageError, ImageResult};
+use crate::limits::{Limit, LimitExceeded, Limits};
 
 /// An 8-bit RGB image: `height` rows of `width` pixels, channels interleaved (`[h, w, 3]`).
 #[derive(Clone, PartialEq, Eq)]
@@ -128,7 +129,8 @@ fn rgba_over_white(rgba: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// Bounds an image header must satisfy before any pixel is decoded.
+/// Bounds an image header must satisfy before any pixel is decoded (see
+/// [`Limits::max_image_side`] and [`Limits::max_image_pixels`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeLimits {
     /// Largest accepted width.
@@ -140,43 +142,70 @@ pub struct DecodeLimits {
 }
 
 impl Default for DecodeLimits {
-    /// 16384 pixels per side and 100 megapixels in all.
+    /// The bounds of [`Limits::default`]: 16384 pixels per side, 8192² = 64 Mi pixels in all.
     fn default() -> Self {
+        Limits::default().decode_limits()
+    }
+}
+
+impl Limits {
+    /// The header bounds of image decoding.
+    pub fn decode_limits(&self) -> DecodeLimits {
         DecodeLimits {
-            max_width: 16384,
-            max_height: 16384,
-            max_pixels: 100_000_000,
+            max_width: self.max_image_side,
+            max_height: self.max_image_side,
+            max_pixels: self.max_image_pixels,
         }
     }
 }
 
 impl DecodeLimits {
-    fn check(&self, width: u32, height: u32) -> ImageResult<()> {
-        let too_large = |limit: String| ImageError::TooLarge {
-            width: width as u64,
-            height: height as u64,
-            limit,
-        };
+    /// Checks declared header dimensions: zero is [`ImageError::Empty`], past a bound
+    /// [`ImageError::TooLarge`].
+    pub fn check(&self, width: u32, height: u32) -> ImageResult<()> {
         if width == 0 || height == 0 {
             return Err(ImageError::Empty {
                 width: width as usize,
                 height: height as usize,
             });
         }
-        if width > self.max_width || height > self.max_height {
-            return Err(too_large(format!(
-                "{}x{} per side",
-                self.max_width, self.max_height
-            )));
+        let pixels = u64::from(width) * u64::from(height);
+        let exceeded = if width > self.max_width {
+            Some((
+                Limit::ImageSide,
+                "width",
+                u64::from(width),
+                u64::from(self.max_width),
+            ))
+        } else if height > self.max_height {
+            Some((
+                Limit::ImageSide,
+                "height",
+                u64::from(height),
+                u64::from(self.max_height),
+            ))
+        } else if pixels > self.max_pixels {
+            Some((Limit::ImagePixels, "pixel count", pixels, self.max_pixels))
+        } else {
+            None
+        };
+        match exceeded {
+            Some((limit, what, value, bound)) => Err(ImageError::TooLarge {
+                width: width.into(),
+                height: height.into(),
+                limit: LimitExceeded {
+                    limit,
+                    what: format!("the image header's {what}"),
+                    value: value.to_string(),
+                    bound: bound.to_string(),
+                },
+            }),
+            None => Ok(()),
         }
-        if width as u64 * height as u64 > self.max_pixels {
-            return Err(too_large(format!("{} pixels", self.max_pixels)));
-        }
-        Ok(())
     }
 
-    fn decoder_limits(&self) -> Limits {
-        let mut limits = Limits::default();
+    fn decoder_limits(&self) -> Limits_ {
+        let mut limits = Limits_::default();
         limits.max_image_width = Some(self.max_width);
         limits.max_image_height = Some(self.max_height);
         // Room for the widest decoded form (16-bit RGBA) plus the decoder's own buffers.
@@ -185,21 +214,26 @@ impl DecodeLimits {
     }
 }
 
-fn decode_error(e: ::image::ImageError) -> ImageError {
+fn decode_error(e: ::image::ImageError, limits: &DecodeLimits, (w, h): (u32, u32)) -> ImageError {
     match e {
         ::image::ImageError::Unsupported(u) => ImageError::UnsupportedFormat(u.to_string()),
         ::image::ImageError::Limits(l) => ImageError::TooLarge {
-            width: 0,
-            height: 0,
-            limit: l.to_string(),
+            width: w.into(),
+            height: h.into(),
+            limit: LimitExceeded {
+                limit: Limit::ImagePixels,
+                what: format!("decoding needs more memory than the pixel budget allows ({l})"),
+                value: (u64::from(w) * u64::from(h)).to_string(),
+                bound: limits.max_pixels.to_string(),
+            },
         },
         other => ImageError::Decode(other.to_string()),
     }
 }
 
-/// Decodes PNG or JPEG bytes into RGB with the [`DecodeLimits::default`] bounds.
+/// Decodes PNG or JPEG bytes into RGB within the bounds of [`Limits::current`].
 pub fn decode_image(bytes: &[u8]) -> ImageResult<RgbImage> {
-    decode_image_with_limits(bytes, &DecodeLimits::default())
+    decode_image_with_limits(bytes, &Limits::current().decode_limits())
 }
 
 /// Decodes PNG or JPEG bytes into RGB. The header's dimensions are checked against `limits`
@@ -220,17 +254,18 @@ pub fn decode_image_with_limits(bytes: &[u8], limits: &DecodeLimits) -> ImageRes
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     // Reading the header needs no pixel buffer: bound only the decoder's allocations here, so that
     // the declared size is reported by `limits.check` with the numbers, then bound the rest.
-    let mut header_limits = Limits::default();
+    let mut header_limits = Limits_::default();
     header_limits.max_alloc = limits.decoder_limits().max_alloc;
     reader.limits(header_limits);
-    let mut decoder = reader.into_decoder().map_err(decode_error)?;
+    let mut decoder = reader
+        .into_decoder()
+        .map_err(|e| decode_error(e, limits, (0, 0)))?;
     let (w, h) = decoder.dimensions();
     limits.check(w, h)?;
-    decoder
-        .set_limits(limits.decoder_limits())
-        .map_err(decode_error)?;
-    let orientation = decoder.orientation().map_err(decode_error)?;
-    let mut img = DynamicImage::from_decoder(decoder).map_err(decode_error)?;
+    let err = |e| decode_error(e, limits, (w, h));
+    decoder.set_limits(limits.decoder_limits()).map_err(err)?;
+    let orientation = decoder.orientation().map_err(err)?;
+    let mut img = DynamicImage::from_decoder(decoder).map_err(err)?;
     img.apply_orientation(orientation);
     RgbImage::from_dynamic(img)
 }

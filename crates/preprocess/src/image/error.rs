@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::limits::LimitExceeded;
+
 /// Errors raised while decoding or preprocessing images.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -28,16 +30,19 @@ pub enum ImageError {
         /// Height in pixels.
         height: usize,
     },
-    /// The header declares dimensions beyond the configured bound (checked before decoding).
-    #[error("image of {width}x{height} pixels exceeds the limit ({limit})")]
+    /// The header declares dimensions beyond [`Limits`](crate::Limits) (checked before decoding).
+    #[error("image of {width}x{height} pixels: {limit}")]
     TooLarge {
         /// Declared width.
         width: u64,
         /// Declared height.
         height: u64,
         /// The bound that was exceeded.
-        limit: String,
+        limit: LimitExceeded,
     },
+    /// A size from a config or computed from one is past one of the [`Limits`](crate::Limits).
+    #[error(transparent)]
+    Limit(#[from] LimitExceeded),
     /// `preprocessor_config.json` is unreadable or holds values that cannot be used.
     #[error("invalid image processor config {origin}: {reason}")]
     Config {

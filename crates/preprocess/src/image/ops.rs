@@ -3,6 +3,7 @@
 
 use super::decode::RgbImage;
 use super::error::{ImageError, ImageResult};
+use crate::limits::{Limit, Limits};
 
 /// How `size` in `preprocessor_config.json` sets the resized `(height, width)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +56,7 @@ impl SizeRule {
                 } else {
                     (height, width)
                 };
-                let new_long = ((size * long) as f64 / short as f64) as usize;
+                let new_long = ((size as u128 * long as u128) as f64 / short as f64) as usize;
                 if width <= height {
                     (new_long, size)
                 } else {
@@ -67,9 +68,9 @@ impl SizeRule {
             }
             SizeRule::LongestEdge(size) => {
                 if width >= height {
-                    (((size * height) as f64 / w) as usize, size)
+                    (((size as u128 * height as u128) as f64 / w) as usize, size)
                 } else {
-                    (size, ((size * width) as f64 / h) as usize)
+                    (size, ((size as u128 * width as u128) as f64 / h) as usize)
                 }
             }
             SizeRule::MaxHeightWidth {
@@ -112,33 +113,70 @@ fn size_with_aspect_ratio(
     } else if width < height {
         let oh = match raw_size {
             Some(raw) => (raw * h / w) as usize,
-            None => ((size * height) as f64 / w) as usize,
+            None => ((size as u128 * height as u128) as f64 / w) as usize,
         };
         (oh, size)
     } else {
         let ow = match raw_size {
             Some(raw) => (raw * w / h) as usize,
-            None => ((size * width) as f64 / h) as usize,
+            None => ((size as u128 * width as u128) as f64 / h) as usize,
         };
         (size, ow)
     }
 }
 
-/// Pads an 8-bit image with zeros: `(left, top, right, bottom)` pixels.
-pub fn pad_u8(
+/// Pads an 8-bit image with zeros: `(left, top, right, bottom)` pixels. The padded size must be
+/// within [`Limits::current`]'s output bounds.
+pub fn pad_u8(img: &RgbImage, pads: (usize, usize, usize, usize)) -> ImageResult<RgbImage> {
+    pad_u8_with(img, pads, &Limits::current())
+}
+
+/// [`pad_u8`] within `limits`.
+pub(crate) fn pad_u8_with(
     img: &RgbImage,
     (left, top, right, bottom): (usize, usize, usize, usize),
-) -> RgbImage {
+    limits: &Limits,
+) -> ImageResult<RgbImage> {
     let (h, w) = img.size();
-    let (nh, nw) = (h + top + bottom, w + left + right);
+    let overflow = || ImageError::InvalidInput(format!("padding a {w}x{h} image overflows"));
+    let nh = h
+        .checked_add(top)
+        .and_then(|v| v.checked_add(bottom))
+        .ok_or_else(overflow)?;
+    let nw = w
+        .checked_add(left)
+        .and_then(|v| v.checked_add(right))
+        .ok_or_else(overflow)?;
+    check_output(limits, "padded image", nh, nw)?;
     let mut data = vec![0u8; nh * nw * 3];
     for y in 0..h {
         let src = &img.data()[y * w * 3..(y + 1) * w * 3];
         let dst = ((y + top) * nw + left) * 3;
         data[dst..dst + w * 3].copy_from_slice(src);
     }
-    // Non-empty by construction: the source is non-empty.
-    RgbImage::new(nw, nh, data).unwrap_or_else(|_| img.clone())
+    RgbImage::new(nw, nh, data)
+}
+
+/// Checks a `height × width` output against [`Limits::max_output_side`] and
+/// [`Limits::max_output_pixels`] (before it is allocated).
+pub(crate) fn check_output(
+    limits: &Limits,
+    what: &str,
+    height: usize,
+    width: usize,
+) -> ImageResult<()> {
+    let side = height.max(width);
+    limits.check(
+        Limit::OutputSide,
+        || format!("{what} of {width}x{height} pixels"),
+        side as u128,
+    )?;
+    limits.check(
+        Limit::OutputPixels,
+        || format!("{what} of {width}x{height} pixels"),
+        height as u128 * width as u128,
+    )?;
+    Ok(())
 }
 
 /// Copies the `height × width` window whose top-left corner is `(top, left)`; the window must lie
@@ -151,7 +189,9 @@ pub fn crop(
     width: usize,
 ) -> ImageResult<RgbImage> {
     let (h, w) = img.size();
-    if top + height > h || left + width > w {
+    if top.checked_add(height).is_none_or(|b| b > h)
+        || left.checked_add(width).is_none_or(|r| r > w)
+    {
         return Err(ImageError::InvalidInput(format!(
             "crop {width}x{height} at ({left}, {top}) leaves the {w}x{h} image"
         )));
@@ -165,8 +205,19 @@ pub fn crop(
 
 /// HF's torchvision `center_crop`: an image smaller than the crop is first padded with zeros
 /// (the extra pixel of an odd difference on the right / bottom), then the centred window
-/// (`top = int((h - crop_h) / 2)`) is taken.
+/// (`top = int((h - crop_h) / 2)`) is taken. The crop must be within [`Limits::current`]'s output
+/// bounds.
 pub fn center_crop(img: &RgbImage, crop_h: usize, crop_w: usize) -> ImageResult<RgbImage> {
+    center_crop_with(img, crop_h, crop_w, &Limits::current())
+}
+
+/// [`center_crop`] within `limits`.
+pub(crate) fn center_crop_with(
+    img: &RgbImage,
+    crop_h: usize,
+    crop_w: usize,
+    limits: &Limits,
+) -> ImageResult<RgbImage> {
     if crop_h == 0 || crop_w == 0 {
         return Err(ImageError::InvalidInput(format!(
             "crop size {crop_w}x{crop_h} is empty"
@@ -178,7 +229,12 @@ pub fn center_crop(img: &RgbImage, crop_h: usize, crop_w: usize) -> ImageResult<
     if crop_w > w || crop_h > h {
         let dw = crop_w.saturating_sub(w);
         let dh = crop_h.saturating_sub(h);
-        padded = pad_u8(img, (dw / 2, dh / 2, dw.div_ceil(2), dh.div_ceil(2)));
+        check_output(limits, "centre crop", crop_h, crop_w)?;
+        padded = pad_u8_with(
+            img,
+            (dw / 2, dh / 2, dw.div_ceil(2), dh.div_ceil(2)),
+            limits,
+        )?;
         img = &padded;
     }
     let (h, w) = img.size();
@@ -241,10 +297,20 @@ impl Normalization {
 
 /// Pads float images with zeros on the bottom and right to a common `(height, width)` (the
 /// largest of the batch when `size` is `None`), returning the padded images and the pixel masks
-/// (`1` over the image, `0` over padding), as DETR's image processor does.
+/// (`1` over the image, `0` over padding), as DETR's image processor does. The padded size must be
+/// within [`Limits::current`]'s output bounds.
 pub fn pad_batch(
     images: &[FloatImage],
     size: Option<(usize, usize)>,
+) -> ImageResult<(Vec<FloatImage>, Vec<Vec<i64>>)> {
+    pad_batch_with(images, size, &Limits::current())
+}
+
+/// [`pad_batch`] within `limits`.
+pub(crate) fn pad_batch_with(
+    images: &[FloatImage],
+    size: Option<(usize, usize)>,
+    limits: &Limits,
 ) -> ImageResult<(Vec<FloatImage>, Vec<Vec<i64>>)> {
     let (ph, pw) = match size {
         Some(s) => s,
@@ -253,9 +319,23 @@ pub fn pad_batch(
             images.iter().map(|i| i.width).max().unwrap_or(0),
         ),
     };
+    check_output(limits, "padded batch image", ph, pw)?;
     let mut padded = Vec::with_capacity(images.len());
     let mut masks = Vec::with_capacity(images.len());
     for img in images {
+        let len = img
+            .channels
+            .checked_mul(img.height)
+            .and_then(|v| v.checked_mul(img.width));
+        if len != Some(img.data.len()) {
+            return Err(ImageError::InvalidInput(format!(
+                "{} values do not hold a {}x{}x{} image",
+                img.data.len(),
+                img.channels,
+                img.height,
+                img.width
+            )));
+        }
         if img.height > ph || img.width > pw {
             return Err(ImageError::InvalidInput(format!(
                 "cannot pad a {}x{} image to {pw}x{ph}",

@@ -5,12 +5,13 @@ use std::path::Path;
 
 use ipfs_accelerate_core::{HostTensor, TensorMap};
 
-use super::anyres::anyres_views;
+use super::anyres::anyres_views_with;
 use super::config::{ImageProcessorConfig, ProcessorKind};
 use super::decode::RgbImage;
 use super::error::{ImageError, ImageResult};
-use super::ops::{center_crop, pad_batch, FloatImage, SizeRule};
-use super::resize::resize;
+use super::ops::{center_crop_with, check_output, pad_batch_with, FloatImage};
+use super::resize::resize_with;
+use crate::limits::Limits;
 
 /// Model input made from a batch of images, under HF's names.
 #[derive(Debug, Clone)]
@@ -50,6 +51,7 @@ impl ProcessedImages {
 #[derive(Debug, Clone)]
 pub struct ImageProcessor {
     config: ImageProcessorConfig,
+    limits: Limits,
 }
 
 fn tensor_error(e: ipfs_accelerate_core::Error) -> ImageError {
@@ -57,9 +59,24 @@ fn tensor_error(e: ipfs_accelerate_core::Error) -> ImageError {
 }
 
 impl ImageProcessor {
-    /// A processor for `config`.
+    /// A processor for `config` within [`Limits::current`] (sizes past them are errors when an
+    /// image is processed).
     pub fn new(config: ImageProcessorConfig) -> Self {
-        ImageProcessor { config }
+        ImageProcessor {
+            config,
+            limits: Limits::current(),
+        }
+    }
+
+    /// A processor for `config` within `limits`, the config's sizes checked now.
+    pub fn with_limits(config: ImageProcessorConfig, limits: Limits) -> ImageResult<Self> {
+        config.check_limits(&limits, "image processor config")?;
+        Ok(ImageProcessor { config, limits })
+    }
+
+    /// The limits it runs within.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Reads `preprocessor_config.json`.
@@ -79,11 +96,11 @@ impl ImageProcessor {
         let mut img = Cow::Borrowed(img);
         if c.do_resize {
             let (h, w) = c.size.output_size(img.size())?;
-            img = Cow::Owned(resize(&img, h, w, c.resample)?);
+            img = Cow::Owned(resize_with(&img, h, w, c.resample, &self.limits)?);
         }
         if c.do_center_crop && c.kind != ProcessorKind::Detr {
             if let Some((ch, cw)) = c.crop_size {
-                img = Cow::Owned(center_crop(&img, ch, cw)?);
+                img = Cow::Owned(center_crop_with(&img, ch, cw, &self.limits)?);
             }
         }
         Ok(img)
@@ -92,6 +109,7 @@ impl ImageProcessor {
     /// One image through resize, crop, rescale and normalise: `[3, height, width]` floats.
     pub fn process_one(&self, img: &RgbImage) -> ImageResult<FloatImage> {
         let img = self.resize_and_crop(img)?;
+        check_output(&self.limits, "processed image", img.height(), img.width())?;
         Ok(self.config.normalization().apply(&img))
     }
 
@@ -112,7 +130,7 @@ impl ImageProcessor {
         let processed_sizes: Vec<_> = processed.iter().map(|p| (p.height, p.width)).collect();
         let original_sizes: Vec<_> = images.iter().map(RgbImage::size).collect();
         let (images, masks) = if self.config.do_pad {
-            let (p, m) = pad_batch(&processed, self.config.pad_size)?;
+            let (p, m) = pad_batch_with(&processed, self.config.pad_size, &self.limits)?;
             (p, Some(m))
         } else {
             (processed, None)
@@ -137,23 +155,17 @@ impl ImageProcessor {
 
     fn preprocess_anyres(&self, images: &[RgbImage]) -> ImageResult<ProcessedImages> {
         let c = &self.config;
-        let base_size = match c.size {
-            SizeRule::Exact { height, width } => (height, width),
-            SizeRule::ShortestEdge(s) | SizeRule::ShortestLongest { shortest: s, .. } => (s, s),
-            other => {
-                return Err(ImageError::InvalidInput(format!(
-                    "LLaVA-NeXT needs size as height/width or shortest_edge, got {other:?}"
-                )))
-            }
-        };
-        let tile = match (c.crop_size, c.size) {
-            (Some((h, _)), _) => h,
-            (None, SizeRule::Exact { height, .. }) => height,
-            (None, _) => base_size.0,
-        };
+        let (base_size, tile) = c.anyres_base_and_tile()?;
         let mut per_image = Vec::with_capacity(images.len());
         for img in images {
-            let views = anyres_views(img, &c.image_grid_pinpoints, base_size, tile, c.resample)?;
+            let views = anyres_views_with(
+                img,
+                &c.image_grid_pinpoints,
+                base_size,
+                tile,
+                c.resample,
+                &self.limits,
+            )?;
             let views = views
                 .iter()
                 .map(|v| self.process_one(v))

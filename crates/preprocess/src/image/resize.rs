@@ -6,6 +6,8 @@
 
 use super::decode::RgbImage;
 use super::error::{ImageError, ImageResult};
+use super::ops::check_output;
+use crate::limits::{Limit, Limits};
 
 /// A resampling filter, numbered as PIL's `Image.Resampling` (`resample` in
 /// `preprocessor_config.json`).
@@ -211,13 +213,26 @@ impl Taps {
 /// Resizes interleaved 8-bit pixels (`channels` per pixel) from `in_h × in_w` to
 /// `out_h × out_w`. Antialiased filters run the horizontal pass, then the vertical pass, each
 /// skipped when that side keeps its size; [`Resample::Nearest`] picks the pixel whose centre is
-/// nearest (`floor((i + 0.5) · in / out)`).
+/// nearest (`floor((i + 0.5) · in / out)`). The output (and the intermediate `in_h × out_w`
+/// pass) must be within [`Limits::current`]'s output bounds.
 pub fn resize_u8(
+    data: &[u8],
+    channels: usize,
+    input: (usize, usize),
+    output: (usize, usize),
+    filter: Resample,
+) -> ImageResult<Vec<u8>> {
+    resize_u8_with(data, channels, input, output, filter, &Limits::current())
+}
+
+/// [`resize_u8`] within `limits`.
+pub(crate) fn resize_u8_with(
     data: &[u8],
     channels: usize,
     (in_h, in_w): (usize, usize),
     (out_h, out_w): (usize, usize),
     filter: Resample,
+    limits: &Limits,
 ) -> ImageResult<Vec<u8>> {
     if in_h == 0 || in_w == 0 || channels == 0 {
         return Err(ImageError::Empty {
@@ -230,7 +245,9 @@ pub fn resize_u8(
             "cannot resize {in_w}x{in_h} to an empty {out_w}x{out_h} image"
         )));
     }
-    if data.len() != in_h * in_w * channels {
+    check_output(limits, "resize target", out_h, out_w)?;
+    let input_len = in_h.checked_mul(in_w).and_then(|v| v.checked_mul(channels));
+    if input_len != Some(data.len()) {
         return Err(ImageError::InvalidInput(format!(
             "{} bytes do not hold {in_w}x{in_h}x{channels} samples",
             data.len()
@@ -252,6 +269,15 @@ pub fn resize_u8(
             }
         }
         return Ok(out);
+    }
+    // The horizontal pass keeps the input's height: bound its buffer as one more image.
+    if out_w != in_w && out_h != in_h {
+        let pixels = in_h as u128 * out_w as u128;
+        limits.check(
+            Limit::OutputPixels,
+            || format!("resize intermediate of {out_w}x{in_h} pixels"),
+            pixels,
+        )?;
     }
     let mut cur: std::borrow::Cow<[u8]> = std::borrow::Cow::Borrowed(data);
     if out_w != in_w {
@@ -290,10 +316,21 @@ pub fn resize(
     width: usize,
     filter: Resample,
 ) -> ImageResult<RgbImage> {
+    resize_with(img, height, width, filter, &Limits::current())
+}
+
+/// [`resize`] within `limits`.
+pub(crate) fn resize_with(
+    img: &RgbImage,
+    height: usize,
+    width: usize,
+    filter: Resample,
+    limits: &Limits,
+) -> ImageResult<RgbImage> {
     if (height, width) == img.size() {
         return Ok(img.clone());
     }
-    let data = resize_u8(img.data(), 3, img.size(), (height, width), filter)?;
+    let data = resize_u8_with(img.data(), 3, img.size(), (height, width), filter, limits)?;
     RgbImage::new(width, height, data)
 }
 
