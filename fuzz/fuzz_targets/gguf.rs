@@ -1,0 +1,7 @@
+#![no_main]
+
+#[allow(dead_code)]
+#[path = "../harness/src/lib.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::gguf(data));
