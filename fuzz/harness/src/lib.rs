@@ -22,8 +22,11 @@ use ipfs_accelerate_preprocess::image::{
     decode_image, ImageProcessor, ImageProcessorConfig, ProcessorKind, RgbImage,
 };
 
+/// A harness: untrusted bytes in, nothing out (a panic, hang or runaway allocation is the finding).
+pub type Harness = fn(&[u8]);
+
 /// The targets, by name: the directories under `fuzz/seeds/` and `fuzz/regressions/`.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [(&str, Harness); 5] = [
     ("safetensors_header", safetensors_header),
     ("gguf", gguf),
     ("config", config),
@@ -32,7 +35,7 @@ pub const TARGETS: [(&str, fn(&[u8])); 5] = [
 ];
 
 /// The harness of `target` (one of [`TARGETS`]).
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Harness> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
@@ -290,17 +293,16 @@ pub fn chat_template(data: &[u8]) {
     );
 }
 
-/// The default extractors of Whisper (16 kHz), Wav2Vec2 (16 kHz) and CLAP (48 kHz).
-fn audio_extractors() -> &'static (
+/// Whisper's, Wav2Vec2's and CLAP's feature extractors.
+type AudioExtractors = (
     WhisperFeatureExtractor,
     Wav2Vec2FeatureExtractor,
     ClapFeatureExtractor,
-) {
-    static EXTRACTORS: OnceLock<(
-        WhisperFeatureExtractor,
-        Wav2Vec2FeatureExtractor,
-        ClapFeatureExtractor,
-    )> = OnceLock::new();
+);
+
+/// The default extractors of Whisper (16 kHz), Wav2Vec2 (16 kHz) and CLAP (48 kHz).
+fn audio_extractors() -> &'static AudioExtractors {
+    static EXTRACTORS: OnceLock<AudioExtractors> = OnceLock::new();
     EXTRACTORS.get_or_init(|| {
         (
             WhisperFeatureExtractor::new(WhisperFeatureConfig::default())
