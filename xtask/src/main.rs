@@ -8,15 +8,19 @@
 //!   folder the ONNX backend searches.
 //! - `fetch-duckdb [--dir DIR]`: unpack DuckDB's libduckdb.so from its npm package into the
 //!   folder the benchmark store searches.
-//! - `bench --config NAME|PATH --backend cpu,... --batch 1,8 --seq 32,128 --iters N --db FILE`:
-//!   measure a family over a grid into DuckDB; `report --db FILE --out FILE.html` renders the
-//!   results; `compare-backends --db FILE --family F` ranks the backends.
+//! - `bench --config NAME|PATH --backend cpu,... --batch 1,8 --seq 32,128 --iters N --db FILE
+//!   [--peer torch,ort] [--dev]`: measure a family over a grid into DuckDB, in a release build of
+//!   the CLI (`--dev`: in this process); `compare --config NAME --peer torch,ort --rounds 5`: the
+//!   same, alternating ours and the peers, with a side-by-side table; `report --db FILE --out
+//!   FILE.html` renders the results; `compare-backends --db FILE --family F` ranks the backends.
+//! - `fetch-peers [--only torch,ort]`: install the peers (PyPI) into target/peers/venv.
 
 mod bench;
 mod compact;
 mod fetch_browser;
 mod fetch_duckdb;
 mod fetch_ort;
+mod fetch_peers;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -40,8 +44,14 @@ enum Command {
     FetchDuckdb(fetch_duckdb::Args),
     /// Put onnxruntime-web and a Chromium with WebNN (npm packages) where the browser backends find them.
     FetchBrowser(fetch_browser::Args),
-    /// Benchmark a family over backends × batch sizes × sizes into a DuckDB file.
+    /// Put the benchmark peers (PyTorch, ONNX Runtime; PyPI packages) into a venv under target/.
+    FetchPeers(fetch_peers::Args),
+    /// Benchmark a family over backends × batch sizes × sizes into a DuckDB file (release build;
+    /// `--dev` to measure this dev-profile process).
     Bench(bench::Args),
+    /// Ours vs peers in the same run: `bench` with `--peer torch,ort --rounds 5` by default,
+    /// alternating ours and each peer, printing a side-by-side table with ratios.
+    Compare(bench::Args),
     /// Render the results of a DuckDB file as an HTML page with SVG plots.
     Report(ipfs_accelerate_bench::cli::ReportArgs),
     /// Rank the backends measured for one family (and model) by latency.
@@ -56,7 +66,9 @@ fn main() -> std::process::ExitCode {
         Command::FetchOrt(a) => fetch_ort::run(a),
         Command::FetchDuckdb(a) => fetch_duckdb::run(a),
         Command::FetchBrowser(a) => fetch_browser::run(a),
+        Command::FetchPeers(a) => fetch_peers::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Compare(a) => bench::compare_peers(a),
         Command::Report(a) => bench::report(a),
         Command::CompareBackends(a) => bench::compare(a),
     };

@@ -42,9 +42,19 @@ pub struct BenchArgs {
     /// `IPFS_ACCELERATE_FUSION` says.
     #[arg(long, value_delimiter = ',', value_parser = ipfs_accelerate::parse_switch)]
     pub fusion: Vec<bool>,
-    /// Timed iterations per point.
+    /// Timed iterations per point (per round).
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
+    /// Rounds per point: ours and each peer alternate this many times (each round its own stored
+    /// measurement); the side-by-side table pools the rounds.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Peers to measure right after each of our points, on the same shape, threads and device:
+    /// `torch` (PyTorch eager, f32 + bf16), `ort` (ONNX Runtime, f32 + int8), or with
+    /// precisions `torch:f32`, `ort:f32+int8`. Installed by `cargo xtask fetch-peers`; a peer
+    /// that cannot run is stored as unavailable with the reason.
+    #[arg(long, value_delimiter = ',')]
+    pub peer: Vec<String>,
     /// Untimed warm-up iterations per point.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
@@ -150,6 +160,13 @@ pub fn bench(
     } else {
         Some(Store::open(&args.db).map_err(store_err)?)
     };
+    let peers = crate::peers::parse_peers(&args.peer)?;
+    if args.rounds == 0 {
+        return Err(BenchError::Spec("--rounds must be at least 1".into()));
+    }
+    if !crate::build::this_build_optimized() {
+        eprintln!("{}", crate::build::unoptimized_warning());
+    }
     crate::install_interrupt_handler()?;
     let spec = BenchSpec {
         model: args.config.clone(),
@@ -161,6 +178,8 @@ pub fn bench(
         fusion: args.fusion.clone(),
         warmup: args.warmup,
         iters: args.iters,
+        rounds: args.rounds,
+        peers,
         peak_flops: args.peak_gflops.map(|g| g * 1e9),
         progress: true,
         command,
@@ -187,6 +206,22 @@ pub fn bench(
     }
     if crate::interrupted() {
         eprintln!("interrupted: the points measured before Ctrl-C are kept");
+    }
+    if !args.peer.is_empty() || args.rounds > 1 {
+        let rows = crate::ratios::ratio_rows(&measurements);
+        let build = if crate::build::this_build_optimized() {
+            String::new()
+        } else {
+            format!(
+                " — UNOPTIMISED build (opt-level {}): ours is not what a release build does",
+                crate::build::OPT_LEVEL
+            )
+        };
+        println!(
+            "\nours vs peers, run {} ({} threads, {} round(s) of {} iterations){build}",
+            run.run_id, run.cores, args.rounds, args.iters
+        );
+        print!("{}", crate::ratios::table_text(&rows));
     }
     if args.json {
         let json = serde_json::json!({ "run": run, "measurements": measurements });

@@ -22,11 +22,14 @@
 //! # Ok::<(), ipfs_accelerate_bench::BenchError>(())
 //! ```
 
+pub mod build;
 pub mod chromium;
 pub mod cli;
 pub mod configs;
 pub mod flops;
 pub mod inputs;
+pub mod peers;
+pub mod ratios;
 pub mod record;
 pub mod report;
 pub mod runner;
@@ -36,7 +39,7 @@ pub mod sysinfo;
 
 use std::path::PathBuf;
 
-pub use record::{LatencyStats, Measurement, RunInfo, Status};
+pub use record::{LatencyStats, Measurement, RunInfo, Status, OURS};
 pub use runner::{install_interrupt_handler, interrupted, run_benchmark, BenchSpec};
 
 /// Errors of the benchmark runner.

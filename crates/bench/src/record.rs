@@ -27,7 +27,25 @@ pub struct RunInfo {
     pub driver: Option<String>,
     /// The command line of the run.
     pub command: String,
+    /// Cargo profile the benchmark code was built in (`release`, `debug`), captured at compile
+    /// time ([`crate::build::PROFILE`]); `None` for runs stored before it was recorded.
+    #[serde(default)]
+    pub build_profile: Option<String>,
+    /// Optimisation level of that build (`0`–`3`, `s`, `z`); `None` when unknown (older runs).
+    #[serde(default)]
+    pub opt_level: Option<String>,
 }
+
+impl RunInfo {
+    /// Whether the run measured an optimised build (opt-level 2, 3, `s` or `z`); `None` when the
+    /// run did not record its opt-level.
+    pub fn optimized(&self) -> Option<bool> {
+        self.opt_level.as_deref().map(crate::build::is_optimized)
+    }
+}
+
+/// The engine name of ipfs-accelerate's own measurements ([`Measurement::engine`]).
+pub const OURS: &str = "ipfs-accelerate";
 
 /// How a grid point ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,4 +155,21 @@ pub struct Measurement {
     pub peak_flops_pct: Option<f64>,
     /// The raw timing of every timed iteration, in ms, in order.
     pub timings_ms: Vec<f64>,
+    /// What ran the point: [`OURS`] (`ipfs-accelerate`), or a peer measured in the same run
+    /// (`torch`, `onnxruntime`). Rows stored before engines were recorded read as [`OURS`].
+    #[serde(default)]
+    pub engine: String,
+    /// The engine's version (ours: the crate version; a peer: its package version), when known.
+    #[serde(default)]
+    pub engine_version: Option<String>,
+    /// Round of an alternating comparison (`--rounds N`: 0..N); 0 for a single round.
+    #[serde(default)]
+    pub round: u32,
+}
+
+impl Measurement {
+    /// Whether this is ipfs-accelerate's own measurement (not a peer's).
+    pub fn is_ours(&self) -> bool {
+        self.engine.is_empty() || self.engine == OURS
+    }
 }

@@ -71,6 +71,8 @@ pub fn backend_colours(measurements: &[Measurement]) -> Vec<(String, (u8, u8, u8
 
 /// Renders the report page of `runs` and their `measurements` (see the module docs).
 pub fn render_html(runs: &[RunInfo], measurements: &[Measurement]) -> String {
+    let labelled = series_labels(runs, measurements);
+    let measurements = labelled.as_slice();
     let (points, superseded) = latest_points(runs, measurements);
     let colours: HashMap<String, RGBColor> = backend_colours(measurements)
         .into_iter()
@@ -85,6 +87,7 @@ pub fn render_html(runs: &[RunInfo], measurements: &[Measurement]) -> String {
     html.push_str(CSS);
     html.push_str("</style>\n</head>\n<body>\n<h1>ipfs-accelerate benchmark report</h1>\n");
     push_runs(&mut html, runs);
+    push_ratios(&mut html, runs, measurements);
 
     if points.is_empty() {
         html.push_str(
@@ -124,6 +127,135 @@ pub fn render_html(runs: &[RunInfo], measurements: &[Measurement]) -> String {
     html
 }
 
+/// The suffix of the series of our points measured by an unoptimised build.
+pub const UNOPTIMIZED_MARK: &str = "unoptimized";
+
+/// `measurements` with their series (backend) names telling what measured them: a peer's points
+/// become `<backend> · <engine>`, and ours from a run of an unoptimised build (opt-level below 2)
+/// `<backend> · opt-level N unoptimized`, so no plot or table mixes them with optimised ours.
+fn series_labels(runs: &[RunInfo], measurements: &[Measurement]) -> Vec<Measurement> {
+    let levels: HashMap<&str, Option<&str>> = runs
+        .iter()
+        .map(|r| (r.run_id.as_str(), r.opt_level.as_deref()))
+        .collect();
+    measurements
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if !m.is_ours() {
+                m.backend = format!("{} · {}", m.backend, m.engine);
+            } else if let Some(Some(level)) = levels.get(m.run_id.as_str()) {
+                if !crate::build::is_optimized(level) {
+                    m.backend = format!("{} · opt-level {level} {UNOPTIMIZED_MARK}", m.backend);
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+/// The build of a run as the report shows it.
+fn build_label(r: &RunInfo) -> (String, bool) {
+    match (&r.build_profile, &r.opt_level) {
+        (None, None) => ("unknown".into(), false),
+        (profile, level) => {
+            let level = level.as_deref().unwrap_or("unknown");
+            let flagged = !crate::build::is_optimized(level);
+            (
+                format!(
+                    "{}, opt-level {level}{}",
+                    profile.as_deref().unwrap_or("unknown profile"),
+                    if flagged { " — UNOPTIMIZED" } else { "" }
+                ),
+                flagged,
+            )
+        }
+    }
+}
+
+/// The ours-vs-peers table of every run that measured peers.
+fn push_ratios(html: &mut String, runs: &[RunInfo], measurements: &[Measurement]) {
+    let with_peers: Vec<&RunInfo> = runs
+        .iter()
+        .filter(|r| {
+            measurements
+                .iter()
+                .any(|m| m.run_id == r.run_id && !m.is_ours())
+        })
+        .collect();
+    if with_peers.is_empty() {
+        return;
+    }
+    html.push_str(
+        "<h2>Ours vs peers (measured in the same run)</h2>\n<p class=\"note\">Median over every \
+         timed iteration of every round, interquartile range, and our throughput over the \
+         peer's at the same shape, threads and device (above 1: ours is faster).</p>\n",
+    );
+    for r in with_peers {
+        let run: Vec<Measurement> = measurements
+            .iter()
+            .filter(|m| m.run_id == r.run_id)
+            .cloned()
+            .map(|mut m| {
+                // Undo the series label: the table has its own engine column.
+                if let Some((backend, _)) = m.backend.split_once(" · ") {
+                    m.backend = backend.to_string();
+                }
+                m
+            })
+            .collect();
+        let (build, flagged) = build_label(r);
+        let _ = writeln!(
+            html,
+            "<h3>run {} — {} threads, build {}</h3>\n<table class=\"ratios\">\n<tr><th>model</th>\
+             <th>backend</th><th>shape</th><th>engine</th><th>dtype</th><th>rounds</th>\
+             <th>median ms</th><th>IQR ms</th><th>ours / peer throughput</th></tr>",
+            escape(&r.run_id),
+            r.cores,
+            if flagged {
+                format!("<span class=\"warn\">{}</span>", escape(&build))
+            } else {
+                escape(&build)
+            }
+        );
+        for row in crate::ratios::ratio_rows(&run) {
+            let engine = match &row.engine_version {
+                Some(v) => format!("{} {v}", row.engine),
+                None => row.engine.clone(),
+            };
+            let (median, iqr) = match (row.median_ms, row.iqr_ms) {
+                (Some(m), Some((a, b))) => (fmt_num(m), format!("{}–{}", fmt_num(a), fmt_num(b))),
+                _ => (
+                    format!(
+                        "{}: {}",
+                        row.status.as_str(),
+                        escape(row.reason.as_deref().unwrap_or(""))
+                    ),
+                    String::new(),
+                ),
+            };
+            let ratio = match (row.ratio, &row.ratio_vs) {
+                (Some(x), Some(vs)) => format!("<b>{x:.2}×</b> (vs ours {})", escape(vs)),
+                _ => "—".into(),
+            };
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>b{}×{}</td><td>{}</td><td>{}</td>\
+                 <td class=\"num\">{}</td><td class=\"num\">{median}</td><td class=\"num\">{iqr}</td>\
+                 <td class=\"num\">{ratio}</td></tr>",
+                escape(&row.model),
+                escape(&row.backend),
+                row.batch,
+                escape(&seq_label(row.seq, &row.shape_kind)),
+                escape(&engine),
+                escape(&row.dtype),
+                row.rounds,
+            );
+        }
+        html.push_str("</table>\n");
+    }
+}
+
 /// Ranks the backends of one model of `family` by mean latency at every shape, fastest first
 /// with the ratio to the fastest, and lists the backends that were not measured and why.
 /// With `model` `None` every model of the family gets its own ranking.
@@ -131,7 +263,7 @@ pub fn compare_backends(measurements: &[Measurement], family: &str, model: Optio
     let (points, _) = latest_points(&[], measurements);
     let mut models: BTreeMap<&str, Vec<&Measurement>> = BTreeMap::new();
     for m in points {
-        if m.family == family && model.is_none_or(|want| m.model == want) {
+        if m.is_ours() && m.family == family && model.is_none_or(|want| m.model == want) {
             models.entry(m.model.as_str()).or_default().push(m);
         }
     }
@@ -231,7 +363,8 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-const CSS: &str = "body{font-family:'DejaVu Sans','Liberation Sans',Arial,sans-serif;margin:24px auto;\
+const CSS: &str = ".warn{color:#b00020;font-weight:bold}\
+body{font-family:'DejaVu Sans','Liberation Sans',Arial,sans-serif;margin:24px auto;\
 max-width:1200px;padding:0 16px;color:#1a1a1a;background:#fff}\n\
 h1{font-size:1.6em}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em}h3{margin-top:1.5em}\n\
 table{border-collapse:collapse;margin:8px 0;font-size:0.85em}\n\
@@ -273,7 +406,7 @@ impl ShapeKey {
 }
 
 /// `s128` for tokens, `224px` for pixels, `16000 samples` otherwise.
-fn seq_label(seq: u32, kind: &str) -> String {
+pub(crate) fn seq_label(seq: u32, kind: &str) -> String {
     match kind {
         "tokens" => format!("s{seq}"),
         "pixels" => format!("{seq}px"),
@@ -354,7 +487,7 @@ fn push_runs(html: &mut String, runs: &[RunInfo]) {
     }
     html.push_str(
         "<h2>Runs</h2>\n<table>\n<tr><th>started (UTC)</th><th>run</th><th>commit</th><th>host</th>\
-         <th>OS</th><th>CPU</th><th>cores</th><th>GPU</th><th>driver</th><th>command</th></tr>\n",
+         <th>OS</th><th>CPU</th><th>cores</th><th>GPU</th><th>driver</th><th>build</th><th>command</th></tr>\n",
     );
     for r in runs {
         let commit = r
@@ -365,7 +498,7 @@ fn push_runs(html: &mut String, runs: &[RunInfo]) {
         let _ = writeln!(
             html,
             "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td class=\"num\">{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+             <td class=\"num\">{}</td><td>{}</td><td>{}</td><td{}>{}</td><td><code>{}</code></td></tr>",
             escape(&r.started_at),
             escape(&r.run_id),
             escape(&commit),
@@ -375,6 +508,8 @@ fn push_runs(html: &mut String, runs: &[RunInfo]) {
             r.cores,
             escape(r.gpu.as_deref().unwrap_or("—")),
             escape(r.driver.as_deref().unwrap_or("—")),
+            if build_label(r).1 { " class=\"warn\"" } else { "" },
+            escape(&build_label(r).0),
             escape(&r.command),
         );
     }

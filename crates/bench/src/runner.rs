@@ -41,11 +41,17 @@ pub struct BenchSpec {
     pub fusion: Vec<bool>,
     /// Untimed iterations before timing.
     pub warmup: usize,
-    /// Timed iterations.
+    /// Timed iterations (per round).
     pub iters: usize,
+    /// Rounds per grid point: each round times `iters` iterations and is its own measurement,
+    /// so a peer run after each one alternates with ours (`--rounds`; 0 counts as 1).
+    pub rounds: usize,
     /// The device's peak FLOP/s, to report achieved FLOP/s as a percentage (overrides the table of
     /// known GPUs in [`known_peak_flops`]).
     pub peak_flops: Option<f64>,
+    /// Peers to run right after each of our measurements of the first dtype, on the same shape,
+    /// threads and device ([`crate::peers`]).
+    pub peers: Vec<crate::peers::Peer>,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// The command line, stored with the run.
@@ -64,6 +70,8 @@ impl Default for BenchSpec {
             fusion: Vec::new(),
             warmup: 2,
             iters: 10,
+            rounds: 1,
+            peers: Vec::new(),
             peak_flops: None,
             progress: false,
             command: String::new(),
@@ -120,6 +128,8 @@ struct ModelPlan {
     dir: PathBuf,
     config: Value,
     fixture_inputs: Option<TensorMap>,
+    /// Whether the weights are random (a named configuration or a config.json), not a checkpoint's.
+    random_weights: bool,
     /// Keeps the folder of a random-weight configuration alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -238,12 +248,14 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
         } else {
             None
         };
+    let random_weights = dir.join(ipfs_accelerate_io::RANDOM_INIT_FILE).is_file();
     Ok(ModelPlan {
         family,
         label,
         dir,
         config,
         fixture_inputs,
+        random_weights,
         _temp: temp,
     })
 }
@@ -279,6 +291,8 @@ pub fn run_info(backends: &[BackendKind], command: &str) -> RunInfo {
         gpu: join(gpus.iter().map(|g| g.0.clone()).collect()),
         driver: join(gpus.iter().filter_map(|g| g.1.clone()).collect()),
         command: command.to_string(),
+        build_profile: Some(crate::build::PROFILE.to_string()),
+        opt_level: Some(crate::build::OPT_LEVEL.to_string()),
     }
 }
 
@@ -293,6 +307,7 @@ struct Point<'a> {
     size: usize,
     shape_kind: &'a str,
     spec: &'a BenchSpec,
+    round: u32,
 }
 
 impl Point<'_> {
@@ -311,6 +326,9 @@ impl Point<'_> {
             iters_asked: self.spec.iters as u32,
             status,
             reason,
+            engine: crate::OURS.to_string(),
+            engine_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            round: self.round,
             ..Default::default()
         }
     }
@@ -394,7 +412,9 @@ pub fn run_benchmark(
         }
     };
     let variants: usize = spec.backends.iter().map(|&b| fusions(b).len()).sum();
-    let total = (variants * dtypes.len() * points.len() * (spec.warmup + spec.iters)) as u64;
+    let total =
+        (variants * dtypes.len() * points.len() * spec.rounds.max(1) * (spec.warmup + spec.iters))
+            as u64;
     let bar = if spec.progress {
         ProgressBar::new(total)
     } else {
@@ -467,42 +487,73 @@ pub fn run_benchmark(
                 Err(_) => label,
             };
             for &(batch, size) in &points {
-                let point = Point {
-                    run: &run,
-                    plan: &plan,
-                    backend: &label,
-                    dtype,
-                    batch,
-                    size,
-                    shape_kind,
-                    spec,
-                };
-                let (runner, load_ms) = match &loaded {
-                    Err(reason) => {
-                        let status = if unavailable {
-                            Status::Unavailable
-                        } else {
-                            Status::Failed
-                        };
-                        bar.inc((spec.warmup + spec.iters) as u64);
-                        record(point.empty(status, Some(reason.clone())), &mut out)?;
-                        continue;
+                for round in 0..spec.rounds.max(1) {
+                    let point = Point {
+                        run: &run,
+                        plan: &plan,
+                        backend: &label,
+                        dtype,
+                        batch,
+                        size,
+                        shape_kind,
+                        spec,
+                        round: round as u32,
+                    };
+                    let m = match &loaded {
+                        Err(reason) => {
+                            let status = if unavailable {
+                                Status::Unavailable
+                            } else {
+                                Status::Failed
+                            };
+                            bar.inc((spec.warmup + spec.iters) as u64);
+                            point.empty(status, Some(reason.clone()))
+                        }
+                        Ok((runner, load_ms)) => {
+                            bar.set_message(format!("{} {label} b{batch}×{size}", plan.label));
+                            measure(
+                                &point,
+                                runner.as_ref(),
+                                hal.map(|h| h.as_ref()),
+                                *load_ms,
+                                peak,
+                                &bar,
+                            )
+                        }
+                    };
+                    let stop = m.status == Status::Interrupted;
+                    let ours = m.clone();
+                    record(m, &mut out)?;
+                    // The peers run right after ours, on the first dtype's points (their own
+                    // precisions are theirs), unless Ctrl-C stopped the run.
+                    if !stop && Some(dtype) == dtypes.first() {
+                        for peer in &spec.peers {
+                            if interrupted() {
+                                break;
+                            }
+                            bar.set_message(format!("peer {} b{batch}×{size}", peer.engine.name()));
+                            let config_file = plan.dir.join("config.json");
+                            let rows = crate::peers::run_peer(
+                                peer,
+                                &crate::peers::PeerPoint {
+                                    ours: &ours,
+                                    config_file: &config_file,
+                                    model_dir: (!plan.random_weights).then_some(plan.dir.as_path()),
+                                    threads: run.cores,
+                                    device: crate::peers::peer_device(&label),
+                                    warmup: spec.warmup,
+                                    iters: spec.iters,
+                                    python: crate::peers::python(),
+                                },
+                            );
+                            for row in rows {
+                                record(row, &mut out)?;
+                            }
+                        }
                     }
-                    Ok((runner, load_ms)) => (runner, *load_ms),
-                };
-                bar.set_message(format!("{} {label} b{batch}×{size}", plan.label));
-                let m = measure(
-                    &point,
-                    runner.as_ref(),
-                    hal.map(|h| h.as_ref()),
-                    load_ms,
-                    peak,
-                    &bar,
-                );
-                let stop = m.status == Status::Interrupted;
-                record(m, &mut out)?;
-                if stop {
-                    break 'backends;
+                    if stop || interrupted() {
+                        break 'backends;
+                    }
                 }
             }
         }

@@ -31,6 +31,12 @@ use crate::record::{LatencyStats, Measurement, RunInfo, Status};
 ///   not be measured are NULL (all seven latency columns are NULL together). Latencies are in
 ///   ms, memory in bytes, `flops` per iteration (multiply-add = 2), `peak_flops_pct` in percent.
 /// - `timings`: the raw per-iteration latency in ms, `iter` counting timed iterations from 0.
+///
+/// `runs.build_profile` / `runs.opt_level` say how the measuring binary was built (NULL: a run
+/// stored before they were recorded, shown as unknown); `configs.engine` is `ipfs-accelerate` for
+/// ours and the peer's name (`torch`, `onnxruntime`) for a peer measured in the same run, with
+/// `engine_version`; `configs.round` counts the rounds of an alternating comparison.
+/// Files written before these columns existed get them from [`MIGRATION`] when opened.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
     run_id       VARCHAR PRIMARY KEY,
@@ -42,7 +48,9 @@ CREATE TABLE IF NOT EXISTS runs (
     cores        UINTEGER NOT NULL,
     gpu          VARCHAR,
     driver       VARCHAR,
-    command      VARCHAR NOT NULL
+    command      VARCHAR NOT NULL,
+    build_profile VARCHAR,
+    opt_level    VARCHAR
 );
 CREATE SEQUENCE IF NOT EXISTS config_id_seq START 1;
 CREATE TABLE IF NOT EXISTS configs (
@@ -56,7 +64,10 @@ CREATE TABLE IF NOT EXISTS configs (
     seq          UINTEGER NOT NULL,
     shape_kind   VARCHAR NOT NULL,
     warmup       UINTEGER NOT NULL,
-    iters_asked  UINTEGER NOT NULL
+    iters_asked  UINTEGER NOT NULL,
+    engine       VARCHAR NOT NULL DEFAULT 'ipfs-accelerate',
+    engine_version VARCHAR,
+    round        UINTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS measurements (
     config_id            BIGINT PRIMARY KEY REFERENCES configs (config_id),
@@ -86,6 +97,16 @@ CREATE TABLE IF NOT EXISTS timings (
     ms           DOUBLE NOT NULL,
     PRIMARY KEY (config_id, iter)
 );
+";
+
+/// Brings a file of an older schema up to [`SCHEMA`] (idempotent): the columns added since, with
+/// old rows reading as unknown build, engine `ipfs-accelerate` (the only engine then) and round 0.
+pub const MIGRATION: &str = "
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS build_profile VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS opt_level VARCHAR;
+ALTER TABLE configs ADD COLUMN IF NOT EXISTS engine VARCHAR DEFAULT 'ipfs-accelerate';
+ALTER TABLE configs ADD COLUMN IF NOT EXISTS engine_version VARCHAR;
+ALTER TABLE configs ADD COLUMN IF NOT EXISTS round UINTEGER DEFAULT 0;
 ";
 
 /// Errors of the result store.
@@ -126,7 +147,7 @@ const MEASUREMENT_COLUMNS: &str = "c.config_id, c.run_id, c.family, c.model, c.b
     c.dtype, c.batch, c.seq, c.shape_kind, c.warmup, c.iters_asked, m.status, m.reason, \
     m.iters_done, m.load_ms, m.mean_ms, m.p50_ms, m.p90_ms, m.p99_ms, m.min_ms, m.max_ms, \
     m.stddev_ms, m.items_per_s, m.tokens_per_s, m.host_rss_peak_bytes, m.device_memory_bytes, \
-    m.flops, m.achieved_flops_per_s, m.peak_flops_pct";
+    m.flops, m.achieved_flops_per_s, m.peak_flops_pct, c.engine, c.engine_version, c.round";
 
 /// The latency columns of `measurements`, in [`LatencyStats`] field order.
 const LATENCY_COLUMNS: [&str; 7] = [
@@ -140,8 +161,8 @@ const LATENCY_COLUMNS: [&str; 7] = [
 ];
 
 /// Columns of `runs` read by the loaders, in [`RunInfo`] field order.
-const RUN_COLUMNS: &str =
-    "run_id, started_at, git_commit, host, os, cpu_model, cores, gpu, driver, command";
+const RUN_COLUMNS: &str = "run_id, started_at, git_commit, host, os, cpu_model, cores, gpu, \
+    driver, command, build_profile, opt_level";
 
 impl Store {
     /// Opens (or creates) the database file at `path` with the library [`Library::find`] finds,
@@ -160,7 +181,33 @@ impl Store {
         let db = Database::open(lib, text)?;
         let conn = db.connect()?;
         conn.execute(SCHEMA)?;
-        Ok(Store { conn, db })
+        let store = Store { conn, db };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Adds the columns of [`MIGRATION`] that a file of an older schema lacks.
+    fn migrate(&self) -> Result<(), StoreError> {
+        let missing = self.conn.query(
+            "SELECT count(*) FROM information_schema.columns WHERE \
+             (table_name = 'runs' AND column_name IN ('build_profile', 'opt_level')) OR \
+             (table_name = 'configs' AND column_name IN ('engine', 'engine_version', 'round'))",
+            &[],
+        )?;
+        let present = missing
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::as_i64);
+        if present == Some(5) {
+            return Ok(());
+        }
+        self.conn.execute(MIGRATION).map_err(|e| {
+            self.corrupt(format!(
+                "migrating a file of an older schema to the current one failed (the file is \
+                 unchanged): {e}"
+            ))
+        })?;
+        Ok(())
     }
 
     /// The connection, for queries of reports (`SELECT ... FROM measurements JOIN configs ...`).
@@ -171,7 +218,9 @@ impl Store {
     /// Saves a run (before its measurements; a second save of the same `run_id` is an error).
     pub fn save_run(&self, run: &RunInfo) -> Result<(), StoreError> {
         self.conn.execute_params(
-            &format!("INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+            &format!(
+                "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
             &[
                 run.run_id.as_str().into(),
                 run.started_at.as_str().into(),
@@ -183,6 +232,8 @@ impl Store {
                 run.gpu.clone().into(),
                 run.driver.clone().into(),
                 run.command.as_str().into(),
+                run.build_profile.clone().into(),
+                run.opt_level.clone().into(),
             ],
         )?;
         Ok(())
@@ -194,8 +245,8 @@ impl Store {
         self.conn.transaction(|conn| {
             let rows = conn.query(
                 "INSERT INTO configs (run_id, family, model, backend, dtype, batch, seq, \
-                 shape_kind, warmup, iters_asked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                 RETURNING config_id",
+                 shape_kind, warmup, iters_asked, engine, engine_version, round) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING config_id",
                 &[
                     m.run_id.as_str().into(),
                     m.family.as_str().into(),
@@ -207,6 +258,13 @@ impl Store {
                     m.shape_kind.as_str().into(),
                     m.warmup.into(),
                     m.iters_asked.into(),
+                    if m.engine.is_empty() {
+                        crate::OURS.into()
+                    } else {
+                        m.engine.as_str().into()
+                    },
+                    m.engine_version.clone().into(),
+                    m.round.into(),
                 ],
             )?;
             let config_id = rows
@@ -370,6 +428,11 @@ impl Store {
                     achieved_flops_per_s: c.opt_f64(27, "achieved_flops_per_s")?,
                     peak_flops_pct: c.opt_f64(28, "peak_flops_pct")?,
                     timings_ms: timings.remove(&config_id).unwrap_or_default(),
+                    engine: c
+                        .opt_text(29, "engine")?
+                        .unwrap_or_else(|| crate::OURS.to_string()),
+                    engine_version: c.opt_text(30, "engine_version")?,
+                    round: c.opt_u32(31, "round")?.unwrap_or(0),
                 })
             })
             .collect()
@@ -393,6 +456,8 @@ impl Store {
             gpu: c.opt_text(7, "gpu")?,
             driver: c.opt_text(8, "driver")?,
             command: c.text(9, "command")?,
+            build_profile: c.opt_text(10, "build_profile")?,
+            opt_level: c.opt_text(11, "opt_level")?,
         })
     }
 
@@ -474,6 +539,13 @@ impl Cells<'_> {
         v.as_i64()
             .and_then(|x| u32::try_from(x).ok())
             .ok_or_else(|| self.bad(name, v, "a u32"))
+    }
+
+    fn opt_u32(&self, i: usize, name: &str) -> Result<Option<u32>, StoreError> {
+        match self.get(i, name)? {
+            Value::Null => Ok(None),
+            _ => self.u32(i, name).map(Some),
+        }
     }
 
     fn opt_u64(&self, i: usize, name: &str) -> Result<Option<u64>, StoreError> {

@@ -22,6 +22,8 @@ fn run(id: &str, started: &str, host: &str) -> RunInfo {
         gpu: Some("Test GPU".into()),
         driver: Some("555.1".into()),
         command: "cargo xtask bench --family bert".into(),
+        build_profile: Some("release".into()),
+        opt_level: Some("3".into()),
     }
 }
 
@@ -75,6 +77,7 @@ fn measured(
         achieved_flops_per_s: Some(1e12 * f64::from(batch) / mean_ms),
         peak_flops_pct: None,
         timings_ms: timings,
+        ..Default::default()
     }
 }
 
@@ -465,4 +468,92 @@ fn browser_timeouts_failures_and_missing_screenshots_are_typed_errors() {
         matches!(err, chromium::ChromiumError::Image { .. }),
         "{err}"
     );
+}
+
+#[test]
+fn peers_get_a_ratio_table_and_unoptimized_runs_are_flagged() {
+    let mut runs = vec![run("fast", "2026-03-01T10:00:00Z", "h")];
+    let mut slow = run("slow", "2026-03-02T10:00:00Z", "h");
+    slow.build_profile = Some("debug".into());
+    slow.opt_level = Some("1".into());
+    runs.push(slow);
+    let ours = measured(
+        "fast",
+        "bert",
+        "minilm-l6",
+        "cpu",
+        8,
+        128,
+        "tokens",
+        100.0,
+        None,
+    );
+    let torch = Measurement {
+        engine: "torch".into(),
+        engine_version: Some("2.15.0".into()),
+        ..measured(
+            "fast",
+            "bert",
+            "minilm-l6",
+            "cpu",
+            8,
+            128,
+            "tokens",
+            150.0,
+            None,
+        )
+    };
+    let ort_int8 = Measurement {
+        engine: "onnxruntime".into(),
+        dtype: "int8".into(),
+        status: Status::Unavailable,
+        reason: Some("python package missing (onnxruntime)".into()),
+        latency: None,
+        timings_ms: Vec::new(),
+        iters_done: 0,
+        ..measured(
+            "fast",
+            "bert",
+            "minilm-l6",
+            "cpu",
+            8,
+            128,
+            "tokens",
+            1.0,
+            None,
+        )
+    };
+    let unopt = measured(
+        "slow",
+        "bert",
+        "minilm-l6",
+        "cpu",
+        1,
+        128,
+        "tokens",
+        300.0,
+        None,
+    );
+    let html = report::render_html(&runs, &[ours, torch, ort_int8, unopt]);
+    assert!(html.contains("Ours vs peers"), "no ratio table");
+    assert!(html.contains("<b>1.50×</b> (vs ours f32)"), "no ratio");
+    assert!(html.contains("torch 2.15.0"));
+    assert!(html.contains("unavailable: python package missing (onnxruntime)"));
+    // The peer is its own series, and the unoptimised run's points are named so.
+    assert!(html.contains("cpu · torch"));
+    assert!(html.contains("cpu · opt-level 1 unoptimized"));
+    assert!(html.contains("debug, opt-level 1 — UNOPTIMIZED"));
+    // compare-backends ranks ours only.
+    let ranking = report::compare_backends(
+        &[
+            measured("fast", "bert", "m", "cpu", 8, 128, "tokens", 100.0, None),
+            Measurement {
+                engine: "torch".into(),
+                ..measured("fast", "bert", "m", "cpu", 8, 128, "tokens", 50.0, None)
+            },
+        ],
+        "bert",
+        None,
+    );
+    assert!(!ranking.contains("50.0"), "{ranking}");
 }

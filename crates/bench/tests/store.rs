@@ -2,7 +2,7 @@
 //! the DuckDB library is absent, unless `IPFS_ACCELERATE_REQUIRE_DUCKDB=1`.
 
 use ipfs_accelerate_bench::store::{Store, StoreError};
-use ipfs_accelerate_bench::{LatencyStats, Measurement, RunInfo, Status};
+use ipfs_accelerate_bench::{LatencyStats, Measurement, RunInfo, Status, OURS};
 use ipfs_accelerate_benchdb::{find_for_test, Value};
 
 fn run(run_id: &str, started_at: &str) -> RunInfo {
@@ -17,6 +17,8 @@ fn run(run_id: &str, started_at: &str) -> RunInfo {
         gpu: None,
         driver: None,
         command: "cargo xtask bench --family bert --config 'minilm-l6' --batch 1,8".into(),
+        build_profile: Some("release".into()),
+        opt_level: Some("3".into()),
     }
 }
 
@@ -54,6 +56,9 @@ fn ok_point(run_id: &str) -> Measurement {
         achieved_flops_per_s: Some(2.9e10 / 0.0102),
         peak_flops_pct: Some(3.25),
         timings_ms: vec![11.3, 9.4, 10.1, 10.9, 9.3 + 0.1],
+        engine: OURS.into(),
+        engine_version: Some("0.1.0".into()),
+        round: 0,
     }
 }
 
@@ -73,6 +78,7 @@ fn unavailable_point(run_id: &str) -> Measurement {
             shape_kind: "tokens".into(),
             warmup: 2,
             iters_asked: 5,
+            engine: OURS.into(),
             ..Default::default()
         }
     }
@@ -91,6 +97,9 @@ fn runs_and_measurements_round_trip() {
     let mut second = run("20261122T114733Z-2", "2026-11-22T11:47:33Z");
     second.gpu = Some("NVIDIA H100 80GB HBM3".into());
     second.driver = Some("580.65.06".into());
+    // A run that did not record its build reads back as unknown.
+    second.build_profile = None;
+    second.opt_level = None;
     let first_points = vec![ok_point(&first.run_id), unavailable_point(&first.run_id)];
     let mut second_point = ok_point(&second.run_id);
     second_point.status = Status::Interrupted;
@@ -162,4 +171,75 @@ fn runs_and_measurements_round_trip() {
         }
         other => panic!("expected a corrupt-database error, got {other:?}"),
     }
+}
+
+/// The schema of files written before builds, engines and rounds were recorded (kept verbatim).
+const OLD_SCHEMA: &str = "
+CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, started_at VARCHAR NOT NULL, git_commit VARCHAR,
+    host VARCHAR NOT NULL, os VARCHAR NOT NULL, cpu_model VARCHAR NOT NULL, cores UINTEGER NOT NULL,
+    gpu VARCHAR, driver VARCHAR, command VARCHAR NOT NULL);
+CREATE SEQUENCE config_id_seq START 1;
+CREATE TABLE configs (config_id BIGINT PRIMARY KEY DEFAULT nextval('config_id_seq'),
+    run_id VARCHAR NOT NULL REFERENCES runs (run_id), family VARCHAR NOT NULL, model VARCHAR NOT NULL,
+    backend VARCHAR NOT NULL, dtype VARCHAR NOT NULL, batch UINTEGER NOT NULL, seq UINTEGER NOT NULL,
+    shape_kind VARCHAR NOT NULL, warmup UINTEGER NOT NULL, iters_asked UINTEGER NOT NULL);
+CREATE TABLE measurements (config_id BIGINT PRIMARY KEY REFERENCES configs (config_id),
+    status VARCHAR NOT NULL CHECK (status IN ('ok', 'unavailable', 'failed', 'interrupted')),
+    reason VARCHAR, iters_done UINTEGER NOT NULL, load_ms DOUBLE, mean_ms DOUBLE, p50_ms DOUBLE,
+    p90_ms DOUBLE, p99_ms DOUBLE, min_ms DOUBLE, max_ms DOUBLE, stddev_ms DOUBLE, items_per_s DOUBLE,
+    tokens_per_s DOUBLE, host_rss_peak_bytes UBIGINT, device_memory_bytes UBIGINT, flops DOUBLE,
+    achieved_flops_per_s DOUBLE, peak_flops_pct DOUBLE);
+CREATE TABLE timings (config_id BIGINT NOT NULL REFERENCES configs (config_id), iter UINTEGER NOT NULL,
+    ms DOUBLE NOT NULL, PRIMARY KEY (config_id, iter));
+INSERT INTO runs VALUES ('old-run', '2026-11-01T00:00:00Z', NULL, 'h', 'linux', 'cpu', 2, NULL, NULL, 'old');
+INSERT INTO configs (run_id, family, model, backend, dtype, batch, seq, shape_kind, warmup, iters_asked)
+    VALUES ('old-run', 'bert', 'minilm-l6', 'cpu', 'f32', 8, 128, 'tokens', 2, 2);
+INSERT INTO measurements (config_id, status, iters_done, mean_ms, p50_ms, p90_ms, p99_ms, min_ms, max_ms,
+    stddev_ms) VALUES (1, 'ok', 2, 10.5, 10.0, 11.0, 11.0, 10.0, 11.0, 0.7);
+INSERT INTO timings VALUES (1, 0, 10.0), (1, 1, 11.0);
+";
+
+#[test]
+fn an_old_schema_file_is_migrated_and_keeps_its_rows() {
+    let Some(lib) = find_for_test("an_old_schema_file_is_migrated_and_keeps_its_rows")
+        .expect("DuckDB library required (IPFS_ACCELERATE_REQUIRE_DUCKDB=1)")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.duckdb");
+    {
+        let db = ipfs_accelerate_benchdb::Database::open(&lib, path.to_str().unwrap()).unwrap();
+        db.connect().unwrap().execute(OLD_SCHEMA).unwrap();
+    }
+    for _ in 0..2 {
+        // Opening migrates (and a second open finds nothing to do); the old rows read back with
+        // the build unknown, engine ipfs-accelerate, round 0.
+        let store = Store::open_with(&lib, &path).unwrap();
+        let (runs, points) = store.load_all().unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(
+            (runs[0].build_profile.clone(), runs[0].opt_level.clone()),
+            (None, None)
+        );
+        assert_eq!(runs[0].optimized(), None);
+        assert_eq!(points.len(), 1);
+        assert_eq!(points[0].engine, OURS);
+        assert_eq!(
+            (points[0].round, points[0].engine_version.clone()),
+            (0, None)
+        );
+        assert_eq!(points[0].timings_ms, vec![10.0, 11.0]);
+    }
+    // New rows (a peer's among them) go into the migrated file.
+    let store = Store::open_with(&lib, &path).unwrap();
+    let new_run = run("new-run", "2026-11-25T00:00:00Z");
+    store.save_run(&new_run).unwrap();
+    let mut peer = ok_point("new-run");
+    peer.engine = "torch".into();
+    peer.round = 3;
+    store.save_measurement(&peer).unwrap();
+    let (runs, points) = store.load_all().unwrap();
+    assert_eq!(runs[1], new_run);
+    assert_eq!(points[1], peer);
 }

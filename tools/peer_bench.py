@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Peer timings for ipfs-accelerate's benchmark runner (`bench --peer torch,ort`, `cargo xtask compare`).
+
+  python3 peer_bench.py --engine torch --family bert --config CONFIG.json --batch 8 --seq 128 \
+      --dtype f32,bf16 --threads 2 --device cpu --warmup 2 --iters 10 --cache-dir target/peers/onnx
+
+Engines:
+  torch        PyTorch eager (transformers' model class of the config), f32 / bf16 / f16.
+  onnxruntime  ONNX Runtime on an ONNX export of the same model (torch.onnx.export, cached under --cache-dir),
+               f32, and int8 through onnxruntime.quantization.quantize_dynamic (cached beside it).
+Weights: the checkpoint in --model-dir when given (a local folder with config.json + weights), otherwise random
+weights of --config (seeded; the shapes, not the values, matter for timing).
+Families: bert (input_ids, attention_mask, token_type_ids of batch x seq) and vit (pixel_values of
+batch x 3 x seq x seq).
+
+Prints one JSON line per dtype on stdout: engine, version, dtype, status (ok | unavailable | failed |
+interrupted), reason, timings_ms (every timed iteration), threads, device, peak_rss_bytes. A missing package or
+device is reported as `unavailable` with the reason; nothing is ever estimated. Exit status 0 unless the
+arguments are wrong.
+"""
+import argparse
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+FAMILIES = ("bert", "vit")
+ENGINES = ("torch", "onnxruntime")
+INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
+
+
+def emit(args, dtype, status, reason=None, timings=None, version=None, threads=None):
+    print(json.dumps(dict(engine=args.engine, version=version, dtype=dtype, status=status, reason=reason,
+                          timings_ms=timings or [], threads=threads, device=args.device,
+                          peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)),
+          flush=True)
+
+
+def time_calls(fn, warmup, iters):
+    """Runs fn warmup times untimed, then iters times timed; returns (timings_ms, interrupted)."""
+    timings = []
+    try:
+        for _ in range(warmup):
+            fn()
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            timings.append((time.perf_counter() - start) * 1e3)
+    except KeyboardInterrupt:
+        return timings, True
+    return timings, False
+
+
+def build_torch_model(args, tf, torch):
+    """The transformers model of the family: the checkpoint of --model-dir, or random weights of --config."""
+    cls = {"bert": tf.BertModel, "vit": tf.ViTModel}[args.family]
+    if args.model_dir:
+        return cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
+    with open(args.config) as f:
+        cfg = json.load(f)
+    config = tf.AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+def id_range(args):
+    """Token ids to draw from: [low, high) inside the config's vocabulary."""
+    with open(args.config) as f:
+        vocab = json.load(f).get("vocab_size", 30522)
+    return (min(1000, vocab // 2), max(min(20000, vocab), 2))
+
+
+def torch_inputs(args, torch, device, dtype):
+    if args.family == "vit":
+        return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(*id_range(args), (args.batch, args.seq), generator=g).to(device)
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+
+
+def run_torch(args, dtypes):
+    try:
+        import torch
+        import transformers as tf
+    except ImportError as e:
+        for d in dtypes:
+            emit(args, d, "unavailable", f"python package missing ({e.name}): {INSTALL_HINT}")
+        return
+    version = torch.__version__
+    torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        for d in dtypes:
+            emit(args, d, "unavailable", f"torch {version} sees no CUDA device", version=version)
+        return
+    names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    model = build_torch_model(args, tf, torch)
+    for d in dtypes:
+        if d not in names:
+            emit(args, d, "unavailable", f"PyTorch eager has no `{d}` compute (f32, bf16, f16)", version=version)
+            continue
+        if d == "f16" and args.device == "cpu":
+            emit(args, d, "unavailable", "f16 matmuls are not a CPU compute type of PyTorch eager", version=version)
+            continue
+        try:
+            m = model.to(args.device, names[d])
+            inputs = torch_inputs(args, torch, args.device, names[d])
+
+            def call():
+                with torch.inference_mode():
+                    m(**inputs)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+
+            timings, stopped = time_calls(call, args.warmup, args.iters)
+        except Exception as e:  # a failure of the peer is stored, not hidden
+            emit(args, d, "failed", f"{type(e).__name__}: {e}", version=version, threads=torch.get_num_threads())
+            continue
+        emit(args, d, "interrupted" if stopped else "ok", "interrupted by Ctrl-C" if stopped else None,
+             timings, version, torch.get_num_threads())
+        if stopped:
+            return
+
+
+def export_onnx(args, cache_dir):
+    """model.onnx of the family's model (fp32), exported once per config / checkpoint into cache_dir."""
+    key_src = json.dumps(dict(family=args.family, model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,
+                              config=open(args.config).read() if not args.model_dir else None, v=1))
+    out = os.path.join(cache_dir, hashlib.sha256(key_src.encode()).hexdigest()[:16])
+    path = os.path.join(out, "model.onnx")
+    if os.path.exists(path):
+        return path
+    import torch
+    import transformers as tf
+    os.makedirs(out, exist_ok=True)
+    model = build_torch_model(args, tf, torch)
+    if args.family == "vit":
+        names, example = ["pixel_values"], (torch.randn(1, 3, args.seq, args.seq),)
+        dyn = {"pixel_values": {0: "batch"}}
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, pixel_values):
+                return self.m(pixel_values=pixel_values).last_hidden_state
+    else:
+        ids = torch.ones(2, 16, dtype=torch.int64)
+        names, example = ["input_ids", "attention_mask", "token_type_ids"], (ids, torch.ones_like(ids),
+                                                                            torch.zeros_like(ids))
+        dyn = {n: {0: "batch", 1: "sequence"} for n in names}
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+    tmp = path + f".tmp{os.getpid()}"
+    with torch.no_grad():
+        torch.onnx.export(Wrapper(model).eval(), example, tmp, input_names=names, output_names=["last_hidden_state"],
+                          dynamic_axes=dict(dyn, last_hidden_state={0: "batch"}), opset_version=17, dynamo=False)
+    os.replace(tmp, path)
+    return path
+
+
+def quantized(path, cache_dir):
+    """The int8 (dynamic quantization of the MatMul weights) copy of an export, made once (beside a cached
+    export, or in the cache for a checkpoint's own model.onnx)."""
+    if os.path.dirname(os.path.abspath(path)).startswith(os.path.abspath(cache_dir)):
+        out = path.replace(".onnx", ".int8.onnx")
+    else:
+        digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+        os.makedirs(os.path.join(cache_dir, digest), exist_ok=True)
+        out = os.path.join(cache_dir, digest, "model.int8.onnx")
+    if not os.path.exists(out):
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        tmp = out + f".tmp{os.getpid()}.onnx"
+        quantize_dynamic(path, tmp, weight_type=QuantType.QInt8)
+        os.replace(tmp, out)
+    return out
+
+
+def run_ort(args, dtypes):
+    try:
+        import numpy as np
+        import onnxruntime as ort
+    except ImportError as e:
+        for d in dtypes:
+            emit(args, d, "unavailable", f"python package missing ({e.name}): {INSTALL_HINT}")
+        return
+    version = ort.__version__
+    provider = "CPUExecutionProvider"
+    if args.device.startswith("cuda"):
+        provider = "CUDAExecutionProvider"
+    if provider not in ort.get_available_providers():
+        for d in dtypes:
+            emit(args, d, "unavailable", f"onnxruntime {version} has no {provider} "
+                 f"(has {', '.join(ort.get_available_providers())})", version=version)
+        return
+    given = os.path.join(args.model_dir, "model.onnx") if args.model_dir else None
+    try:
+        import onnx  # noqa: F401  (the quantizer needs it)
+        if given and os.path.exists(given):
+            fp32 = given  # the checkpoint's own export (the conformance fixtures have one)
+        else:
+            import torch  # noqa: F401  (exports the model)
+            import transformers  # noqa: F401
+            fp32 = export_onnx(args, args.cache_dir)
+    except ImportError as e:
+        for d in dtypes:
+            emit(args, d, "unavailable", f"exporting / quantizing the model needs the python package {e.name}: "
+                 f"{INSTALL_HINT}", version=version)
+        return
+    except Exception as e:
+        for d in dtypes:
+            emit(args, d, "failed", f"ONNX export failed: {type(e).__name__}: {e}", version=version)
+        return
+    if args.family == "vit":
+        rng = np.random.default_rng(0)
+        feeds = dict(pixel_values=rng.standard_normal((args.batch, 3, args.seq, args.seq), dtype=np.float32))
+    else:
+        ids = np.random.default_rng(0).integers(*id_range(args), (args.batch, args.seq), dtype=np.int64)
+        feeds = dict(input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids))
+    for d in dtypes:
+        if d not in ("f32", "int8"):
+            emit(args, d, "unavailable", f"the ONNX Runtime peer runs f32 and int8, not `{d}`", version=version)
+            continue
+        try:
+            path = fp32 if d == "f32" else quantized(fp32, args.cache_dir)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = args.threads
+            opts.inter_op_num_threads = 1
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            session = ort.InferenceSession(path, opts, providers=[provider])
+            wanted = [i.name for i in session.get_inputs()]
+            missing = [n for n in wanted if n not in feeds]
+            if missing:
+                raise ValueError(f"the ONNX model takes inputs {wanted}; the peer makes {sorted(feeds)}")
+            feeds = {n: feeds[n] for n in wanted}
+            timings, stopped = time_calls(lambda: session.run(None, feeds), args.warmup, args.iters)
+        except Exception as e:
+            emit(args, d, "failed", f"{type(e).__name__}: {e}", version=version, threads=args.threads)
+            continue
+        emit(args, d, "interrupted" if stopped else "ok", "interrupted by Ctrl-C" if stopped else None,
+             timings, version, args.threads)
+        if stopped:
+            return
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", required=True, choices=ENGINES)
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--config", required=True, help="config.json of the model (random weights)")
+    ap.add_argument("--model-dir", help="a local checkpoint folder: its real weights instead of random ones")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--dtype", default="f32", help="comma separated: f32, bf16, f16, int8")
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--cache-dir", default=os.path.join("target", "peers", "onnx"))
+    args = ap.parse_args()
+    dtypes = [d for d in args.dtype.split(",") if d]
+    if args.family not in FAMILIES:
+        for d in dtypes:
+            emit(args, d, "unavailable", f"the peer script runs the families {', '.join(FAMILIES)}, "
+                 f"not {args.family}")
+        return
+    try:
+        (run_torch if args.engine == "torch" else run_ort)(args, dtypes)
+    except KeyboardInterrupt:
+        for d in dtypes:
+            emit(args, d, "interrupted", "interrupted by Ctrl-C before timing")
+    except Exception as e:
+        traceback.print_exc(file=sys.stderr)
+        for d in dtypes:
+            emit(args, d, "failed", f"{type(e).__name__}: {e}")
+
+
+if __name__ == "__main__":
+    main()
