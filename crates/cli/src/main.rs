@@ -235,7 +235,20 @@ enum Command {
     },
 }
 
+/// Restores the default action of SIGPIPE, which Rust's runtime ignores: with it ignored, a
+/// closed stdout (`embed ... | head -c 100`) makes `println!` panic. Restored, the process ends
+/// quietly with status 141, as `cat` or `grep` do. (Sockets are unaffected: the standard library
+/// writes to them with `MSG_NOSIGNAL`.)
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_DFL at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    };
+}
+
 fn main() -> ExitCode {
+    restore_sigpipe();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("IPFS_ACCELERATE_LOG")

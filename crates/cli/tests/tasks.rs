@@ -2,127 +2,15 @@
 //! user would, on the HF fixture checkpoints (copied into a temporary folder and given a small
 //! word-level tokenizer where the command needs one), against the library's own results.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use common::{fixture_copy, fixture_copy_with, run_fails, run_ok, write_tokenizer};
 
 use ipfs_accelerate::LoadOptions;
 use ipfs_accelerate_conformance::shared_dir;
 use serde_json::{json, Value};
-
-fn cli() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ipfs-accelerate"));
-    c.env_remove("IPFS_ACCELERATE_BACKENDS")
-        .env_remove("IPFS_ACCELERATE_MODEL")
-        .env("HF_HUB_OFFLINE", "1");
-    c
-}
-
-fn run(args: &[&str]) -> std::process::Output {
-    cli().args(args).output().unwrap()
-}
-
-/// Runs the binary with `args`, asserting that it fails cleanly with an error mentioning `needle`.
-fn run_fails(args: &[&str], needle: &str) {
-    let out = run(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(needle) && !err.contains("panicked"),
-        "{args:?}: {err}"
-    );
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A copy of a fixture checkpoint of `family` in a temporary folder: the variant named `variant`
-/// when the fixture set has it, else its first variant whose config.json contains `needs`.
-fn fixture_copy(shared: &Path, family: &str, variant: &str) -> tempfile::TempDir {
-    fixture_copy_with(shared, family, variant, "")
-}
-
-fn fixture_copy_with(shared: &Path, family: &str, variant: &str, needs: &str) -> tempfile::TempDir {
-    let root = shared.join("fixtures").join(family);
-    let mut variants: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|d| std::fs::read_to_string(d.join("config.json")).is_ok_and(|c| c.contains(needs)))
-        .collect();
-    variants.sort();
-    let dir = variants
-        .iter()
-        .find(|d| d.ends_with(variant))
-        .or(variants.first())
-        .unwrap_or_else(|| panic!("no {family} fixture with `{needs}` in its config"))
-        .clone();
-    let tmp = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if name != "reference.safetensors" && !name.to_string_lossy().ends_with(".onnx") {
-            std::fs::copy(entry.path(), tmp.path().join(name)).unwrap();
-        }
-    }
-    tmp
-}
-
-/// Writes a word-level `tokenizer.json` over `vocab` words `w<i>` (ids from `first_word`), with
-/// `specials` (content, id) and the post-processor template `before $A after`.
-fn write_tokenizer(
-    dir: &Path,
-    vocab: usize,
-    specials: &[(&str, u32)],
-    before: &[&str],
-    after: &[&str],
-) {
-    let mut words = serde_json::Map::new();
-    for (content, id) in specials {
-        words.insert(content.to_string(), json!(id));
-    }
-    for id in 0..vocab as u32 {
-        if !specials.iter().any(|s| s.1 == id) {
-            words.insert(format!("w{id}"), json!(id));
-        }
-    }
-    let piece = |t: &str| json!({ "SpecialToken": { "id": t, "type_id": 0 } });
-    let mut single: Vec<Value> = before.iter().map(|t| piece(t)).collect();
-    single.push(json!({ "Sequence": { "id": "A", "type_id": 0 } }));
-    single.extend(after.iter().map(|t| piece(t)));
-    let special_tokens: serde_json::Map<String, Value> = before
-        .iter()
-        .chain(after)
-        .map(|t| {
-            let id = specials.iter().find(|s| s.0 == *t).unwrap().1;
-            (
-                t.to_string(),
-                json!({ "id": t, "ids": [id], "tokens": [t] }),
-            )
-        })
-        .collect();
-    let added: Vec<Value> = specials
-        .iter()
-        .map(|(c, id)| {
-            json!({ "id": id, "content": c, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true })
-        })
-        .collect();
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": { "type": "Whitespace" },
-        "post_processor": { "type": "TemplateProcessing", "single": single, "pair": single,
-            "special_tokens": special_tokens },
-        "decoder": null,
-        "model": { "type": "WordLevel", "vocab": words, "unk_token": specials[0].0 }
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-}
 
 /// The checkpoint's config.json (its `text_config` when it has one).
 fn text_config(dir: &Path) -> Value {

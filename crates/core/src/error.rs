@@ -85,12 +85,35 @@ pub enum Error {
     /// A backend computation failed.
     #[error("backend computation failed: {0}")]
     Compute(String),
+    /// A model output holds NaN or infinite values (typically NaN / infinite weights in the
+    /// checkpoint, or an overflow in a reduced precision): reported instead of returning them.
+    #[error("the model produced {count} non-finite (NaN or infinite) values of {total} in {output}; check the checkpoint's weights for NaN / inf, or run in a wider precision")]
+    NonFinite {
+        /// The output (its name, or its shape when the name is not known).
+        output: String,
+        /// Non-finite values found.
+        count: usize,
+        /// Values in the output.
+        total: usize,
+    },
 }
 
 /// A dtype name used in error messages.
 pub type DTypeName = crate::DType;
 
 impl Error {
+    /// Renames the output an [`Error::NonFinite`] names (other errors pass unchanged).
+    pub fn for_output(self, name: &str) -> Self {
+        match self {
+            Error::NonFinite { count, total, .. } => Error::NonFinite {
+                output: format!("output `{name}`"),
+                count,
+                total,
+            },
+            other => other,
+        }
+    }
+
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

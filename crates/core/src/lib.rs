@@ -30,4 +30,6 @@ pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};
 pub use shared::{Residency, SharedError, SharedHandle, SharedTensors, TensorView};
-pub use tensor::{DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource, TokenBatch};
+pub use tensor::{
+    check_finite, DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource, TokenBatch,
+};

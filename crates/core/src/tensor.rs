@@ -202,6 +202,15 @@ impl HostTensor {
         })
     }
 
+    /// Checks that a float tensor holds no NaN or infinite value ([`Error::NonFinite`] naming
+    /// `name` otherwise); integer tensors always pass.
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        if !self.dtype.is_float() {
+            return Ok(());
+        }
+        check_finite(&self.to_f32_vec(), name)
+    }
+
     /// Values converted to f32 (floats are rounded, integers cast).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let b = &self.data[..];
@@ -351,9 +360,24 @@ pub trait TensorSource: Send + Sync {
     }
 }
 
+/// Checks `values` (of an output described by `what`) for NaN and infinities
+/// ([`Error::NonFinite`]).
+pub fn check_finite(values: &[f32], what: &str) -> Result<()> {
+    let count = values.iter().filter(|v| !v.is_finite()).count();
+    if count == 0 {
+        return Ok(());
+    }
+    Err(Error::NonFinite {
+        output: what.to_string(),
+        count,
+        total: values.len(),
+    })
+}
+
 /// A loaded model that maps named input tensors to named output tensors; the uniform interface
-/// the conformance runner and the benchmark runner drive every family through.
-pub trait ModelRunner: Send {
+/// the conformance runner and the benchmark runner drive every family through. `Sync`: every call
+/// takes `&self`, so one loaded model serves many threads.
+pub trait ModelRunner: Send + Sync {
     /// The family (`bert`, `t5`, ...).
     fn family(&self) -> &str;
     /// The backend it runs on.

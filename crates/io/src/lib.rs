@@ -25,13 +25,14 @@ mod safetensors_file;
 mod source;
 
 pub use error::IoError;
-pub use mapped::mmap_enabled;
 pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, SpecialTokens};
+pub use mapped::mmap_enabled;
 pub use names::NameMap;
 pub use random::{RandomInit, RandomWeights};
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
 pub use source::{
-    check_file_name, check_model_id, check_revision, resolve, ModelFiles, ModelSource, ResolveOptions,
+    check_file_name, check_model_id, check_revision, resolve, ModelFiles, ModelSource,
+    ResolveOptions,
 };
 
 /// The file that marks a checkpoint folder as "configuration only, random weights": a folder with

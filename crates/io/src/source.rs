@@ -28,13 +28,19 @@ pub fn check_file_name(model: &str, name: &str) -> Result<(), IoError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return refuse("a file name must have 1 to 1024 bytes");
     }
-    if name.chars().any(|c| c.is_control() || c == '\\' || c == ':') {
+    if name
+        .chars()
+        .any(|c| c.is_control() || c == '\\' || c == ':')
+    {
         return refuse("control characters, `\\` and `:` are not allowed in a file name");
     }
     if name.starts_with('/') || Path::new(name).is_absolute() {
         return refuse("absolute paths are not allowed; name a file inside the model folder");
     }
-    if name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    if name
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         return refuse("empty, `.` and `..` path components are not allowed");
     }
     Ok(())
@@ -54,7 +60,9 @@ pub fn check_model_id(id: &str) -> Result<(), IoError> {
     };
     let parts: Vec<&str> = id.split('/').collect();
     if parts.len() > 2 {
-        return refuse("a hub id is `name` or `org/name`; a local folder must exist (or start with ./ or /)");
+        return refuse(
+            "a hub id is `name` or `org/name`; a local folder must exist (or start with ./ or /)",
+        );
     }
     for part in parts {
         if part.is_empty() || part.len() > 96 {

@@ -462,7 +462,10 @@ fn hostile_vocabularies_are_refused_quickly() {
         let mut b = GgufBuilder::new();
         b.metadata("tokenizer.ggml.model", "llama")
             .metadata("tokenizer.ggml.tokens", tokens);
-        match open(Bytes::from(b.to_bytes().unwrap())).unwrap().tokenizer() {
+        match open(Bytes::from(b.to_bytes().unwrap()))
+            .unwrap()
+            .tokenizer()
+        {
             Err(IoError::GgufTokenizer { reason, .. }) => reason,
             Err(e) => panic!("untyped error {e}"),
             Ok(_) => panic!("tokenizer built"),
@@ -473,7 +476,11 @@ fn hostile_vocabularies_are_refused_quickly() {
     let edge = reason(vec!["a".into(), "a".repeat(MAX_TOKEN_BYTES + 1)]);
     assert!(edge.contains(&MAX_TOKEN_BYTES.to_string()), "{edge}");
     // 4096 tokens of 2 KiB each: every one under the length limit, too long in total.
-    let total = reason((0..4096).map(|i| format!("{i:04}{}", "b".repeat(2048))).collect());
+    let total = reason(
+        (0..4096)
+            .map(|i| format!("{i:04}{}", "b".repeat(2048)))
+            .collect(),
+    );
     assert!(total.contains("too long in total"), "{total}");
     let many = reason((0..=MAX_VOCABULARY).map(|i| i.to_string()).collect());
     assert!(many.contains("more than"), "{many}");

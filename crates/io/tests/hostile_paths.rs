@@ -6,13 +6,16 @@ use std::path::Path;
 
 use bytes::Bytes;
 use ipfs_accelerate_io::{
-    check_file_name, check_model_id, check_revision, resolve, IoError, ModelFiles,
-    ResolveOptions, SafeTensorsFile,
+    check_file_name, check_model_id, check_revision, resolve, IoError, ModelFiles, ResolveOptions,
+    SafeTensorsFile,
 };
 
 /// A valid one-tensor safetensors image (`w`: f32 `[2]`).
 fn tiny_safetensors() -> Vec<u8> {
-    safetensors_with(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8)
+    safetensors_with(
+        r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+        8,
+    )
 }
 
 /// A safetensors image with `header` (padded to 8 bytes) and `data_len` zero bytes of data.
@@ -140,7 +143,12 @@ fn model_ids_follow_the_hub_rules() {
             assert_unsafe(resolve(bad, offline(cache.path())).unwrap_err(), "model id");
         }
     }
-    for good in ["gpt2", "org/name", "sentence-transformers/all-MiniLM-L6-v2", "a.b_c/d-e.1"] {
+    for good in [
+        "gpt2",
+        "org/name",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "a.b_c/d-e.1",
+    ] {
         check_model_id(good).unwrap();
     }
 }
@@ -164,13 +172,32 @@ fn file_and_revision_names() {
     ] {
         assert!(check_file_name("m", bad).is_err(), "{bad:?} accepted");
     }
-    for good in ["model.safetensors", "onnx/model.onnx", "1_Pooling/config.json", ".gitattributes"] {
+    for good in [
+        "model.safetensors",
+        "onnx/model.onnx",
+        "1_Pooling/config.json",
+        ".gitattributes",
+    ] {
         check_file_name("m", good).unwrap();
     }
-    for good in ["main", "v1.0", "refs/pr/1", "0123456789abcdef0123456789abcdef01234567"] {
+    for good in [
+        "main",
+        "v1.0",
+        "refs/pr/1",
+        "0123456789abcdef0123456789abcdef01234567",
+    ] {
         check_revision("m", good).unwrap();
     }
-    for bad in ["", "..", "a/../b", "/main", "main/", ".git", "a b", &"r".repeat(257)] {
+    for bad in [
+        "",
+        "..",
+        "a/../b",
+        "/main",
+        "main/",
+        ".git",
+        "a b",
+        &"r".repeat(257),
+    ] {
         assert!(check_revision("m", bad).is_err(), "{bad:?} accepted");
     }
 }
@@ -184,8 +211,7 @@ fn safetensors_offsets_past_the_data_are_typed_errors() {
         format!(r#"{{"w":{{"dtype":"F32","shape":[2],"data_offsets":[{huge},{huge}]}}}}"#),
         r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}}"#.to_string(),
         r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[-1,8]}}"#.to_string(),
-        r#"{"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}}"#
-            .to_string(),
+        r#"{"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}}"#.to_string(),
     ] {
         let bytes = Bytes::from(safetensors_with(&header, 8));
         match SafeTensorsFile::from_bytes("hostile", bytes) {

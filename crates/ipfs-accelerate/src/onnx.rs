@@ -436,6 +436,9 @@ impl ModelRunner for OnnxRunner {
             let steps = steps.to_i64_vec()?.first().copied().unwrap_or(0).max(0) as usize;
             out.insert("greedy_tokens".into(), self.greedy(inputs, steps)?);
         }
+        for (name, tensor) in &out {
+            tensor.check_finite(&format!("output `{name}`"))?;
+        }
         Ok(out)
     }
 }

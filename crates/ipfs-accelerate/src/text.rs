@@ -232,18 +232,14 @@ impl TextGenerator {
             .chat_template
             .as_deref()
             .ok_or_else(|| Error::Unsupported(format!("{} has no chat template", self.name)))?;
-        let mut env = minijinja::Environment::new();
-        env.add_template("chat", template)
-            .map_err(|e| tokenizer_err("chat template", e))?;
         let ctx = minijinja::context! {
             messages => vec![minijinja::context! { role => "user", content => prompt }],
             add_generation_prompt => true,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
-        env.get_template("chat")
-            .and_then(|t| t.render(ctx))
-            .map_err(|e| tokenizer_err("chat template", e))
+        ipfs_accelerate_preprocess::chat::render_chat_template(template, ctx)
+            .map_err(|e| Error::Core(e.into()))
     }
 
     /// Token ids of `text` as the model sees them (with the tokenizer's special tokens).

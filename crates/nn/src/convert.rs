@@ -1,7 +1,7 @@
 //! Conversions between host tensors and burn tensors.
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
-use ipfs_accelerate_core::{Error, HostTensor, Result, TensorMap};
+use ipfs_accelerate_core::{check_finite, Error, HostTensor, Result, TensorMap};
 
 /// A host tensor (any float or integer dtype) as a float burn tensor of rank `D`.
 pub fn float_from_host<B: Backend, const D: usize>(
@@ -36,23 +36,26 @@ pub fn int_tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 
-/// A float burn tensor copied to the host as f32.
+/// A float burn tensor copied to the host as f32. NaN or infinite values are an
+/// [`Error::NonFinite`] (as for [`float_to_vec`]).
 pub fn float_to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<HostTensor> {
     let shape = t.dims().to_vec();
-    let data = t
+    let data = float_to_vec(t)?;
+    HostTensor::from_f32(shape, &data)
+}
+
+/// A float burn tensor's values as a flat f32 vector. Every model output reaches the host
+/// through here, so NaN or infinite values (NaN weights, an f16 overflow) are an
+/// [`Error::NonFinite`] naming the output's shape instead of numbers a caller would trust.
+pub fn float_to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>> {
+    let shape = t.dims();
+    let values = t
         .into_data()
         .convert::<f32>()
         .to_vec::<f32>()
         .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))?;
-    HostTensor::from_f32(shape, &data)
-}
-
-/// A float burn tensor's values as a flat f32 vector.
-pub fn float_to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>> {
-    t.into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| Error::Compute(format!("reading a tensor back: {e:?}")))
+    check_finite(&values, &format!("an output of shape {shape:?}"))?;
+    Ok(values)
 }
 
 /// One `Vec` per row of a float `[rows, width]` tensor (embeddings or probabilities per input).
@@ -68,7 +71,10 @@ pub fn float_map<B: Backend, const D: usize>(
 ) -> Result<TensorMap> {
     outputs
         .into_iter()
-        .map(|(name, t)| Ok((name.to_string(), float_to_host(t)?)))
+        .map(|(name, t)| {
+            let host = float_to_host(t).map_err(|e| e.for_output(name))?;
+            Ok((name.to_string(), host))
+        })
         .collect()
 }
 

@@ -142,7 +142,9 @@ impl<B: Backend> VarBuilder<B> {
         let shape = [out_dim, in_dim];
         let kind = Kind::Linear {
             name: full.clone(),
-            f32_bytes: (out_dim * in_dim * 4) as u64,
+            f32_bytes: (out_dim as u64)
+                .saturating_mul(in_dim as u64)
+                .saturating_mul(4),
             kept_float: q != asked,
         };
         self.load.fetch::<B, LinearWeight<B>>(

@@ -42,10 +42,11 @@
 //! (`extract_any_rate`), so a long input costs no more than one window.
 
 pub mod audio;
+pub mod chat;
 pub mod image;
 mod limits;
 mod text;
 pub mod video;
 
 pub use limits::{Limit, LimitExceeded, Limits, LimitsEnvError};
-pub use text::{Encoded, PreprocessError, TextTokenizer};
+pub use text::{Encoded, PreprocessError, TextTokenizer, DEFAULT_MAX_INPUT_BYTES};

@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PaddingParams, PaddingStrategy, PostProcessor, Tokenizer, TruncationParams, TruncationStrategy,
+};
 
 /// Errors raised while preprocessing input.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +23,9 @@ pub enum PreprocessError {
     /// Encoding failed.
     #[error("tokenization failed: {0}")]
     Encode(String),
+    /// A chat template failed to render or ran past its limits.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
 }
 
 impl From<PreprocessError> for ipfs_accelerate_core::Error {
@@ -89,6 +94,23 @@ impl TextTokenizer {
         max_len: usize,
         origin: &str,
     ) -> Result<Self, PreprocessError> {
+        // tokenizers subtracts the special tokens from the limit (an overflow panic when the limit
+        // is smaller): a pair needs them all plus one token of text.
+        let special = inner
+            .get_post_processor()
+            .map(|p| p.added_tokens(true))
+            .unwrap_or(0);
+        if max_len <= special {
+            return Err(PreprocessError::Tokenizer {
+                origin: origin.to_string(),
+                reason: format!(
+                    "the maximum length {max_len} leaves no room for text: the tokenizer adds \
+                     {special} special tokens, so the model's max_position_embeddings (or \
+                     sentence-transformers' max_seq_length) must be at least {}",
+                    special + 1
+                ),
+            });
+        }
         let pad_id = inner.get_padding().map(|p| p.pad_id).unwrap_or(0);
         let pad_token = inner
             .get_padding()
@@ -166,12 +188,32 @@ impl TextTokenizer {
     }
 }
 
+/// Default largest total of text bytes one call may tokenise (64 MiB; inputs are truncated to
+/// the model's length only after tokenisation, which sees every byte).
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 64 << 20;
+
+/// The total-input limit: `IPFS_ACCELERATE_MAX_INPUT_BYTES`, else [`DEFAULT_MAX_INPUT_BYTES`].
+fn max_input_bytes() -> usize {
+    std::env::var("IPFS_ACCELERATE_MAX_INPUT_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_INPUT_BYTES)
+}
+
 fn check_texts(texts: &[&str], what: &str) -> Result<(), PreprocessError> {
     if texts.is_empty() {
         return Err(PreprocessError::Empty(format!("no {what} given")));
     }
     if let Some(i) = texts.iter().position(|t| t.trim().is_empty()) {
         return Err(PreprocessError::Empty(format!("{what} #{i} is empty")));
+    }
+    let total: usize = texts.iter().map(|t| t.len()).sum();
+    let limit = max_input_bytes();
+    if total > limit {
+        return Err(PreprocessError::Encode(format!(
+            "the {what}s total {total} bytes, more than the {limit} one call may tokenise \
+             (split the input, or raise IPFS_ACCELERATE_MAX_INPUT_BYTES)"
+        )));
     }
     Ok(())
 }

@@ -35,7 +35,8 @@ pub struct EncoderRunner {
     type_vocab: usize,
     max_positions: usize,
     precision: Precision,
-    engine: Box<dyn Forward>,
+    /// One call at a time: the engine's stream and scratch buffers are shared by its calls.
+    engine: std::sync::Mutex<Box<dyn Forward>>,
 }
 
 impl EncoderRunner {
@@ -54,7 +55,7 @@ impl EncoderRunner {
             type_vocab: spec.type_vocab,
             max_positions: spec.max_positions,
             precision,
-            engine,
+            engine: std::sync::Mutex::new(engine),
         })
     }
 
@@ -94,7 +95,7 @@ impl ModelRunner for EncoderRunner {
     }
 
     fn device_memory_in_use(&self) -> Option<u64> {
-        self.engine.memory_in_use()
+        self.engine.lock().ok()?.memory_in_use()
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
@@ -122,7 +123,11 @@ impl ModelRunner for EncoderRunner {
         let ids = checked_ids("input_ids", &t.input_ids, self.vocab)?;
         let types = checked_ids("token_type_ids", &types, self.type_vocab)?;
         let mask: Vec<i32> = t.attention_mask.iter().map(|&m| (m != 0) as i32).collect();
-        let out = self.engine.forward(&Tokens {
+        let engine = self
+            .engine
+            .lock()
+            .map_err(|_| Error::Compute("the cuBLAS encoder failed in another thread".into()))?;
+        let out = engine.forward(&Tokens {
             batch: t.batch,
             seq: t.seq,
             ids: &ids,

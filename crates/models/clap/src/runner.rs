@@ -10,9 +10,7 @@ use ipfs_accelerate_core::{
     TensorSource, TokenBatch,
 };
 use ipfs_accelerate_nn::convert::{float_from_host, float_map, float_rows};
-use ipfs_accelerate_preprocess::audio::{
-    conform_rate, read_wav, ClapFeatureConfig, ClapFeatureExtractor,
-};
+use ipfs_accelerate_preprocess::audio::{read_wav, ClapFeatureConfig, ClapFeatureExtractor};
 
 use crate::{ClapConfig, ClapModel};
 
@@ -222,8 +220,10 @@ impl<B: Backend> ClapTasks for ClapRunner<B> {
     }
 
     fn waveform_features(&self, samples: &[f32], sampling_rate: u32) -> Result<HostTensor> {
-        let target = self.extractor.config().sampling_rate;
-        let samples = conform_rate(samples, sampling_rate, target, true)?;
-        Ok(self.extractor.input_features(&[&samples], target)?.0)
+        // Cut to the window before resampling.
+        Ok(self
+            .extractor
+            .input_features_any_rate(&[samples], sampling_rate, true)?
+            .0)
     }
 }

@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use ipfs_accelerate_core::{Error, HostTensor, Result};
+use ipfs_accelerate_preprocess::chat::render_chat_template as render_chat;
 use ipfs_accelerate_preprocess::image::{ImageProcessor, RgbImage};
-use minijinja::{value::Value, Environment, ErrorKind};
+use minijinja::value::Value;
 use tokenizers::Tokenizer;
 
 use crate::runner::LlavaTasks;
@@ -97,34 +98,6 @@ fn strip_generation_tags(template: &str) -> String {
     out
 }
 
-/// The Python `str` methods HF chat templates call (`.upper()`, `.strip()`, ...).
-fn python_methods(
-    _: &minijinja::State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> std::result::Result<Value, minijinja::Error> {
-    let unknown = || {
-        minijinja::Error::new(
-            ErrorKind::UnknownMethod,
-            format!("{method} is not a supported method"),
-        )
-    };
-    let s = value.as_str().ok_or_else(unknown)?;
-    let arg = |i: usize| args.get(i).and_then(Value::as_str).ok_or_else(unknown);
-    Ok(match method {
-        "upper" => Value::from(s.to_uppercase()),
-        "lower" => Value::from(s.to_lowercase()),
-        "strip" => Value::from(s.trim()),
-        "lstrip" => Value::from(s.trim_start()),
-        "rstrip" => Value::from(s.trim_end()),
-        "startswith" => Value::from(s.starts_with(arg(0)?)),
-        "endswith" => Value::from(s.ends_with(arg(0)?)),
-        "replace" => Value::from(s.replace(arg(0)?, arg(1)?)),
-        _ => return Err(unknown()),
-    })
-}
-
 /// Renders an HF multimodal chat template for one user turn holding `images` image entries and
 /// then `text`, with the generation prompt.
 pub fn render_chat_template(
@@ -134,11 +107,6 @@ pub fn render_chat_template(
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> Result<String> {
-    let bad = |e: minijinja::Error| Error::InvalidInput(format!("chat template: {e}"));
-    let mut env = Environment::new();
-    env.set_unknown_method_callback(python_methods);
-    env.add_template_owned("chat", strip_generation_tags(template))
-        .map_err(bad)?;
     let mut content: Vec<Value> = (0..images)
         .map(|_| minijinja::context! { type => "image" })
         .collect();
@@ -149,9 +117,7 @@ pub fn render_chat_template(
         bos_token => bos_token.unwrap_or_default(),
         eos_token => eos_token.unwrap_or_default(),
     };
-    env.get_template("chat")
-        .and_then(|t| t.render(ctx))
-        .map_err(bad)
+    Ok(render_chat(&strip_generation_tags(template), ctx)?)
 }
 
 impl LlavaProcessor {

@@ -9,9 +9,7 @@ use ipfs_accelerate_core::{
     BackendKind, Error, Family, ModelRunner, Result, TensorMap, TensorSource,
 };
 use ipfs_accelerate_nn::convert::{float_to_host, int_to_host};
-use ipfs_accelerate_preprocess::audio::{
-    conform_rate, Wav2Vec2FeatureConfig, Wav2Vec2FeatureExtractor,
-};
+use ipfs_accelerate_preprocess::audio::{Wav2Vec2FeatureConfig, Wav2Vec2FeatureExtractor};
 
 use crate::{ctc_collapse, CtcVocab, Wav2Vec2, Wav2Vec2Config};
 
@@ -126,9 +124,10 @@ impl<B: Backend> Wav2Vec2Runner<B> {
         sample_rate: u32,
         resample: bool,
     ) -> Result<CtcTranscription> {
-        let target = self.features.config().sampling_rate;
-        let samples = conform_rate(samples, sample_rate, target, resample)?;
-        let batch = self.features.extract(&[&samples], target)?;
+        // The duration cap is checked before any resampling.
+        let batch = self
+            .features
+            .extract_any_rate(&[samples], sample_rate, resample)?;
         let mask = self
             .features
             .config()

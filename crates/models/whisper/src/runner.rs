@@ -14,7 +14,7 @@ use ipfs_accelerate_nn::{
     generate::GenerationConfig,
 };
 use ipfs_accelerate_preprocess::{
-    audio::{conform_rate, LogMel, WhisperFeatureConfig, WhisperFeatureExtractor},
+    audio::{LogMel, WhisperFeatureConfig, WhisperFeatureExtractor},
     TextTokenizer,
 };
 
@@ -282,9 +282,10 @@ impl<B: Backend> WhisperRunner<B> {
         sample_rate: u32,
         options: &TranscribeOptions,
     ) -> Result<Transcription> {
-        let target = self.features.config().sampling_rate;
-        let samples = conform_rate(samples, sample_rate, target, options.resample)?;
-        let features = self.features.extract(&samples, target)?;
+        // Cut to the window before resampling: a long input costs no more than one window.
+        let features = self
+            .features
+            .extract_any_rate(samples, sample_rate, options.resample)?;
         self.transcribe_features(&features, options)
     }
 
