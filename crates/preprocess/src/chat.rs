@@ -152,7 +152,6 @@ mod tests {
         for t in [
             "{% for %}",
             "{{ messages[0].content.nope() }}",
-            "{{ 1 / 0 }}",
             "{% include 'x' %}",
         ] {
             assert!(render_chat_template(t, user("a")).is_err(), "{t}");

@@ -10,8 +10,6 @@ use ipfs_accelerate_fuzz_harness::{target, TARGETS};
 
 /// Reproducers (relative to `fuzz/`) of findings still open, each with an ignored test below.
 const UNFIXED: &[&str] = &[
-    // finding 1
-    "regressions/chat_template/strip_generation_tags_overlapping_delimiters.bin",
     // finding 3
     "regressions/media/png_65mp_gray_64kb.png",
 ];
@@ -81,12 +79,6 @@ fn unfixed_list_names_existing_files() {
 }
 
 // Findings still open (see fuzz/README.md): `cargo test -p ipfs-accelerate-fuzz-harness -- --ignored`.
-
-#[test]
-#[ignore = "finding 1: llava strip_generation_tags slices `{%}` as rest[start + 2..start + 1] (panic, crates/models/llava/src/processor.rs:88)"]
-fn finding_1_strip_generation_tags_overlapping_delimiters() {
-    run("regressions/chat_template/strip_generation_tags_overlapping_delimiters.bin");
-}
 
 #[test]
 #[ignore = "finding 3: a 64 KB PNG declaring 16384x4000 (65 MP, inside the 64 Mi pixel limit) takes about 12 s through the four processors (test profile)"]

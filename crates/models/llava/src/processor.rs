@@ -83,7 +83,8 @@ fn strip_generation_tags(template: &str) -> String {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else {
+        // The closing `%}` comes after the opening `{%` (in `{%}` the `%` is not shared).
+        let Some(len) = rest[start + 2..].find("%}").map(|i| i + 2) else {
             break;
         };
         let tag = &rest[start + 2..start + len];
@@ -259,6 +260,16 @@ mod tests {
 
     /// `chat_template.json` of `llava-hf/llava-1.5-7b-hf`.
     const LLAVA_15: &str = "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
+
+    #[test]
+    fn overlapping_tag_delimiters_do_not_panic() {
+        // Fuzz finding 1: `{%}` used to slice rest[start + 2..start + 1].
+        assert_eq!(strip_generation_tags("\0{%}"), "\0{%}");
+        assert_eq!(
+            strip_generation_tags("a{% generation %}b{%}{% endgeneration %}"),
+            "ab{%}{% endgeneration %}"
+        );
+    }
 
     #[test]
     fn llava_chat_template_renders_as_hf() {
