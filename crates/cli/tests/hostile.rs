@@ -70,7 +70,7 @@ fn with_header(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
     let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

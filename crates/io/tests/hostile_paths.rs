@@ -21,7 +21,7 @@ fn tiny_safetensors() -> Vec<u8> {
 /// A safetensors image with `header` (padded to 8 bytes) and `data_len` zero bytes of data.
 fn safetensors_with(header: &str, data_len: usize) -> Vec<u8> {
     let mut h = header.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
