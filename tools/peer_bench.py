@@ -221,6 +221,8 @@ def run_ort(args, dtypes):
         for d in dtypes:
             emit(args, d, "failed", f"ONNX export failed: {type(e).__name__}: {e}", version=version)
         return
+    if args.sentences:
+        return run_ort_sentences(args, ort, np, provider, fp32, version)
     if args.family == "vit":
         rng = np.random.default_rng(0)
         feeds = dict(pixel_values=rng.standard_normal((args.batch, 3, args.seq, args.seq), dtype=np.float32))
@@ -253,6 +255,39 @@ def run_ort(args, dtypes):
             return
 
 
+def run_ort_sentences(args, ort, np, provider, fp32, version):
+    """Embeds every line of --sentences in batches of --batch, as an application using ONNX Runtime in-process
+    would: the checkpoint's tokenizer.json (padding to the longest of each batch, its max length), the f32
+    export, mean pooling over the attention mask and L2 normalisation. One timed iteration = every sentence."""
+    from tokenizers import Tokenizer
+    sentences = [l.rstrip("\n") for l in open(args.sentences, encoding="utf-8") if l.strip()]
+    tok = Tokenizer.from_file(os.path.join(args.model_dir, "tokenizer.json"))
+    tok.enable_padding()
+    tok.enable_truncation(max_length=args.seq)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(fp32, opts, providers=[provider])
+
+    def embed_all():
+        out = []
+        for i in range(0, len(sentences), args.batch):
+            enc = tok.encode_batch(sentences[i:i + args.batch])
+            ids = np.array([e.ids for e in enc], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+            hidden = session.run(None, dict(input_ids=ids, attention_mask=mask,
+                                            token_type_ids=np.zeros_like(ids)))[0]
+            m = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+            out.append(pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12))
+        return out
+
+    timings, stopped = time_calls(embed_all, args.warmup, args.iters)
+    emit(args, "f32", "interrupted" if stopped else "ok", "interrupted by Ctrl-C" if stopped else None,
+         timings, version, args.threads)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", required=True, choices=ENGINES)
@@ -267,6 +302,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--cache-dir", default=os.path.join("target", "peers", "onnx"))
+    ap.add_argument("--sentences", help="onnxruntime, bert: embed these lines (one per line) in batches of --batch "
+                                        "with the checkpoint's tokenizer (--seq: its max length), f32; "
+                                        "one timed iteration embeds them all")
     args = ap.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
     if args.family not in FAMILIES:

@@ -5,7 +5,8 @@
 //! libraries, several GB, kept in pip's cache) and `onnxruntime` + `onnx` (+ `onnxscript`) for
 //! ONNX Runtime and the export. `--only ort` installs ONNX Runtime alone (tens of MB): it runs
 //! ONNX files a checkpoint folder already has (the conformance fixtures do) and reports the
-//! export of other models as unavailable.
+//! export of other models as unavailable. `openai` is the official OpenAI Python client, which the
+//! server's tests (`ipfs-accelerate serve`) drive.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -22,14 +23,16 @@ pub struct Args {
     /// The Python that creates the venv.
     #[arg(long, default_value = "python3")]
     python: PathBuf,
-    /// Install only these peers, comma separated: `torch`, `ort` (default: both).
+    /// Install only these peers, comma separated: `torch`, `ort`, `openai` (default: all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
 
 /// PyPI packages of each peer.
 const TORCH: &[&str] = &["torch", "transformers"];
-const ORT: &[&str] = &["onnxruntime", "onnx", "numpy"];
+const ORT: &[&str] = &["onnxruntime", "onnx", "numpy", "tokenizers"];
+/// The official OpenAI client (the server's compatibility test).
+const OPENAI: &[&str] = &["openai"];
 /// The exporter of the ONNX Runtime peer (needs torch + transformers too).
 const EXPORT: &[&str] = &["onnxscript"];
 
@@ -53,8 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     for o in &only {
         ensure!(
-            matches!(o.as_str(), "torch" | "ort"),
-            "unknown peer `{o}` for --only: the peers are torch, ort"
+            matches!(o.as_str(), "torch" | "ort" | "openai"),
+            "unknown peer `{o}` for --only: the peers are torch, ort, openai"
         );
     }
     let mut packages: Vec<&str> = Vec::new();
@@ -66,6 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if want("torch") {
             packages.extend(EXPORT);
         }
+    }
+    if want("openai") {
+        packages.extend(OPENAI);
     }
     let venv = dir.join("venv");
     let python = venv.join("bin").join("python");
@@ -104,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let versions = Command::new(&python)
         .args([
             "-c",
-            "import importlib.metadata as m\nfor p in ('torch','transformers','onnxruntime','onnx'):\n    \
+            "import importlib.metadata as m\nfor p in ('torch','transformers','onnxruntime','onnx','openai'):\n    \
              try: print(p, m.version(p))\n    except m.PackageNotFoundError: print(p, 'not installed')",
         ])
         .output()

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod draw;
+mod serve;
 mod tasks;
 
 use anyhow::Context;
@@ -20,13 +21,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(name = "ipfs-accelerate", version, about, long_about = None)]
 struct Cli {
     /// Model: a local directory, a hub id (org/name[@revision]), or `embedded` (the built-in
-    /// int8 all-MiniLM-L6-v2, no network needed).
+    /// int8 all-MiniLM-L6-v2, no network needed). `serve` takes several (`--model a --model
+    /// name=./dir`).
     #[arg(
-        long,
+        long = "model",
         global = true,
         default_value = "embedded",
         env = "IPFS_ACCELERATE_MODEL"
     )]
+    models: Vec<String>,
+    /// The one model of the commands other than `serve`.
+    #[arg(skip)]
     model: String,
     /// Backend preference list, first usable wins (e.g. `cuda,wgpu,cpu`).
     #[arg(
@@ -227,6 +232,12 @@ enum Command {
     /// Benchmark a family over batch sizes × sizes on the `--backend` list (default cpu) and add
     /// the results to a DuckDB file (`cargo xtask report` renders them).
     Bench(ipfs_accelerate_bench::cli::BenchArgs),
+    /// Serve the `--model`s over HTTP: OpenAI-compatible `/v1/embeddings`, `/v1/completions`,
+    /// `/v1/chat/completions` (streaming), `/v1/audio/transcriptions`; text-embeddings-inference's
+    /// `/embed` and `/predict`; image tasks under `/v1/images/`; `/health` and `/metrics`.
+    ///
+    /// Example: `ipfs-accelerate serve --model embedded --model smol=./SmolLM2.Q4_1.gguf --port 8080`
+    Serve(serve::ServeArgs),
     /// Probe every backend and print what this machine offers.
     Devices {
         /// Print JSON instead of a table.
@@ -301,7 +312,17 @@ fn print_weights(w: &ipfs_accelerate::weights::WeightStats) {
     eprintln!("{line}");
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(mut cli: Cli) -> anyhow::Result<()> {
+    if let Command::Serve(args) = &cli.command {
+        return serve::run(&cli, args);
+    }
+    if cli.models.len() > 1 {
+        anyhow::bail!(
+            "--model given {} times: only `serve` takes several models",
+            cli.models.len()
+        );
+    }
+    cli.model = cli.models.pop().unwrap_or_else(|| "embedded".into());
     if let Some(on) = cli.fusion {
         ipfs_accelerate::set_kernel_fusion(on);
     }

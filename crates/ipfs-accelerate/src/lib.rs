@@ -51,7 +51,7 @@ pub use backends::{
     kernel_fusion, parse_switch, selector, set_kernel_fusion, CUBLAS_ENV, FUSION_ENV, TF32_ENV,
 };
 pub use error::{Error, Result};
-pub use loaded::{LabelScore, LoadOptions};
+pub use loaded::{checkpoint_model_type, LabelScore, LoadOptions};
 pub use pipeline::{
     calibration_lines, Answer, CalibrationReport, Label, Output, Pipeline, PipelineBuilder, Task,
     TokenLabel, DEFAULT_CALIBRATION_TEXT,

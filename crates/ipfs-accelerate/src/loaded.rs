@@ -116,6 +116,13 @@ pub(crate) fn model_dir(spec: &str, offline: bool, optional: &[&str]) -> Result<
         .unwrap_or_else(|| PathBuf::from(".")))
 }
 
+/// The `model_type` of `model`'s `config.json` (`bert`, `llama`, `whisper`, ...; empty when the
+/// config has none): a folder, a name under `$IPFS_ACCELERATE_MODELS`, or a hub id (fetched unless
+/// `offline`). Tells an application which loader a checkpoint needs.
+pub fn checkpoint_model_type(model: &str, offline: bool) -> Result<String> {
+    model_type(&model_dir(model, offline, &[])?)
+}
+
 /// The `model_type` of the checkpoint in `dir` (empty when the config has none).
 pub(crate) fn model_type(dir: &Path) -> Result<String> {
     let path = dir.join("config.json");

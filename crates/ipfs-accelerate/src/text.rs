@@ -47,6 +47,15 @@ impl Default for GenerateOptions {
     }
 }
 
+/// One message of a chat ([`TextGenerator::apply_chat_messages`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant` (whatever the template knows).
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
 /// The result of a generation.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Generated {
@@ -228,12 +237,30 @@ impl TextGenerator {
 
     /// `prompt` as a single user message through the chat template (with the generation prompt).
     pub fn apply_chat_template(&self, prompt: &str) -> Result<String> {
+        self.apply_chat_messages(&[ChatMessage {
+            role: "user".into(),
+            content: prompt.into(),
+        }])
+    }
+
+    /// A conversation through the chat template, ending with the generation prompt (the
+    /// assistant's turn), as HF's `apply_chat_template(messages, add_generation_prompt=True)`.
+    pub fn apply_chat_messages(&self, messages: &[ChatMessage]) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
             .ok_or_else(|| Error::Unsupported(format!("{} has no chat template", self.name)))?;
+        if messages.is_empty() {
+            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                "a chat needs at least one message".into(),
+            )));
+        }
+        let messages: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| minijinja::context! { role => m.role, content => m.content })
+            .collect();
         let ctx = minijinja::context! {
-            messages => vec![minijinja::context! { role => "user", content => prompt }],
+            messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
@@ -271,6 +298,21 @@ impl TextGenerator {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<Output<Generated>> {
+        self.generate_until(prompt, options, |piece| {
+            on_text(piece);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// [`generate`](Self::generate) that `on_text` can stop: returning `ControlFlow::Break`
+    /// ends the generation after the current token (a stop string seen, a client gone). The
+    /// result holds what was generated up to there.
+    pub fn generate_until(
+        &self,
+        prompt: &str,
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Output<Generated>> {
         let mut clock = Stopwatch::start();
         let text = if options.chat {
             self.apply_chat_template(prompt)?
@@ -302,6 +344,7 @@ impl TextGenerator {
         let mut first_token_at: Option<Duration> = None;
         let start = std::time::Instant::now();
         let mut decode_err = None;
+        let mut stopped = false;
         let tokens = self.model.generate(&prompt_ids, &config, &mut |t| {
             if first_token_at.is_none() {
                 first_token_at = Some(start.elapsed());
@@ -311,8 +354,12 @@ impl TextGenerator {
                 // Emit only complete characters: a byte-level token may end mid-character.
                 Ok(s) if !s.ends_with('\u{FFFD}') => {
                     if s.len() > printed && s.is_char_boundary(printed) {
-                        on_text(&s[printed..]);
+                        let flow = on_text(&s[printed..]);
                         printed = s.len();
+                        if flow.is_break() {
+                            stopped = true;
+                            return ControlFlow::Break(());
+                        }
                     }
                 }
                 Ok(_) => {}
@@ -328,8 +375,8 @@ impl TextGenerator {
         }
         let inference = clock.lap();
         let full = self.decode(&tokens)?;
-        if full.len() > printed && full.is_char_boundary(printed) {
-            on_text(&full[printed..]);
+        if !stopped && full.len() > printed && full.is_char_boundary(printed) {
+            let _ = on_text(&full[printed..]);
         }
         let total = start.elapsed();
         let first = first_token_at.unwrap_or(total);

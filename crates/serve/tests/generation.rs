@@ -1,0 +1,229 @@
+//! Completions and chat completions on SmolLM2 (the GGUF in `../shared/models`): the library's
+//! text, streaming that reassembles to the non-streamed text, stop strings, and a client that
+//! hangs up mid-stream cancelling its generation.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{options, shared, Running};
+use futures_util::StreamExt;
+use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
+use ipfs_accelerate::BackendKind;
+use serde_json::{json, Value};
+
+fn smollm(test: &str) -> Option<String> {
+    let path = shared(test)?.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    Some(path.to_string_lossy().into_owned())
+}
+
+/// The `data:` payloads of a server-sent-event body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, String) {
+    let r = client.post(url).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_chat_match_the_library_and_streams_reassemble() {
+    let Some(gguf) = smollm("completions_and_chat") else {
+        return;
+    };
+    let server = Running::start(options(&[&format!("smol={gguf}")])).await;
+    let client = reqwest::Client::new();
+
+    // Greedy completion = the library's greedy text for the same prompt.
+    let generator = TextGenerator::load(&gguf, Some(vec![BackendKind::Cpu]), true).unwrap();
+    let expected = generator
+        .generate(
+            "The capital of France is",
+            &GenerateOptions {
+                max_new_tokens: 8,
+                ..GenerateOptions::default()
+            },
+            |_| {},
+        )
+        .unwrap()
+        .value;
+    drop(generator);
+    let (status, body) = post(
+        &client,
+        &server.url("/v1/completions"),
+        json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], expected.text.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["usage"]["prompt_tokens"], expected.prompt_ids.len());
+
+    // A stop string cuts the text before it and ends with finish_reason `stop`.
+    let stop = expected.text.trim_start().chars().nth(2).unwrap().to_string();
+    let (status, body) = post(
+        &client,
+        &server.url("/v1/completions"),
+        json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stop": [stop] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let cut = &expected.text[..expected.text.find(stop.as_str()).unwrap()];
+    assert_eq!(v["choices"][0]["text"], cut);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Sampled chat, same seed: the stream's deltas reassemble to the non-streamed message.
+    let request = json!({
+        "model": "smol",
+        "messages": [
+            { "role": "system", "content": "You are brief." },
+            { "role": "user", "content": "Name a colour." }
+        ],
+        "max_tokens": 12,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "seed": 7,
+    });
+    let (status, body) = post(&client, &server.url("/v1/chat/completions"), request.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+    let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+
+    let mut streamed_request = request.clone();
+    streamed_request["stream"] = json!(true);
+    streamed_request["stream_options"] = json!({ "include_usage": true });
+    let r = client
+        .post(server.url("/v1/chat/completions"))
+        .json(&streamed_request)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let events = sse_data(&r.text().await.unwrap());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut reassembled = String::new();
+    let mut finish = None;
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        if let Some(choice) = c["choices"].get(0) {
+            if let Some(t) = choice["delta"]["content"].as_str() {
+                reassembled.push_str(t);
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    assert_eq!(reassembled, text);
+    assert_eq!(finish.as_deref(), whole["choices"][0]["finish_reason"].as_str());
+    assert_eq!(chunks.last().unwrap()["usage"], whole["usage"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_mid_stream_stops_its_generation() {
+    let Some(gguf) = smollm("hang_up") else {
+        return;
+    };
+    let server = Running::start(options(&[&format!("smol={gguf}")])).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(server.url("/v1/completions"))
+        .json(&json!({ "model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
+                       "temperature": 0, "stream": true }))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(body);
+
+    // The replica frees up without generating the remaining tokens.
+    let started = Instant::now();
+    loop {
+        let health: Value = client
+            .get(server.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if health["models"][0]["replicas"][0]["queue_depth"] == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "the generation never stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let generated: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("ipfs_accelerate_generated_tokens_total{model=\"smol\"}"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .unwrap_or(0.0);
+    assert!(generated < 400.0, "{generated} tokens generated for a client that left");
+
+    // And it still answers.
+    let (status, body) = post(
+        &client,
+        &server.url("/v1/completions"),
+        json!({ "model": "smol", "prompt": "Hi", "max_tokens": 2 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_a_stream_in_flight() {
+    let Some(gguf) = smollm("shutdown") else {
+        return;
+    };
+    let server = Running::start(options(&[&format!("smol={gguf}")])).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(server.url("/v1/completions"))
+        .json(&json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 12,
+                       "temperature": 0, "stream": true }))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let base = server.base.clone();
+    let stopping = tokio::spawn(server.shutdown());
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    stopping.await.unwrap();
+    let events = sse_data(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let finish: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(client.get(format!("{base}/health")).send().await.is_err());
+}

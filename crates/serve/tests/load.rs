@@ -1,0 +1,240 @@
+//! The load test: `CLIENTS` concurrent clients (64) × `REQUESTS` requests (20) of one sentence each
+//! against MiniLM embeddings over loopback, with batching off and on. No request may be lost or
+//! fail, and every answer must equal that sentence's single-request answer (the library embedding
+//! it alone; ≤ 1e-5 apart, the padding of a batch changes only rounding). It prints throughput and
+//! latency percentiles, and ONNX Runtime f32 embedding the same sentences in-process in batches of
+//! 64 when the peer is installed (`cargo xtask fetch-peers`); timings are reported, never asserted.
+//!
+//! Sizes: `IPFS_ACCELERATE_LOAD_CLIENTS`, `IPFS_ACCELERATE_LOAD_REQUESTS`. For numbers worth
+//! quoting, run it in release: `cargo test --release -p ipfs-accelerate-serve --test load -- --nocapture`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{max_abs_diff, options, shared, Running};
+use ipfs_accelerate::{BackendKind, Pipeline, Task};
+use serde_json::{json, Value};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What one load run measured.
+struct Run {
+    answers: Vec<Vec<f32>>,
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Every client sends its sentences one after another; all clients at once.
+async fn load(base: &str, model: &str, sentences: Arc<Vec<String>>, clients: usize) -> Run {
+    let per_client = sentences.len() / clients;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (http, url, model, sentences) = (
+            http.clone(),
+            format!("{base}/v1/embeddings"),
+            model.to_string(),
+            sentences.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            for i in c * per_client..(c + 1) * per_client {
+                let t = Instant::now();
+                let r = http
+                    .post(&url)
+                    .json(&json!({ "model": model, "input": sentences[i] }))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("request {i} lost: {e}"));
+                assert_eq!(r.status().as_u16(), 200, "request {i} failed");
+                let v: Value = r.json().await.unwrap();
+                let vector: Vec<f32> = v["data"][0]["embedding"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect();
+                out.push((i, vector, t.elapsed()));
+            }
+            out
+        }));
+    }
+    let mut answers = vec![Vec::new(); sentences.len()];
+    let mut latencies = Vec::new();
+    for t in tasks {
+        for (i, v, took) in t.await.unwrap() {
+            answers[i] = v;
+            latencies.push(took);
+        }
+    }
+    let wall = started.elapsed();
+    latencies.sort();
+    Run {
+        answers,
+        latencies,
+        wall,
+    }
+}
+
+/// ONNX Runtime f32 embedding `sentences` in batches of 64 in-process (tools/peer_bench.py), when
+/// the peer's Python environment is installed: the median seconds per pass over all sentences.
+fn ort_peer(model_dir: &std::path::Path, sentences: &[String]) -> Result<(f64, f64, f64), String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var_os("IPFS_ACCELERATE_PEER_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/peers/venv/bin/python"));
+    if !python.exists() {
+        return Err(format!(
+            "{} is missing (cargo xtask fetch-peers)",
+            python.display()
+        ));
+    }
+    let file = tempfile_path("sentences.txt");
+    std::fs::write(&file, sentences.join("\n")).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tools/peer_bench.py"))
+        .args(["--engine", "onnxruntime", "--family", "bert", "--batch", "64"])
+        .args(["--seq", "256", "--threads", "2", "--warmup", "1", "--iters", "5"])
+        .arg("--config")
+        .arg(model_dir.join("config.json"))
+        .arg("--model-dir")
+        .arg(model_dir)
+        .arg("--sentences")
+        .arg(&file)
+        .arg("--cache-dir")
+        .arg(root.join("target/peers/onnx"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(line.lines().last().unwrap_or_default())
+        .map_err(|e| format!("{e}: {line} {}", String::from_utf8_lossy(&out.stderr)))?;
+    if v["status"] != "ok" {
+        return Err(v["reason"].to_string());
+    }
+    let mut t: Vec<f64> = v["timings_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() / 1e3)
+        .collect();
+    t.sort_by(f64::total_cmp);
+    Ok((t[t.len() / 2], t[0], t[t.len() - 1]))
+}
+
+fn tempfile_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ipfs-accelerate-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() {
+    let clients = env_usize("IPFS_ACCELERATE_LOAD_CLIENTS", 64);
+    let requests = env_usize("IPFS_ACCELERATE_LOAD_REQUESTS", 20);
+    let minilm = shared("load").map(|s| s.join("models/all-MiniLM-L6-v2"));
+    let source = minilm
+        .as_ref()
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_else(|| ipfs_accelerate::EMBEDDED_SPEC.to_string());
+    let base = common::sentences();
+    let sentences: Arc<Vec<String>> = Arc::new(
+        (0..clients * requests)
+            .map(|i| format!("{} (request {i})", base[i % base.len()]))
+            .collect(),
+    );
+
+    // The single-request answers, and the library's time per sentence alone.
+    let pipe = Pipeline::builder(&source)
+        .task(Task::Embed)
+        .backends([BackendKind::Cpu])
+        .env_override(false)
+        .offline(true)
+        .build()
+        .unwrap();
+    let mut expected = Vec::with_capacity(sentences.len());
+    for s in sentences.iter() {
+        expected.push(pipe.embed(&[s.as_str()], true).unwrap().value.remove(0));
+    }
+    drop(pipe);
+
+    let mut rows = Vec::new();
+    let mut single = Duration::ZERO;
+    let mut max_wait = Duration::ZERO;
+    for batching in [false, true] {
+        let mut opts = options(&[&format!("m={source}")]);
+        opts.batching.enabled = batching;
+        max_wait = opts.batching.max_wait;
+        let server = Running::start(opts).await;
+        if batching {
+            // One client alone: the latency a request sees without load (with the batching wait).
+            let alone = load(&server.base, "m", Arc::new(sentences[..20].to_vec()), 1).await;
+            single = percentile(&alone.latencies, 0.5);
+        }
+        let run = load(&server.base, "m", sentences.clone(), clients).await;
+        let worst = max_abs_diff(&run.answers, &expected);
+        assert!(
+            worst <= 1e-5,
+            "batching {batching}: an answer differs from its single-request answer by {worst}"
+        );
+        assert_eq!(run.latencies.len(), clients * requests);
+        rows.push((batching, run));
+        server.shutdown().await;
+    }
+
+    let throughput = |r: &Run| r.latencies.len() as f64 / r.wall.as_secs_f64();
+    println!(
+        "\nload: {clients} clients x {requests} requests of 1 sentence, model {source}, 2 tokio workers"
+    );
+    println!("| batching | requests/s | p50 ms | p99 ms | wall s |");
+    println!("|---|---|---|---|---|");
+    for (batching, r) in &rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            if *batching { "on (max 64, wait 5 ms)" } else { "off" },
+            throughput(r),
+            ms(percentile(&r.latencies, 0.5)),
+            ms(percentile(&r.latencies, 0.99)),
+            r.wall.as_secs_f64()
+        );
+    }
+    let (off, on) = (&rows[0].1, &rows[1].1);
+    println!(
+        "batching on / off throughput: {:.2}x; p99 {:.1} ms vs 2 x single {:.1} ms + max wait {:.0} ms = {:.1} ms",
+        throughput(on) / throughput(off),
+        ms(percentile(&on.latencies, 0.99)),
+        ms(single),
+        ms(max_wait),
+        2.0 * ms(single) + ms(max_wait)
+    );
+    match minilm.as_deref().map(|d| ort_peer(d, &sentences)) {
+        Some(Ok((median, lo, hi))) => println!(
+            "ONNX Runtime f32 in-process, batches of 64, 2 threads: {:.1} sentences/s (median pass {median:.3} s, \
+             range {lo:.3}-{hi:.3}); served with batching / ORT = {:.2}x",
+            sentences.len() as f64 / median,
+            throughput(on) / (sentences.len() as f64 / median)
+        ),
+        Some(Err(reason)) => println!("ONNX Runtime peer unavailable: {reason}"),
+        None => println!("ONNX Runtime peer skipped: ../shared is missing"),
+    }
+}
