@@ -20,7 +20,7 @@ struct Served {
 }
 
 fn serve(args: &[&str]) -> Served {
-    let mut child = cli()
+    let child = cli()
         .arg("serve")
         .args(["--port", "0"])
         .args(args)
@@ -28,6 +28,7 @@ fn serve(args: &[&str]) -> Served {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut child = child;
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let (tx, log) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -35,18 +36,29 @@ fn serve(args: &[&str]) -> Served {
             let _ = tx.send(line);
         }
     });
+    let mut served = Served {
+        child,
+        address: String::new(),
+        log,
+    };
     let started = Instant::now();
     loop {
-        let line = log
+        let line = served
+            .log
             .recv_timeout(Duration::from_secs(600).saturating_sub(started.elapsed()))
             .unwrap_or_else(|_| panic!("serve {args:?} never printed its address"));
         if let Some(address) = line.strip_prefix("listening on http://") {
-            return Served {
-                child,
-                address: address.to_string(),
-                log,
-            };
+            served.address = address.to_string();
+            return served;
         }
+    }
+}
+
+impl Drop for Served {
+    /// A test that fails midway still ends its server.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -118,7 +130,9 @@ fn serve_refuses_a_bad_replica_list_and_a_duplicate_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a count"));
     let out = cli()
-        .args(["serve", "--port", "0", "--model", "embedded", "--model", "embedded"])
+        .args([
+            "serve", "--port", "0", "--model", "embedded", "--model", "embedded",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -183,7 +197,13 @@ fn the_openai_python_client_gets_the_library_answers() {
         ))
         .arg("--base-url")
         .arg(format!("http://{}/v1", served.address))
-        .args(["--embed-model", "embedded", "--chat-model", "smol", "--sentences"])
+        .args([
+            "--embed-model",
+            "embedded",
+            "--chat-model",
+            "smol",
+            "--sentences",
+        ])
         .arg(&sentences)
         .output()
         .unwrap();
@@ -222,7 +242,10 @@ fn the_openai_python_client_gets_the_library_answers() {
             .fold(0.0, f32::max);
         assert!(worst <= 1e-5, "embedding differs by {worst}");
     }
-    assert_eq!(v["chat_stream"], v["chat"], "the stream does not reassemble");
+    assert_eq!(
+        v["chat_stream"], v["chat"],
+        "the stream does not reassemble"
+    );
     assert!(!v["chat"].as_str().unwrap().is_empty());
     assert_eq!(v["unknown_model_error"], 404);
     let status = terminate(&mut served.child);

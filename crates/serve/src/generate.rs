@@ -91,7 +91,9 @@ pub(crate) fn run(
     model: &str,
 ) -> Result<(), ApiError> {
     let Engine::Generator(generator) = engine else {
-        return Err(ApiError::internal("generation on a replica that does not generate"));
+        return Err(ApiError::internal(
+            "generation on a replica that does not generate",
+        ));
     };
     let prompt = match &job.prompt {
         Prompt::Text(t) => t.clone(),
@@ -138,7 +140,11 @@ pub(crate) fn run(
     } else {
         "stop"
     };
-    metrics.observe_generation(model, generated.token_ids.len(), generated.decode_tokens_per_s);
+    metrics.observe_generation(
+        model,
+        generated.token_ids.len(),
+        generated.decode_tokens_per_s,
+    );
     let _ = events.send(Event::Done(Finish {
         reason,
         prompt_tokens: generated.prompt_ids.len(),
@@ -172,7 +178,12 @@ impl StopMatcher {
             return String::new();
         }
         self.held.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             self.hit = true;
             let out = self.held[..at].to_string();
             self.held.clear();
@@ -226,8 +237,14 @@ mod tests {
 
     #[test]
     fn stop_strings_split_across_pieces_are_cut() {
-        assert_eq!(run(&["\n\n"], &["Hello", "\n", "\nworld"]), ("Hello".into(), true));
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
+        assert_eq!(
+            run(&["\n\n"], &["Hello", "\n", "\nworld"]),
+            ("Hello".into(), true)
+        );
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".into(), true)
+        );
         assert_eq!(run(&["xyz"], &["ab", "x", "y"]), ("abxy".into(), false));
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
         assert_eq!(run(&["é!"], &["café", "!"]), ("caf".into(), true));

@@ -111,14 +111,19 @@ impl ReplicaSpec {
             .filter(|s| !s.is_empty())
             .map(|item| {
                 let (backend, count) = match item.rsplit_once(':') {
-                    Some((b, c)) => (b, c.parse::<usize>().map_err(|_| {
-                        ServeError::InvalidSpec(format!("replicas `{item}`: `{c}` is not a count"))
-                    })?),
+                    Some((b, c)) => (
+                        b,
+                        c.parse::<usize>().map_err(|_| {
+                            ServeError::InvalidSpec(format!(
+                                "replicas `{item}`: `{c}` is not a count"
+                            ))
+                        })?,
+                    ),
                     None => (item, 1),
                 };
-                let backend = backend.parse::<BackendKind>().map_err(|e| {
-                    ServeError::InvalidSpec(format!("replicas `{item}`: {e}"))
-                })?;
+                let backend = backend
+                    .parse::<BackendKind>()
+                    .map_err(|e| ServeError::InvalidSpec(format!("replicas `{item}`: {e}")))?;
                 if count == 0 || count > 64 {
                     return Err(ServeError::InvalidSpec(format!(
                         "replicas `{item}`: the count must be 1 to 64"
@@ -242,12 +247,12 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let mut pools = Vec::new();
         for spec in &options.models {
-            let kind = ModelKind::of(&spec.source, options.offline).map_err(|e| ServeError::Load {
-                model: spec.name.clone(),
-                reasons: e.to_string(),
-            })?;
-            let attempts: Vec<(String, Option<Vec<BackendKind>>)> = if options.replicas.is_empty()
-            {
+            let kind =
+                ModelKind::of(&spec.source, options.offline).map_err(|e| ServeError::Load {
+                    model: spec.name.clone(),
+                    reasons: e.to_string(),
+                })?;
+            let attempts: Vec<(String, Option<Vec<BackendKind>>)> = if options.replicas.is_empty() {
                 vec![("default".into(), options.backends.clone())]
             } else {
                 options

@@ -34,7 +34,10 @@ impl Metrics {
         let registry = Registry::new_custom(Some("ipfs_accelerate".into()), None)
             .expect("a valid registry prefix");
         let requests = IntCounterVec::new(
-            Opts::new("requests_total", "HTTP requests by endpoint, model and status"),
+            Opts::new(
+                "requests_total",
+                "HTTP requests by endpoint, model and status",
+            ),
             &["endpoint", "model", "status"],
         )
         .expect("a valid counter");
@@ -56,7 +59,10 @@ impl Metrics {
         )
         .expect("a valid gauge");
         let replica_healthy = IntGaugeVec::new(
-            Opts::new("replica_healthy", "1 while a replica serves, 0 once taken out"),
+            Opts::new(
+                "replica_healthy",
+                "1 while a replica serves, 0 once taken out",
+            ),
             &["model", "replica", "backend"],
         )
         .expect("a valid gauge");
@@ -81,8 +87,8 @@ impl Metrics {
             &["model", "replica", "backend"],
         )
         .expect("a valid gauge");
-        let in_flight = Gauge::new("requests_in_flight", "Requests being answered")
-            .expect("a valid gauge");
+        let in_flight =
+            Gauge::new("requests_in_flight", "Requests being answered").expect("a valid gauge");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -138,7 +144,9 @@ impl Metrics {
             .with_label_values(&[model])
             .inc_by(tokens as u64);
         if tokens_per_s > 0.0 {
-            self.decode_rate.with_label_values(&[model]).set(tokens_per_s);
+            self.decode_rate
+                .with_label_values(&[model])
+                .set(tokens_per_s);
         }
     }
 

@@ -342,7 +342,7 @@ impl Pool {
 
     /// Queues `envelope` on the healthy replica expected to answer first (skipping those that
     /// already failed it); gives it back with the reason when none can take it.
-    pub(crate) fn submit(&self, envelope: Envelope) -> Result<(), (ApiError, Envelope)> {
+    pub(crate) fn submit(&self, envelope: Envelope) -> Result<(), Box<(ApiError, Envelope)>> {
         let items = envelope.work.items();
         let mut candidates: Vec<&Arc<Replica>> = self
             .replicas
@@ -353,14 +353,17 @@ impl Pool {
             let reasons: Vec<String> = self
                 .replicas
                 .iter()
-                .filter_map(|r| r.failure().map(|f| format!("{}#{}: {f}", r.backend, r.index)))
+                .filter_map(|r| {
+                    r.failure()
+                        .map(|f| format!("{}#{}: {f}", r.backend, r.index))
+                })
                 .collect();
             let e = ApiError::unavailable(format!(
                 "model `{}` has no healthy replica left ({})",
                 self.name,
                 reasons.join("; ")
             ));
-            return Err((e, envelope));
+            return Err(Box::new((e, envelope)));
         }
         candidates.sort_by_key(|r| r.score(items));
         let mut envelope = envelope;
@@ -374,7 +377,7 @@ impl Pool {
                 }
             }
         }
-        Err((ApiError::overloaded(&self.name, 1), envelope))
+        Err(Box::new((ApiError::overloaded(&self.name, 1), envelope)))
     }
 }
 
@@ -485,9 +488,13 @@ impl Worker {
                         (EncodeTask::Predict { reply }, Some(Output::Labels(l))) => {
                             let _ = reply.send(Ok(l));
                         }
-                        (task, _) => EncodeJob { texts: vec![], task }.fail(ApiError::internal(
-                            format!("the batched forward returned no output for {n} inputs"),
-                        )),
+                        (task, _) => EncodeJob {
+                            texts: vec![],
+                            task,
+                        }
+                        .fail(ApiError::internal(format!(
+                            "the batched forward returned no output for {n} inputs"
+                        ))),
                     }
                 }
                 self.replica.faults.store(0, Ordering::Relaxed);
@@ -533,14 +540,16 @@ impl Worker {
         let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &jobs[0].task {
             EncodeTask::Embed { normalize, .. } => pipe.embed(&texts, *normalize).map(|o| {
-                self.metrics.observe_memory(&self.model, &self.replica, &o.metrics);
+                self.metrics
+                    .observe_memory(&self.model, &self.replica, &o.metrics);
                 split(o.value, &counts)
                     .into_iter()
                     .map(Output::Vectors)
                     .collect()
             }),
             EncodeTask::Predict { .. } => pipe.classify(&texts).map(|o| {
-                self.metrics.observe_memory(&self.model, &self.replica, &o.metrics);
+                self.metrics
+                    .observe_memory(&self.model, &self.replica, &o.metrics);
                 split(o.value, &counts)
                     .into_iter()
                     .map(Output::Labels)
@@ -566,7 +575,13 @@ impl Worker {
         }
         let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &mut envelope.work {
-            Work::Generate(job) => generate::run(job, &self.engine, envelope.deadline, &self.metrics, &self.model),
+            Work::Generate(job) => generate::run(
+                job,
+                &self.engine,
+                envelope.deadline,
+                &self.metrics,
+                &self.model,
+            ),
             Work::Single(job) => job.run(&self.engine),
             Work::Encode(_) => unreachable!("encoder work is batched"),
         }));
@@ -615,8 +630,8 @@ impl Worker {
         envelope.tried.push(self.replica.index);
         match self.pool.upgrade() {
             Some(pool) => {
-                if let Err((_, back)) = pool.submit(envelope) {
-                    back.work.fail(e);
+                if let Err(refused) = pool.submit(envelope) {
+                    refused.1.work.fail(e);
                 }
             }
             None => envelope.work.fail(e),
@@ -629,7 +644,8 @@ impl Worker {
         envelope.tried.push(self.replica.index);
         match self.pool.upgrade() {
             Some(pool) => {
-                if let Err((e, back)) = pool.submit(envelope) {
+                if let Err(refused) = pool.submit(envelope) {
+                    let (e, back) = *refused;
                     back.work.fail(e);
                 }
             }

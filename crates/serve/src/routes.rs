@@ -130,7 +130,8 @@ fn parse<T: serde::de::DeserializeOwned>(
             }
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 fn with_model(model: &str, response: impl IntoResponse) -> Response {
@@ -189,7 +190,7 @@ impl Server {
     fn submit(&self, pool: &Pool, work: Work) -> Result<Instant, ApiError> {
         let deadline = self.deadline();
         pool.submit(Envelope::new(work, deadline))
-            .map_err(|(e, _)| e)?;
+            .map_err(|refused| refused.0)?;
         Ok(deadline)
     }
 
@@ -205,13 +206,20 @@ impl Server {
             Ok(Err(_)) => Err(ApiError::internal(
                 "the replica dropped the request without an answer",
             )),
-            Err(_) => Err(ApiError::timeout(self.options.request_timeout.as_secs_f64())),
+            Err(_) => Err(ApiError::timeout(
+                self.options.request_timeout.as_secs_f64(),
+            )),
         }
     }
 
     /// Checks a request's texts against the limits; counts their tokens with the model's
     /// tokenizer and refuses over-long ones unless `truncate`.
-    fn check_texts(&self, pool: &Pool, texts: &[String], truncate: bool) -> Result<usize, ApiError> {
+    fn check_texts(
+        &self,
+        pool: &Pool,
+        texts: &[String],
+        truncate: bool,
+    ) -> Result<usize, ApiError> {
         if texts.is_empty() {
             return Err(ApiError::bad_request("the input holds no text"));
         }
@@ -224,7 +232,9 @@ impl Server {
         }
         for (i, t) in texts.iter().enumerate() {
             if t.is_empty() {
-                return Err(ApiError::bad_request(format!("input {i} is an empty string")));
+                return Err(ApiError::bad_request(format!(
+                    "input {i} is an empty string"
+                )));
             }
             if t.len() > self.options.max_input_bytes {
                 return Err(ApiError::too_large(format!(
@@ -284,7 +294,11 @@ impl Server {
         if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
             return Err(ApiError::bad_request("repetition_penalty must be positive"));
         }
-        let stop = fields.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
+        let stop = fields
+            .stop
+            .clone()
+            .map(OneOrMany::into_vec)
+            .unwrap_or_default();
         if stop.len() > 4 {
             return Err(ApiError::bad_request("stop holds at most 4 strings"));
         }
@@ -551,7 +565,9 @@ async fn collect(
     match tokio::time::timeout_at(deadline.into(), work).await {
         Ok(Ok(finish)) => Ok((text, finish)),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(ApiError::timeout(server.options.request_timeout.as_secs_f64())),
+        Err(_) => Err(ApiError::timeout(
+            server.options.request_timeout.as_secs_f64(),
+        )),
     }
 }
 
@@ -595,7 +611,10 @@ fn sse(
                 Some(Event::Error(e)) => (vec![e.body().to_string(), "[DONE]".to_string()], true),
                 None => (vec!["[DONE]".to_string()], true),
             };
-            Some((stream::iter(lines.into_iter().map(|l| Ok(SseEvent::default().data(l)))), (rx, done)))
+            Some((
+                stream::iter(lines.into_iter().map(|l| Ok(SseEvent::default().data(l)))),
+                (rx, done),
+            ))
         }
     })
     .flatten();
@@ -620,13 +639,19 @@ async fn completions(
             server.options.max_input_bytes
         )));
     }
-    let (rx, deadline) = start_generation(&server, &pool, Prompt::Text(prompt), &request.sampling, 16)?;
+    let (rx, deadline) =
+        start_generation(&server, &pool, Prompt::Text(prompt), &request.sampling, 16)?;
     let id = server.next_id("cmpl");
     let created = now_unix();
     let model = pool.name.clone();
     if request.sampling.stream {
-        let include_usage = request.sampling.stream_options.is_some_and(|o| o.include_usage);
-        let chunk = move |text: Option<&str>, finish: Option<&'static str>, usage: Option<Usage>| {
+        let include_usage = request
+            .sampling
+            .stream_options
+            .is_some_and(|o| o.include_usage);
+        let chunk = move |text: Option<&str>,
+                          finish: Option<&'static str>,
+                          usage: Option<Usage>| {
             let choices = if usage.is_some() {
                 json!([])
             } else {
@@ -653,7 +678,10 @@ async fn completions(
 }
 
 /// A request's messages as the chat template takes them.
-fn chat_messages(messages: Vec<RequestMessage>, max_bytes: usize) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(
+    messages: Vec<RequestMessage>,
+    max_bytes: usize,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty"));
     }
@@ -708,20 +736,31 @@ async fn chat_completions(
     let pool = server.pool(&request.model, ModelKind::Generator, "/v1/chat/completions")?;
     let messages = chat_messages(request.messages, server.options.max_input_bytes)?;
     let default_max = server.options.default_max_tokens;
-    let (rx, deadline) = start_generation(&server, &pool, Prompt::Chat(messages), &request.sampling, default_max)?;
+    let (rx, deadline) = start_generation(
+        &server,
+        &pool,
+        Prompt::Chat(messages),
+        &request.sampling,
+        default_max,
+    )?;
     let id = server.next_id("chatcmpl");
     let created = now_unix();
     let model = pool.name.clone();
     if request.sampling.stream {
-        let include_usage = request.sampling.stream_options.is_some_and(|o| o.include_usage);
+        let include_usage = request
+            .sampling
+            .stream_options
+            .is_some_and(|o| o.include_usage);
         let envelope = {
             let (id, model) = (id.clone(), model.clone());
-            move |choices: serde_json::Value| {
-                json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices })
-            }
+            move |choices: serde_json::Value| json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices })
         };
-        let first = envelope(json!([{ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }]));
-        let chunk = move |text: Option<&str>, finish: Option<&'static str>, usage: Option<Usage>| {
+        let first = envelope(
+            json!([{ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }]),
+        );
+        let chunk = move |text: Option<&str>,
+                          finish: Option<&'static str>,
+                          usage: Option<Usage>| {
             if let Some(u) = usage {
                 let mut v = envelope(json!([]));
                 v["usage"] = json!(u);
@@ -731,9 +770,14 @@ async fn chat_completions(
                 Some(t) => json!({ "content": t }),
                 None => json!({}),
             };
-            envelope(json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]))
+            envelope(
+                json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]),
+            )
         };
-        return Ok(with_model(&pool.name, sse(rx, Some(first), include_usage, chunk)));
+        return Ok(with_model(
+            &pool.name,
+            sse(rx, Some(first), include_usage, chunk),
+        ));
     }
     let (text, finish) = collect(&server, rx, deadline).await?;
     let body = json!({
@@ -759,7 +803,9 @@ struct Form {
 }
 
 impl Form {
-    async fn read(multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>) -> Result<Form, ApiError> {
+    async fn read(
+        multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+    ) -> Result<Form, ApiError> {
         let mut multipart = multipart.map_err(|e| ApiError {
             status: e.status(),
             ..ApiError::bad_request(e.body_text())
@@ -843,7 +889,11 @@ async fn transcriptions(
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let form = Form::read(multipart).await?;
-    let pool = server.pool(form.require("model")?, ModelKind::Speech, "/v1/audio/transcriptions")?;
+    let pool = server.pool(
+        form.require("model")?,
+        ModelKind::Speech,
+        "/v1/audio/transcriptions",
+    )?;
     if form.get("language").is_some_and(|l| !l.is_empty()) {
         return Err(ApiError::bad_request(
             "`language` per request is not supported: the served model detects it (Whisper) or has one (Wav2Vec2)",
@@ -881,7 +931,11 @@ async fn image_classifications(
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let form = Form::read(multipart).await?;
-    let pool = server.pool(form.require("model")?, ModelKind::ImageClassifier, "/v1/images/classifications")?;
+    let pool = server.pool(
+        form.require("model")?,
+        ModelKind::ImageClassifier,
+        "/v1/images/classifications",
+    )?;
     let top_k: usize = form.number("top_k", 5)?;
     let image = decode_image(form.file()?)?;
     let mut predictions = single(&server, &pool, move |engine| match engine {
@@ -898,7 +952,11 @@ async fn image_detections(
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let form = Form::read(multipart).await?;
-    let pool = server.pool(form.require("model")?, ModelKind::Detector, "/v1/images/detections")?;
+    let pool = server.pool(
+        form.require("model")?,
+        ModelKind::Detector,
+        "/v1/images/detections",
+    )?;
     let threshold: f64 = form.number("threshold", 0.9)?;
     let image = decode_image(form.file()?)?;
     let mut detections = single(&server, &pool, move |engine| match engine {
@@ -915,7 +973,11 @@ async fn image_zero_shot(
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let form = Form::read(multipart).await?;
-    let pool = server.pool(form.require("model")?, ModelKind::ZeroShotImage, "/v1/images/zero-shot")?;
+    let pool = server.pool(
+        form.require("model")?,
+        ModelKind::ZeroShotImage,
+        "/v1/images/zero-shot",
+    )?;
     let labels: Vec<String> = form
         .require("labels")?
         .split(',')
@@ -923,14 +985,20 @@ async fn image_zero_shot(
         .filter(|l| !l.is_empty())
         .collect();
     if labels.is_empty() || labels.len() > 256 {
-        return Err(ApiError::bad_request("`labels`: 1 to 256 comma-separated labels"));
+        return Err(ApiError::bad_request(
+            "`labels`: 1 to 256 comma-separated labels",
+        ));
     }
-    let template = form.get("template").unwrap_or("a photo of a {}").to_string();
+    let template = form
+        .get("template")
+        .unwrap_or("a photo of a {}")
+        .to_string();
     let image = decode_image(form.file()?)?;
     let mut scores = single(&server, &pool, move |engine| match engine {
         Engine::ZeroShotImage(m) => {
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-            Ok(m.classify(std::slice::from_ref(&image), &refs, &template)?.value)
+            Ok(m.classify(std::slice::from_ref(&image), &refs, &template)?
+                .value)
         }
         _ => Err(ApiError::internal("image work on another kind of replica")),
     })

@@ -47,14 +47,20 @@ async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) 
     let r = client.post(url).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// Asserts an OpenAI-shaped error with `status` whose message contains `needle`.
 fn assert_error(got: (u16, Value), status: u16, needle: &str) {
     assert_eq!(got.0, status, "{}", got.1);
     let message = got.1["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains(needle), "{status}: `{message}` lacks `{needle}`");
+    assert!(
+        message.contains(needle),
+        "{status}: `{message}` lacks `{needle}`"
+    );
     assert!(got.1["error"]["type"].is_string(), "{}", got.1);
 }
 
@@ -106,7 +112,12 @@ async fn embeddings_equal_the_library_in_every_format() {
     let (status, body) = post(&client, &server.url("/embed"), json!({ "inputs": texts })).await;
     assert_eq!(status, 200, "{body}");
     assert!(max_abs_diff(&vectors(&body), &expected) <= 1e-5);
-    let (status, body) = post(&client, &server.url("/embed"), json!({ "inputs": texts[0] })).await;
+    let (status, body) = post(
+        &client,
+        &server.url("/embed"),
+        json!({ "inputs": texts[0] }),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert!(max_abs_diff(&vectors(&body), &expected[..1]) <= 1e-5);
     let (status, body) = post(
@@ -117,7 +128,10 @@ async fn embeddings_equal_the_library_in_every_format() {
     .await;
     assert_eq!(status, 200, "{body}");
     let norm: f32 = vectors(&body)[0].iter().map(|x| x * x).sum::<f32>().sqrt();
-    assert!((norm - 1.0).abs() > 1e-3, "normalize: false gave a unit vector");
+    assert!(
+        (norm - 1.0).abs() > 1e-3,
+        "normalize: false gave a unit vector"
+    );
 
     let (status, body) = post(&client, &server.url("/v1/models"), json!({})).await;
     assert_eq!(status, 405, "{body}");
@@ -145,15 +159,43 @@ async fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
     let ok = json!({ "model": "embedded", "input": "still serving" });
 
     let cases: Vec<(Value, u16, &str)> = vec![
-        (json!({ "model": "nope", "input": "x" }), 404, "not served here"),
+        (
+            json!({ "model": "nope", "input": "x" }),
+            404,
+            "not served here",
+        ),
         (json!({ "model": "embedded", "input": [] }), 400, "no text"),
-        (json!({ "model": "embedded", "input": "" }), 400, "empty string"),
-        (json!({ "model": "embedded", "input": [1, 2, 3] }), 400, "token-id input"),
-        (json!({ "model": "embedded", "input": ["a", "b", "c", "d", "e"] }), 413, "at most 4"),
-        (json!({ "model": "embedded", "input": "x", "encoding_format": "hex" }), 400, "encoding_format"),
-        (json!({ "model": "embedded", "input": "x", "dimensions": 3 }), 400, "dimensions"),
+        (
+            json!({ "model": "embedded", "input": "" }),
+            400,
+            "empty string",
+        ),
+        (
+            json!({ "model": "embedded", "input": [1, 2, 3] }),
+            400,
+            "token-id input",
+        ),
+        (
+            json!({ "model": "embedded", "input": ["a", "b", "c", "d", "e"] }),
+            413,
+            "at most 4",
+        ),
+        (
+            json!({ "model": "embedded", "input": "x", "encoding_format": "hex" }),
+            400,
+            "encoding_format",
+        ),
+        (
+            json!({ "model": "embedded", "input": "x", "dimensions": 3 }),
+            400,
+            "dimensions",
+        ),
         (json!({ "input": "x" }), 400, "model"),
-        (json!({ "model": "embedded", "input": "word ".repeat(600) }), 413, "truncate"),
+        (
+            json!({ "model": "embedded", "input": "word ".repeat(600) }),
+            413,
+            "truncate",
+        ),
     ];
     for (body, status, needle) in cases {
         assert_error(post(&client, &url, body.clone()).await, status, needle);
@@ -251,7 +293,9 @@ async fn a_full_queue_answers_503_with_retry_after_and_recovers() {
     let server = Running::start(opts).await;
     let client = reqwest::Client::new();
     let texts: Vec<String> = (0..200)
-        .map(|i| format!("sentence number {i} about nothing in particular, long enough to take a while"))
+        .map(|i| {
+            format!("sentence number {i} about nothing in particular, long enough to take a while")
+        })
         .collect();
     let mut tasks = Vec::new();
     for _ in 0..12 {

@@ -13,7 +13,8 @@ use ipfs_accelerate::BackendKind;
 use serde_json::{json, Value};
 
 fn smollm(test: &str) -> Option<String> {
-    let path = shared(test)?.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path =
+        shared(test)?.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
     Some(path.to_string_lossy().into_owned())
 }
 
@@ -67,7 +68,13 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
     assert_eq!(v["usage"]["prompt_tokens"], expected.prompt_ids.len());
 
     // A stop string cuts the text before it and ends with finish_reason `stop`.
-    let stop = expected.text.trim_start().chars().nth(2).unwrap().to_string();
+    let stop = expected
+        .text
+        .trim_start()
+        .chars()
+        .nth(2)
+        .unwrap()
+        .to_string();
     let (status, body) = post(
         &client,
         &server.url("/v1/completions"),
@@ -92,12 +99,20 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
         "top_p": 0.95,
         "seed": 7,
     });
-    let (status, body) = post(&client, &server.url("/v1/chat/completions"), request.clone()).await;
+    let (status, body) = post(
+        &client,
+        &server.url("/v1/chat/completions"),
+        request.clone(),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     let whole: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(whole["object"], "chat.completion");
     assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
-    let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let text = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(!text.is_empty());
 
     let mut streamed_request = request.clone();
@@ -110,7 +125,10 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let events = sse_data(&r.text().await.unwrap());
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -132,7 +150,10 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
         }
     }
     assert_eq!(reassembled, text);
-    assert_eq!(finish.as_deref(), whole["choices"][0]["finish_reason"].as_str());
+    assert_eq!(
+        finish.as_deref(),
+        whole["choices"][0]["finish_reason"].as_str()
+    );
     assert_eq!(chunks.last().unwrap()["usage"], whole["usage"]);
     server.shutdown().await;
 }
@@ -146,8 +167,10 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
     let client = reqwest::Client::new();
     let r = client
         .post(server.url("/v1/completions"))
-        .json(&json!({ "model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
-                       "temperature": 0, "stream": true }))
+        .json(
+            &json!({ "model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
+                       "temperature": 0, "stream": true }),
+        )
         .send()
         .await
         .unwrap();
@@ -170,7 +193,10 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
         if health["models"][0]["replicas"][0]["queue_depth"] == 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(300), "the generation never stopped");
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the generation never stopped"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let metrics = client
@@ -186,7 +212,10 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
         .find(|l| l.starts_with("ipfs_accelerate_generated_tokens_total{model=\"smol\"}"))
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
         .unwrap_or(0.0);
-    assert!(generated < 400.0, "{generated} tokens generated for a client that left");
+    assert!(
+        generated < 400.0,
+        "{generated} tokens generated for a client that left"
+    );
 
     // And it still answers.
     let (status, body) = post(
@@ -208,8 +237,10 @@ async fn shutdown_drains_a_stream_in_flight() {
     let client = reqwest::Client::new();
     let r = client
         .post(server.url("/v1/completions"))
-        .json(&json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 12,
-                       "temperature": 0, "stream": true }))
+        .json(
+            &json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 12,
+                       "temperature": 0, "stream": true }),
+        )
         .send()
         .await
         .unwrap();

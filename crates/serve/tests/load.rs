@@ -114,8 +114,24 @@ fn ort_peer(model_dir: &std::path::Path, sentences: &[String]) -> Result<(f64, f
     std::fs::write(&file, sentences.join("\n")).map_err(|e| e.to_string())?;
     let out = std::process::Command::new(&python)
         .arg(root.join("tools/peer_bench.py"))
-        .args(["--engine", "onnxruntime", "--family", "bert", "--batch", "64"])
-        .args(["--seq", "256", "--threads", "2", "--warmup", "1", "--iters", "5"])
+        .args([
+            "--engine",
+            "onnxruntime",
+            "--family",
+            "bert",
+            "--batch",
+            "64",
+        ])
+        .args([
+            "--seq",
+            "256",
+            "--threads",
+            "2",
+            "--warmup",
+            "1",
+            "--iters",
+            "5",
+        ])
         .arg("--config")
         .arg(model_dir.join("config.json"))
         .arg("--model-dir")
@@ -211,7 +227,11 @@ async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() 
     for (batching, r) in &rows {
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.2} |",
-            if *batching { "on (max 64, wait 5 ms)" } else { "off" },
+            if *batching {
+                "on (max 64, wait 5 ms)"
+            } else {
+                "off"
+            },
             throughput(r),
             ms(percentile(&r.latencies, 0.5)),
             ms(percentile(&r.latencies, 0.99)),

@@ -71,7 +71,10 @@ impl Drop for Running {
 /// Options serving `models` (`NAME=SOURCE` or `SOURCE`) on the CPU backend.
 pub fn options(models: &[&str]) -> ServeOptions {
     ServeOptions {
-        models: models.iter().map(|m| ModelSpec::parse(m).unwrap()).collect(),
+        models: models
+            .iter()
+            .map(|m| ModelSpec::parse(m).unwrap())
+            .collect(),
         backends: Some(vec![ipfs_accelerate::BackendKind::Cpu]),
         offline: true,
         ..ServeOptions::default()
