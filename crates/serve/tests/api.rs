@@ -370,3 +370,51 @@ async fn health_and_metrics_describe_the_replicas() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_load_and_an_unusable_backend_is_listed_with_its_reason() {
+    let mut opts = options(&["embedded"]);
+    opts.replicas = ipfs_accelerate_serve::ReplicaSpec::parse_list("cpu:2,cuda:1").unwrap();
+    opts.batching.enabled = false;
+    let server = Running::start(opts).await;
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let (client, url) = (client.clone(), server.url("/v1/embeddings"));
+        tasks.push(tokio::spawn(async move {
+            let body =
+                json!({ "model": "embedded", "input": format!("sentence {i} of a small crowd") });
+            client
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let health: Value = client
+        .get(server.url("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let model = &health["models"][0];
+    assert_eq!(model["healthy_replicas"], 2, "{health}");
+    for r in model["replicas"].as_array().unwrap() {
+        assert!(
+            r["served"].as_u64().unwrap() > 0,
+            "a replica got no work: {health}"
+        );
+    }
+    let not_loaded = &model["not_loaded"][0];
+    assert_eq!(not_loaded["backend"], "cuda", "{health}");
+    assert!(!not_loaded["reason"].as_str().unwrap().is_empty());
+    server.shutdown().await;
+}
