@@ -926,58 +926,85 @@ async fn transcriptions(
     Ok(with_model(&pool.name, response))
 }
 
+/// An image task: reads the form, picks the `kind` model it names, decodes `file`, reads the
+/// task's own fields with `params`, runs `run` on a replica, and answers `{"model", key: result}`.
+async fn image_task<T, P>(
+    server: &Server,
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+    (kind, endpoint, key): (ModelKind, &str, &str),
+    params: impl FnOnce(&Form) -> Result<P, ApiError>,
+    run: fn(&Engine, &ipfs_accelerate_preprocess::image::RgbImage, &P) -> Result<Vec<T>, ApiError>,
+) -> Result<Response, ApiError>
+where
+    T: serde::Serialize + Send + 'static,
+    P: Send + 'static,
+{
+    let form = Form::read(multipart).await?;
+    let pool = server.pool(form.require("model")?, kind, endpoint)?;
+    let params = params(&form)?;
+    let image = decode_image(form.file()?)?;
+    let result = single(server, &pool, move |engine| run(engine, &image, &params)).await?;
+    let mut body = json!({ "model": pool.name });
+    body[key] = json!(result);
+    Ok(with_model(&pool.name, Json(body)))
+}
+
+fn wrong_replica() -> ApiError {
+    ApiError::internal("image work on another kind of replica")
+}
+
 async fn image_classifications(
     State(server): State<Arc<Server>>,
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
-    let form = Form::read(multipart).await?;
-    let pool = server.pool(
-        form.require("model")?,
+    let task = (
         ModelKind::ImageClassifier,
         "/v1/images/classifications",
-    )?;
-    let top_k: usize = form.number("top_k", 5)?;
-    let image = decode_image(form.file()?)?;
-    let mut predictions = single(&server, &pool, move |engine| match engine {
-        Engine::ImageClassifier(m) => Ok(m.classify(std::slice::from_ref(&image), top_k)?.value),
-        _ => Err(ApiError::internal("image work on another kind of replica")),
-    })
-    .await?;
-    let body = json!({ "model": pool.name, "predictions": predictions.pop().unwrap_or_default() });
-    Ok(with_model(&pool.name, Json(body)))
+        "predictions",
+    );
+    image_task(
+        &server,
+        multipart,
+        task,
+        |f| f.number("top_k", 5usize),
+        |engine, image, top_k| match engine {
+            Engine::ImageClassifier(m) => Ok(m
+                .classify(std::slice::from_ref(image), *top_k)?
+                .value
+                .into_iter()
+                .next()
+                .unwrap_or_default()),
+            _ => Err(wrong_replica()),
+        },
+    )
+    .await
 }
 
 async fn image_detections(
     State(server): State<Arc<Server>>,
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
-    let form = Form::read(multipart).await?;
-    let pool = server.pool(
-        form.require("model")?,
-        ModelKind::Detector,
-        "/v1/images/detections",
-    )?;
-    let threshold: f64 = form.number("threshold", 0.9)?;
-    let image = decode_image(form.file()?)?;
-    let mut detections = single(&server, &pool, move |engine| match engine {
-        Engine::Detector(m) => Ok(m.detect(std::slice::from_ref(&image), threshold)?.value),
-        _ => Err(ApiError::internal("image work on another kind of replica")),
-    })
-    .await?;
-    let body = json!({ "model": pool.name, "detections": detections.pop().unwrap_or_default() });
-    Ok(with_model(&pool.name, Json(body)))
+    let task = (ModelKind::Detector, "/v1/images/detections", "detections");
+    image_task(
+        &server,
+        multipart,
+        task,
+        |f| f.number("threshold", 0.9f64),
+        |engine, image, threshold| match engine {
+            Engine::Detector(m) => Ok(m
+                .detect(std::slice::from_ref(image), *threshold)?
+                .value
+                .into_iter()
+                .next()
+                .unwrap_or_default()),
+            _ => Err(wrong_replica()),
+        },
+    )
+    .await
 }
 
-async fn image_zero_shot(
-    State(server): State<Arc<Server>>,
-    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
-) -> Result<Response, ApiError> {
-    let form = Form::read(multipart).await?;
-    let pool = server.pool(
-        form.require("model")?,
-        ModelKind::ZeroShotImage,
-        "/v1/images/zero-shot",
-    )?;
+/// The labels and template of a zero-shot request.
+fn zero_shot_fields(form: &Form) -> Result<(Vec<String>, String), ApiError> {
     let labels: Vec<String> = form
         .require("labels")?
         .split(',')
@@ -993,16 +1020,30 @@ async fn image_zero_shot(
         .get("template")
         .unwrap_or("a photo of a {}")
         .to_string();
-    let image = decode_image(form.file()?)?;
-    let mut scores = single(&server, &pool, move |engine| match engine {
-        Engine::ZeroShotImage(m) => {
-            let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-            Ok(m.classify(std::slice::from_ref(&image), &refs, &template)?
-                .value)
-        }
-        _ => Err(ApiError::internal("image work on another kind of replica")),
-    })
-    .await?;
-    let body = json!({ "model": pool.name, "scores": scores.pop().unwrap_or_default() });
-    Ok(with_model(&pool.name, Json(body)))
+    Ok((labels, template))
+}
+
+async fn image_zero_shot(
+    State(server): State<Arc<Server>>,
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let task = (ModelKind::ZeroShotImage, "/v1/images/zero-shot", "scores");
+    image_task(
+        &server,
+        multipart,
+        task,
+        zero_shot_fields,
+        |engine, image, (labels, template)| match engine {
+            Engine::ZeroShotImage(m) => {
+                let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+                Ok(m.classify(std::slice::from_ref(image), &refs, template)?
+                    .value
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default())
+            }
+            _ => Err(wrong_replica()),
+        },
+    )
+    .await
 }

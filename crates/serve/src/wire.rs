@@ -221,15 +221,6 @@ pub struct TeiPredictRequest {
     pub model: Option<String>,
 }
 
-/// `POST /v1/images/zero-shot` fields besides the image (multipart form fields).
-#[derive(Debug, Clone, Default)]
-pub struct ZeroShotFields {
-    /// Candidate labels, comma-separated.
-    pub labels: Vec<String>,
-    /// The prompt template (`{}` is replaced by each label).
-    pub template: Option<String>,
-}
-
 fn yes() -> bool {
     true
 }

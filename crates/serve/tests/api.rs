@@ -135,14 +135,7 @@ async fn embeddings_equal_the_library_in_every_format() {
 
     let (status, body) = post(&client, &server.url("/v1/models"), json!({})).await;
     assert_eq!(status, 405, "{body}");
-    let models: Value = client
-        .get(server.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = common::get_json(&client, &server.url("/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "embedded");
     assert_eq!(models["data"][0]["kind"], "encoder");
     server.shutdown().await;
@@ -338,26 +331,12 @@ async fn health_and_metrics_describe_the_replicas() {
     )
     .await;
     assert_eq!(s, 200);
-    let health: Value = client
-        .get(server.url("/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = common::get_json(&client, &server.url("/health")).await;
     assert_eq!(health["status"], "ok");
     let replica = &health["models"][0]["replicas"][0];
     assert_eq!(replica["backend"], "cpu");
     assert_eq!(replica["healthy"], true);
-    let metrics = client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&client, &server.url("/metrics")).await;
     for name in [
         "ipfs_accelerate_requests_total{endpoint=\"/v1/embeddings\",model=\"embedded\",status=\"200\"} 1",
         "ipfs_accelerate_request_duration_seconds_bucket",
@@ -397,14 +376,7 @@ async fn replicas_share_the_load_and_an_unusable_backend_is_listed_with_its_reas
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200);
     }
-    let health: Value = client
-        .get(server.url("/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = common::get_json(&client, &server.url("/health")).await;
     let model = &health["models"][0];
     assert_eq!(model["healthy_replicas"], 2, "{health}");
     for r in model["replicas"].as_array().unwrap() {
@@ -416,5 +388,80 @@ async fn replicas_share_the_load_and_an_unusable_backend_is_listed_with_its_reas
     let not_loaded = &model["not_loaded"][0];
     assert_eq!(not_loaded["backend"], "cuda", "{health}");
     assert!(!not_loaded["reason"].as_str().unwrap().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_image_is_classified_as_the_library_classifies_it() {
+    let Some(shared) = common::shared("image_classification") else {
+        return;
+    };
+    let model = shared.join("fixtures/vit/image_classification");
+    let image = shared.join("fixtures/image_processors/image.png");
+    let server = Running::start(options(&[&format!("vit={}", model.display())])).await;
+    let library = ipfs_accelerate::vision::ImageClassifier::load(
+        &model.to_string_lossy(),
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            offline: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let expected = library
+        .classify_files(&[&image], 2)
+        .unwrap()
+        .value
+        .remove(0);
+    let client = reqwest::Client::new();
+    let form = reqwest::multipart::Form::new()
+        .text("model", "vit")
+        .text("top_k", "2")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(std::fs::read(&image).unwrap()).file_name("image.png"),
+        );
+    let r = client
+        .post(server.url("/v1/images/classifications"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    let got = v["predictions"].as_array().unwrap();
+    assert_eq!(got.len(), expected.len());
+    for (g, e) in got.iter().zip(&expected) {
+        assert_eq!(g["label"], e.label.as_str());
+        assert!((g["score"].as_f64().unwrap() as f32 - e.score).abs() <= 1e-6);
+    }
+    // Not an image: a typed 400; a form without the file: 400 naming it.
+    let form = reqwest::multipart::Form::new().text("model", "vit").part(
+        "file",
+        reqwest::multipart::Part::bytes(b"not a png".to_vec()),
+    );
+    let r = client
+        .post(server.url("/v1/images/classifications"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_error(
+        (r.status().as_u16(), r.json().await.unwrap()),
+        400,
+        "uploaded image",
+    );
+    let form = reqwest::multipart::Form::new().text("model", "vit");
+    let r = client
+        .post(server.url("/v1/images/classifications"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_error(
+        (r.status().as_u16(), r.json().await.unwrap()),
+        400,
+        "`file`",
+    );
     server.shutdown().await;
 }

@@ -182,14 +182,7 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
     // The replica frees up without generating the remaining tokens.
     let started = Instant::now();
     loop {
-        let health: Value = client
-            .get(server.url("/health"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let health: Value = common::get_json(&client, &server.url("/health")).await;
         if health["models"][0]["replicas"][0]["queue_depth"] == 0 {
             break;
         }
@@ -199,14 +192,7 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&client, &server.url("/metrics")).await;
     let generated: f64 = metrics
         .lines()
         .find(|l| l.starts_with("ipfs_accelerate_generated_tokens_total{model=\"smol\"}"))

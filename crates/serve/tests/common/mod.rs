@@ -130,3 +130,13 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         })
         .fold(0.0, f32::max)
 }
+
+/// GET `url` as JSON.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// GET `url` as text.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
