@@ -200,6 +200,8 @@ async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() 
     for batching in [false, true] {
         let mut opts = options(&[&format!("m={source}")]);
         opts.batching.enabled = batching;
+        opts.batching.max_wait =
+            Duration::from_millis(env_usize("IPFS_ACCELERATE_LOAD_MAX_WAIT_MS", 5) as u64);
         max_wait = opts.batching.max_wait;
         let server = Running::start(opts).await;
         if batching {
@@ -214,7 +216,18 @@ async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() 
             "batching {batching}: an answer differs from its single-request answer by {worst}"
         );
         assert_eq!(run.latencies.len(), clients * requests);
-        rows.push((batching, run));
+        let metrics = common::get_text(&reqwest::Client::new(), &server.url("/metrics")).await;
+        let read = |name: &str| -> f64 {
+            metrics
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let mean_batch =
+            read("ipfs_accelerate_batch_size_sum") / read("ipfs_accelerate_batch_size_count");
+        rows.push((batching, run, mean_batch));
         server.shutdown().await;
     }
 
@@ -222,16 +235,16 @@ async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() 
     println!(
         "\nload: {clients} clients x {requests} requests of 1 sentence, model {source}, 2 tokio workers"
     );
-    println!("| batching | requests/s | p50 ms | p99 ms | wall s |");
-    println!("|---|---|---|---|---|");
-    for (batching, r) in &rows {
+    println!("| batching | requests/s | p50 ms | p99 ms | wall s | mean texts per forward |");
+    println!("|---|---|---|---|---|---|");
+    for (batching, r, mean_batch) in &rows {
+        let label = if *batching {
+            format!("on (max 64, wait {} ms)", max_wait.as_millis())
+        } else {
+            "off".to_string()
+        };
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.2} |",
-            if *batching {
-                "on (max 64, wait 5 ms)"
-            } else {
-                "off"
-            },
+            "| {label} | {:.1} | {:.1} | {:.1} | {:.2} | {mean_batch:.1} |",
             throughput(r),
             ms(percentile(&r.latencies, 0.5)),
             ms(percentile(&r.latencies, 0.99)),
