@@ -457,9 +457,9 @@ async fn embeddings(
             object: "embedding",
             index,
             embedding: if base64 {
-                serde_json::Value::String(base64_f32(&v))
+                Embedding::Base64(base64_f32(&v))
             } else {
-                json!(v)
+                Embedding::Float(v)
             },
         })
         .collect();

@@ -62,8 +62,18 @@ pub struct EmbeddingData {
     pub object: &'static str,
     /// Position in the input.
     pub index: usize,
-    /// The vector (a JSON array, or a base64 string of little-endian f32).
-    pub embedding: serde_json::Value,
+    /// The vector.
+    pub embedding: Embedding,
+}
+
+/// An embedding as the request's `encoding_format` asks.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Embedding {
+    /// A JSON array of numbers (each the shortest text that reads back as the same f32).
+    Float(Vec<f32>),
+    /// Base64 of the little-endian f32 bytes.
+    Base64(String),
 }
 
 /// Token counts of a response.
