@@ -145,12 +145,9 @@ fn serve_refuses_a_bad_replica_list_and_a_duplicate_name() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("only `serve` takes several"));
 }
 
-/// The Python with the `openai` package: `$IPFS_ACCELERATE_PEER_PYTHON` or the peers' venv.
+/// The peers' Python (`ipfs_accelerate_bench::peers::python`) when it has the `openai` package.
 fn openai_python() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = std::env::var_os("IPFS_ACCELERATE_PEER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/peers/venv/bin/python"));
+    let python = ipfs_accelerate_bench::peers::python();
     let has_openai = std::process::Command::new(&python)
         .args(["-c", "import openai"])
         .status()
@@ -174,20 +171,11 @@ fn the_openai_python_client_gets_the_library_answers() {
     let Some(python) = openai_python() else {
         return;
     };
-    let shared = PathBuf::from(
-        std::env::var("IPFS_ACCELERATE_SHARED")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared").into()),
-    );
+    let Some(shared) = ipfs_accelerate_conformance::shared_dir("the_openai_python_client") else {
+        return;
+    };
     let sentences = shared.join("refs/minilm_public_sentences.txt");
     let gguf = shared.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !sentences.exists() || !gguf.exists() {
-        assert!(
-            std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() != Ok("1"),
-            "{} is missing",
-            shared.display()
-        );
-        return;
-    }
     let smol = format!("smol={}", gguf.display());
     let mut served = serve(&["--model", "embedded", "--model", &smol]);
     let out = std::process::Command::new(&python)

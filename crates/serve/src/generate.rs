@@ -60,7 +60,7 @@ impl GenerateJob {
         GenerateJob {
             prompt,
             options,
-            stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+            stop,
             events,
             timeout_s,
             started: false,

@@ -190,7 +190,7 @@ pub struct Replica {
     queue: SyncSender<Envelope>,
     /// Items queued or running.
     depth: AtomicUsize,
-    /// Requests answered.
+    /// Requests it answered (with a result or an error; not those skipped or handed on).
     served: AtomicU64,
     /// Moving average of the time per item, in nanoseconds (0: not measured yet).
     ns_per_item: AtomicU64,
@@ -477,6 +477,7 @@ impl Worker {
                 let mut outputs = outputs.into_iter();
                 for envelope in live {
                     self.done(&envelope);
+                    self.answered();
                     let Work::Encode(job) = envelope.work else {
                         unreachable!("encode batches hold encoder work only")
                     };
@@ -512,7 +513,7 @@ impl Worker {
                 let envelope = live.into_iter().next().expect("one request");
                 self.done(&envelope);
                 if e.is_client_error() {
-                    envelope.work.fail(e);
+                    self.answer_error(envelope.work, e);
                 } else {
                     self.fault(envelope, e);
                 }
@@ -589,24 +590,35 @@ impl Worker {
         self.done(&envelope);
         match result {
             Ok(Ok(())) => {
+                self.answered();
                 self.replica.faults.store(0, Ordering::Relaxed);
             }
-            Ok(Err(e)) if e.is_client_error() => envelope.work.fail(e),
+            Ok(Err(e)) if e.is_client_error() => self.answer_error(envelope.work, e),
             Ok(Err(e)) => self.fault(envelope, e),
             Err(panic) => {
                 let reason = format!("the model panicked: {}", panic_message(&panic));
                 self.replica.take_out(reason.clone());
-                envelope.work.fail(ApiError::internal(reason));
+                self.answer_error(envelope.work, ApiError::internal(reason));
             }
         }
     }
 
-    /// The request left this replica (answered or handed on).
+    /// The request left this replica's queue (answered, skipped or handed on).
     fn done(&self, envelope: &Envelope) {
         self.replica
             .depth
             .fetch_sub(envelope.work.items(), Ordering::Relaxed);
+    }
+
+    /// This replica answered a request (with its result or an error).
+    fn answered(&self) {
         self.replica.served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers `work` with `e` from this replica.
+    fn answer_error(&self, work: Work, e: ApiError) {
+        self.answered();
+        work.fail(e);
     }
 
     /// A server-side failure of `envelope` here: counts it against the replica, and hands the
@@ -624,17 +636,17 @@ impl Worker {
             _ => true,
         };
         if !restartable {
-            envelope.work.fail(e);
+            self.answer_error(envelope.work, e);
             return;
         }
         envelope.tried.push(self.replica.index);
         match self.pool.upgrade() {
             Some(pool) => {
                 if let Err(refused) = pool.submit(envelope) {
-                    refused.1.work.fail(e);
+                    self.answer_error(refused.1.work, e);
                 }
             }
-            None => envelope.work.fail(e),
+            None => self.answer_error(envelope.work, e),
         }
     }
 

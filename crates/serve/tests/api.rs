@@ -68,7 +68,7 @@ fn assert_error(got: (u16, Value), status: u16, needle: &str) {
 async fn embeddings_equal_the_library_in_every_format() {
     let server = Running::start(options(&["embedded"])).await;
     let client = reqwest::Client::new();
-    let texts = sentences();
+    let texts = sentences("embeddings_equal_the_library");
     let expected = library_embeddings(&texts);
 
     let (status, body) = post(
@@ -393,7 +393,7 @@ async fn replicas_share_the_load_and_an_unusable_backend_is_listed_with_its_reas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uploaded_image_is_classified_as_the_library_classifies_it() {
-    let Some(shared) = common::shared("image_classification") else {
+    let Some(shared) = ipfs_accelerate_conformance::shared_dir("image_classification") else {
         return;
     };
     let model = shared.join("fixtures/vit/image_classification");

@@ -6,16 +6,36 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{options, shared, Running};
+use common::{options, Running};
 use futures_util::StreamExt;
 use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
 use ipfs_accelerate::BackendKind;
+use ipfs_accelerate_conformance::shared_dir;
 use serde_json::{json, Value};
 
 fn smollm(test: &str) -> Option<String> {
     let path =
-        shared(test)?.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+        shared_dir(test)?.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
     Some(path.to_string_lossy().into_owned())
+}
+
+/// The body of a streamed greedy completion of `prompt` by the served `smol`.
+async fn stream_completion(
+    client: &reqwest::Client,
+    server: &Running,
+    prompt: &str,
+    max_tokens: usize,
+) -> impl futures_util::Stream<Item = reqwest::Result<axum::body::Bytes>> {
+    let body = json!({ "model": "smol", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": true });
+    let r = client
+        .post(server.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    r.bytes_stream()
 }
 
 /// The `data:` payloads of a server-sent-event body.
@@ -165,16 +185,7 @@ async fn a_client_hanging_up_mid_stream_stops_its_generation() {
     };
     let server = Running::start(options(&[&format!("smol={gguf}")])).await;
     let client = reqwest::Client::new();
-    let r = client
-        .post(server.url("/v1/completions"))
-        .json(
-            &json!({ "model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
-                       "temperature": 0, "stream": true }),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut body = r.bytes_stream();
+    let mut body = stream_completion(&client, &server, "Once upon a time", 400).await;
     let first = body.next().await.unwrap().unwrap();
     assert!(!first.is_empty());
     drop(body);
@@ -221,16 +232,7 @@ async fn shutdown_drains_a_stream_in_flight() {
     };
     let server = Running::start(options(&[&format!("smol={gguf}")])).await;
     let client = reqwest::Client::new();
-    let r = client
-        .post(server.url("/v1/completions"))
-        .json(
-            &json!({ "model": "smol", "prompt": "The capital of France is", "max_tokens": 12,
-                       "temperature": 0, "stream": true }),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut body = r.bytes_stream();
+    let mut body = stream_completion(&client, &server, "The capital of France is", 12).await;
     let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
     let base = server.base.clone();
     let stopping = tokio::spawn(server.shutdown());

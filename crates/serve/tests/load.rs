@@ -14,8 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{max_abs_diff, options, shared, Running};
+use common::{max_abs_diff, options, Running};
 use ipfs_accelerate::{BackendKind, Pipeline, Task};
+use ipfs_accelerate_bench::peers;
+use ipfs_accelerate_conformance::shared_dir;
 use serde_json::{json, Value};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -98,20 +100,13 @@ async fn load(base: &str, model: &str, sentences: Arc<Vec<String>>, clients: usi
 }
 
 /// ONNX Runtime f32 embedding `sentences` in batches of 64 in-process (tools/peer_bench.py), when
-/// the peer's Python environment is installed: the median seconds per pass over all sentences.
+/// the peer's Python environment is installed (`peers::python`): the median, fastest and slowest
+/// seconds per pass over all sentences.
 fn ort_peer(model_dir: &std::path::Path, sentences: &[String]) -> Result<(f64, f64, f64), String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = std::env::var_os("IPFS_ACCELERATE_PEER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/peers/venv/bin/python"));
-    if !python.exists() {
-        return Err(format!(
-            "{} is missing (cargo xtask fetch-peers)",
-            python.display()
-        ));
-    }
-    let file = tempfile_path("sentences.txt");
-    std::fs::write(&file, sentences.join("\n")).map_err(|e| e.to_string())?;
+    let python = peers::python();
+    let file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+    std::fs::write(file.path(), sentences.join("\n")).map_err(|e| e.to_string())?;
     let out = std::process::Command::new(&python)
         .arg(root.join("tools/peer_bench.py"))
         .args([
@@ -137,9 +132,9 @@ fn ort_peer(model_dir: &std::path::Path, sentences: &[String]) -> Result<(f64, f
         .arg("--model-dir")
         .arg(model_dir)
         .arg("--sentences")
-        .arg(&file)
+        .arg(file.path())
         .arg("--cache-dir")
-        .arg(root.join("target/peers/onnx"))
+        .arg(peers::peers_dir().join("onnx"))
         .output()
         .map_err(|e| e.to_string())?;
     let line = String::from_utf8_lossy(&out.stdout);
@@ -158,22 +153,16 @@ fn ort_peer(model_dir: &std::path::Path, sentences: &[String]) -> Result<(f64, f
     Ok((t[t.len() / 2], t[0], t[t.len() - 1]))
 }
 
-fn tempfile_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ipfs-accelerate-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() {
     let clients = env_usize("IPFS_ACCELERATE_LOAD_CLIENTS", 64);
     let requests = env_usize("IPFS_ACCELERATE_LOAD_REQUESTS", 20);
-    let minilm = shared("load").map(|s| s.join("models/all-MiniLM-L6-v2"));
+    let minilm = shared_dir("load").map(|s| s.join("models/all-MiniLM-L6-v2"));
     let source = minilm
         .as_ref()
         .map(|d| d.to_string_lossy().into_owned())
         .unwrap_or_else(|| ipfs_accelerate::EMBEDDED_SPEC.to_string());
-    let base = common::sentences();
+    let base = common::sentences("load");
     let sentences: Arc<Vec<String>> = Arc::new(
         (0..clients * requests)
             .map(|i| format!("{} (request {i})", base[i % base.len()]))

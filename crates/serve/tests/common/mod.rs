@@ -1,7 +1,6 @@
 //! Starting a server in-process on a loopback port, and finding `../shared`.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ipfs_accelerate_serve::{ModelSpec, ServeOptions, Server};
@@ -81,37 +80,18 @@ pub fn options(models: &[&str]) -> ServeOptions {
     }
 }
 
-/// `../shared` (or `$IPFS_ACCELERATE_SHARED`); `None` when absent, a panic when
-/// `IPFS_ACCELERATE_REQUIRE_SHARED=1` (CI).
-pub fn shared(test: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    if dir.join("models").is_dir() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("IPFS_ACCELERATE_REQUIRE_SHARED").as_deref() != Ok("1"),
-        "{test}: {} is missing",
-        dir.display()
-    );
-    eprintln!("{test}: skipped ({} is missing)", dir.display());
-    None
-}
-
-/// The sentences of `refs/minilm_public_sentences.txt`, or a few of our own without `../shared`.
-pub fn sentences() -> Vec<String> {
-    let from_shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("refs/minilm_public_sentences.txt");
-    match std::fs::read_to_string(from_shared) {
-        Ok(text) => text
+/// The sentences of `refs/minilm_public_sentences.txt`, or a few of our own without `../shared`
+/// (see `ipfs_accelerate_conformance::shared_dir`, which `test` names the skip in).
+pub fn sentences(test: &str) -> Vec<String> {
+    match ipfs_accelerate_conformance::shared_dir(test)
+        .and_then(|d| std::fs::read_to_string(d.join("refs/minilm_public_sentences.txt")).ok())
+    {
+        Some(text) => text
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(str::to_string)
             .collect(),
-        Err(_) => vec![
+        None => vec![
             "A man is playing a guitar.".into(),
             "Someone plays music.".into(),
             "The stock market fell.".into(),
