@@ -33,8 +33,10 @@ pub struct BenchArgs {
     /// (whisper) or samples (wav2vec2). Default: the family's usual size.
     #[arg(long, value_delimiter = ',')]
     pub seq: Vec<usize>,
-    /// Compute precisions, comma separated (f32, f16, bf16; native backends). A device computes
-    /// in one precision per process: give f16 / bf16 on a GPU in a run of their own.
+    /// Precisions, comma separated: f32, f16, bf16 (compute), int8, int4 (f32 compute, linear
+    /// weights kept quantized as `--quantize` does); native backends. With several, each round
+    /// measures each in turn. A GPU computes in one precision per process: give f16 / bf16 on a
+    /// GPU in a run of their own.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     pub dtype: Vec<String>,
     /// Kernel fusion on the CubeCL backends (cuda, wgpu), comma separated: `on`, `off` or

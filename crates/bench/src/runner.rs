@@ -33,7 +33,8 @@ pub struct BenchSpec {
     /// Sizes (tokens, image side, mel frames or samples — see [`inputs::size_axis`]); empty → the
     /// family's default.
     pub sizes: Vec<usize>,
-    /// Compute precisions (`f32`; others are recorded as failed until a backend implements them).
+    /// Precisions: `f32`, `f16`, `bf16` (compute) or `int8` / `int4` (f32 compute, quantized
+    /// linear weights); one a backend cannot run is recorded as failed with the reason.
     pub dtypes: Vec<String>,
     /// Kernel fusion settings to measure on the CubeCL backends (cuda, wgpu): `[true, false]`
     /// measures both, the unfused points recorded under `<backend>/unfused`. Empty: the process
@@ -448,50 +449,53 @@ pub fn run_benchmark(
             other => other.reason(backend),
         };
         let unavailable = unusable.is_some();
-        for (dtype, fusion) in dtypes
+        let variants: Vec<(&String, Option<bool>)> = dtypes
             .iter()
             .flat_map(|d| fusions(backend).into_iter().map(move |f| (d, f)))
-        {
-            let label = match fusion {
-                Some(false) => format!("{backend}/unfused"),
-                _ => backend.to_string(),
-            };
-            let loaded: Result<(Box<dyn ModelRunner>, f64), String> = match &unusable {
-                Some(reason) => Err(reason.clone()),
-                None => match dtype.parse::<Precision>() {
-                    Err(e) => Err(e.to_string()),
-                    Ok(precision) => {
-                        if let Some(on) = fusion {
-                            ipfs_accelerate::set_kernel_fusion(on);
+            .collect();
+        // Rounds outermost, so every variant (precision, fusion) and every peer is measured once
+        // per round, alternating. A model is loaded per variant and round when there are several
+        // variants (only one is in memory at a time, so peak memory stays that variant's own), and
+        // once when there is one.
+        let mut kept: Option<(usize, Result<(Box<dyn ModelRunner>, f64), String>, String)> = None;
+        for round in 0..spec.rounds.max(1) {
+            for (v, &(dtype, fusion)) in variants.iter().enumerate() {
+                let label = match fusion {
+                    Some(false) => format!("{backend}/unfused"),
+                    _ => backend.to_string(),
+                };
+                if let Some(on) = fusion {
+                    ipfs_accelerate::set_kernel_fusion(on);
+                }
+                if kept.as_ref().is_none_or(|(kv, _, _)| *kv != v) {
+                    // The previous variant leaves memory before the next one loads.
+                    drop(kept.take());
+                    let loaded = match &unusable {
+                        Some(reason) => Err(reason.clone()),
+                        None => {
+                            bar.set_message(format!("loading {} on {label} ({dtype})", plan.label));
+                            load_variant(&plan, backend, dtype)
                         }
-                        bar.set_message(format!("loading {} on {label} ({dtype})", plan.label));
-                        let start = Instant::now();
-                        ipfs_accelerate::conformance::load_family_in(
-                            &plan.family,
-                            &plan.dir,
-                            backend,
-                            precision,
-                        )
-                        .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
-                        .map_err(|e| format!("load failed: {e}"))
-                    }
-                },
-            };
-            // A runner on another engine than the family's burn model (cuBLAS for BERT on cuda)
-            // is its own series.
-            let label = match &loaded {
-                Ok((runner, _)) => match runner.engine() {
-                    Some(engine) => format!("{label}/{engine}"),
-                    None => label,
-                },
-                Err(_) => label,
-            };
-            for &(batch, size) in &points {
-                for round in 0..spec.rounds.max(1) {
+                    };
+                    // A runner on another engine than the family's burn model (cuBLAS for BERT
+                    // on cuda) is its own series.
+                    let label = match &loaded {
+                        Ok((runner, _)) => match runner.engine() {
+                            Some(engine) => format!("{label}/{engine}"),
+                            None => label,
+                        },
+                        Err(_) => label,
+                    };
+                    kept = Some((v, loaded, label));
+                }
+                let Some((_, loaded, label)) = &kept else {
+                    continue;
+                };
+                for &(batch, size) in &points {
                     let point = Point {
                         run: &run,
                         plan: &plan,
-                        backend: &label,
+                        backend: label,
                         dtype,
                         batch,
                         size,
@@ -499,7 +503,7 @@ pub fn run_benchmark(
                         spec,
                         round: round as u32,
                     };
-                    let m = match &loaded {
+                    let m = match loaded {
                         Err(reason) => {
                             let status = if unavailable {
                                 Status::Unavailable
@@ -510,7 +514,10 @@ pub fn run_benchmark(
                             point.empty(status, Some(reason.clone()))
                         }
                         Ok((runner, load_ms)) => {
-                            bar.set_message(format!("{} {label} b{batch}×{size}", plan.label));
+                            bar.set_message(format!(
+                                "{} {label} {dtype} b{batch}×{size}",
+                                plan.label
+                            ));
                             measure(
                                 &point,
                                 runner.as_ref(),
@@ -524,9 +531,9 @@ pub fn run_benchmark(
                     let stop = m.status == Status::Interrupted;
                     let ours = m.clone();
                     record(m, &mut out)?;
-                    // The peers run right after ours, on the first dtype's points (their own
+                    // The peers run right after ours, on the first variant's points (their own
                     // precisions are theirs), unless Ctrl-C stopped the run.
-                    if !stop && Some(dtype) == dtypes.first() {
+                    if !stop && v == 0 {
                         for peer in &spec.peers {
                             if interrupted() {
                                 break;
@@ -540,7 +547,7 @@ pub fn run_benchmark(
                                     config_file: &config_file,
                                     model_dir: (!plan.random_weights).then_some(plan.dir.as_path()),
                                     threads: run.cores,
-                                    device: crate::peers::peer_device(&label),
+                                    device: crate::peers::peer_device(label),
                                     warmup: spec.warmup,
                                     iters: spec.iters,
                                     python: crate::peers::python(),
@@ -555,11 +562,39 @@ pub fn run_benchmark(
                         break 'backends;
                     }
                 }
+                if variants.len() > 1 {
+                    kept = None;
+                }
             }
         }
     }
     bar.finish_and_clear();
     Ok((run, out))
+}
+
+/// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,
+/// `f16`, `bf16`) or `int8` / `int4` (f32 compute, linear weights kept quantized as
+/// `--quantize` does). Returns the runner and the load time in ms, or why it failed.
+fn load_variant(
+    plan: &ModelPlan,
+    backend: BackendKind,
+    dtype: &str,
+) -> Result<(Box<dyn ModelRunner>, f64), String> {
+    let (precision, quantization) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
+        Ok(q) if q != ipfs_accelerate::WeightQuantization::None => (Precision::F32, q),
+        _ => (
+            dtype.parse::<Precision>().map_err(|e| e.to_string())?,
+            ipfs_accelerate::WeightQuantization::None,
+        ),
+    };
+    let start = Instant::now();
+    let settings = ipfs_accelerate::weights::LoadSettings::default().quantize(quantization);
+    let (loaded, _) = ipfs_accelerate::weights::load_scope(settings, || {
+        ipfs_accelerate::conformance::load_family_in(&plan.family, &plan.dir, backend, precision)
+    });
+    loaded
+        .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
+        .map_err(|e| format!("load failed: {e}"))
 }
 
 /// Warms up and times one grid point.

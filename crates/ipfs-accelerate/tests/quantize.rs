@@ -114,7 +114,9 @@ fn minilm_quantized_embeddings_stay_close_and_the_linear_weights_shrink() {
     // (GPTQ) reaches 0.98: `minilm_int4_calibrated_with_gptq_reaches_0_98` below.
     for (q, min_cosine, min_ratio) in [
         (WeightQuantization::None, 0.99999, 1.0),
-        (INT8, 0.995, 3.5),
+        // Int8 on the CPU is packed for the integer kernel: 1.25 bytes per weight with the
+        // AVX-512 VNNI kernel's per-block offsets (3.2x smaller), 1.125 elsewhere.
+        (INT8, 0.995, 3.1),
         (INT4, 0.93, 6.0),
     ] {
         let pipe = minilm_builder(&model, q).build().unwrap();
@@ -400,9 +402,9 @@ const USUAL: Closeness = Closeness {
 /// Quantized loads of `F`:
 /// 1. quantize the layers that fit (the fixtures' 37-wide MLP inputs do not fit blocks of 16 and
 ///    stay float, counted) and hold fewer bytes;
-/// 2. compute exactly what the float model computes on the dequantized weights (relative error
-///    ≤ 1e-4 on every float output: the kept format and the forward are right, whatever the
-///    model's sensitivity);
+/// 2. compute what the float model computes on the dequantized weights (relative error ≤ 1e-4
+///    on every float output for int4: the kept format and the forward are right, whatever the
+///    model's sensitivity; int8 runs W8A8 on the CPU, within the int8 bound);
 /// 3. stay `close` to the float outputs (non-zero: quantization changed something).
 fn quantized_loads_stay_close<F: Family>(test: &str, close: Closeness) {
     for f in family_fixtures(test, F::NAME) {
@@ -435,8 +437,19 @@ fn quantized_loads_stay_close<F: Family>(test: &str, close: Closeness) {
                     w.linear_bytes,
                     w.linear_f32_bytes
                 );
+                // Int8 on the CPU runs W8A8 (each activation row rounded to 8 bits in the
+                // integer kernel, as ONNX Runtime's dynamic quantization): it differs from the
+                // dequantized float model by that rounding, which is of the weight rounding's
+                // size, so it gets the same bound, on the outputs that bound covers (T5's
+                // logits move by tens of percent under any rounding). Int4 is dequantized: exact.
+                let covered = close.outputs.is_none_or(|o| o.contains(&name.as_str()));
+                let exact_bound = match q {
+                    WeightQuantization::Int8 { .. } if covered => bound,
+                    WeightQuantization::Int8 { .. } => f64::INFINITY,
+                    _ => 1e-4,
+                };
                 assert!(
-                    exact <= 1e-4,
+                    exact <= exact_bound,
                     "{} {name}: {exact} vs dequantized",
                     f.variant
                 );
@@ -493,7 +506,8 @@ fn whisper_quantized_loads_stay_close() {
 /// attention, so HF's own float model with its linear weights rounded the same way (blocks of
 /// 16, in PyTorch) moves the encoder output by 9.6 % (int8) / 51 % (int4) on `flan` and 2.4 % /
 /// 43 % on `t5`, and the logits by 35 % / 103 % and 18 % / 67 %. The closeness bounds cover the
-/// encoder output only, with that headroom; the exactness check (2.) covers every output.
+/// encoder output only, with that headroom; the exactness check (2.) covers every output for
+/// int4, and the encoder output for int8 (W8A8 on the CPU).
 #[cfg(feature = "t5")]
 #[test]
 fn t5_quantized_loads_stay_close() {

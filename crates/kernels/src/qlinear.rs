@@ -3,9 +3,11 @@
 //! GGUF's Q8_0 and of `ipfs-accelerate-nn`'s int8 weights), products summed exactly in 32-bit
 //! integers and scaled to f32 once per block.
 //!
-//! `y[r, j] = sx[r] · Σ_b s[j, b] · Σ_{i ∈ b} qx[r, i] · qw[j, i]`, with `qx = round(x / sx)`
-//! in `-127..=127` and `sx = max|x[r, ·]| / 127`: the only error next to the dequantized f32
-//! product is the rounding of the activations (at most `sx / 2` per value).
+//! `y[r, j] = Σ_b sx[r, b] · s[j, b] · Σ_{i ∈ b} qx[r, i] · qw[j, i]`, with `qx = round(x / sx)`
+//! in `-127..=127` and `sx[r, b] = max|x[r, i ∈ b]| / 127`: the activations are quantized per
+//! block of the weight's block size too (as llama.cpp's Q8_0 activations), so an outlier costs
+//! precision only in its own block. The only error next to the dequantized f32 product is the
+//! rounding of the activations (at most `sx[r, b] / 2` per value).
 //!
 //! Three kernels, the widest the CPU has chosen at run time:
 //! - **AVX-512 VNNI** (`vpdpbusd`, u8 × s8 → i32 four products at a time): the activations are
@@ -226,7 +228,7 @@ impl PackedInt8 {
     }
 }
 
-/// A row's scale `max|x| / 127` and its inverse (both 0 for a zero or non-finite row).
+/// A block's scale `max|x| / 127` and its inverse (both 0 for a zero or non-finite block).
 #[inline(always)]
 fn row_scale(row: &[f32]) -> (f32, f32) {
     let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -245,21 +247,30 @@ fn code(v: f32, inv: f32) -> i32 {
 
 multiversion! {
     /// Quantizes each row of `x` (`[rows, k]`) to `-127..=127` codes (`+ 128` when `unsigned`)
-    /// in `q` (`[rows, kp]`, the padding left 0 / 128) and its scale in `scales`.
+    /// in `q` (`[rows, kp]`, the padding left 0 / 128), one scale per block of `block` values
+    /// in `scales` (`[rows, ceil(k / block)]`).
     fn quantize_rows_i8(
         x: &[f32],
         k: usize,
         kp: usize,
+        block: usize,
         unsigned: bool,
         q: &mut [i8],
         scales: &mut [f32],
     ) {
         let shift: i32 = if unsigned { 128 } else { 0 };
-        for ((row, qrow), s) in x.chunks_exact(k).zip(q.chunks_exact_mut(kp)).zip(scales.iter_mut()) {
-            let (scale, inv) = row_scale(row);
-            *s = scale;
-            for (d, v) in qrow.iter_mut().zip(row) {
-                *d = (code(*v, inv) + shift) as u8 as i8;
+        let blocks = k.div_ceil(block);
+        for ((row, qrow), s) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+        {
+            for ((xb, qb), sb) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s) {
+                let (scale, inv) = row_scale(xb);
+                *sb = scale;
+                for (d, v) in qb.iter_mut().zip(xb) {
+                    *d = (code(*v, inv) + shift) as u8 as i8;
+                }
             }
             for d in &mut qrow[k..] {
                 *d = shift as u8 as i8;
@@ -270,12 +281,26 @@ multiversion! {
 
 multiversion! {
     /// As [`quantize_rows_i8`] (signed), with 16-bit codes.
-    fn quantize_rows_i16(x: &[f32], k: usize, kp: usize, q: &mut [i16], scales: &mut [f32]) {
-        for ((row, qrow), s) in x.chunks_exact(k).zip(q.chunks_exact_mut(kp)).zip(scales.iter_mut()) {
-            let (scale, inv) = row_scale(row);
-            *s = scale;
-            for (d, v) in qrow.iter_mut().zip(row) {
-                *d = code(*v, inv) as i16;
+    fn quantize_rows_i16(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        q: &mut [i16],
+        scales: &mut [f32],
+    ) {
+        let blocks = k.div_ceil(block);
+        for ((row, qrow), s) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+        {
+            for ((xb, qb), sb) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s) {
+                let (scale, inv) = row_scale(xb);
+                *sb = scale;
+                for (d, v) in qb.iter_mut().zip(xb) {
+                    *d = code(*v, inv) as i16;
+                }
             }
             qrow[k..].fill(0);
         }
@@ -302,6 +327,7 @@ struct Tile<'a> {
     offsets: &'a [i32],
     blocks: usize,
     block_groups: usize,
+    /// The rows' activation scales, `rows × blocks`.
     row_scales: &'a [f32],
 }
 
@@ -324,13 +350,12 @@ fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
                 }
             }
             let sc = &t.scales[b * PANEL..(b + 1) * PANEL];
+            let xs = t.row_scales[r * t.blocks + b];
             for c in 0..PANEL {
-                acc[c] += sums[c] as f32 * sc[c];
+                acc[c] += sums[c] as f32 * (sc[c] * xs);
             }
         }
-        for c in 0..PANEL {
-            out[r * PANEL + c] = acc[c] * t.row_scales[r];
-        }
+        out[r * PANEL..(r + 1) * PANEL].copy_from_slice(&acc);
     }
 }
 
@@ -366,16 +391,17 @@ mod x86 {
             let sc = t.scales.as_ptr().add(b * PANEL);
             let s0 = _mm256_loadu_ps(sc);
             let s1 = _mm256_loadu_ps(sc.add(8));
-            for (a, s) in acc.iter_mut().zip(&sums) {
+            for (r, (a, s)) in acc.iter_mut().zip(&sums).enumerate() {
+                let xs = _mm256_set1_ps(*t.row_scales.get_unchecked(r * t.blocks + b));
+                let (s0, s1) = (_mm256_mul_ps(s0, xs), _mm256_mul_ps(s1, xs));
                 a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[0]), s0, a[0]);
                 a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), s1, a[1]);
             }
         }
         for (r, a) in acc.iter().enumerate() {
-            let rs = _mm256_set1_ps(t.row_scales[r]);
             let o = out.as_mut_ptr().add(r * PANEL);
-            _mm256_storeu_ps(o, _mm256_mul_ps(a[0], rs));
-            _mm256_storeu_ps(o.add(8), _mm256_mul_ps(a[1], rs));
+            _mm256_storeu_ps(o, a[0]);
+            _mm256_storeu_ps(o.add(8), a[1]);
         }
     }
 
@@ -417,13 +443,13 @@ mod x86 {
                 }
             }
             let sc = _mm512_loadu_ps(t.scales.as_ptr().add(b * PANEL));
-            for (a, s) in acc.iter_mut().zip(&sums) {
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), sc, *a);
+            for (r, (a, s)) in acc.iter_mut().zip(&sums).enumerate() {
+                let xs = _mm512_set1_ps(*t.row_scales.get_unchecked(r * t.blocks + b));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(sc, xs), *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
-            let rs = _mm512_set1_ps(t.row_scales[r]);
-            _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), _mm512_mul_ps(*a, rs));
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), *a);
         }
     }
 
@@ -483,8 +509,8 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `activation(x · Wᵀ + bias + residual)` (see [`Epilogue`]) for `x` `[rows, k]` and a packed
-/// int8 weight `[n, k]`; returns `[rows, n]`. Each row of `x` is quantized to int8 with its own
-/// scale (see the module documentation); the product runs on every rayon thread when it is
+/// int8 weight `[n, k]`; returns `[rows, n]`. Each block of each row of `x` is quantized to int8
+/// with its own scale (see the module documentation); the product runs on every rayon thread when it is
 /// large.
 ///
 /// # Panics
@@ -517,29 +543,30 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let panels = n.div_ceil(PANEL);
     let mr = isa.tile_rows();
 
-    let mut row_scales = vec![0f32; rows];
+    let block = w.block;
+    let mut row_scales = vec![0f32; rows * blocks];
     let rows_per_task = (crate::PARALLEL_THRESHOLD / k.max(1)).max(1);
     let xq = if isa == Int8Isa::Avx2 {
         let mut q = vec![0i16; rows * kp];
         if k > 0 && rows <= rows_per_task {
-            quantize_rows_i16(x, k, kp, &mut q, &mut row_scales);
+            quantize_rows_i16(x, k, kp, block, &mut q, &mut row_scales);
         } else if k > 0 {
             x.par_chunks(rows_per_task * k)
                 .zip(q.par_chunks_mut(rows_per_task * kp))
-                .zip(row_scales.par_chunks_mut(rows_per_task))
-                .for_each(|((x, q), s)| quantize_rows_i16(x, k, kp, q, s));
+                .zip(row_scales.par_chunks_mut(rows_per_task * blocks))
+                .for_each(|((x, q), s)| quantize_rows_i16(x, k, kp, block, q, s));
         }
         Activations::I16(q)
     } else {
         let unsigned = isa.unsigned_activations();
         let mut q = vec![0i8; rows * kp];
         if k > 0 && rows <= rows_per_task {
-            quantize_rows_i8(x, k, kp, unsigned, &mut q, &mut row_scales);
+            quantize_rows_i8(x, k, kp, block, unsigned, &mut q, &mut row_scales);
         } else if k > 0 {
             x.par_chunks(rows_per_task * k)
                 .zip(q.par_chunks_mut(rows_per_task * kp))
-                .zip(row_scales.par_chunks_mut(rows_per_task))
-                .for_each(|((x, q), s)| quantize_rows_i8(x, k, kp, unsigned, q, s));
+                .zip(row_scales.par_chunks_mut(rows_per_task * blocks))
+                .for_each(|((x, q), s)| quantize_rows_i8(x, k, kp, block, unsigned, q, s));
         }
         Activations::I8(q)
     };
@@ -593,7 +620,7 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                     offsets,
                     blocks,
                     block_groups,
-                    row_scales: &row_scales[r..r + tile_rows],
+                    row_scales: &row_scales[r * blocks..(r + tile_rows) * blocks],
                 };
                 run_tile(isa, &tile, &mut buf);
                 for i in 0..tile_rows {
@@ -715,15 +742,21 @@ mod tests {
                 let relu = linear_int8(&x, rows, &packed, relu);
                 for r in 0..rows {
                     let xr = &x[r * k..(r + 1) * k];
-                    let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let sx = amax / 127.0;
-                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    // Each block of the row has its own scale.
+                    let block_scale = |i: usize| {
+                        let b = i / block;
+                        let xb = &xr[b * block..((b + 1) * block).min(k)];
+                        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                        (amax / 127.0, inv)
+                    };
                     for j in 0..n {
                         // The exact product of the quantized activations and the weight.
                         let mut exact = 0f64;
                         // The f32 product and the bound on what activation rounding changes.
                         let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
                         for (i, &xi) in xr.iter().enumerate() {
+                            let (sx, inv) = block_scale(i);
                             let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
                             exact += f64::from(q) * f64::from(sx) * w(j, i);
                             float += f64::from(xi) * w(j, i);

@@ -85,6 +85,12 @@ fn epilogue_activation(act: Option<Activation>) -> Option<EpilogueActivation> {
     })
 }
 
+/// Whether int8 linear weights are packed for the CPU kernel: `B` is the CPU backend and the
+/// kernels are on.
+pub(crate) fn int8_kernel<B: Backend>() -> bool {
+    is_cpu_backend::<B>() && enabled()
+}
+
 /// `act(x · w + bias + residual)` for `x` `[rows, in]`, `w` `[in, out]`, through one fused kernel,
 /// or `None` (inputs untouched) when the fast path does not apply.
 pub(crate) fn linear<B: Backend>(
@@ -94,20 +100,56 @@ pub(crate) fn linear<B: Backend>(
     residual: Option<&Tensor<B, 2>>,
     act: Option<Activation>,
 ) -> Option<Tensor<B, 2>> {
-    if !(eligible(x) && eligible(w) && bias.is_none_or(eligible) && residual.is_none_or(eligible)) {
+    if !eligible(w) {
+        return None;
+    }
+    let [k, n] = w.dims();
+    let w = contiguous(into_flex(w.clone())?);
+    let w = w.as_slice::<f32>()?;
+    fused(x, k, n, bias, residual, act, |x, rows, epilogue| {
+        kernels::linear(x, rows, k, w, n, epilogue)
+    })
+}
+
+/// `act(x · wᵀ + bias + residual)` for `x` `[rows, in]` and an int8 weight packed for the CPU
+/// kernel (activations quantized per row, exact integer sums), or `None` (inputs untouched) when
+/// the fast path does not apply.
+pub(crate) fn linear_int8<B: Backend>(
+    x: &Tensor<B, 2>,
+    w: &kernels::PackedInt8,
+    bias: Option<&Tensor<B, 1>>,
+    residual: Option<&Tensor<B, 2>>,
+    act: Option<Activation>,
+) -> Option<Tensor<B, 2>> {
+    fused(x, w.k(), w.n(), bias, residual, act, |x, rows, epilogue| {
+        kernels::linear_int8(x, rows, w, epilogue)
+    })
+}
+
+/// Runs `product(x, rows, epilogue)` (a `[rows, n]` result of `x` `[rows, k]`) with `bias`,
+/// `residual` and `act` fused into its epilogue, when every tensor is an f32 burn-flex tensor of
+/// the right shape and the activation has a fused form.
+fn fused<B: Backend>(
+    x: &Tensor<B, 2>,
+    k: usize,
+    n: usize,
+    bias: Option<&Tensor<B, 1>>,
+    residual: Option<&Tensor<B, 2>>,
+    act: Option<Activation>,
+    product: impl FnOnce(&[f32], usize, Epilogue<'_>) -> Vec<f32>,
+) -> Option<Tensor<B, 2>> {
+    if !(eligible(x) && bias.is_none_or(eligible) && residual.is_none_or(eligible)) {
         return None;
     }
     let activation = epilogue_activation(act)?;
-    let [rows, k] = x.dims();
-    let [wk, n] = w.dims();
-    if wk != k
+    let [rows, xk] = x.dims();
+    if xk != k
         || bias.is_some_and(|b| b.dims() != [n])
         || residual.is_some_and(|r| r.dims() != [rows, n])
     {
         return None;
     }
     let x = contiguous(into_flex(x.clone())?);
-    let w = contiguous(into_flex(w.clone())?);
     let bias = match bias {
         Some(b) => Some(contiguous(into_flex(b.clone())?)),
         None => None,
@@ -127,14 +169,7 @@ pub(crate) fn linear<B: Backend>(
         },
         activation,
     };
-    let out = kernels::linear(
-        x.as_slice::<f32>()?,
-        rows,
-        k,
-        w.as_slice::<f32>()?,
-        n,
-        epilogue,
-    );
+    let out = product(x.as_slice::<f32>()?, rows, epilogue);
     Some(from_flex(new_flex(out, vec![rows, n])))
 }
 

@@ -104,6 +104,13 @@ impl<B: Backend> Linear<B> {
         crate::gptq::observe(&self.weight, &x2);
         dims[D - 1] = self.out_dim();
         let residual = residual.map(|r| r.reshape([rows, self.out_dim()]));
+        if let Some(packed) = self.weight.packed_int8() {
+            let fused =
+                crate::fast::linear_int8(&x2, packed, self.bias.as_ref(), residual.as_ref(), act);
+            if let Some(y) = fused {
+                return y.reshape(dims);
+            }
+        }
         let weight = self.weight.matrix();
         let fused = crate::fast::linear(&x2, &weight, self.bias.as_ref(), residual.as_ref(), act);
         if let Some(y) = fused {

@@ -2,9 +2,13 @@
 //! `block_size` consecutive input features of one output (a row of PyTorch's `[out, in]` weight,
 //! as GGUF's Q8_0 / Q4_0), kept quantized in memory and dequantized to f32 when a layer runs.
 //!
-//! - **Int8** uses burn's quantized tensors (`Q8S`, block level, native `i8` store: 1 byte per
-//!   weight plus an f32 scale per block, 1.125 bytes per weight with blocks of 32), which every
-//!   burn backend implements; the backend dequantizes it.
+//! - **Int8** on the CPU backend (burn-flex with the CPU kernels on, blocks a multiple of 4) is
+//!   packed once for `ipfs-accelerate-kernels`' integer GEMM ([`PackedInt8`]: 1 byte per weight,
+//!   an f32 scale per block and, for AVX-512 VNNI, an i32 offset per block, 1.25 bytes per weight
+//!   with blocks of 32); a forward quantizes its activations per row and sums exactly in 32-bit
+//!   integers (W8A8, as ONNX Runtime's dynamic quantization), never making an f32 copy of the
+//!   weight. Elsewhere it uses burn's quantized tensors (`Q8S`, block level, native `i8` store:
+//!   1.125 bytes per weight), which every burn backend implements; the backend dequantizes it.
 //! - **Int4** uses this crate's packed format on every backend: eight 4-bit values per 32-bit word
 //!   of a backend int tensor plus an f32 scale per block (0.625 bytes per weight with blocks of
 //!   32), unpacked with the backend's bitwise ops at each forward. burn 0.21's own 4-bit scheme is
@@ -23,6 +27,7 @@ use std::sync::Arc;
 use burn::tensor::quantization::{BlockSize, QuantLevel, QuantScheme, QuantStore, QuantValue};
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_kernels::PackedInt8;
 
 /// How the weights of linear layers are kept in memory. Embeddings and norms stay float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -230,6 +235,29 @@ impl Int4Weight {
     }
 }
 
+/// Symmetric round-to-nearest int8 codes and scales of row-major `values` in blocks of `block`
+/// consecutive values: `scale = max|block| / 127` (1 for an all-zero or non-finite block),
+/// `code = round(w / scale)` within ±127.
+fn round_to_nearest_int8(values: &[f32], block: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(values.len() / block.max(1) + 1);
+    for chunk in values.chunks(block.max(1)) {
+        let alpha = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = if alpha > 0.0 && alpha.is_finite() {
+            alpha / 127.0
+        } else {
+            1.0
+        };
+        scales.push(scale);
+        codes.extend(
+            chunk
+                .iter()
+                .map(|&x| (x / scale).round().clamp(-127.0, 127.0) as i8),
+        );
+    }
+    (codes, scales)
+}
+
 /// `round(x / scale)` clamped to `lo..=7`, computed in f32 as round-to-nearest does.
 pub(crate) fn quantize_code(x: f32, scale: f32, lo: i8) -> i8 {
     (x / scale).round().clamp(f32::from(lo), 7.0) as i8
@@ -254,6 +282,11 @@ enum Store<B: Backend> {
     Float(Tensor<B, 2>),
     /// A burn `Q8S` tensor `[out, in]`, blocks along the in-features.
     Int8(Tensor<B, 2>),
+    /// Int8 codes packed for the CPU kernel (burn-flex only; see the module documentation).
+    PackedInt8 {
+        packed: Arc<PackedInt8>,
+        device: B::Device,
+    },
     /// Packed int4: value `i` of the row-major `[out, in]` matrix is nibble `i / words` of word
     /// `i % words` (planes of `words` values, so unpacking is eight shifts and a concatenation),
     /// stored as `q + 8` in `1..=15`; `scales` has one f32 per block.
@@ -315,14 +348,17 @@ impl<B: Backend> LinearWeight<B> {
                     device,
                 ))
             }
-            WeightQuantization::Int8 { .. } => {
-                let scheme = q.scheme().ok_or_else(|| {
-                    Error::InvalidInput("int8 quantization has no burn scheme".into())
-                })?;
-                let w: Tensor<B, 2> =
-                    Tensor::from_data(TensorData::new(values.to_vec(), [out_dim, in_dim]), device);
-                Store::Int8(w.quantize_dynamic(&scheme))
+            WeightQuantization::Int8 { block_size } if crate::fast::int8_kernel::<B>() => {
+                let (codes, scales) = round_to_nearest_int8(values, block_size);
+                match PackedInt8::new(&codes, &scales, out_dim, in_dim, block_size) {
+                    Some(packed) => Store::PackedInt8 {
+                        packed: Arc::new(packed),
+                        device: device.clone(),
+                    },
+                    None => Self::burn_int8(values, out_dim, in_dim, q, device)?,
+                }
             }
+            WeightQuantization::Int8 { .. } => Self::burn_int8(values, out_dim, in_dim, q, device)?,
             WeightQuantization::Int4 { block_size } => {
                 let int4 = Int4Weight::round_to_nearest(values, out_dim, in_dim, block_size)?;
                 return Self::from_int4(&int4, device);
@@ -335,6 +371,22 @@ impl<B: Backend> LinearWeight<B> {
             quantization: q,
             name: None,
         })
+    }
+
+    /// Row-major `[out, in]` `values` as a burn `Q8S` tensor.
+    fn burn_int8(
+        values: &[f32],
+        out_dim: usize,
+        in_dim: usize,
+        q: WeightQuantization,
+        device: &B::Device,
+    ) -> Result<Store<B>> {
+        let scheme = q
+            .scheme()
+            .ok_or_else(|| Error::InvalidInput("int8 quantization has no burn scheme".into()))?;
+        let w: Tensor<B, 2> =
+            Tensor::from_data(TensorData::new(values.to_vec(), [out_dim, in_dim]), device);
+        Ok(Store::Int8(w.quantize_dynamic(&scheme)))
     }
 
     /// Keeps `w`'s codes and scales as they are, packed (the [`WeightQuantization::Int4`] form,
@@ -388,6 +440,7 @@ impl<B: Backend> LinearWeight<B> {
         match &self.store {
             Store::Float(t) | Store::Int8(t) => t.device(),
             Store::Int4 { scales, .. } => scales.device(),
+            Store::PackedInt8 { device, .. } => device.clone(),
         }
     }
 
@@ -420,6 +473,15 @@ impl<B: Backend> LinearWeight<B> {
                 size(words.shape().num_elements(), words.dtype())
                     + size(scales.shape().num_elements(), scales.dtype())
             }
+            Store::PackedInt8 { packed, .. } => packed.bytes(),
+        }
+    }
+
+    /// The int8 weight packed for the CPU kernel, when it is kept that way.
+    pub fn packed_int8(&self) -> Option<&PackedInt8> {
+        match &self.store {
+            Store::PackedInt8 { packed, .. } => Some(packed),
+            _ => None,
         }
     }
 
@@ -428,6 +490,18 @@ impl<B: Backend> LinearWeight<B> {
         match &self.store {
             Store::Float(t) => t.clone(),
             Store::Int8(q) => q.clone().dequantize().transpose(),
+            Store::PackedInt8 { packed, device } => {
+                let (codes, scales) = packed.unpack();
+                let blocks = self.in_dim.div_ceil(packed.block()).max(1);
+                let mut t = vec![0f32; codes.len()];
+                for (o, row) in codes.chunks_exact(self.in_dim.max(1)).enumerate() {
+                    for (i, &c) in row.iter().enumerate() {
+                        t[i * self.out_dim + o] =
+                            f32::from(c) * scales[o * blocks + i / packed.block()];
+                    }
+                }
+                Tensor::from_data(TensorData::new(t, [self.in_dim, self.out_dim]), device)
+            }
             Store::Int4 { words, scales } => {
                 let n = self.in_dim * self.out_dim;
                 let block = self.quantization.block_size().max(1);
@@ -553,7 +627,11 @@ mod tests {
                     assert!((x - y).abs() <= tol, "{q:?} block {b}: {x} vs {y}");
                 }
             }
-            assert_eq!(kept.bytes(), q.bytes(out_dim * in_dim), "{q:?}");
+            match kept.packed_int8() {
+                // Packed for the CPU kernel: panels of 16 outputs, VNNI offsets.
+                Some(packed) => assert_eq!(kept.bytes(), packed.bytes(), "{q:?}"),
+                None => assert_eq!(kept.bytes(), q.bytes(out_dim * in_dim), "{q:?}"),
+            }
             // The forward matrix is the transposed weight.
             let m = to_f32_vec(kept.matrix()).unwrap();
             assert_eq!(m[out_dim + 2], back[2 * in_dim + 1], "{q:?}");
@@ -567,10 +645,10 @@ mod tests {
                 .bytes()
         };
         assert_eq!(bytes(WeightQuantization::None), o * i * 4);
-        assert_eq!(
-            bytes(WeightQuantization::Int8 { block_size: 32 }),
-            o * i * 9 / 8
-        );
+        // Int8: 1.125 bytes per weight in burn's format, at most 1.25 packed for the CPU kernel
+        // (plus the AVX-512 VNNI kernel's i32 offset per block).
+        let int8 = bytes(WeightQuantization::Int8 { block_size: 32 });
+        assert!(int8 >= o * i * 9 / 8 && int8 <= o * i * 5 / 4, "{int8}");
         assert_eq!(
             bytes(WeightQuantization::Int4 { block_size: 32 }),
             o * i * 5 / 8
