@@ -1,5 +1,5 @@
 //! Times the f32, bf16 and int8 linear kernels on the shapes of all-MiniLM-L6-v2 at batch 8 ×
-//! seq 128 (1024 rows) on 2 rayon threads:
+//! seq 128 (1024 rows) on 2 rayon threads (`BF16_THREADS` to change):
 //! `cargo run --release -p ipfs-accelerate-kernels --example bf16_linear`.
 //! Prints the median, fastest and slowest of 15 runs per shape and kernel (the kernels take
 //! turns, so a busy machine slows them alike). `BF16_ALL=1` also times the fallback bf16
@@ -24,8 +24,12 @@ fn time_ms(f: &mut dyn FnMut()) -> f64 {
 }
 
 fn main() {
+    let threads: usize = std::env::var("BF16_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
+        .num_threads(threads)
         .build_global()
         .expect("the global rayon pool is set once");
     let repeats: usize = std::env::var("BF16_REPEATS")

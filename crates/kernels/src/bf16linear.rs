@@ -225,15 +225,22 @@ impl PackedBf16 {
     }
 }
 
-multiversion! {
-    /// Rounds each row of `x` (`[rows, k]`) to bf16 bits in `out` (`[rows, kp]`, the padding 0).
-    fn round_rows_bits(x: &[f32], k: usize, kp: usize, out: &mut [u16]) {
-        for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
-            for (d, v) in o.iter_mut().zip(row) {
-                *d = bf16_bits(*v);
-            }
-            o[k..].fill(0);
+/// Rounds each row of `x` (`[rows, k]`) to bf16 bits in `out` (`[rows, kp]`, the padding 0)
+/// for the AVX-512 BF16 kernel, with its conversion instruction (denormal inputs become 0).
+fn round_rows_bits(x: &[f32], k: usize, kp: usize, out: &mut [u16]) {
+    assert!(kp >= k && x.len() / k.max(1) <= out.len() / kp.max(1));
+    // SAFETY: bits are only made for a weight packed for AVX-512 BF16, so the CPU has it; the
+    // lengths are checked above.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        x86::round_rows_bf16(x, k, kp, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+        for (d, v) in o.iter_mut().zip(row) {
+            *d = bf16_bits(*v);
         }
+        o[k..].fill(0);
     }
 }
 
@@ -259,7 +266,8 @@ enum Activations {
 }
 
 /// One kernel call's operands: `rows` rows of rounded activations (stride `kp`, even) and one
-/// packed panel (`kp / 2` pairs × 32 outputs × 2).
+/// packed panel (`kp / 2` pairs × 32 outputs × 2); the kernel writes the first `width` of the
+/// 32 sums of each row `r` to `out + r · ldc`.
 struct Tile<'a> {
     /// `rows × kp` bf16 bits (AVX-512 BF16), empty otherwise.
     bits: &'a [u16],
@@ -268,32 +276,101 @@ struct Tile<'a> {
     kp: usize,
     rows: usize,
     panel: &'a [u16],
+    out: *mut f32,
+    ldc: usize,
+    width: usize,
 }
 
-/// The scalar kernel: `out[r · 32 + c]` for the tile's rows.
-fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
-    for r in 0..t.rows {
+impl Tile<'_> {
+    /// Writes the first `width` values of `sums` (32 per row) to the tile's output rows.
+    ///
+    /// # Safety
+    /// `out + r · ldc .. + width` is writable for every row `r < rows`, and no other thread
+    /// accesses it.
+    unsafe fn store(&self, sums: &[f32]) {
+        for (r, row) in sums.chunks_exact(PANEL).take(self.rows).enumerate() {
+            std::ptr::copy_nonoverlapping(row.as_ptr(), self.out.add(r * self.ldc), self.width);
+        }
+    }
+}
+
+/// The scalar kernel.
+///
+/// # Safety
+/// As [`Tile::store`].
+unsafe fn tile_scalar(t: &Tile<'_>) {
+    let mut sums = [0f32; MAX_TILE_ROWS * PANEL];
+    for (r, acc) in sums.chunks_exact_mut(PANEL).take(t.rows).enumerate() {
         let xr = &t.floats[r * t.kp..(r + 1) * t.kp];
-        let mut acc = [0f32; PANEL];
         for (xp, wp) in xr.chunks_exact(2).zip(t.panel.chunks_exact(2 * PANEL)) {
             for (c, a) in acc.iter_mut().enumerate() {
                 *a += xp[0] * bf16_value(wp[2 * c]);
                 *a += xp[1] * bf16_value(wp[2 * c + 1]);
             }
         }
-        out[r * PANEL..(r + 1) * PANEL].copy_from_slice(&acc);
     }
+    t.store(&sums);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, PANEL};
+    use super::{Tile, MAX_TILE_ROWS, PANEL};
+
+    /// The masks of the first `width` lanes of two 16-lane registers.
+    #[inline(always)]
+    fn masks(width: usize) -> (__mmask16, __mmask16) {
+        let m = if width >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << width) - 1
+        };
+        (m as u16, (m >> 16) as u16)
+    }
+
+    /// Rounds each row of `x` (`[rows, k]`) to bf16 bits in `out` (`[rows, kp]`, the padding
+    /// 0) with `vcvtne2ps2bf16` (ties to even; denormal inputs become 0).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX-512 BF16; `kp ≥ k`, `out` holds as many rows as `x`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn round_rows_bf16(x: &[f32], k: usize, kp: usize, out: &mut [u16]) {
+        for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+            let (src, dst) = (row.as_ptr(), o.as_mut_ptr());
+            let mut i = 0;
+            while i + 32 <= k {
+                let lo = _mm512_loadu_ps(src.add(i));
+                let hi = _mm512_loadu_ps(src.add(i + 16));
+                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(dst.add(i) as *mut __m512i, v);
+                i += 32;
+            }
+            if i < kp {
+                // The last values and the padding, through zero-masked loads.
+                let (m0, m1) = masks(k - i);
+                let lo = _mm512_maskz_loadu_ps(m0, src.add(i));
+                let hi = _mm512_maskz_loadu_ps(m1, src.add(i + 16));
+                let v: [u16; 32] = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                o[i..].copy_from_slice(&v[..kp - i]);
+            }
+        }
+    }
+
+    /// Stores the first `width` of the 32 sums in `acc` of each row to `t.out + r · t.ldc`.
+    #[inline(always)]
+    unsafe fn store_rows<const MR: usize>(t: &Tile<'_>, acc: &[[__m512; 2]; MR]) {
+        let (m0, m1) = masks(t.width);
+        for (r, a) in acc.iter().enumerate() {
+            let o = t.out.add(r * t.ldc);
+            _mm512_mask_storeu_ps(o, m0, a[0]);
+            _mm512_mask_storeu_ps(o.add(16), m1, a[1]);
+        }
+    }
     use std::arch::x86_64::*;
 
     /// `MR` rows of the AVX-512 BF16 kernel: per pair of in-features, the panel's two registers
     /// of 16 output pairs times each row's pair broadcast, summed by `vdpbf16ps`.
     #[inline(always)]
-    unsafe fn tile_bf16_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_bf16_rows<const MR: usize>(t: &Tile<'_>) {
         let pairs = t.kp / 2;
         let x = t.bits.as_ptr();
         let w = t.panel.as_ptr();
@@ -310,29 +387,25 @@ mod x86 {
                 a[1] = _mm512_dpbf16_ps(a[1], xb, w1);
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            let o = out.as_mut_ptr().add(r * PANEL);
-            _mm512_storeu_ps(o, a[0]);
-            _mm512_storeu_ps(o.add(16), a[1]);
-        }
+        store_rows(t, &acc);
     }
 
     /// The AVX-512 BF16 kernel over one tile (up to 8 rows).
     ///
     /// # Safety
     /// The CPU supports AVX-512F and AVX-512 BF16; `t.bits` holds `t.rows × t.kp` values,
-    /// `t.panel` `t.kp × 32` and `out` `t.rows × 32`.
+    /// `t.panel` `t.kp × 32`; `t.width ≤ 32` and the output as [`Tile::store`] requires.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn tile_bf16(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_bf16(t: &Tile<'_>) {
         match t.rows {
-            8 => tile_bf16_rows::<8>(t, out),
-            7 => tile_bf16_rows::<7>(t, out),
-            6 => tile_bf16_rows::<6>(t, out),
-            5 => tile_bf16_rows::<5>(t, out),
-            4 => tile_bf16_rows::<4>(t, out),
-            3 => tile_bf16_rows::<3>(t, out),
-            2 => tile_bf16_rows::<2>(t, out),
-            _ => tile_bf16_rows::<1>(t, out),
+            8 => tile_bf16_rows::<8>(t),
+            7 => tile_bf16_rows::<7>(t),
+            6 => tile_bf16_rows::<6>(t),
+            5 => tile_bf16_rows::<5>(t),
+            4 => tile_bf16_rows::<4>(t),
+            3 => tile_bf16_rows::<3>(t),
+            2 => tile_bf16_rows::<2>(t),
+            _ => tile_bf16_rows::<1>(t),
         }
     }
 
@@ -340,7 +413,7 @@ mod x86 {
     /// registers each (even in-feature: shifted up; odd: low half masked off), times each row's
     /// two values broadcast.
     #[inline(always)]
-    unsafe fn tile_avx512_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_avx512_rows<const MR: usize>(t: &Tile<'_>) {
         let pairs = t.kp / 2;
         let x = t.floats.as_ptr();
         let w = t.panel.as_ptr();
@@ -363,35 +436,32 @@ mod x86 {
                 a[1] = _mm512_fmadd_ps(xo, o1, a[1]);
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            let o = out.as_mut_ptr().add(r * PANEL);
-            _mm512_storeu_ps(o, a[0]);
-            _mm512_storeu_ps(o.add(16), a[1]);
-        }
+        store_rows(t, &acc);
     }
 
     /// The AVX-512F kernel over one tile (up to 8 rows).
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `t.floats` holds `t.rows × t.kp` values, `t.panel`
-    /// `t.kp × 32` and `out` `t.rows × 32`.
+    /// `t.kp × 32`; `t.width ≤ 32` and the output as [`Tile::store`] requires.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile_avx512(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_avx512(t: &Tile<'_>) {
         match t.rows {
-            8 => tile_avx512_rows::<8>(t, out),
-            7 => tile_avx512_rows::<7>(t, out),
-            6 => tile_avx512_rows::<6>(t, out),
-            5 => tile_avx512_rows::<5>(t, out),
-            4 => tile_avx512_rows::<4>(t, out),
-            3 => tile_avx512_rows::<3>(t, out),
-            2 => tile_avx512_rows::<2>(t, out),
-            _ => tile_avx512_rows::<1>(t, out),
+            8 => tile_avx512_rows::<8>(t),
+            7 => tile_avx512_rows::<7>(t),
+            6 => tile_avx512_rows::<6>(t),
+            5 => tile_avx512_rows::<5>(t),
+            4 => tile_avx512_rows::<4>(t),
+            3 => tile_avx512_rows::<3>(t),
+            2 => tile_avx512_rows::<2>(t),
+            _ => tile_avx512_rows::<1>(t),
         }
     }
 
     /// `MR` rows of the AVX2 kernel, one half of the panel (16 outputs) at a time.
     #[inline(always)]
-    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>) {
+        let mut sums = [0f32; MAX_TILE_ROWS * PANEL];
         let pairs = t.kp / 2;
         let x = t.floats.as_ptr();
         let w = t.panel.as_ptr();
@@ -416,11 +486,12 @@ mod x86 {
                 }
             }
             for (r, a) in acc.iter().enumerate() {
-                let o = out.as_mut_ptr().add(r * PANEL + half * 16);
+                let o = sums.as_mut_ptr().add(r * PANEL + half * 16);
                 _mm256_storeu_ps(o, a[0]);
                 _mm256_storeu_ps(o.add(8), a[1]);
             }
         }
+        t.store(&sums);
     }
 
     /// The AVX2 kernel over one tile (up to 4 rows).
@@ -428,38 +499,40 @@ mod x86 {
     /// # Safety
     /// The CPU supports AVX2 and FMA; otherwise as [`tile_avx512`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_avx2(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_avx2(t: &Tile<'_>) {
         match t.rows {
-            4 => tile_avx2_rows::<4>(t, out),
-            3 => tile_avx2_rows::<3>(t, out),
-            2 => tile_avx2_rows::<2>(t, out),
-            _ => tile_avx2_rows::<1>(t, out),
+            4 => tile_avx2_rows::<4>(t),
+            3 => tile_avx2_rows::<3>(t),
+            2 => tile_avx2_rows::<2>(t),
+            _ => tile_avx2_rows::<1>(t),
         }
     }
 }
 
-/// Runs the packed weight's kernel over one tile, writing `t.rows × 32` values to `out`.
-fn run_tile(isa: Bf16Isa, t: &Tile<'_>, out: &mut [f32]) {
+/// Runs the packed weight's kernel over one tile.
+///
+/// # Safety
+/// As [`Tile::store`].
+unsafe fn run_tile(isa: Bf16Isa, t: &Tile<'_>) {
     assert!(
         t.rows <= isa.tile_rows()
-            && out.len() >= t.rows * PANEL
+            && t.width <= PANEL
             && t.panel.len() >= t.kp * PANEL
             && t.bits.len().max(t.floats.len()) >= t.rows * t.kp
     );
     match isa {
-        Bf16Isa::Scalar => tile_scalar(t, out),
+        Bf16Isa::Scalar => tile_scalar(t),
         // SAFETY: a PackedBf16 is only built for a kernel the CPU supports
-        // (`Bf16Isa::available`); the slices hold what the kernels read (asserted above).
+        // (`Bf16Isa::available`); the slices hold what the kernels read (asserted above); the
+        // output is the caller's to give.
         #[cfg(target_arch = "x86_64")]
-        Bf16Isa::Avx2 => unsafe { x86::tile_avx2(t, out) },
-        // SAFETY: as above.
+        Bf16Isa::Avx2 => x86::tile_avx2(t),
         #[cfg(target_arch = "x86_64")]
-        Bf16Isa::Avx512 => unsafe { x86::tile_avx512(t, out) },
-        // SAFETY: as above.
+        Bf16Isa::Avx512 => x86::tile_avx512(t),
         #[cfg(target_arch = "x86_64")]
-        Bf16Isa::Avx512Bf16 => unsafe { x86::tile_bf16(t, out) },
+        Bf16Isa::Avx512Bf16 => x86::tile_bf16(t),
         #[cfg(not(target_arch = "x86_64"))]
-        _ => tile_scalar(t, out),
+        _ => tile_scalar(t),
     }
 }
 
@@ -507,13 +580,10 @@ pub fn linear_bf16(
     {
         return None;
     }
-    let mut out = vec![0f32; size];
-    if size == 0 {
-        return Some(out);
-    }
     let fused = bias.is_some() || residual.is_some() || activation != Default::default();
-    if k == 0 {
-        if fused {
+    if size == 0 || k == 0 {
+        let mut out = vec![0f32; size];
+        if fused && size > 0 {
             finish_rows(&mut out, n, bias, residual, activation);
         }
         return Some(out);
@@ -561,12 +631,13 @@ pub fn linear_bf16(
     let panel_tasks = panels.div_ceil(panel_block);
 
     let panel_len = kp * PANEL;
+    // Every value is written once by the tasks below before the length is set.
+    let mut out: Vec<f32> = Vec::with_capacity(size);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
         let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
-        let mut buf = [0f32; MAX_TILE_ROWS * PANEL];
         for p in p0..p1 {
             let panel = &w.data[p * panel_len..(p + 1) * panel_len];
             let c0 = p * PANEL;
@@ -584,16 +655,20 @@ pub fn linear_bf16(
                     kp,
                     rows: tile_rows,
                     panel,
+                    // SAFETY: row r, column c0 lies within the output.
+                    out: unsafe { out_ptr.at(r * n + c0) },
+                    ldc: n,
+                    width,
                 };
-                run_tile(isa, &tile, &mut buf);
-                for i in 0..tile_rows {
-                    let row = r + i;
-                    // SAFETY: row < rows and columns c0 .. c0 + width ≤ n lie in this task's
-                    // rectangle, which no other task writes.
-                    let dst =
-                        unsafe { std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width) };
-                    dst.copy_from_slice(&buf[i * PANEL..i * PANEL + width]);
-                    if fused {
+                // SAFETY: rows r .. r + tile_rows ≤ rows, columns c0 .. c0 + width ≤ n lie in
+                // this task's rectangle, which no other task accesses.
+                unsafe { run_tile(isa, &tile) };
+                if fused {
+                    for row in r..r + tile_rows {
+                        // SAFETY: as above; the kernel has just written these values.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width)
+                        };
                         finish_rows(
                             dst,
                             width,
@@ -613,6 +688,8 @@ pub fn linear_bf16(
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
+    // SAFETY: the tasks cover every row and every panel, so every value has been written.
+    unsafe { out.set_len(size) };
     Some(out)
 }
 
@@ -821,6 +898,42 @@ mod tests {
         // A NaN whose payload lies in the low half stays NaN rather than becoming infinity.
         assert!(round_bf16(f32::from_bits(0x7f80_0001)).is_nan());
         assert_eq!(round_bf16(-0.0).to_bits(), 0x8000_0000);
+    }
+
+    #[test]
+    fn activations_round_as_round_bf16_outside_denormals() {
+        if !Bf16Isa::Avx512Bf16.available() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut x: Vec<f32> = (0..3 * 71)
+            .map(|_| f32::from_bits(rng.random::<u32>() | 0x0080_0000))
+            .collect();
+        let specials = [
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7fa0_0000),
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ];
+        x[..specials.len()].copy_from_slice(&specials);
+        for k in [71, 32, 3] {
+            let rows = x.len() / k;
+            let kp = k.div_ceil(2) * 2;
+            let mut out = vec![1u16; rows * kp];
+            round_rows_bits(&x[..rows * k], k, kp, &mut out);
+            for r in 0..rows {
+                for i in 0..kp {
+                    let want = if i < k { bf16_bits(x[r * k + i]) } else { 0 };
+                    assert_eq!(out[r * kp + i], want, "{:e}", x[r * k + i.min(k - 1)]);
+                }
+            }
+        }
     }
 
     #[test]
