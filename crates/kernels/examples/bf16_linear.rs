@@ -2,7 +2,11 @@
 //! seq 128 (1024 rows) on 2 rayon threads (`BF16_THREADS` to change):
 //! `cargo run --release -p ipfs-accelerate-kernels --example bf16_linear`.
 //! Prints the median, fastest and slowest of 15 runs per shape and kernel (the kernels take
-//! turns, so a busy machine slows them alike). `BF16_ALL=1` also times the fallback bf16
+//! turns, so a busy machine slows them alike).
+//!
+//! Built alone, this crate's gemm has only its AVX2 f32 kernels; in the application burn-flex
+//! turns on gemm's `x86-v4` feature (its AVX-512 kernels). Add `--features gemm/x86-v4` to time
+//! the f32 layer as the application runs it. `BF16_ALL=1` also times the fallback bf16
 //! kernels; `BF16_REPEATS` sets the number of runs.
 
 use std::time::Instant;

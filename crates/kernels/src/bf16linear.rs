@@ -8,8 +8,10 @@
 //!
 //! Four kernels, the widest the CPU has chosen at run time:
 //! - **AVX-512 BF16** (`vdpbf16ps`: each f32 lane adds the products of one pair of bf16 values,
-//!   32 products per instruction), on tiles of 8 rows × 32 outputs held in 16 registers. It
-//!   flushes denormal inputs and results to zero (as the instruction always does).
+//!   32 products per instruction), on tiles of 8 rows × 32 outputs held in 16 registers; the
+//!   activations are rounded by `vcvtne2ps2bf16`. Like those instructions always do, it treats
+//!   denormal inputs as zero and flushes denormal sums to zero; elsewhere its rounding is the
+//!   same as [`round_bf16`]'s.
 //! - **AVX-512F** and **AVX2 + FMA**: the packed weight is widened to f32 as it is loaded (a
 //!   bf16 is the upper half of an f32: one shift or mask per register) and multiplied by
 //!   activations kept as bf16-rounded f32.
