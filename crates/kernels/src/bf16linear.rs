@@ -267,6 +267,36 @@ enum Activations {
     Floats(Vec<f32>),
 }
 
+impl Activations {
+    /// The rows of `x` (`[rows, k]`, `k > 0`) rounded for the kernel `isa`, `[rows, kp]`; on
+    /// every rayon thread when `parallel` and they are many.
+    fn round(isa: Bf16Isa, x: &[f32], k: usize, kp: usize, parallel: bool) -> Self {
+        let rows = x.len() / k;
+        let rows_per_task = (crate::PARALLEL_THRESHOLD / k).max(1);
+        if isa == Bf16Isa::Avx512Bf16 {
+            let mut b = vec![0u16; rows * kp];
+            if !parallel || rows <= rows_per_task {
+                round_rows_bits(x, k, kp, &mut b);
+            } else {
+                x.par_chunks(rows_per_task * k)
+                    .zip(b.par_chunks_mut(rows_per_task * kp))
+                    .for_each(|(x, b)| round_rows_bits(x, k, kp, b));
+            }
+            Activations::Bits(b)
+        } else {
+            let mut f = vec![0f32; rows * kp];
+            if !parallel || rows <= rows_per_task {
+                round_rows_f32(x, k, kp, &mut f);
+            } else {
+                x.par_chunks(rows_per_task * k)
+                    .zip(f.par_chunks_mut(rows_per_task * kp))
+                    .for_each(|(x, f)| round_rows_f32(x, k, kp, f));
+            }
+            Activations::Floats(f)
+        }
+    }
+}
+
 /// One kernel call's operands: `rows` rows of rounded activations (stride `kp`, even) and one
 /// packed panel (`kp / 2` pairs × 32 outputs × 2); the kernel writes the first `width` of the
 /// 32 sums of each row `r` to `out + r · ldc`.
@@ -595,29 +625,6 @@ pub fn linear_bf16(
     let panels = n.div_ceil(PANEL);
     let mr = isa.tile_rows();
 
-    let rows_per_task = (crate::PARALLEL_THRESHOLD / k).max(1);
-    let xr = if isa == Bf16Isa::Avx512Bf16 {
-        let mut b = vec![0u16; rows * kp];
-        if rows <= rows_per_task {
-            round_rows_bits(x, k, kp, &mut b);
-        } else {
-            x.par_chunks(rows_per_task * k)
-                .zip(b.par_chunks_mut(rows_per_task * kp))
-                .for_each(|(x, b)| round_rows_bits(x, k, kp, b));
-        }
-        Activations::Bits(b)
-    } else {
-        let mut f = vec![0f32; rows * kp];
-        if rows <= rows_per_task {
-            round_rows_f32(x, k, kp, &mut f);
-        } else {
-            x.par_chunks(rows_per_task * k)
-                .zip(f.par_chunks_mut(rows_per_task * kp))
-                .for_each(|(x, f)| round_rows_f32(x, k, kp, f));
-        }
-        Activations::Floats(f)
-    };
-
     // Tiles of `row_block` rows × `panel_block` panels; enough of them to keep every thread busy.
     let threads = rayon::current_num_threads().max(1);
     let tasks_wanted = if size.saturating_mul(k) >= crate::PARALLEL_THRESHOLD * 16 {
@@ -632,6 +639,12 @@ pub fn linear_bf16(
     let panel_block = panels.div_ceil(panel_tasks);
     let panel_tasks = panels.div_ceil(panel_block);
 
+    let tasks = row_tasks * panel_tasks;
+    // Each task rounds its own rows when no other task reads them (no second pass over the
+    // activations, and they are still in cache when the kernel reads them); otherwise they are
+    // rounded once for all tasks first.
+    let shared = (panel_tasks > 1).then(|| Activations::round(isa, x, k, kp, tasks > 1));
+
     let panel_len = kp * PANEL;
     // Every value is written once by the tasks below before the length is set.
     let mut out: Vec<f32> = Vec::with_capacity(size);
@@ -640,6 +653,14 @@ pub fn linear_bf16(
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
         let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
+        let local;
+        let (xr, first) = match &shared {
+            Some(xr) => (xr, 0),
+            None => {
+                local = Activations::round(isa, &x[r0 * k..r1 * k], k, kp, false);
+                (&local, r0)
+            }
+        };
         for p in p0..p1 {
             let panel = &w.data[p * panel_len..(p + 1) * panel_len];
             let c0 = p * PANEL;
@@ -647,9 +668,10 @@ pub fn linear_bf16(
             let mut r = r0;
             while r < r1 {
                 let tile_rows = mr.min(r1 - r);
-                let (bits, floats) = match &xr {
-                    Activations::Bits(b) => (&b[r * kp..(r + tile_rows) * kp], &[][..]),
-                    Activations::Floats(f) => (&[][..], &f[r * kp..(r + tile_rows) * kp]),
+                let rows = (r - first) * kp..(r - first + tile_rows) * kp;
+                let (bits, floats) = match xr {
+                    Activations::Bits(b) => (&b[rows], &[][..]),
+                    Activations::Floats(f) => (&[][..], &f[rows]),
                 };
                 let tile = Tile {
                     bits,
@@ -684,7 +706,6 @@ pub fn linear_bf16(
             }
         }
     };
-    let tasks = row_tasks * panel_tasks;
     if tasks == 1 {
         task(0);
     } else {
