@@ -779,7 +779,8 @@ mod tests {
     fn every_kernel_matches_an_f64_reference() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         // rows 1..=13 (every partial tile of 4 and 8 rows), odd k, n not a multiple of 16 or
-        // 32; the last two are large enough to run on several threads.
+        // 32; the last three are large enough to run on several threads (tasks of whole rows,
+        // which round their own activations, and of rows × panels, which share them).
         let shapes = [
             (1, 1, 1),
             (2, 3, 5),
@@ -796,6 +797,7 @@ mod tests {
             (13, 77, 130),
             (70, 385, 97),
             (200, 384, 70),
+            (600, 101, 20),
         ];
         let isas: Vec<Bf16Isa> = Bf16Isa::ALL.into_iter().filter(|i| i.available()).collect();
         eprintln!("bf16 kernels tested: {isas:?}");
