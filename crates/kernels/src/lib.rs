@@ -54,11 +54,13 @@ macro_rules! multiversion {
 }
 
 mod attention;
+mod bf16linear;
 mod linear;
 mod math;
 mod qlinear;
 
 pub use attention::{attention, StridedView};
+pub use bf16linear::{linear_bf16, round_bf16, Bf16Isa, PackedBf16};
 pub use linear::{linear, Epilogue, EpilogueActivation};
 pub use math::{exp, gelu_erf, gelu_tanh, quick_gelu, silu, softmax_rows};
 pub use qlinear::{linear_int8, Int8Isa, PackedInt8};
