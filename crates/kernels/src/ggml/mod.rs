@@ -1,0 +1,391 @@
+//! Linear layers on ggml (GGUF) weights kept in their quantized block layout, as llama.cpp runs
+//! them: no f32 copy of the weight is ever built.
+//!
+//! - **Decode** (few rows): each activation row is quantized to int8 per block of 32 values (the
+//!   32-value formats, like ggml's Q8_0) or of 256 (the k-quants, like Q8_K), and each output is
+//!   a sum of exact integer dot products per block, scaled once per block; AVX-512 VNNI, AVX2 or
+//!   portable kernels chosen at run time ([`Int8Isa`]), rayon over chunks of output rows. Every
+//!   weight byte is read once and streamed; this is the memory-bound GEMV of token generation.
+//!   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have integer kernels; the other formats
+//!   dequantize one weight row at a time into a small f32 scratch and take f32 dot products.
+//! - **Prefill** (many rows): panels of weight rows are dequantized to f32 into an L2-sized
+//!   scratch and multiplied with every activation row by the f32 matrix multiply.
+//!
+//! The only error of the decode path next to the f32 product of the dequantized weight is the
+//! rounding of the activations: at most half a step (`d_b / 2`, `d_b = max|x| / 127` over the
+//! value's block) per value, so `|y - x·w| <= Σ_i |w_i|·d_b(i) / 2` up to f32 rounding.
+
+mod act;
+mod dot;
+mod format;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use rayon::prelude::*;
+
+pub use format::{bf16_to_f32, dequantize_row, f16_to_f32, BlockType, GgmlBlocks, GgmlError, QK_K};
+
+use crate::linear::{finish_rows, Epilogue};
+use crate::qlinear::OutPtr;
+use crate::Int8Isa;
+use act::{ActRow, QuantActs};
+
+/// How [`linear_ggml_with`] runs the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GgmlPath {
+    /// Dot products for few rows, dequantized panels and the f32 matrix multiply for many.
+    #[default]
+    Auto,
+    /// Dot products of each weight row with each activation row (integer where the format has
+    /// an integer kernel).
+    Dot,
+    /// Dequantized panels of weight rows and the f32 matrix multiply.
+    Panels,
+}
+
+/// Rows from which [`GgmlPath::Auto`] takes the dequantized panels.
+pub const PANEL_MIN_ROWS: usize = 16;
+
+/// A dot product of one weight row with one quantized activation row.
+///
+/// # Safety
+/// The CPU runs the kernel; the row holds the blocks of `k` values, the activation row `k`
+/// codes quantized for the format's activation block.
+type DotFn = unsafe fn(&[u8], &ActRow<'_>) -> f32;
+
+/// Whether this CPU runs the ggml kernels of `isa` (the int8 check and F16C / FMA).
+fn isa_available(isa: Int8Isa) -> bool {
+    if !isa.available() {
+        return false;
+    }
+    match isa {
+        Int8Isa::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        Int8Isa::Avx2 | Int8Isa::Avx512Vnni => {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && (isa == Int8Isa::Avx2
+                    || std::arch::is_x86_feature_detected!("avx512vl")
+                        && std::arch::is_x86_feature_detected!("avx512bw"))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => false,
+    }
+}
+
+/// The widest kernel set this CPU runs.
+fn detect_isa() -> Int8Isa {
+    *Int8Isa::ALL
+        .iter()
+        .rev()
+        .find(|isa| isa_available(**isa))
+        .unwrap_or(&Int8Isa::Scalar)
+}
+
+/// The integer kernel of `ty` for `isa` and the block its activations are quantized in; `None`
+/// for formats without one.
+fn dot_kernel(ty: BlockType, isa: Int8Isa) -> Option<(DotFn, usize)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let pick = |avx2: DotFn, vnni: DotFn| match isa {
+            Int8Isa::Avx512Vnni => Some(vnni),
+            Int8Isa::Avx2 => Some(avx2),
+            Int8Isa::Scalar => None,
+        };
+        let simd = match ty {
+            BlockType::Q4_0 => pick(x86::q4_0_avx2, x86::q4_0_vnni),
+            BlockType::Q4_1 => pick(x86::q4_1_avx2, x86::q4_1_vnni),
+            BlockType::Q5_0 => pick(x86::q5_0_avx2, x86::q5_0_vnni),
+            BlockType::Q5_1 => pick(x86::q5_1_avx2, x86::q5_1_vnni),
+            BlockType::Q8_0 => pick(x86::q8_0_avx2, x86::q8_0_vnni),
+            BlockType::Q4_K => pick(x86::q4_k_avx2, x86::q4_k_vnni),
+            BlockType::Q5_K => pick(x86::q5_k_avx2, x86::q5_k_vnni),
+            BlockType::Q6_K => pick(x86::q6_k_avx2, x86::q6_k_vnni),
+            _ => None,
+        };
+        if let Some(f) = simd {
+            return Some((f, ty.block_size()));
+        }
+    }
+    let scalar: DotFn = match ty {
+        BlockType::Q4_0 => dot::q4_0,
+        BlockType::Q4_1 => dot::q4_1,
+        BlockType::Q5_0 => dot::q5_0,
+        BlockType::Q5_1 => dot::q5_1,
+        BlockType::Q8_0 => dot::q8_0,
+        BlockType::Q4_K => dot::q4_k,
+        BlockType::Q5_K => dot::q5_k,
+        BlockType::Q6_K => dot::q6_k,
+        _ => return None,
+    };
+    let _ = isa;
+    Some((scalar, ty.block_size()))
+}
+
+multiversion! {
+    /// `Σ a·b` in f32 (sixteen partial sums).
+    fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 16];
+        let (ac, at) = a.as_chunks::<16>();
+        let (bc, bt) = b.as_chunks::<16>();
+        for (x, y) in ac.iter().zip(bc) {
+            for i in 0..16 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        let mut s = at.iter().zip(bt).map(|(x, y)| x * y).sum::<f32>();
+        for v in acc {
+            s += v;
+        }
+        s
+    }
+}
+
+/// `activation(x · Wᵀ + bias + residual)` (see [`Epilogue`]) for `x` `[rows, k]` and a ggml
+/// weight `w` `[n, k]`; returns `[rows, n]`. The widest kernels this CPU runs, the path chosen
+/// by the number of rows (see the module documentation).
+///
+/// # Panics
+/// When `k` is not the weight's or a slice's length does not match the shapes.
+pub fn linear_ggml(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &GgmlBlocks<'_>,
+    epilogue: Epilogue<'_>,
+) -> Vec<f32> {
+    linear_ggml_run(x, rows, k, w, epilogue, detect_isa(), GgmlPath::Auto)
+}
+
+/// As [`linear_ggml`] with the kernels of `isa` and the path `path`; `None` when this CPU lacks
+/// `isa`.
+///
+/// # Panics
+/// As [`linear_ggml`].
+pub fn linear_ggml_with(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &GgmlBlocks<'_>,
+    epilogue: Epilogue<'_>,
+    isa: Int8Isa,
+    path: GgmlPath,
+) -> Option<Vec<f32>> {
+    isa_available(isa).then(|| linear_ggml_run(x, rows, k, w, epilogue, isa, path))
+}
+
+fn linear_ggml_run(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &GgmlBlocks<'_>,
+    epilogue: Epilogue<'_>,
+    isa: Int8Isa,
+    path: GgmlPath,
+) -> Vec<f32> {
+    let n = w.n();
+    assert_eq!(k, w.k(), "linear_ggml: k is not the weight's");
+    assert_eq!(x.len(), rows * k, "linear_ggml: input is not [rows, k]");
+    assert!(
+        epilogue.bias.is_none_or(|b| b.len() == n),
+        "linear_ggml: bias is not [n]"
+    );
+    assert!(
+        epilogue.residual.is_none_or(|r| r.len() == rows * n),
+        "linear_ggml: residual is not [rows, n]"
+    );
+    let mut out = vec![0f32; rows * n];
+    if rows == 0 || n == 0 {
+        return out;
+    }
+    let panels = match path {
+        GgmlPath::Auto => rows >= PANEL_MIN_ROWS,
+        GgmlPath::Dot => false,
+        GgmlPath::Panels => true,
+    };
+    if k == 0 {
+        finish(&mut out, 0, rows, 0, n, n, &epilogue);
+    } else if panels {
+        panel_product(x, rows, w, &mut out, &epilogue);
+    } else {
+        dot_product(x, rows, w, &mut out, &epilogue, isa);
+    }
+    out
+}
+
+/// Applies the epilogue to rows `r0..r1`, columns `c0..c1` of `out` (`[rows, n]`).
+fn finish(out: &mut [f32], r0: usize, r1: usize, c0: usize, c1: usize, n: usize, e: &Epilogue) {
+    if e.bias.is_none() && e.residual.is_none() && e.activation == Default::default() {
+        return;
+    }
+    for r in r0..r1 {
+        finish_rows(
+            &mut out[r * n + c0..r * n + c1],
+            c1 - c0,
+            e.bias.map(|b| &b[c0..c1]),
+            e.residual.map(|res| &res[r * n + c0..r * n + c1]),
+            e.activation,
+        );
+    }
+}
+
+/// As [`finish`] through the shared output pointer.
+///
+/// # Safety
+/// The rectangle lies in `out` (`[rows, n]`) and no other task touches it meanwhile.
+unsafe fn finish_shared(
+    out: OutPtr,
+    r0: usize,
+    r1: usize,
+    c0: usize,
+    c1: usize,
+    n: usize,
+    e: &Epilogue,
+) {
+    if e.bias.is_none() && e.residual.is_none() && e.activation == Default::default() {
+        return;
+    }
+    for r in r0..r1 {
+        let dst = std::slice::from_raw_parts_mut(out.at(r * n + c0), c1 - c0);
+        finish_rows(
+            dst,
+            c1 - c0,
+            e.bias.map(|b| &b[c0..c1]),
+            e.residual.map(|res| &res[r * n + c0..r * n + c1]),
+            e.activation,
+        );
+    }
+}
+
+/// Output rows per task of the dot path: about 64 K multiply-adds a task, at least 4 tasks a
+/// thread when there is that much work.
+fn dot_chunk(n: usize, k: usize, rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let min_chunk = (crate::PARALLEL_THRESHOLD / (k * rows).max(1)).max(1);
+    n.div_ceil(threads * 4).max(min_chunk).min(n)
+}
+
+/// The dot path: each weight row against each activation row.
+fn dot_product(
+    x: &[f32],
+    rows: usize,
+    w: &GgmlBlocks<'_>,
+    out: &mut [f32],
+    e: &Epilogue,
+    isa: Int8Isa,
+) {
+    let (n, k, rb) = (w.n(), w.k(), w.row_bytes());
+    let kernel = dot_kernel(w.ty(), isa);
+    let acts = kernel.map(|(_, block)| QuantActs::new(x, rows, k, block));
+    let chunk = dot_chunk(n, k, rows);
+    let data = w.data();
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let task = |scratch: &mut Vec<f32>, t: usize| {
+        let (j0, j1) = (t * chunk, ((t + 1) * chunk).min(n));
+        for j in j0..j1 {
+            let row = &data[j * rb..(j + 1) * rb];
+            match (kernel, &acts) {
+                (Some((f, _)), Some(acts)) => {
+                    for r in 0..rows {
+                        // SAFETY: the kernel was chosen for this CPU (`isa_available`); `row`
+                        // holds the k / block blocks of one row (the shape was checked by
+                        // `GgmlBlocks::new`) and the activations were quantized for this kernel
+                        // with the same k.
+                        let v = unsafe { f(row, &acts.row(r)) };
+                        // SAFETY: (r, j) lies in this task's columns j0..j1 of `out`.
+                        unsafe { *out_ptr.at(r * n + j) = v };
+                    }
+                }
+                _ => {
+                    scratch.resize(k, 0.0);
+                    format::dequantize_checked(w.ty(), row, scratch);
+                    for r in 0..rows {
+                        let v = dot_f32(scratch, &x[r * k..(r + 1) * k]);
+                        // SAFETY: as above.
+                        unsafe { *out_ptr.at(r * n + j) = v };
+                    }
+                }
+            }
+        }
+        // SAFETY: columns j0..j1 of every row are this task's alone.
+        unsafe { finish_shared(out_ptr, 0, rows, j0, j1, n, e) };
+    };
+    let tasks = n.div_ceil(chunk);
+    if tasks == 1 {
+        task(&mut Vec::new(), 0);
+    } else {
+        (0..tasks)
+            .into_par_iter()
+            .for_each_init(Vec::new, |scratch, t| task(scratch, t));
+    }
+}
+
+/// Weight rows per dequantized panel: about 128 K f32 values (512 KiB, within L2), a multiple
+/// of 16 from 16 to 256.
+fn panel_rows(k: usize) -> usize {
+    ((131_072 / k.max(1)) / 16 * 16).clamp(16, 256)
+}
+
+/// The panel path: panels of weight rows dequantized to f32, multiplied with the activations by
+/// gemm; tasks are panels × blocks of activation rows.
+fn panel_product(x: &[f32], rows: usize, w: &GgmlBlocks<'_>, out: &mut [f32], e: &Epilogue) {
+    let (n, k, rb) = (w.n(), w.k(), w.row_bytes());
+    let np = panel_rows(k).min(n);
+    let panels = n.div_ceil(np);
+    let threads = rayon::current_num_threads().max(1);
+    let row_tasks = if panels >= 2 * threads {
+        1
+    } else {
+        (2 * threads).div_ceil(panels).min(rows.div_ceil(16)).max(1)
+    };
+    let row_block = rows.div_ceil(row_tasks);
+    let row_tasks = rows.div_ceil(row_block);
+    let data = w.data();
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let task = |scratch: &mut Vec<f32>, t: usize| {
+        let (p, rt) = (t / row_tasks, t % row_tasks);
+        let (j0, j1) = (p * np, ((p + 1) * np).min(n));
+        let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
+        let m = j1 - j0;
+        scratch.resize(m * k, 0.0);
+        format::dequantize_checked(w.ty(), &data[j0 * rb..j1 * rb], &mut scratch[..m * k]);
+        // SAFETY: dst is rows r0..r1, columns j0..j1 of `out` (`[rows, n]`, row stride n), this
+        // task's alone; gemm writes every element of it without reading (`read_dst = false`);
+        // lhs is rows r0..r1 of x (`[rows, k]`) and rhs the panel, element (i, j) at j·k + i.
+        unsafe {
+            gemm::gemm(
+                r1 - r0,
+                m,
+                k,
+                out_ptr.at(r0 * n + j0),
+                1,
+                n as isize,
+                false,
+                x.as_ptr().add(r0 * k),
+                1,
+                k as isize,
+                scratch.as_ptr(),
+                k as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+            finish_shared(out_ptr, r0, r1, j0, j1, n, e);
+        }
+    };
+    let tasks = panels * row_tasks;
+    if tasks == 1 {
+        task(&mut Vec::new(), 0);
+    } else {
+        (0..tasks)
+            .into_par_iter()
+            .for_each_init(Vec::new, |scratch, t| task(scratch, t));
+    }
+}
