@@ -34,7 +34,7 @@ fn blocks32<const TS: usize>(
     y
 }
 
-pub(super) fn q4_0(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q4_0(w: &[u8], a: &ActRow<'_>) -> f32 {
     blocks32::<18>(w, a, |b, q| {
         for j in 0..16 {
             q[j] = i32::from(b[2 + j] & 0x0F);
@@ -45,7 +45,7 @@ pub(super) fn q4_0(w: &[u8], a: &ActRow<'_>) -> f32 {
     })
 }
 
-pub(super) fn q4_1(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q4_1(w: &[u8], a: &ActRow<'_>) -> f32 {
     blocks32::<20>(w, a, |b, q| {
         for j in 0..16 {
             q[j] = i32::from(b[4 + j] & 0x0F);
@@ -64,7 +64,7 @@ fn five_bit(qh: u32, qs: &[u8], q: &mut [i32; 32]) {
     }
 }
 
-pub(super) fn q5_0(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q5_0(w: &[u8], a: &ActRow<'_>) -> f32 {
     blocks32::<22>(w, a, |b, q| {
         five_bit(u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22], q);
         let d = f16_at(b, 0);
@@ -72,14 +72,14 @@ pub(super) fn q5_0(w: &[u8], a: &ActRow<'_>) -> f32 {
     })
 }
 
-pub(super) fn q5_1(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q5_1(w: &[u8], a: &ActRow<'_>) -> f32 {
     blocks32::<24>(w, a, |b, q| {
         five_bit(u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24], q);
         (f16_at(b, 0), f16_at(b, 2))
     })
 }
 
-pub(super) fn q8_0(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q8_0(w: &[u8], a: &ActRow<'_>) -> f32 {
     blocks32::<34>(w, a, |b, q| {
         for (q, &v) in q.iter_mut().zip(&b[2..34]) {
             *q = i32::from(v as i8);
@@ -115,7 +115,7 @@ fn k_scale_min<const TS: usize>(
     y
 }
 
-pub(super) fn q4_k(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q4_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     k_scale_min::<144>(w, a, |blk, e| {
         // Value e: byte 16 + 32·(e / 64) + e % 32, low nibble in the first half of the 64.
         let v = blk[16 + 32 * (e / 64) + e % 32];
@@ -123,7 +123,7 @@ pub(super) fn q4_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     })
 }
 
-pub(super) fn q5_k(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q5_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     k_scale_min::<176>(w, a, |blk, e| {
         let v = blk[48 + 32 * (e / 64) + e % 32];
         let low = if e % 64 < 32 { v & 0x0F } else { v >> 4 };
@@ -133,7 +133,7 @@ pub(super) fn q5_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     })
 }
 
-pub(super) fn q6_k(w: &[u8], a: &ActRow<'_>) -> f32 {
+fn q6_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     let (blocks, _) = w.as_chunks::<210>();
     let mut y = 0f32;
     for (b, blk) in blocks.iter().enumerate() {
@@ -157,4 +157,33 @@ pub(super) fn q6_k(w: &[u8], a: &ActRow<'_>) -> f32 {
         y += a.d[b] * f16_at(blk, 208) * isum as f32;
     }
     y
+}
+
+/// `out[j]` = `row(weight row j)` for the `out.len()` rows of `stride` bytes in `w`.
+#[inline(always)]
+fn each_row(w: &[u8], stride: usize, out: &mut [f32], row: impl Fn(&[u8]) -> f32) {
+    for (o, r) in out.iter_mut().zip(w.chunks_exact(stride)) {
+        *o = row(r);
+    }
+}
+
+/// Defines the many-row form of each one-row kernel.
+macro_rules! many_rows {
+    ($($row:ident => $rows:ident;)*) => {$(
+        /// The portable kernel over `out.len()` weight rows of `stride` bytes.
+        pub(super) fn $rows(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
+            each_row(w, stride, out, |r| $row(r, a))
+        }
+    )*};
+}
+
+many_rows! {
+    q4_0 => q4_0_rows;
+    q4_1 => q4_1_rows;
+    q5_0 => q5_0_rows;
+    q5_1 => q5_1_rows;
+    q8_0 => q8_0_rows;
+    q4_k => q4_k_rows;
+    q5_k => q5_k_rows;
+    q6_k => q6_k_rows;
 }

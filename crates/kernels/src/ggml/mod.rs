@@ -48,12 +48,13 @@ pub enum GgmlPath {
 /// Rows from which [`GgmlPath::Auto`] takes the dequantized panels.
 pub const PANEL_MIN_ROWS: usize = 16;
 
-/// A dot product of one weight row with one quantized activation row.
+/// Dot products of `out.len()` weight rows (`stride` bytes apart) with one quantized activation
+/// row, into `out`.
 ///
 /// # Safety
-/// The CPU runs the kernel; the row holds the blocks of `k` values, the activation row `k`
-/// codes quantized for the format's activation block.
-type DotFn = unsafe fn(&[u8], &ActRow<'_>) -> f32;
+/// The CPU runs the kernel; `w` holds `out.len()` rows of `stride` bytes, each the blocks of `k`
+/// values; the activation row holds `k` codes quantized for the format's activation block.
+type DotFn = unsafe fn(&[u8], usize, &ActRow<'_>, &mut [f32]);
 
 /// Whether this CPU runs the ggml kernels of `isa` (the int8 check and F16C / FMA).
 fn isa_available(isa: Int8Isa) -> bool {
@@ -111,14 +112,14 @@ fn dot_kernel(ty: BlockType, isa: Int8Isa) -> Option<(DotFn, usize)> {
         }
     }
     let scalar: DotFn = match ty {
-        BlockType::Q4_0 => dot::q4_0,
-        BlockType::Q4_1 => dot::q4_1,
-        BlockType::Q5_0 => dot::q5_0,
-        BlockType::Q5_1 => dot::q5_1,
-        BlockType::Q8_0 => dot::q8_0,
-        BlockType::Q4_K => dot::q4_k,
-        BlockType::Q5_K => dot::q5_k,
-        BlockType::Q6_K => dot::q6_k,
+        BlockType::Q4_0 => dot::q4_0_rows,
+        BlockType::Q4_1 => dot::q4_1_rows,
+        BlockType::Q5_0 => dot::q5_0_rows,
+        BlockType::Q5_1 => dot::q5_1_rows,
+        BlockType::Q8_0 => dot::q8_0_rows,
+        BlockType::Q4_K => dot::q4_k_rows,
+        BlockType::Q5_K => dot::q5_k_rows,
+        BlockType::Q6_K => dot::q6_k_rows,
         _ => return None,
     };
     let _ = isa;
@@ -260,13 +261,20 @@ unsafe fn finish_shared(
     }
 }
 
-/// Output rows per task of the dot path: about 64 K multiply-adds a task, at least 4 tasks a
-/// thread when there is that much work.
+/// Output rows per task of the dot path: a multiple of 8 (the kernels' row group), about 64 K
+/// multiply-adds a task at least, and at least 4 tasks a thread when there is that much work.
 fn dot_chunk(n: usize, k: usize, rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let min_chunk = (crate::PARALLEL_THRESHOLD / (k * rows).max(1)).max(1);
-    n.div_ceil(threads * 4).max(min_chunk).min(n)
+    n.div_ceil(threads * 4)
+        .max(min_chunk)
+        .next_multiple_of(8)
+        .min(n)
 }
+
+/// Weight rows the dot path takes through all activation rows at a time (they stay in L1 / L2
+/// meanwhile).
+const DOT_SUB_ROWS: usize = 32;
 
 /// The dot path: each weight row against each activation row.
 fn dot_product(
@@ -285,22 +293,30 @@ fn dot_product(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |scratch: &mut Vec<f32>, t: usize| {
         let (j0, j1) = (t * chunk, ((t + 1) * chunk).min(n));
-        for j in j0..j1 {
-            let row = &data[j * rb..(j + 1) * rb];
-            match (kernel, &acts) {
-                (Some((f, _)), Some(acts)) => {
-                    for r in 0..rows {
-                        // SAFETY: the kernel was chosen for this CPU (`isa_available`); `row`
-                        // holds the k / block blocks of one row (the shape was checked by
-                        // `GgmlBlocks::new`) and the activations were quantized for this kernel
-                        // with the same k.
-                        let v = unsafe { f(row, &acts.row(r)) };
-                        // SAFETY: (r, j) lies in this task's columns j0..j1 of `out`.
-                        unsafe { *out_ptr.at(r * n + j) = v };
-                    }
+        let mut s0 = j0;
+        while s0 < j1 {
+            // One activation row: the whole chunk at once (the kernels prefetch ahead in it).
+            let s1 = if rows == 1 {
+                j1
+            } else {
+                (s0 + DOT_SUB_ROWS).min(j1)
+            };
+            let sub = &data[s0 * rb..s1 * rb];
+            if let (Some((f, _)), Some(acts)) = (kernel, &acts) {
+                for r in 0..rows {
+                    // SAFETY: (r, s0..s1) lies in this task's columns j0..j1 of `out`, which no
+                    // other task touches.
+                    let dst =
+                        unsafe { std::slice::from_raw_parts_mut(out_ptr.at(r * n + s0), s1 - s0) };
+                    // SAFETY: the kernel was chosen for this CPU (`isa_available`); `sub` holds
+                    // s1 - s0 rows of rb bytes, each the blocks of k values (the shape was
+                    // checked by `GgmlBlocks::new`); the activations were quantized for this
+                    // kernel with the same k.
+                    unsafe { f(sub, rb, &acts.row(r), dst) };
                 }
-                _ => {
-                    scratch.resize(k, 0.0);
+            } else {
+                scratch.resize(k, 0.0);
+                for (j, row) in (s0..s1).zip(sub.chunks_exact(rb)) {
                     format::dequantize_checked(w.ty(), row, scratch);
                     for r in 0..rows {
                         let v = dot_f32(scratch, &x[r * k..(r + 1) * k]);
@@ -309,6 +325,7 @@ fn dot_product(
                     }
                 }
             }
+            s0 = s1;
         }
         // SAFETY: columns j0..j1 of every row are this task's alone.
         unsafe { finish_shared(out_ptr, 0, rows, j0, j1, n, e) };

@@ -1,13 +1,17 @@
-//! AVX2 and AVX-512 VNNI dot products of one weight row with one quantized activation row (the
+//! AVX2 and AVX-512 VNNI dot products of weight rows with one quantized activation row (the
 //! sums of [`super::dot`], 32 values per 256-bit register).
 //!
 //! Weight codes are unsigned (offsets and minimums are applied through the activation sums), so
 //! each product is one u8 × s8 multiply: `vpdpbusd` (VNNI) or `vpmaddubsw` + `vpmaddwd` (AVX2,
 //! whose 16-bit pair sums cannot saturate: at most 2·63·127 = 16 002, 2·128·127 = 32 512 for
 //! Q8_0's magnitudes). Sub-block scales of the k-quants multiply the 16-bit pair sums inside the
-//! same integer accumulator (`vpmaddwd` / `vpdpwssd`); one float multiply-add per block follows.
-//! Each generic body is compiled twice, for AVX2 + FMA + F16C and for AVX-512 VNNI (with VL and
-//! BW, which also give mask-register shortcuts).
+//! same integer accumulator (`vpmaddwd` / `vpdpwssd`).
+//!
+//! Eight weight rows are taken together: their eight integer sums of a block are reduced into
+//! one register (a lane per row) and scaled by the eight rows' block scales with one multiply-add,
+//! so the per-block float work and the final horizontal sums are shared; the rows left over take
+//! a one-row kernel. Each generic body is compiled twice, for AVX2 + FMA + F16C and for AVX-512
+//! VNNI (with VL and BW, which also give mask-register shortcuts).
 
 use std::arch::x86_64::*;
 
@@ -24,6 +28,22 @@ unsafe fn f16(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
 }
 
+/// The f16 at `p + r·stride` of eight rows r as eight f32 lanes.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+    let h = |r: usize| (p.add(r * stride) as *const i16).read_unaligned();
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(0),
+        h(1),
+        h(2),
+        h(3),
+        h(4),
+        h(5),
+        h(6),
+        h(7),
+    ))
+}
+
 /// The sum of the eight lanes.
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -31,6 +51,22 @@ unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// The lane sums of eight registers, in order, in one register.
+#[inline(always)]
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let t01 = _mm256_hadd_epi32(v[0], v[1]);
+    let t23 = _mm256_hadd_epi32(v[2], v[3]);
+    let t45 = _mm256_hadd_epi32(v[4], v[5]);
+    let t67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [s0, s1, s2, s3] and [s4, s5, s6, s7] of that half.
+    let u0 = _mm256_hadd_epi32(t01, t23);
+    let u1 = _mm256_hadd_epi32(t45, t67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(u0, u1, 0x20),
+        _mm256_permute2x128_si256(u0, u1, 0x31),
+    )
 }
 
 #[inline(always)]
@@ -98,147 +134,8 @@ unsafe fn bit16<const VNNI: bool>(bits: u32) -> __m256i {
     }
 }
 
-/// A 32-value format: its codes (unsigned, or signed for Q8_0) and the `(d_w, m_w)` that
-/// multiply `d_x·Σ q·qx` and `ds = d_x·Σ qx`.
-trait Format32 {
-    /// Bytes per block.
-    const TS: usize;
-    /// Whether the codes are signed (no offset or minimum).
-    const SIGNED: bool;
-    /// The 32 codes of the block at `blk`.
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i;
-    /// `(d_w, m_w)` of the block at `blk`.
-    unsafe fn scales(blk: *const u8) -> (f32, f32);
-}
-
-struct Q4_0;
-impl Format32 for Q4_0 {
-    const TS: usize = 18;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i {
-        nibbles(blk.add(2))
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> (f32, f32) {
-        let d = f16(blk);
-        (d, -8.0 * d)
-    }
-}
-
-struct Q4_1;
-impl Format32 for Q4_1 {
-    const TS: usize = 20;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i {
-        nibbles(blk.add(4))
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> (f32, f32) {
-        (f16(blk), f16(blk.add(2)))
-    }
-}
-
-struct Q5_0;
-impl Format32 for Q5_0 {
-    const TS: usize = 22;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i {
-        let qh = (blk.add(2) as *const u32).read_unaligned();
-        _mm256_or_si256(nibbles(blk.add(6)), bit16::<VNNI>(qh))
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> (f32, f32) {
-        let d = f16(blk);
-        (d, -16.0 * d)
-    }
-}
-
-struct Q5_1;
-impl Format32 for Q5_1 {
-    const TS: usize = 24;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i {
-        let qh = (blk.add(4) as *const u32).read_unaligned();
-        _mm256_or_si256(nibbles(blk.add(8)), bit16::<VNNI>(qh))
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> (f32, f32) {
-        (f16(blk), f16(blk.add(2)))
-    }
-}
-
-struct Q8_0;
-impl Format32 for Q8_0 {
-    const TS: usize = 34;
-    const SIGNED: bool = true;
-    #[inline(always)]
-    unsafe fn codes<const VNNI: bool>(blk: *const u8) -> __m256i {
-        load(blk.add(2))
-    }
-    #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> (f32, f32) {
-        (f16(blk), 0.0)
-    }
-}
-
-/// One block `b` of a 32-value format added to the accumulators.
-#[inline(always)]
-unsafe fn step32<F: Format32, const VNNI: bool>(
-    wp: *const u8,
-    a: &ActRow<'_>,
-    b: usize,
-    acc: __m256,
-    corr: f32,
-) -> (__m256, f32) {
-    let blk = wp.add(b * F::TS);
-    let q = F::codes::<VNNI>(blk);
-    let x = loadx(a.qs.as_ptr().add(32 * b));
-    let p = if F::SIGNED {
-        // |q| (unsigned; -128 becomes 128) times x with q's sign.
-        dot_us::<VNNI>(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(q, q),
-            _mm256_sign_epi8(x, q),
-        )
-    } else {
-        dot_us::<VNNI>(_mm256_setzero_si256(), q, x)
-    };
-    let (dw, mw) = F::scales(blk);
-    let dx = *a.d.get_unchecked(b);
-    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx), acc);
-    let corr = if F::SIGNED {
-        corr
-    } else {
-        mw.mul_add(*a.ds.get_unchecked(b), corr)
-    };
-    (acc, corr)
-}
-
-/// A row of a 32-value format: two independent accumulator chains.
-#[inline(always)]
-unsafe fn blocks32<F: Format32, const VNNI: bool>(w: &[u8], a: &ActRow<'_>) -> f32 {
-    let nb = a.d.len();
-    let wp = w.as_ptr();
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut corr0, mut corr1) = (0f32, 0f32);
-    let mut b = 0;
-    while b + 2 <= nb {
-        (acc0, corr0) = step32::<F, VNNI>(wp, a, b, acc0, corr0);
-        (acc1, corr1) = step32::<F, VNNI>(wp, a, b + 1, acc1, corr1);
-        b += 2;
-    }
-    if b < nb {
-        (acc0, corr0) = step32::<F, VNNI>(wp, a, b, acc0, corr0);
-    }
-    hsum(_mm256_add_ps(acc0, acc1)) + (corr0 + corr1)
-}
-
-/// A 16-bit scale pattern for `vpshufb` over 8 scales held as i16 in both 128-bit lanes: every
-/// 16-bit lane of the low half takes scale `lo`, of the high half scale `hi`.
+/// A `vpshufb` pattern over 8 scales held as i16 in both 128-bit halves: every 16-bit lane of
+/// the low half takes scale `lo`, of the high half scale `hi`.
 #[inline(always)]
 unsafe fn pick(lo: i32, hi: i32) -> __m256i {
     let l = ((2 * lo) | ((2 * lo + 1) << 8)) as i16;
@@ -246,43 +143,150 @@ unsafe fn pick(lo: i32, hi: i32) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(h), _mm_set1_epi16(l))
 }
 
-/// Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`).
-#[inline(always)]
-unsafe fn q45_k<const VNNI: bool, const FIVE: bool>(w: &[u8], a: &ActRow<'_>) -> f32 {
-    const fn ts(five: bool) -> usize {
-        if five {
-            176
-        } else {
-            144
+/// How a format's second scale enters the row value.
+#[derive(PartialEq, Eq)]
+enum Second {
+    /// It does not (Q8_0, Q6_K).
+    None,
+    /// `m_w · ds` per 32-block (the offsets and minimums of Q4_0 … Q5_1).
+    Ds,
+    /// `m_w · d_x · M` with the integer `M` of [`Format::ints`] (the k-quants' minimums).
+    Sums,
+}
+
+/// A block format: the row value is `Σ_b d_x·(d_w·I + [m_w·M]) + [m_w·ds]` (see [`Second`]).
+trait Format {
+    /// Bytes per block.
+    const TS: usize;
+    /// Values per block (the activation block).
+    const QK: usize;
+    /// How `m_w` enters.
+    const SECOND: Second;
+    /// The integer sums `(I, M)` (in lanes) of the block at `blk` with the activation codes at
+    /// `x` and their sums of 16 at `bsums`.
+    unsafe fn ints<const VNNI: bool>(
+        blk: *const u8,
+        x: *const i8,
+        bsums: *const i16,
+    ) -> (__m256i, __m256i);
+    /// `(d_w, m_w)` of the block at `blk`.
+    unsafe fn scales(blk: *const u8) -> (f32, f32);
+    /// `(d_w, m_w)` of the blocks at `blk + r·stride`, r < 8.
+    unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256);
+}
+
+/// Defines a 32-value format with unsigned codes `$codes(blk)`, its scale at 0 and its second
+/// scale `$m` (a function of the block pointer and `d`).
+macro_rules! format32 {
+    ($name:ident, $ts:literal, $second:expr, |$blk:ident| $codes:expr, |$b2:ident, $d:ident| $m:expr, |$b8:ident, $stride:ident, $d8:ident| $m8:expr) => {
+        struct $name;
+        impl Format for $name {
+            const TS: usize = $ts;
+            const QK: usize = 32;
+            const SECOND: Second = $second;
+            #[inline(always)]
+            unsafe fn ints<const VNNI: bool>(
+                $blk: *const u8,
+                x: *const i8,
+                _: *const i16,
+            ) -> (__m256i, __m256i) {
+                let q: __m256i = $codes;
+                let x = loadx(x);
+                let i = if $second == Second::None {
+                    // Signed codes: |q| (unsigned; -128 becomes 128) times x with q's sign.
+                    dot_us::<VNNI>(
+                        _mm256_setzero_si256(),
+                        _mm256_sign_epi8(q, q),
+                        _mm256_sign_epi8(x, q),
+                    )
+                } else {
+                    dot_us::<VNNI>(_mm256_setzero_si256(), q, x)
+                };
+                (i, _mm256_setzero_si256())
+            }
+            #[inline(always)]
+            unsafe fn scales($b2: *const u8) -> (f32, f32) {
+                let $d = f16($b2);
+                ($d, $m)
+            }
+            #[inline(always)]
+            unsafe fn scales8($b8: *const u8, $stride: usize) -> (__m256, __m256) {
+                let $d8 = f16x8($b8, $stride);
+                ($d8, $m8)
+            }
         }
-    }
-    let nb = a.d.len();
-    let (wp, xp, bp) = (w.as_ptr(), a.qs.as_ptr(), a.bsums.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
-    for b in 0..nb {
-        let blk = wp.add(b * ts(FIVE));
-        let dx = *a.d.get_unchecked(b);
-        let d = f16(blk) * dx;
-        let dmin = f16(blk.add(2)) * dx;
+    };
+}
+
+format32!(
+    Q4_0,
+    18,
+    Second::Ds,
+    |blk| nibbles(blk.add(2)),
+    |_b, d| -8.0 * d,
+    |_b, _s, d| _mm256_mul_ps(d, _mm256_set1_ps(-8.0))
+);
+format32!(
+    Q4_1,
+    20,
+    Second::Ds,
+    |blk| nibbles(blk.add(4)),
+    |b, _d| f16(b.add(2)),
+    |b, s, _d| f16x8(b.add(2), s)
+);
+format32!(
+    Q5_0,
+    22,
+    Second::Ds,
+    |blk| _mm256_or_si256(
+        nibbles(blk.add(6)),
+        bit16::<VNNI>((blk.add(2) as *const u32).read_unaligned())
+    ),
+    |_b, d| -16.0 * d,
+    |_b, _s, d| _mm256_mul_ps(d, _mm256_set1_ps(-16.0))
+);
+format32!(
+    Q5_1,
+    24,
+    Second::Ds,
+    |blk| _mm256_or_si256(
+        nibbles(blk.add(8)),
+        bit16::<VNNI>((blk.add(4) as *const u32).read_unaligned())
+    ),
+    |b, _d| f16(b.add(2)),
+    |b, s, _d| f16x8(b.add(2), s)
+);
+format32!(
+    Q8_0,
+    34,
+    Second::None,
+    |blk| load(blk.add(2)),
+    |_b, _d| 0.0,
+    |_b, _s, _d| _mm256_setzero_ps()
+);
+
+/// Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`): `I = Σ_s sc_s·Σ q·qx`, `M = Σ_s m_s·Σ qx`,
+/// `(d_w, m_w) = (d, -dmin)`.
+struct Q45K<const FIVE: bool>;
+impl<const FIVE: bool> Format for Q45K<FIVE> {
+    const TS: usize = if FIVE { 176 } else { 144 };
+    const QK: usize = 256;
+    const SECOND: Second = Second::Sums;
+    #[inline(always)]
+    unsafe fn ints<const VNNI: bool>(
+        blk: *const u8,
+        x: *const i8,
+        bsums: *const i16,
+    ) -> (__m256i, __m256i) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
         let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         // Σ_s m_s · Σ qx over sub-block s: minimums doubled against the sums of 16.
         let mins = _mm_cvtsi64_si128(mn as i64);
         let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
-        let bs = _mm256_loadu_si256(bp.add(16 * b).cast());
-        accm = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bs)),
-            _mm256_set1_ps(dmin),
-            accm,
-        );
+        let msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(bsums.cast()));
         let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-        let (q, x) = if FIVE {
-            (blk.add(48), xp.add(256 * b))
-        } else {
-            (blk.add(16), xp.add(256 * b))
-        };
+        let q = blk.add(if FIVE { 48 } else { 16 });
         let mut high = if FIVE {
             load(blk.add(16))
         } else {
@@ -315,25 +319,37 @@ unsafe fn q45_k<const VNNI: bool, const FIVE: bool>(w: &[u8], a: &ActRow<'_>) ->
                 _mm256_shuffle_epi8(scales, pick(s + 1, s + 1)),
             );
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+        (isum, msum)
     }
-    hsum(acc) - hsum(accm)
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> (f32, f32) {
+        (f16(blk), -f16(blk.add(2)))
+    }
+    #[inline(always)]
+    unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256) {
+        let m = f16x8(blk.add(2), stride);
+        (f16x8(blk, stride), _mm256_xor_ps(m, _mm256_set1_ps(-0.0)))
+    }
 }
 
-#[inline(always)]
-unsafe fn q6_k<const VNNI: bool>(w: &[u8], a: &ActRow<'_>) -> f32 {
-    let nb = a.d.len();
-    let (wp, xp, bp) = (w.as_ptr(), a.qs.as_ptr(), a.bsums.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        let blk = wp.add(b * 210);
-        let d = f16(blk.add(208)) * *a.d.get_unchecked(b);
+/// Q6_K: `I = Σ_s sc_s·(Σ q·qx - 32·Σ qx)` over its sixteen 16-value sub-blocks.
+struct Q6K;
+impl Format for Q6K {
+    const TS: usize = 210;
+    const QK: usize = 256;
+    const SECOND: Second = Second::None;
+    #[inline(always)]
+    unsafe fn ints<const VNNI: bool>(
+        blk: *const u8,
+        x: *const i8,
+        bsums: *const i16,
+    ) -> (__m256i, __m256i) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192).cast()));
-        let bs = _mm256_loadu_si256(bp.add(16 * b).cast());
         // 32 · Σ_s sc_s · Σ qx over the 16 values of scale s: the codes' offset.
-        let offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+        let offset =
+            _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256(bsums.cast())), 5);
         let mut isum = _mm256_setzero_si256();
         for n in 0..2 {
             let scales = if n == 0 {
@@ -360,53 +376,157 @@ unsafe fn q6_k<const VNNI: bool>(w: &[u8], a: &ActRow<'_>) -> f32 {
                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
             );
-            let x = xp.add(256 * b + 128 * n);
+            let xn = x.add(128 * n);
             for (v, q) in [q1, q2, q3, q4].into_iter().enumerate() {
-                let v = v as i32;
+                let vi = v as i32;
                 isum = dot_us_scaled::<VNNI>(
                     isum,
                     q,
-                    loadx(x.add(32 * v as usize)),
-                    _mm256_shuffle_epi8(scales, pick(2 * v, 2 * v + 1)),
+                    loadx(xn.add(32 * v)),
+                    _mm256_shuffle_epi8(scales, pick(2 * vi, 2 * vi + 1)),
                 );
             }
         }
-        isum = _mm256_sub_epi32(isum, offset);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+        (_mm256_sub_epi32(isum, offset), _mm256_setzero_si256())
     }
-    hsum(acc)
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> (f32, f32) {
+        (f16(blk.add(208)), 0.0)
+    }
+    #[inline(always)]
+    unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256) {
+        (f16x8(blk.add(208), stride), _mm256_setzero_ps())
+    }
 }
 
-/// Defines the AVX2 and the VNNI compilation of each generic kernel.
+/// One weight row at `w` against `a`.
+#[inline(always)]
+unsafe fn row1<F: Format, const VNNI: bool>(w: *const u8, a: &ActRow<'_>) -> f32 {
+    let nb = a.d.len();
+    let (xp, bp) = (a.qs.as_ptr(), a.bsums.as_ptr());
+    let (mut acc, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut corr = 0f32;
+    for b in 0..nb {
+        let blk = w.add(b * F::TS);
+        let (i, m) = F::ints::<VNNI>(blk, xp.add(b * F::QK), bp.add(b * F::QK / 16));
+        let (dw, mw) = F::scales(blk);
+        let dx = *a.d.get_unchecked(b);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * dx), acc);
+        match F::SECOND {
+            Second::None => {}
+            Second::Ds => corr = mw.mul_add(*a.ds.get_unchecked(b), corr),
+            Second::Sums => {
+                acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(mw * dx), acc2)
+            }
+        }
+    }
+    hsum(_mm256_add_ps(acc, acc2)) + corr
+}
+
+/// Eight weight rows at `w + r·stride` against `a`, into `out[..8]`, prefetching the `next`
+/// bytes (the next eight rows) as it goes, so that memory is read in order.
+#[inline(always)]
+unsafe fn rows8<F: Format, const VNNI: bool>(
+    w: *const u8,
+    stride: usize,
+    a: &ActRow<'_>,
+    out: *mut f32,
+    next: &[u8],
+) {
+    let nb = a.d.len();
+    // Cache lines of `next` to prefetch per block.
+    let lines = next.len().div_ceil(64);
+    let per_block = lines.div_ceil(nb.max(1));
+    let mut line = 0;
+    let (xp, bp) = (a.qs.as_ptr(), a.bsums.as_ptr());
+    let (mut acc, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let zero = _mm256_setzero_si256();
+    for b in 0..nb {
+        let blk = w.add(b * F::TS);
+        for _ in 0..per_block {
+            if line < lines {
+                _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(64 * line).cast());
+                line += 1;
+            }
+        }
+        let (x, bs) = (xp.add(b * F::QK), bp.add(b * F::QK / 16));
+        let mut is = [zero; 8];
+        let mut ms = [zero; 8];
+        for r in 0..8 {
+            (is[r], ms[r]) = F::ints::<VNNI>(blk.add(r * stride), x, bs);
+        }
+        let (dw, mw) = F::scales8(blk, stride);
+        let dx = _mm256_set1_ps(*a.d.get_unchecked(b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&is)), _mm256_mul_ps(dw, dx), acc);
+        match F::SECOND {
+            Second::None => {}
+            Second::Ds => acc2 = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.ds.get_unchecked(b)), acc2),
+            Second::Sums => {
+                acc2 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(reduce8(&ms)),
+                    _mm256_mul_ps(mw, dx),
+                    acc2,
+                )
+            }
+        }
+    }
+    _mm256_storeu_ps(out, _mm256_add_ps(acc, acc2));
+}
+
+/// `out[j]` = weight row j (at `w + j·stride`) against `a`, eight rows at a time.
+#[inline(always)]
+unsafe fn rows<F: Format, const VNNI: bool>(
+    w: &[u8],
+    stride: usize,
+    a: &ActRow<'_>,
+    out: &mut [f32],
+) {
+    let (wp, m) = (w.as_ptr(), out.len());
+    let mut j = 0;
+    while j + 8 <= m {
+        let next = w
+            .get((j + 8) * stride..((j + 16).min(m) * stride))
+            .unwrap_or(&[]);
+        rows8::<F, VNNI>(wp.add(j * stride), stride, a, out.as_mut_ptr().add(j), next);
+        j += 8;
+    }
+    while j < m {
+        *out.get_unchecked_mut(j) = row1::<F, VNNI>(wp.add(j * stride), a);
+        j += 1;
+    }
+}
+
+/// Defines the AVX2 and the VNNI compilation of each format's kernel.
 macro_rules! compile {
-    ($($avx2:ident = $f_avx2:path, $vnni:ident = $f_vnni:path;)*) => {$(
+    ($($f:ty => $avx2:ident, $vnni:ident;)*) => {$(
         /// The AVX2 kernel.
         ///
         /// # Safety
-        /// The CPU has AVX2, FMA and F16C; `w` holds the blocks of one row of `k` values and
-        /// `a` one activation row of the same `k`.
+        /// The CPU has AVX2, FMA and F16C; `w` holds `out.len()` rows of `stride` bytes, each
+        /// the blocks of `k` values, and `a` is one activation row of the same `k` quantized
+        /// for this format.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
-            $f_avx2(w, a)
+        pub(super) unsafe fn $avx2(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
+            rows::<$f, false>(w, stride, a, out)
         }
         /// The AVX-512 VNNI kernel.
         ///
         /// # Safety
         /// The CPU has AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; as the AVX2 kernel.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub(super) unsafe fn $vnni(w: &[u8], a: &ActRow<'_>) -> f32 {
-            $f_vnni(w, a)
+        pub(super) unsafe fn $vnni(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
+            rows::<$f, true>(w, stride, a, out)
         }
     )*};
 }
 
 compile! {
-    q4_0_avx2 = blocks32::<Q4_0, false>, q4_0_vnni = blocks32::<Q4_0, true>;
-    q4_1_avx2 = blocks32::<Q4_1, false>, q4_1_vnni = blocks32::<Q4_1, true>;
-    q5_0_avx2 = blocks32::<Q5_0, false>, q5_0_vnni = blocks32::<Q5_0, true>;
-    q5_1_avx2 = blocks32::<Q5_1, false>, q5_1_vnni = blocks32::<Q5_1, true>;
-    q8_0_avx2 = blocks32::<Q8_0, false>, q8_0_vnni = blocks32::<Q8_0, true>;
-    q4_k_avx2 = q45_k::<false, false>, q4_k_vnni = q45_k::<true, false>;
-    q5_k_avx2 = q45_k::<false, true>, q5_k_vnni = q45_k::<true, true>;
-    q6_k_avx2 = q6_k::<false>, q6_k_vnni = q6_k::<true>;
+    Q4_0 => q4_0_avx2, q4_0_vnni;
+    Q4_1 => q4_1_avx2, q4_1_vnni;
+    Q5_0 => q5_0_avx2, q5_0_vnni;
+    Q5_1 => q5_1_avx2, q5_1_vnni;
+    Q8_0 => q8_0_avx2, q8_0_vnni;
+    Q45K<false> => q4_k_avx2, q4_k_vnni;
+    Q45K<true> => q5_k_avx2, q5_k_vnni;
+    Q6K => q6_k_avx2, q6_k_vnni;
 }
