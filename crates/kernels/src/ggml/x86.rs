@@ -285,7 +285,11 @@ impl<const FIVE: bool> Format for Q45K<FIVE> {
         let mins = _mm_cvtsi64_si128(mn as i64);
         let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
         let msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(bsums.cast()));
-        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let scales8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        if VNNI {
+            return (q45k_512::<FIVE>(blk, x, scales8), msum);
+        }
+        let scales = _mm256_broadcastsi128_si256(scales8);
         let q = blk.add(if FIVE { 48 } else { 16 });
         let mut high = if FIVE {
             load(blk.add(16))
@@ -350,6 +354,10 @@ impl Format for Q6K {
         // 32 · Σ_s sc_s · Σ qx over the 16 values of scale s: the codes' offset.
         let offset =
             _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256(bsums.cast())), 5);
+        if VNNI {
+            let isum = q6k_512(blk, x, sc16);
+            return (_mm256_sub_epi32(isum, offset), _mm256_setzero_si256());
+        }
         let mut isum = _mm256_setzero_si256();
         for n in 0..2 {
             let scales = if n == 0 {
@@ -397,6 +405,124 @@ impl Format for Q6K {
     unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256) {
         (f16x8(blk.add(208), stride), _mm256_setzero_ps())
     }
+}
+
+/// 32 i16 lanes: lane `t` holds `base + t / div`.
+const fn lanes16(base: i16, div: usize) -> [i16; 32] {
+    let mut a = [0i16; 32];
+    let mut t = 0;
+    while t < 32 {
+        a[t] = base + (t / div) as i16;
+        t += 1;
+    }
+    a
+}
+
+/// 32 i16 lanes: `lo` in the low 256 bits, `hi` in the high.
+const fn halves16(lo: i16, hi: i16) -> [i16; 32] {
+    let mut a = [lo; 32];
+    let mut t = 16;
+    while t < 32 {
+        a[t] = hi;
+        t += 1;
+    }
+    a
+}
+
+#[inline(always)]
+unsafe fn load_lanes(a: &[i16; 32]) -> __m512i {
+    _mm512_loadu_si512(a.as_ptr().cast())
+}
+
+/// The halves of a 512-bit register added.
+#[inline(always)]
+unsafe fn fold512(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// Q4_K / Q5_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers: the low and high nibbles of each 32
+/// bytes are 64 consecutive values (two sub-blocks), one register of codes against one of
+/// activations.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and VNNI; the block and 256 activation codes are readable.
+#[inline(always)]
+unsafe fn q45k_512<const FIVE: bool>(blk: *const u8, x: *const i8, scales: __m128i) -> __m256i {
+    const SHIFT: [i16; 32] = halves16(0, 4);
+    const PICK: [[i16; 32]; 4] = [
+        lanes16(0, 16),
+        lanes16(2, 16),
+        lanes16(4, 16),
+        lanes16(6, 16),
+    ];
+    const HIGH: [[i16; 32]; 4] = [
+        halves16(0, 1),
+        halves16(2, 3),
+        halves16(4, 5),
+        halves16(6, 7),
+    ];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let one = _mm512_set1_epi8(1);
+    let scales = _mm512_zextsi128_si512(scales);
+    let shift = load_lanes(&SHIFT);
+    let q = blk.add(if FIVE { 48 } else { 16 });
+    let qh = if FIVE {
+        _mm512_broadcast_i64x4(load(blk.add(16)))
+    } else {
+        _mm512_setzero_si512()
+    };
+    let mut isum = _mm512_setzero_si512();
+    for j in 0..4 {
+        let raw = _mm512_broadcast_i64x4(load(q.add(32 * j)));
+        let mut codes = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), m4);
+        if FIVE {
+            // Bits 2j and 2j + 1 of qh: the fifth bits of the two sub-blocks.
+            let h = _mm512_and_si512(_mm512_srlv_epi16(qh, load_lanes(&HIGH[j])), one);
+            codes = _mm512_or_si512(codes, _mm512_slli_epi16::<4>(h));
+        }
+        let p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(x.add(64 * j).cast()));
+        let sc = _mm512_permutexvar_epi16(load_lanes(&PICK[j]), scales);
+        isum = _mm512_dpwssd_epi32(isum, p, sc);
+    }
+    fold512(isum)
+}
+
+/// Q6_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers: per 128 values, the 64 bytes of `ql` give
+/// the low nibbles of values 0..64 and the high ones of 64..128, `qh` (in both halves) their top
+/// two bits.
+///
+/// # Safety
+/// As [`q45k_512`].
+#[inline(always)]
+unsafe fn q6k_512(blk: *const u8, x: *const i8, sc16: __m256i) -> __m256i {
+    const UP: [i16; 32] = halves16(4, 2);
+    const DOWN: [i16; 32] = halves16(0, 2);
+    const PICK: [[i16; 32]; 4] = [lanes16(0, 8), lanes16(4, 8), lanes16(8, 8), lanes16(12, 8)];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let scales = _mm512_zextsi256_si512(sc16);
+    let (up, down) = (load_lanes(&UP), load_lanes(&DOWN));
+    let mut isum = _mm512_setzero_si512();
+    for n in 0..2 {
+        let l = _mm512_loadu_si512(blk.add(64 * n).cast());
+        let h = _mm512_broadcast_i64x4(load(blk.add(128 + 32 * n)));
+        // Values 0..64 (q1, q2) and 64..128 (q3, q4) of this half.
+        let a = _mm512_or_si512(
+            _mm512_and_si512(l, m4),
+            _mm512_and_si512(_mm512_sllv_epi16(h, up), m30),
+        );
+        let b = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
+            _mm512_and_si512(_mm512_srlv_epi16(h, down), m30),
+        );
+        let xa = _mm512_loadu_si512(x.add(128 * n).cast());
+        let xb = _mm512_loadu_si512(x.add(128 * n + 64).cast());
+        let sa = _mm512_permutexvar_epi16(load_lanes(&PICK[2 * n]), scales);
+        let sb = _mm512_permutexvar_epi16(load_lanes(&PICK[2 * n + 1]), scales);
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(a, xa), sa);
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(b, xb), sb);
+    }
+    fold512(isum)
 }
 
 /// One weight row at `w` against `a`.
