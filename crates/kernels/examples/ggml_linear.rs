@@ -6,7 +6,7 @@
 //! read per second at the median. "hot" repeats one weight (it stays in cache when it fits);
 //! "cold" reads 128 MiB of other memory before each run (untimed), so the weight streams from
 //! DRAM as in token generation, where a model's weights do not fit in cache. `--sweep` also times the dot and the panel
-//! paths over 1..64 rows.
+//! paths over 1..256 rows.
 
 use std::time::Instant;
 
@@ -169,7 +169,7 @@ fn main() {
         ] {
             let data = random_weight(ty, n, k, &mut g);
             let w = GgmlBlocks::new(ty, &data, n, k).expect("shape");
-            for rows in [1, 2, 4, 8, 16, 32, 64] {
+            for rows in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
                 let x: Vec<f32> = (0..rows * k).map(|_| g.f32()).collect();
                 let run = |path| {
                     time(

@@ -62,7 +62,7 @@ mod qlinear;
 pub use attention::{attention, StridedView};
 pub use ggml::{
     bf16_to_f32, dequantize_row, f16_to_f32, linear_ggml, linear_ggml_with, BlockType, GgmlBlocks,
-    GgmlError, GgmlPath, PANEL_MIN_ROWS, QK_K,
+    GgmlError, GgmlPath, PANEL_MIN_ROWS, PANEL_MIN_ROWS_FLOAT, QK_K,
 };
 pub use linear::{linear, Epilogue, EpilogueActivation};
 pub use math::{exp, gelu_erf, gelu_tanh, quick_gelu, silu, softmax_rows};

@@ -159,20 +159,43 @@ fn q6_k(w: &[u8], a: &ActRow<'_>) -> f32 {
     y
 }
 
-/// `out[j]` = `row(weight row j)` for the `out.len()` rows of `stride` bytes in `w`.
+/// Every weight row `j` of `w` (`stride` bytes each) against every activation row `a`, into
+/// `out[a·ostride + j]`.
+///
+/// # Safety
+/// `out + a·ostride + j` is writable for every activation row a and weight row j.
 #[inline(always)]
-fn each_row(w: &[u8], stride: usize, out: &mut [f32], row: impl Fn(&[u8]) -> f32) {
-    for (o, r) in out.iter_mut().zip(w.chunks_exact(stride)) {
-        *o = row(r);
+unsafe fn each_row(
+    w: &[u8],
+    stride: usize,
+    acts: &[ActRow<'_>],
+    out: *mut f32,
+    ostride: usize,
+    row: impl Fn(&[u8], &ActRow<'_>) -> f32,
+) {
+    for (t, a) in acts.iter().enumerate() {
+        for (j, r) in w.chunks_exact(stride).enumerate() {
+            *out.add(t * ostride + j) = row(r, a);
+        }
     }
 }
 
 /// Defines the many-row form of each one-row kernel.
 macro_rules! many_rows {
     ($($row:ident => $rows:ident;)*) => {$(
-        /// The portable kernel over `out.len()` weight rows of `stride` bytes.
-        pub(super) fn $rows(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
-            each_row(w, stride, out, |r| $row(r, a))
+        /// The portable kernel over every weight row (`stride` bytes each) of `w` and every
+        /// activation row, into `out[a·ostride + j]`.
+        ///
+        /// # Safety
+        /// `out + a·ostride + j` is writable for every activation row a and weight row j.
+        pub(super) unsafe fn $rows(
+            w: &[u8],
+            stride: usize,
+            acts: &[ActRow<'_>],
+            out: *mut f32,
+            ostride: usize,
+        ) {
+            each_row(w, stride, acts, out, ostride, $row)
         }
     )*};
 }

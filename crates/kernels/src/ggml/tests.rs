@@ -220,7 +220,7 @@ fn every_format_isa_and_path_is_within_the_derived_bound() {
                                     .unwrap();
                             let integer_path = integer
                                 && (path == GgmlPath::Dot
-                                    || path == GgmlPath::Auto && rows < PANEL_MIN_ROWS);
+                                    || path == GgmlPath::Auto && rows < PANEL_MIN_ROWS_FLOAT);
                             for o in 0..rows * n {
                                 let g = f64::from(got[o]);
                                 assert!(

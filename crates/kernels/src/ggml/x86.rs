@@ -53,16 +53,13 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The lane sums of eight registers, in order, in one register.
+/// The lane sums of eight registers `v0..v8`, in order, in one register, from their pairwise
+/// `vphaddd`s `[hadd(v0, v1), hadd(v2, v3), hadd(v4, v5), hadd(v6, v7)]`.
 #[inline(always)]
-unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
-    let t01 = _mm256_hadd_epi32(v[0], v[1]);
-    let t23 = _mm256_hadd_epi32(v[2], v[3]);
-    let t45 = _mm256_hadd_epi32(v[4], v[5]);
-    let t67 = _mm256_hadd_epi32(v[6], v[7]);
+unsafe fn reduce_pairs(t: &[__m256i; 4]) -> __m256i {
     // Per 128-bit half: [s0, s1, s2, s3] and [s4, s5, s6, s7] of that half.
-    let u0 = _mm256_hadd_epi32(t01, t23);
-    let u1 = _mm256_hadd_epi32(t45, t67);
+    let u0 = _mm256_hadd_epi32(t[0], t[1]);
+    let u1 = _mm256_hadd_epi32(t[2], t[3]);
     _mm256_add_epi32(
         _mm256_permute2x128_si256(u0, u1, 0x20),
         _mm256_permute2x128_si256(u0, u1, 0x31),
@@ -154,6 +151,9 @@ enum Second {
     Sums,
 }
 
+/// The activation codes and sums of 16 of one block of `R` activation rows.
+type Acts<const R: usize> = ([*const i8; R], [*const i16; R]);
+
 /// A block format: the row value is `Σ_b d_x·(d_w·I + [m_w·M]) + [m_w·ds]` (see [`Second`]).
 trait Format {
     /// Bytes per block.
@@ -162,21 +162,20 @@ trait Format {
     const QK: usize;
     /// How `m_w` enters.
     const SECOND: Second;
-    /// The integer sums `(I, M)` (in lanes) of the block at `blk` with the activation codes at
-    /// `x` and their sums of 16 at `bsums`.
-    unsafe fn ints<const VNNI: bool>(
+    /// The integer sums `(I, M)` (in lanes) of the block at `blk` with each of `R` activation
+    /// rows: the weight codes are decoded once for all of them.
+    unsafe fn ints<const VNNI: bool, const R: usize>(
         blk: *const u8,
-        x: *const i8,
-        bsums: *const i16,
-    ) -> (__m256i, __m256i);
+        a: &Acts<R>,
+    ) -> [(__m256i, __m256i); R];
     /// `(d_w, m_w)` of the block at `blk`.
     unsafe fn scales(blk: *const u8) -> (f32, f32);
     /// `(d_w, m_w)` of the blocks at `blk + r·stride`, r < 8.
     unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256);
 }
 
-/// Defines a 32-value format with unsigned codes `$codes(blk)`, its scale at 0 and its second
-/// scale `$m` (a function of the block pointer and `d`).
+/// Defines a 32-value format with codes `$codes(blk)` (unsigned, signed for `Second::None`),
+/// its scale at 0 and its second scale `$m` (of the block pointer and `d`).
 macro_rules! format32 {
     ($name:ident, $ts:literal, $second:expr, |$blk:ident| $codes:expr, |$b2:ident, $d:ident| $m:expr, |$b8:ident, $stride:ident, $d8:ident| $m8:expr) => {
         struct $name;
@@ -185,24 +184,23 @@ macro_rules! format32 {
             const QK: usize = 32;
             const SECOND: Second = $second;
             #[inline(always)]
-            unsafe fn ints<const VNNI: bool>(
+            unsafe fn ints<const VNNI: bool, const R: usize>(
                 $blk: *const u8,
-                x: *const i8,
-                _: *const i16,
-            ) -> (__m256i, __m256i) {
+                a: &Acts<R>,
+            ) -> [(__m256i, __m256i); R] {
                 let q: __m256i = $codes;
-                let x = loadx(x);
-                let i = if $second == Second::None {
-                    // Signed codes: |q| (unsigned; -128 becomes 128) times x with q's sign.
-                    dot_us::<VNNI>(
-                        _mm256_setzero_si256(),
-                        _mm256_sign_epi8(q, q),
-                        _mm256_sign_epi8(x, q),
-                    )
-                } else {
-                    dot_us::<VNNI>(_mm256_setzero_si256(), q, x)
-                };
-                (i, _mm256_setzero_si256())
+                let zero = _mm256_setzero_si256();
+                let mut out = [(zero, zero); R];
+                for (o, x) in out.iter_mut().zip(a.0) {
+                    let x = loadx(x);
+                    o.0 = if $second == Second::None {
+                        // Signed codes: |q| (unsigned; -128 becomes 128) times x with q's sign.
+                        dot_us::<VNNI>(zero, _mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
+                    } else {
+                        dot_us::<VNNI>(zero, q, x)
+                    };
+                }
+                out
             }
             #[inline(always)]
             unsafe fn scales($b2: *const u8) -> (f32, f32) {
@@ -273,30 +271,32 @@ impl<const FIVE: bool> Format for Q45K<FIVE> {
     const QK: usize = 256;
     const SECOND: Second = Second::Sums;
     #[inline(always)]
-    unsafe fn ints<const VNNI: bool>(
+    unsafe fn ints<const VNNI: bool, const R: usize>(
         blk: *const u8,
-        x: *const i8,
-        bsums: *const i16,
-    ) -> (__m256i, __m256i) {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
+        a: &Acts<R>,
+    ) -> [(__m256i, __m256i); R] {
+        let zero = _mm256_setzero_si256();
+        let mut out = [(zero, zero); R];
         let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         // Σ_s m_s · Σ qx over sub-block s: minimums doubled against the sums of 16.
         let mins = _mm_cvtsi64_si128(mn as i64);
         let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
-        let msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(bsums.cast()));
+        for (o, bs) in out.iter_mut().zip(a.1) {
+            o.1 = _mm256_madd_epi16(mins, _mm256_loadu_si256(bs.cast()));
+        }
         let scales8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
         if VNNI {
-            return (q45k_512::<FIVE>(blk, x, scales8), msum);
+            let isums = q45k_512::<FIVE, R>(blk, &a.0, scales8);
+            for (o, i) in out.iter_mut().zip(isums) {
+                o.0 = i;
+            }
+            return out;
         }
+        let m4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
         let scales = _mm256_broadcastsi128_si256(scales8);
         let q = blk.add(if FIVE { 48 } else { 16 });
-        let mut high = if FIVE {
-            load(blk.add(16))
-        } else {
-            _mm256_setzero_si256()
-        };
-        let mut isum = _mm256_setzero_si256();
+        let mut high = if FIVE { load(blk.add(16)) } else { zero };
         for j in 0..4 {
             let raw = load(q.add(32 * j));
             let mut lo = _mm256_and_si256(raw, m4);
@@ -310,20 +310,16 @@ impl<const FIVE: bool> Format for Q45K<FIVE> {
                 high = _mm256_srli_epi16(high, 1);
             }
             let s = 2 * j as i32;
-            isum = dot_us_scaled::<VNNI>(
-                isum,
-                lo,
-                loadx(x.add(64 * j)),
+            let (slo, shi) = (
                 _mm256_shuffle_epi8(scales, pick(s, s)),
-            );
-            isum = dot_us_scaled::<VNNI>(
-                isum,
-                hi,
-                loadx(x.add(64 * j + 32)),
                 _mm256_shuffle_epi8(scales, pick(s + 1, s + 1)),
             );
+            for (o, x) in out.iter_mut().zip(a.0) {
+                o.0 = dot_us_scaled::<VNNI>(o.0, lo, loadx(x.add(64 * j)), slo);
+                o.0 = dot_us_scaled::<VNNI>(o.0, hi, loadx(x.add(64 * j + 32)), shi);
+            }
         }
-        (isum, msum)
+        out
     }
     #[inline(always)]
     unsafe fn scales(blk: *const u8) -> (f32, f32) {
@@ -343,22 +339,28 @@ impl Format for Q6K {
     const QK: usize = 256;
     const SECOND: Second = Second::None;
     #[inline(always)]
-    unsafe fn ints<const VNNI: bool>(
+    unsafe fn ints<const VNNI: bool, const R: usize>(
         blk: *const u8,
-        x: *const i8,
-        bsums: *const i16,
-    ) -> (__m256i, __m256i) {
+        a: &Acts<R>,
+    ) -> [(__m256i, __m256i); R] {
+        let zero = _mm256_setzero_si256();
+        let mut out = [(zero, zero); R];
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192).cast()));
+        // 32 · Σ_s sc_s · Σ qx over the 16 values of scale s (the codes' offset), taken off
+        // at the start.
+        for (o, bs) in out.iter_mut().zip(a.1) {
+            let sums = _mm256_madd_epi16(sc16, _mm256_loadu_si256(bs.cast()));
+            o.0 = _mm256_sub_epi32(zero, _mm256_slli_epi32(sums, 5));
+        }
+        if VNNI {
+            let isums = q6k_512::<R>(blk, &a.0, sc16);
+            for (o, i) in out.iter_mut().zip(isums) {
+                o.0 = _mm256_add_epi32(o.0, i);
+            }
+            return out;
+        }
         let m4 = _mm256_set1_epi8(0x0F);
         let m30 = _mm256_set1_epi8(0x30);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192).cast()));
-        // 32 · Σ_s sc_s · Σ qx over the 16 values of scale s: the codes' offset.
-        let offset =
-            _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256(bsums.cast())), 5);
-        if VNNI {
-            let isum = q6k_512(blk, x, sc16);
-            return (_mm256_sub_epi32(isum, offset), _mm256_setzero_si256());
-        }
-        let mut isum = _mm256_setzero_si256();
         for n in 0..2 {
             let scales = if n == 0 {
                 _mm256_permute2x128_si256(sc16, sc16, 0x00)
@@ -384,18 +386,15 @@ impl Format for Q6K {
                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
             );
-            let xn = x.add(128 * n);
             for (v, q) in [q1, q2, q3, q4].into_iter().enumerate() {
                 let vi = v as i32;
-                isum = dot_us_scaled::<VNNI>(
-                    isum,
-                    q,
-                    loadx(xn.add(32 * v)),
-                    _mm256_shuffle_epi8(scales, pick(2 * vi, 2 * vi + 1)),
-                );
+                let sc = _mm256_shuffle_epi8(scales, pick(2 * vi, 2 * vi + 1));
+                for (o, x) in out.iter_mut().zip(a.0) {
+                    o.0 = dot_us_scaled::<VNNI>(o.0, q, loadx(x.add(128 * n + 32 * v)), sc);
+                }
             }
         }
-        (_mm256_sub_epi32(isum, offset), _mm256_setzero_si256())
+        out
     }
     #[inline(always)]
     unsafe fn scales(blk: *const u8) -> (f32, f32) {
@@ -440,14 +439,19 @@ unsafe fn fold512(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
-/// Q4_K / Q5_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers: the low and high nibbles of each 32
-/// bytes are 64 consecutive values (two sub-blocks), one register of codes against one of
-/// activations.
+/// Q4_K / Q5_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers for each of `R` activation rows:
+/// the low and high nibbles of each 32 bytes are 64 consecutive values (two sub-blocks), one
+/// register of codes against one of activations.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, BW and VNNI; the block and 256 activation codes are readable.
+/// The CPU has AVX-512 F, BW and VNNI; the block and 256 activation codes of each row are
+/// readable.
 #[inline(always)]
-unsafe fn q45k_512<const FIVE: bool>(blk: *const u8, x: *const i8, scales: __m128i) -> __m256i {
+unsafe fn q45k_512<const FIVE: bool, const R: usize>(
+    blk: *const u8,
+    x: &[*const i8; R],
+    scales: __m128i,
+) -> [__m256i; R] {
     const SHIFT: [i16; 32] = halves16(0, 4);
     const PICK: [[i16; 32]; 4] = [
         lanes16(0, 16),
@@ -471,7 +475,7 @@ unsafe fn q45k_512<const FIVE: bool>(blk: *const u8, x: *const i8, scales: __m12
     } else {
         _mm512_setzero_si512()
     };
-    let mut isum = _mm512_setzero_si512();
+    let mut isum = [_mm512_setzero_si512(); R];
     for j in 0..4 {
         let raw = _mm512_broadcast_i64x4(load(q.add(32 * j)));
         let mut codes = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), m4);
@@ -480,21 +484,27 @@ unsafe fn q45k_512<const FIVE: bool>(blk: *const u8, x: *const i8, scales: __m12
             let h = _mm512_and_si512(_mm512_srlv_epi16(qh, load_lanes(&HIGH[j])), one);
             codes = _mm512_or_si512(codes, _mm512_slli_epi16::<4>(h));
         }
-        let p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(x.add(64 * j).cast()));
         let sc = _mm512_permutexvar_epi16(load_lanes(&PICK[j]), scales);
-        isum = _mm512_dpwssd_epi32(isum, p, sc);
+        for (s, x) in isum.iter_mut().zip(x) {
+            let p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(x.add(64 * j).cast()));
+            *s = _mm512_dpwssd_epi32(*s, p, sc);
+        }
     }
-    fold512(isum)
+    isum.map(|s| fold512(s))
 }
 
-/// Q6_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers: per 128 values, the 64 bytes of `ql` give
-/// the low nibbles of values 0..64 and the high ones of 64..128, `qh` (in both halves) their top
-/// two bits.
+/// Q6_K's `Σ_s sc_s·Σ q·qx` with 512-bit registers for each of `R` activation rows: per 128
+/// values, the 64 bytes of `ql` give the low nibbles of values 0..64 and the high ones of
+/// 64..128, `qh` (in both halves) their top two bits.
 ///
 /// # Safety
 /// As [`q45k_512`].
 #[inline(always)]
-unsafe fn q6k_512(blk: *const u8, x: *const i8, sc16: __m256i) -> __m256i {
+unsafe fn q6k_512<const R: usize>(
+    blk: *const u8,
+    x: &[*const i8; R],
+    sc16: __m256i,
+) -> [__m256i; R] {
     const UP: [i16; 32] = halves16(4, 2);
     const DOWN: [i16; 32] = halves16(0, 2);
     const PICK: [[i16; 32]; 4] = [lanes16(0, 8), lanes16(4, 8), lanes16(8, 8), lanes16(12, 8)];
@@ -502,7 +512,7 @@ unsafe fn q6k_512(blk: *const u8, x: *const i8, sc16: __m256i) -> __m256i {
     let m30 = _mm512_set1_epi8(0x30);
     let scales = _mm512_zextsi256_si512(sc16);
     let (up, down) = (load_lanes(&UP), load_lanes(&DOWN));
-    let mut isum = _mm512_setzero_si512();
+    let mut isum = [_mm512_setzero_si512(); R];
     for n in 0..2 {
         let l = _mm512_loadu_si512(blk.add(64 * n).cast());
         let h = _mm512_broadcast_i64x4(load(blk.add(128 + 32 * n)));
@@ -515,58 +525,79 @@ unsafe fn q6k_512(blk: *const u8, x: *const i8, sc16: __m256i) -> __m256i {
             _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
             _mm512_and_si512(_mm512_srlv_epi16(h, down), m30),
         );
-        let xa = _mm512_loadu_si512(x.add(128 * n).cast());
-        let xb = _mm512_loadu_si512(x.add(128 * n + 64).cast());
         let sa = _mm512_permutexvar_epi16(load_lanes(&PICK[2 * n]), scales);
         let sb = _mm512_permutexvar_epi16(load_lanes(&PICK[2 * n + 1]), scales);
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(a, xa), sa);
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(b, xb), sb);
+        for (s, x) in isum.iter_mut().zip(x) {
+            let xa = _mm512_loadu_si512(x.add(128 * n).cast());
+            let xb = _mm512_loadu_si512(x.add(128 * n + 64).cast());
+            *s = _mm512_dpwssd_epi32(*s, _mm512_maddubs_epi16(a, xa), sa);
+            *s = _mm512_dpwssd_epi32(*s, _mm512_maddubs_epi16(b, xb), sb);
+        }
     }
-    fold512(isum)
+    isum.map(|s| fold512(s))
 }
 
-/// One weight row at `w` against `a`.
+/// The pointers to block `b`'s codes and sums of 16 in each of `R` activation rows.
 #[inline(always)]
-unsafe fn row1<F: Format, const VNNI: bool>(w: *const u8, a: &ActRow<'_>) -> f32 {
-    let nb = a.d.len();
-    let (xp, bp) = (a.qs.as_ptr(), a.bsums.as_ptr());
-    let (mut acc, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut corr = 0f32;
+unsafe fn block_acts<F: Format, const R: usize>(acts: &[ActRow<'_>; R], b: usize) -> Acts<R> {
+    (
+        acts.map(|a| a.qs.as_ptr().add(b * F::QK)),
+        acts.map(|a| a.bsums.as_ptr().add(b * F::QK / 16)),
+    )
+}
+
+/// One weight row at `w` against `R` activation rows, into `out[a]`.
+#[inline(always)]
+unsafe fn row1<F: Format, const VNNI: bool, const R: usize>(
+    w: *const u8,
+    acts: &[ActRow<'_>; R],
+    out: [*mut f32; R],
+) {
+    let nb = acts[0].d.len();
+    let zero = _mm256_setzero_ps();
+    let (mut acc, mut acc2) = ([zero; R], [zero; R]);
+    let mut corr = [0f32; R];
     for b in 0..nb {
         let blk = w.add(b * F::TS);
-        let (i, m) = F::ints::<VNNI>(blk, xp.add(b * F::QK), bp.add(b * F::QK / 16));
+        let ints = F::ints::<VNNI, R>(blk, &block_acts::<F, R>(acts, b));
         let (dw, mw) = F::scales(blk);
-        let dx = *a.d.get_unchecked(b);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * dx), acc);
-        match F::SECOND {
-            Second::None => {}
-            Second::Ds => corr = mw.mul_add(*a.ds.get_unchecked(b), corr),
-            Second::Sums => {
-                acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(mw * dx), acc2)
+        for (t, ((i, m), a)) in ints.into_iter().zip(acts).enumerate() {
+            let dx = *a.d.get_unchecked(b);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * dx), acc[t]);
+            match F::SECOND {
+                Second::None => {}
+                Second::Ds => corr[t] = mw.mul_add(*a.ds.get_unchecked(b), corr[t]),
+                Second::Sums => {
+                    let m = _mm256_cvtepi32_ps(m);
+                    acc2[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(mw * dx), acc2[t]);
+                }
             }
         }
     }
-    hsum(_mm256_add_ps(acc, acc2)) + corr
+    for t in 0..R {
+        *out[t] = hsum(_mm256_add_ps(acc[t], acc2[t])) + corr[t];
+    }
 }
 
-/// Eight weight rows at `w + r·stride` against `a`, into `out[..8]`, prefetching the `next`
-/// bytes (the next eight rows) as it goes, so that memory is read in order.
+/// Eight weight rows at `w + r·stride` against `R` activation rows, into `out[a][..8]`,
+/// prefetching the `next` bytes (the next eight rows) as it goes, so that memory is read in
+/// order.
 #[inline(always)]
-unsafe fn rows8<F: Format, const VNNI: bool>(
+unsafe fn rows8<F: Format, const VNNI: bool, const R: usize>(
     w: *const u8,
     stride: usize,
-    a: &ActRow<'_>,
-    out: *mut f32,
+    acts: &[ActRow<'_>; R],
+    out: [*mut f32; R],
     next: &[u8],
 ) {
-    let nb = a.d.len();
+    let nb = acts[0].d.len();
     // Cache lines of `next` to prefetch per block.
     let lines = next.len().div_ceil(64);
     let per_block = lines.div_ceil(nb.max(1));
     let mut line = 0;
-    let (xp, bp) = (a.qs.as_ptr(), a.bsums.as_ptr());
-    let (mut acc, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let zero = _mm256_setzero_si256();
+    let zero = _mm256_setzero_ps();
+    let (mut acc, mut acc2) = ([zero; R], [zero; R]);
+    let izero = _mm256_setzero_si256();
     for b in 0..nb {
         let blk = w.add(b * F::TS);
         for _ in 0..per_block {
@@ -575,50 +606,101 @@ unsafe fn rows8<F: Format, const VNNI: bool>(
                 line += 1;
             }
         }
-        let (x, bs) = (xp.add(b * F::QK), bp.add(b * F::QK / 16));
-        let mut is = [zero; 8];
-        let mut ms = [zero; 8];
-        for r in 0..8 {
-            (is[r], ms[r]) = F::ints::<VNNI>(blk.add(r * stride), x, bs);
+        let ba = block_acts::<F, R>(acts, b);
+        // Rows in pairs, their sums reduced pairwise at once (fewer live registers).
+        let mut is = [[izero; 4]; R];
+        let mut ms = [[izero; 4]; R];
+        for p in 0..4 {
+            let e = F::ints::<VNNI, R>(blk.add(2 * p * stride), &ba);
+            let o = F::ints::<VNNI, R>(blk.add((2 * p + 1) * stride), &ba);
+            for t in 0..R {
+                is[t][p] = _mm256_hadd_epi32(e[t].0, o[t].0);
+                if F::SECOND == Second::Sums {
+                    ms[t][p] = _mm256_hadd_epi32(e[t].1, o[t].1);
+                }
+            }
         }
         let (dw, mw) = F::scales8(blk, stride);
-        let dx = _mm256_set1_ps(*a.d.get_unchecked(b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&is)), _mm256_mul_ps(dw, dx), acc);
-        match F::SECOND {
-            Second::None => {}
-            Second::Ds => acc2 = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.ds.get_unchecked(b)), acc2),
-            Second::Sums => {
-                acc2 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(reduce8(&ms)),
-                    _mm256_mul_ps(mw, dx),
-                    acc2,
-                )
+        for (t, a) in acts.iter().enumerate() {
+            let dx = _mm256_set1_ps(*a.d.get_unchecked(b));
+            let i = _mm256_cvtepi32_ps(reduce_pairs(&is[t]));
+            acc[t] = _mm256_fmadd_ps(i, _mm256_mul_ps(dw, dx), acc[t]);
+            match F::SECOND {
+                Second::None => {}
+                Second::Ds => {
+                    let ds = _mm256_set1_ps(*a.ds.get_unchecked(b));
+                    acc2[t] = _mm256_fmadd_ps(mw, ds, acc2[t]);
+                }
+                Second::Sums => {
+                    let m = _mm256_cvtepi32_ps(reduce_pairs(&ms[t]));
+                    acc2[t] = _mm256_fmadd_ps(m, _mm256_mul_ps(mw, dx), acc2[t]);
+                }
             }
         }
     }
-    _mm256_storeu_ps(out, _mm256_add_ps(acc, acc2));
+    for t in 0..R {
+        _mm256_storeu_ps(out[t], _mm256_add_ps(acc[t], acc2[t]));
+    }
 }
 
-/// `out[j]` = weight row j (at `w + j·stride`) against `a`, eight rows at a time.
+/// Weight rows `j` (at `w + j·stride`, `m` of them) against `R` activation rows: `out[a] + j`
+/// gets row j's value with activation row a; eight weight rows at a time.
 #[inline(always)]
-unsafe fn rows<F: Format, const VNNI: bool>(
+unsafe fn rows_r<F: Format, const VNNI: bool, const R: usize>(
     w: &[u8],
     stride: usize,
-    a: &ActRow<'_>,
-    out: &mut [f32],
+    m: usize,
+    acts: &[ActRow<'_>; R],
+    out: [*mut f32; R],
 ) {
-    let (wp, m) = (w.as_ptr(), out.len());
+    let wp = w.as_ptr();
     let mut j = 0;
     while j + 8 <= m {
         let next = w
             .get((j + 8) * stride..((j + 16).min(m) * stride))
             .unwrap_or(&[]);
-        rows8::<F, VNNI>(wp.add(j * stride), stride, a, out.as_mut_ptr().add(j), next);
+        rows8::<F, VNNI, R>(
+            wp.add(j * stride),
+            stride,
+            acts,
+            out.map(|o| o.add(j)),
+            next,
+        );
         j += 8;
     }
     while j < m {
-        *out.get_unchecked_mut(j) = row1::<F, VNNI>(wp.add(j * stride), a);
+        row1::<F, VNNI, R>(wp.add(j * stride), acts, out.map(|o| o.add(j)));
         j += 1;
+    }
+}
+
+/// Weight rows `j` (`m` = `w.len() / stride` of them) against every activation row `a`, into
+/// `out[a·ostride + j]`: up to four activation rows (two with AVX2's 16 registers) share each
+/// decoded weight block.
+#[inline(always)]
+unsafe fn rows<F: Format, const VNNI: bool>(
+    w: &[u8],
+    stride: usize,
+    acts: &[ActRow<'_>],
+    out: *mut f32,
+    ostride: usize,
+) {
+    let m = w.len() / stride.max(1);
+    let mut a0 = 0;
+    while a0 < acts.len() {
+        let left = acts.len() - a0;
+        let o = |t: usize| out.add((a0 + t) * ostride);
+        if VNNI && left >= 4 {
+            let a = [acts[a0], acts[a0 + 1], acts[a0 + 2], acts[a0 + 3]];
+            rows_r::<F, VNNI, 4>(w, stride, m, &a, [o(0), o(1), o(2), o(3)]);
+            a0 += 4;
+        } else if left >= 2 {
+            rows_r::<F, VNNI, 2>(w, stride, m, &[acts[a0], acts[a0 + 1]], [o(0), o(1)]);
+            a0 += 2;
+        } else {
+            rows_r::<F, VNNI, 1>(w, stride, m, &[acts[a0]], [o(0)]);
+            a0 += 1;
+        }
     }
 }
 
@@ -628,20 +710,33 @@ macro_rules! compile {
         /// The AVX2 kernel.
         ///
         /// # Safety
-        /// The CPU has AVX2, FMA and F16C; `w` holds `out.len()` rows of `stride` bytes, each
-        /// the blocks of `k` values, and `a` is one activation row of the same `k` quantized
-        /// for this format.
+        /// The CPU has AVX2, FMA and F16C; `w` holds whole rows of `stride` bytes, each the
+        /// blocks of `k` values; `acts` are activation rows of the same `k` quantized for this
+        /// format; `out + a·ostride + j` is writable for every activation row a and weight
+        /// row j.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $avx2(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
-            rows::<$f, false>(w, stride, a, out)
+        pub(super) unsafe fn $avx2(
+            w: &[u8],
+            stride: usize,
+            acts: &[ActRow<'_>],
+            out: *mut f32,
+            ostride: usize,
+        ) {
+            rows::<$f, false>(w, stride, acts, out, ostride)
         }
         /// The AVX-512 VNNI kernel.
         ///
         /// # Safety
         /// The CPU has AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; as the AVX2 kernel.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub(super) unsafe fn $vnni(w: &[u8], stride: usize, a: &ActRow<'_>, out: &mut [f32]) {
-            rows::<$f, true>(w, stride, a, out)
+        pub(super) unsafe fn $vnni(
+            w: &[u8],
+            stride: usize,
+            acts: &[ActRow<'_>],
+            out: *mut f32,
+            ostride: usize,
+        ) {
+            rows::<$f, true>(w, stride, acts, out, ostride)
         }
     )*};
 }
