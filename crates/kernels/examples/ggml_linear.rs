@@ -6,7 +6,8 @@
 //! read per second at the median. "hot" repeats one weight (it stays in cache when it fits);
 //! "cold" reads 128 MiB of other memory before each run (untimed), so the weight streams from
 //! DRAM as in token generation, where a model's weights do not fit in cache. `--sweep` also times the dot and the panel
-//! paths over 1..256 rows.
+//! paths over 1..256 rows; `--only NAME` keeps the shapes whose name contains NAME, `--threads
+//! N` runs N threads only.
 
 use std::time::Instant;
 
@@ -58,9 +59,14 @@ fn random_weight(ty: BlockType, n: usize, k: usize, g: &mut Gen) -> Vec<u8> {
         BlockType::Q4_0 | BlockType::Q5_0 | BlockType::Q8_0 => &[0],
         BlockType::Q4_1 | BlockType::Q5_1 | BlockType::Q4_K | BlockType::Q5_K => &[0, 2],
         BlockType::Q6_K => &[208],
+        BlockType::Q3_K => &[108],
+        BlockType::IQ4_XS => &[0],
         _ => &[],
     };
     for blk in data.chunks_exact_mut(ts) {
+        if ty == BlockType::F16 {
+            blk.copy_from_slice(&scale(g));
+        }
         for &at in fields {
             blk[at..at + 2].copy_from_slice(&scale(g));
         }
@@ -77,7 +83,19 @@ fn flush(buf: &mut [u64]) {
 }
 
 fn main() {
-    let sweep = std::env::args().any(|a| a == "--sweep");
+    let args: Vec<String> = std::env::args().collect();
+    let sweep = args.iter().any(|a| a == "--sweep");
+    // `--only SUBSTRING`: the shapes whose name contains it; `--threads N`: only N threads.
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let only = arg("--only");
+    let thread_counts: Vec<usize> = match arg("--threads").and_then(|t| t.parse().ok()) {
+        Some(t) => vec![t],
+        None => vec![1, 2],
+    };
     let shapes = [
         ("ffn up/gate", 896usize, 4864usize),
         ("ffn down", 4864, 896),
@@ -100,6 +118,9 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (name, k, n) in shapes {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
         let x: Vec<f32> = (0..k).map(|_| g.f32()).collect();
         for ty in types.iter().copied().map(Some).chain([None]) {
             // None: the f32 `linear` on the dequantized, transposed weight (of the Q8_0 data).
@@ -126,7 +147,7 @@ fn main() {
                 Vec::new()
             };
             let bytes = if ty.is_some() { data.len() } else { 4 * k * n };
-            for threads in [1, 2] {
+            for &threads in &thread_counts {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
@@ -155,6 +176,44 @@ fn main() {
                     gbs(cold_t.0),
                 );
             }
+        }
+    }
+    println!("\nother formats, ffn down 4864→896 (Q5_K: integer kernel; the rest: dequantized rows and f32 dots)");
+    println!("| weight | MB | threads | hot µs median (min–max) | hot GB/s | cold µs median (min–max) | cold GB/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for ty in [
+        BlockType::Q5_K,
+        BlockType::Q3_K,
+        BlockType::IQ4_XS,
+        BlockType::F16,
+    ] {
+        let (k, n) = (4864, 896);
+        let data = random_weight(ty, n, k, &mut g);
+        let w = GgmlBlocks::new(ty, &data, n, k).expect("shape");
+        let x: Vec<f32> = (0..k).map(|_| g.f32()).collect();
+        for &threads in &thread_counts {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            let run = || {
+                std::hint::black_box(linear_ggml(&x, 1, k, &w, Epilogue::default()));
+            };
+            let (hot, cold) =
+                pool.install(|| (time(|| {}, run), time(|| flush(&mut flusher), run)));
+            let gbs = |t: f64| data.len() as f64 / t / 1e9;
+            println!(
+                "| {ty} | {:.1} | {threads} | {:.0} ({:.0}–{:.0}) | {:.1} | {:.0} ({:.0}–{:.0}) | {:.1} |",
+                data.len() as f64 / 1e6,
+                hot.0 * 1e6,
+                hot.1 * 1e6,
+                hot.2 * 1e6,
+                gbs(hot.0),
+                cold.0 * 1e6,
+                cold.1 * 1e6,
+                cold.2 * 1e6,
+                gbs(cold.0),
+            );
         }
     }
     if sweep {

@@ -12,6 +12,14 @@
 //! so the per-block float work and the final horizontal sums are shared; the rows left over take
 //! a one-row kernel. Each generic body is compiled twice, for AVX2 + FMA + F16C and for AVX-512
 //! VNNI (with VL and BW, which also give mask-register shortcuts).
+//!
+//! Safety: every function here is `unsafe` for the same two reasons, stated once: the CPU has
+//! the features of the kernel it is inlined into (AVX2 + FMA + F16C; AVX-512 F / BW / VL / VNNI
+//! for the `VNNI = true` bodies and the 512-bit helpers), which `isa_available` checks before a
+//! kernel is chosen; and the pointers cover what they read: a weight block of the format (`TS`
+//! bytes) at each block pointer, `QK` activation codes and `QK / 16` sums at each activation
+//! pointer (the callers derive them from `GgmlBlocks`' checked shape and from activations
+//! quantized with the same `k`).
 
 use std::arch::x86_64::*;
 
@@ -538,15 +546,23 @@ unsafe fn q6k_512<const R: usize>(
 }
 
 /// The pointers to block `b`'s codes and sums of 16 in each of `R` activation rows.
+///
+/// # Safety
+/// Block `b` exists in every row.
 #[inline(always)]
 unsafe fn block_acts<F: Format, const R: usize>(acts: &[ActRow<'_>; R], b: usize) -> Acts<R> {
     (
         acts.map(|a| a.qs.as_ptr().add(b * F::QK)),
-        acts.map(|a| a.bsums.as_ptr().add(b * F::QK / 16)),
+        // The 32-value formats' rows have no sums of 16 (an empty slice) and never read them:
+        // `wrapping_add` keeps the unused pointer computation defined.
+        acts.map(|a| a.bsums.as_ptr().wrapping_add(b * F::QK / 16)),
     )
 }
 
 /// One weight row at `w` against `R` activation rows, into `out[a]`.
+///
+/// # Safety
+/// See the module documentation; `w` holds `acts[0].d.len()` blocks, each `out[a]` is writable.
 #[inline(always)]
 unsafe fn row1<F: Format, const VNNI: bool, const R: usize>(
     w: *const u8,
@@ -582,6 +598,10 @@ unsafe fn row1<F: Format, const VNNI: bool, const R: usize>(
 /// Eight weight rows at `w + r·stride` against `R` activation rows, into `out[a][..8]`,
 /// prefetching the `next` bytes (the next eight rows) as it goes, so that memory is read in
 /// order.
+///
+/// # Safety
+/// See the module documentation; each of the eight rows holds `acts[0].d.len()` blocks, each
+/// `out[a]` has eight writable values.
 #[inline(always)]
 unsafe fn rows8<F: Format, const VNNI: bool, const R: usize>(
     w: *const u8,
@@ -645,6 +665,9 @@ unsafe fn rows8<F: Format, const VNNI: bool, const R: usize>(
 
 /// Weight rows `j` (at `w + j·stride`, `m` of them) against `R` activation rows: `out[a] + j`
 /// gets row j's value with activation row a; eight weight rows at a time.
+///
+/// # Safety
+/// See the module documentation; `w` holds `m` rows, `out[a] + j` is writable for j < m.
 #[inline(always)]
 unsafe fn rows_r<F: Format, const VNNI: bool, const R: usize>(
     w: &[u8],
@@ -677,6 +700,9 @@ unsafe fn rows_r<F: Format, const VNNI: bool, const R: usize>(
 /// Weight rows `j` (`m` = `w.len() / stride` of them) against every activation row `a`, into
 /// `out[a·ostride + j]`: up to four activation rows (two with AVX2's 16 registers) share each
 /// decoded weight block.
+///
+/// # Safety
+/// See the module documentation; `out + a·ostride + j` is writable for every a and j.
 #[inline(always)]
 unsafe fn rows<F: Format, const VNNI: bool>(
     w: &[u8],
