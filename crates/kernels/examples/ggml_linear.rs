@@ -60,7 +60,8 @@ fn random_weight(ty: BlockType, n: usize, k: usize, g: &mut Gen) -> Vec<u8> {
         BlockType::Q4_1 | BlockType::Q5_1 | BlockType::Q4_K | BlockType::Q5_K => &[0, 2],
         BlockType::Q6_K => &[208],
         BlockType::Q3_K => &[108],
-        BlockType::IQ4_XS => &[0],
+        BlockType::Q2_K => &[80, 82],
+        BlockType::IQ4_XS | BlockType::IQ4_NL => &[0],
         _ => &[],
     };
     for blk in data.chunks_exact_mut(ts) {
@@ -178,13 +179,15 @@ fn main() {
             }
         }
     }
-    println!("\nother formats, ffn down 4864→896 (Q5_K: integer kernel; the rest: dequantized rows and f32 dots)");
+    println!("\nother formats, ffn down 4864→896 (F16: dequantized rows and f32 dots; the rest: integer kernels)");
     println!("| weight | MB | threads | hot µs median (min–max) | hot GB/s | cold µs median (min–max) | cold GB/s |");
     println!("|---|---|---|---|---|---|---|");
     for ty in [
         BlockType::Q5_K,
         BlockType::Q3_K,
+        BlockType::Q2_K,
         BlockType::IQ4_XS,
+        BlockType::IQ4_NL,
         BlockType::F16,
     ] {
         let (k, n) = (4864, 896);

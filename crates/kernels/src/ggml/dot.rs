@@ -8,10 +8,14 @@
 //! - Q4_1 / Q5_1: `d_w·d_x·Σ q·qx + m_w·(d_x·Σ qx)`;
 //! - Q8_0: `d_w·d_x·Σ q·qx`;
 //! - Q4_K / Q5_K: `d_x·(d·Σ_s sc_s·Σ q·qx - dmin·Σ_s m_s·Σ qx)`;
-//! - Q6_K: `d_x·d·Σ_s sc_s·(Σ q·qx - 32·Σ qx)`.
+//! - Q6_K: `d_x·d·Σ_s sc_s·(Σ q·qx - 32·Σ qx)`;
+//! - Q2_K: `d_x·(d·Σ_s sc_s·Σ q·qx - dmin·Σ_s m_s·Σ qx)` over 16-value sub-blocks;
+//! - Q3_K: `d_x·d·Σ_s (sc_s - 32)·Σ q·qx` with `q` in `-4..4`;
+//! - IQ4_NL: `d_w·d_x·Σ v·qx` with `v` the table level of each code;
+//! - IQ4_XS: `d_x·d·Σ_s sc_s·Σ v·qx` over 32-value sub-blocks.
 
 use super::act::ActRow;
-use super::format::{byte, f16_at, k4_scales_mins};
+use super::format::{byte, f16_at, iq4xs_scale, k4_scales_mins, q3k_scales, KVALUES_IQ4NL};
 
 /// `Σ w·x` over the 32-blocks of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 row: `codes` gives a
 /// block's 32 unsigned (or signed) codes and `(d_w, m_w)`; the row value is
@@ -86,6 +90,89 @@ fn q8_0(w: &[u8], a: &ActRow<'_>) -> f32 {
         }
         (f16_at(b, 0), 0.0)
     })
+}
+
+fn iq4_nl(w: &[u8], a: &ActRow<'_>) -> f32 {
+    blocks32::<18>(w, a, |b, q| {
+        for j in 0..16 {
+            q[j] = i32::from(KVALUES_IQ4NL[usize::from(b[2 + j] & 0x0F)]);
+            q[j + 16] = i32::from(KVALUES_IQ4NL[usize::from(b[2 + j] >> 4)]);
+        }
+        (f16_at(b, 0), 0.0)
+    })
+}
+
+/// The 2-bit field of value `e` of a Q2_K / Q3_K block whose 64 bytes of low bits start at
+/// `qs`: bits `2·j` of byte `32·n + e % 32` for `e = 128·n + 32·j + ..`.
+#[inline(always)]
+fn two_bits(qs: &[u8], e: usize) -> i32 {
+    let (n, j) = (e / 128, (e % 128) / 32);
+    i32::from((qs[32 * n + e % 32] >> (2 * j)) & 3)
+}
+
+fn q2_k(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let (blocks, _) = w.as_chunks::<84>();
+    let mut y = 0f32;
+    for (b, blk) in blocks.iter().enumerate() {
+        let x = &a.qs[256 * b..256 * b + 256];
+        let bs = &a.bsums[16 * b..16 * b + 16];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for s in 0..16 {
+            let dot: i32 = (16 * s..16 * s + 16)
+                .map(|e| two_bits(&blk[16..80], e) * i32::from(x[e]))
+                .sum();
+            isum += i32::from(blk[s] & 0x0F) * dot;
+            msum += i32::from(blk[s] >> 4) * i32::from(bs[s]);
+        }
+        let dx = a.d[b];
+        y += dx * f16_at(blk, 80) * isum as f32 - dx * f16_at(blk, 82) * msum as f32;
+    }
+    y
+}
+
+fn q3_k(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let (blocks, _) = w.as_chunks::<110>();
+    let mut y = 0f32;
+    for (b, blk) in blocks.iter().enumerate() {
+        let x = &a.qs[256 * b..256 * b + 256];
+        let scales = q3k_scales(&blk[96..108]);
+        let mut isum = 0i32;
+        for (s, &sc) in scales.iter().enumerate() {
+            let dot: i32 = (16 * s..16 * s + 16)
+                .map(|e| {
+                    // The high bit (bit 4·n + j of hmask[e % 32]) set means no -4.
+                    let (n, j) = (e / 128, (e % 128) / 32);
+                    let high = (blk[e % 32] >> (4 * n + j)) & 1;
+                    let q = two_bits(&blk[32..96], e) - if high == 0 { 4 } else { 0 };
+                    q * i32::from(x[e])
+                })
+                .sum();
+            isum += (i32::from(sc) - 32) * dot;
+        }
+        y += a.d[b] * f16_at(blk, 108) * isum as f32;
+    }
+    y
+}
+
+fn iq4_xs(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let (blocks, _) = w.as_chunks::<136>();
+    let mut y = 0f32;
+    for (b, blk) in blocks.iter().enumerate() {
+        let x = &a.qs[256 * b..256 * b + 256];
+        let mut isum = 0i32;
+        for ib in 0..8 {
+            let qs = &blk[8 + 16 * ib..8 + 16 * ib + 16];
+            let xs = &x[32 * ib..32 * ib + 32];
+            let mut dot = 0i32;
+            for j in 0..16 {
+                dot += i32::from(KVALUES_IQ4NL[usize::from(qs[j] & 0x0F)]) * i32::from(xs[j]);
+                dot += i32::from(KVALUES_IQ4NL[usize::from(qs[j] >> 4)]) * i32::from(xs[j + 16]);
+            }
+            isum += iq4xs_scale(blk, ib) * dot;
+        }
+        y += a.d[b] * f16_at(blk, 0) * isum as f32;
+    }
+    y
 }
 
 /// `Σ w·x` over the 256-blocks of a Q4_K / Q5_K row; `code(blk, e)` is the code of value `e`.
@@ -209,4 +296,8 @@ many_rows! {
     q4_k => q4_k_rows;
     q5_k => q5_k_rows;
     q6_k => q6_k_rows;
+    q2_k => q2_k_rows;
+    q3_k => q3_k_rows;
+    iq4_nl => iq4_nl_rows;
+    iq4_xs => iq4_xs_rows;
 }

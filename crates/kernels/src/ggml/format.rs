@@ -293,23 +293,21 @@ impl<'a> GgmlBlocks<'a> {
 /// `vcvtph2ps` and the `half` crate do).
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from(h >> 10) & 0x1F;
-    let man = u32::from(h & 0x3FF);
-    let bits = if exp == 0x1F {
-        if man == 0 {
-            sign | 0x7F80_0000
-        } else {
-            sign | 0x7FC0_0000 | (man << 13)
-        }
-    } else if exp == 0 {
-        // Zero or subnormal: man · 2^-24, exact in f32.
-        let v = man as f32 * (1.0 / 16_777_216.0);
-        sign | v.to_bits()
+    // Branch-free (so that loops over it vectorise): the exponent and mantissa bits moved to
+    // f32's places and scaled by 2^112 give every finite value exactly, subnormals included;
+    // infinities and NaNs are picked apart.
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7FFF;
+    let finite = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let man = em & 0x3FF;
+    let special = 0x7F80_0000 | (man << 13) | if man != 0 { 0x0040_0000 } else { 0 };
+    let bits = if em >= 0x7C00 {
+        special
     } else {
-        sign | ((exp + 112) << 23) | (man << 13)
+        finite.to_bits()
     };
-    f32::from_bits(bits)
+    f32::from_bits(sign | bits)
 }
 
 /// `bfloat16` bits to f32 (a NaN gets the quiet bit, as the `half` crate does).
@@ -496,25 +494,31 @@ fn q2_k(b: &[u8; 84], y: &mut [f32; QK_K]) {
     }
 }
 
-/// `dequantize_row_q3_K`.
+/// The sixteen 6-bit scales of a Q3_K block (`0..64`, used as `scale - 32`) from its 12 packed
+/// bytes.
 #[inline(always)]
-fn q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
+pub(crate) fn q3k_scales(s: &[u8]) -> [u8; 16] {
     const KMASK1: u32 = 0x0303_0303;
     const KMASK2: u32 = 0x0f0f_0f0f;
-    let hm = &b[0..32];
-    let d_all = f16_at(b, 108);
-    let mut aux = [u32_at(b, 96), u32_at(b, 100), u32_at(b, 104), 0];
+    let mut aux = [u32_at(s, 0), u32_at(s, 4), u32_at(s, 8), 0];
     let tmp = aux[2];
     aux[2] = ((aux[0] >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4);
     aux[3] = ((aux[1] >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4);
     aux[0] = (aux[0] & KMASK2) | ((tmp & KMASK1) << 4);
     aux[1] = (aux[1] & KMASK2) | (((tmp >> 2) & KMASK1) << 4);
-    let mut scales = [0i8; 16];
+    let mut scales = [0u8; 16];
     for (i, w) in aux.iter().enumerate() {
-        for (k, byte) in w.to_le_bytes().iter().enumerate() {
-            scales[4 * i + k] = *byte as i8;
-        }
+        scales[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
     }
+    scales
+}
+
+/// `dequantize_row_q3_K`.
+#[inline(always)]
+fn q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
+    let hm = &b[0..32];
+    let d_all = f16_at(b, 108);
+    let scales = q3k_scales(&b[96..108]);
     let mut out = 0;
     let mut is = 0;
     let mut m: u8 = 1;
@@ -642,7 +646,7 @@ fn q8_k(b: &[u8; 292], y: &mut [f32; QK_K]) {
 }
 
 /// The non-linear levels of IQ4_NL / IQ4_XS (`kvalues_iq4nl`).
-const KVALUES_IQ4NL: [i8; 16] = [
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
@@ -657,17 +661,21 @@ fn iq4_nl(b: &[u8; 18], y: &mut [f32; 32]) {
     }
 }
 
+/// The scale of sub-block `ib` (32 values) of an IQ4_XS block, `-32..32`.
+#[inline(always)]
+pub(crate) fn iq4xs_scale(b: &[u8], ib: usize) -> i32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let low = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F) as i32;
+    (low | ((((scales_h >> (2 * ib)) & 3) as i32) << 4)) - 32
+}
+
 /// `dequantize_row_iq4_xs`.
 #[inline(always)]
 fn iq4_xs(b: &[u8; 136], y: &mut [f32; QK_K]) {
     let d = f16_at(b, 0);
-    let scales_h = u16::from_le_bytes([b[2], b[3]]);
-    let scales_l = &b[4..8];
     for (ib, chunk) in y.chunks_exact_mut(32).enumerate() {
         let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
-        let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) as i32
-            | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
-        let dl = d * (ls - 32) as f32;
+        let dl = d * iq4xs_scale(b, ib) as f32;
         for j in 0..16 {
             chunk[j] = dl * KVALUES_IQ4NL[(qs[j] & 0x0F) as usize] as f32;
             chunk[j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;

@@ -7,9 +7,9 @@
 //!   VNNI, AVX2 or portable kernels chosen at run time ([`Int8Isa`]), rayon over chunks of output
 //!   rows. Every weight byte is read once and streamed (the memory-bound GEMV of token
 //!   generation); eight weight rows share the float work of a block, and up to four activation
-//!   rows share each decoded weight block. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have
-//!   integer kernels; the other formats dequantize one weight row at a time into a small f32
-//!   scratch and take f32 dot products.
+//!   rows share each decoded weight block. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+//!   Q6_K, IQ4_NL and IQ4_XS have integer kernels; the others (F32, F16, BF16, Q8_1, Q8_K)
+//!   dequantize one weight row at a time into a small f32 scratch and take f32 dot products.
 //! - **Panel path** (prefill): panels of weight rows are dequantized to f32 into an L2-sized
 //!   scratch and multiplied with every activation row by the f32 matrix multiply; the whole f32
 //!   weight is never built.
@@ -119,6 +119,10 @@ fn dot_kernel(ty: BlockType, isa: Int8Isa) -> Option<(DotFn, usize)> {
             BlockType::Q4_K => pick(x86::q4_k_avx2, x86::q4_k_vnni),
             BlockType::Q5_K => pick(x86::q5_k_avx2, x86::q5_k_vnni),
             BlockType::Q6_K => pick(x86::q6_k_avx2, x86::q6_k_vnni),
+            BlockType::Q2_K => pick(x86::q2_k_avx2, x86::q2_k_vnni),
+            BlockType::Q3_K => pick(x86::q3_k_avx2, x86::q3_k_vnni),
+            BlockType::IQ4_NL => pick(x86::iq4_nl_avx2, x86::iq4_nl_vnni),
+            BlockType::IQ4_XS => pick(x86::iq4_xs_avx2, x86::iq4_xs_vnni),
             _ => None,
         };
         if let Some(f) = simd {
@@ -134,6 +138,10 @@ fn dot_kernel(ty: BlockType, isa: Int8Isa) -> Option<(DotFn, usize)> {
         BlockType::Q4_K => dot::q4_k_rows,
         BlockType::Q5_K => dot::q5_k_rows,
         BlockType::Q6_K => dot::q6_k_rows,
+        BlockType::Q2_K => dot::q2_k_rows,
+        BlockType::Q3_K => dot::q3_k_rows,
+        BlockType::IQ4_NL => dot::iq4_nl_rows,
+        BlockType::IQ4_XS => dot::iq4_xs_rows,
         _ => return None,
     };
     let _ = isa;

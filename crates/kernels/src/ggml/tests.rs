@@ -88,6 +88,10 @@ fn part_bound(ty: BlockType, blk: &[u8], values: &[f32]) -> f64 {
         BlockType::Q4_K => 63.0 * 15.0 * d() + 63.0 * m(),
         BlockType::Q5_K => 63.0 * 31.0 * d() + 63.0 * m(),
         BlockType::Q6_K => 128.0 * 95.0 * f16_field(blk, 208).abs(),
+        BlockType::Q2_K => 15.0 * 3.0 * f16_field(blk, 80).abs() + 15.0 * f16_field(blk, 82).abs(),
+        BlockType::Q3_K => 32.0 * 11.0 * f16_field(blk, 108).abs(),
+        BlockType::IQ4_NL => 127.0 * d(),
+        BlockType::IQ4_XS => 32.0 * 127.0 * d(),
         _ => values.iter().fold(0f64, |a, v| a.max(f64::from(v.abs()))),
     }
 }

@@ -24,7 +24,7 @@
 use std::arch::x86_64::*;
 
 use super::act::ActRow;
-use super::format::k4_scales_mins;
+use super::format::{iq4xs_scale, k4_scales_mins, q3k_scales, KVALUES_IQ4NL};
 
 /// An f16 at `p` (any alignment) as f32.
 ///
@@ -270,6 +270,145 @@ format32!(
     |_b, _d| 0.0,
     |_b, _s, _d| _mm256_setzero_ps()
 );
+
+format32!(
+    IQ4NL,
+    18,
+    Second::None,
+    |blk| _mm256_shuffle_epi8(iq4_levels(), nibbles(blk.add(2))),
+    |_b, _d| 0.0,
+    |_b, _s, _d| _mm256_setzero_ps()
+);
+
+/// The sixteen IQ4 levels in both 128-bit halves (a `vpshufb` table).
+#[inline(always)]
+unsafe fn iq4_levels() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()))
+}
+
+/// IQ4_XS: `I = Σ_s sc_s·Σ v·qx` over its eight 32-value sub-blocks, `v` the (signed) levels.
+struct IQ4XS;
+impl Format for IQ4XS {
+    const TS: usize = 136;
+    const QK: usize = 256;
+    const SECOND: Second = Second::None;
+    #[inline(always)]
+    unsafe fn ints<const VNNI: bool, const R: usize>(
+        blk: *const u8,
+        a: &Acts<R>,
+    ) -> [(__m256i, __m256i); R] {
+        let zero = _mm256_setzero_si256();
+        let mut out = [(zero, zero); R];
+        let levels = iq4_levels();
+        let head = std::slice::from_raw_parts(blk, 8);
+        for ib in 0..8 {
+            let v = _mm256_shuffle_epi8(levels, nibbles(blk.add(8 + 16 * ib)));
+            let sc = _mm256_set1_epi16(iq4xs_scale(head, ib) as i16);
+            let abs = _mm256_sign_epi8(v, v);
+            for (o, x) in out.iter_mut().zip(a.0) {
+                let x = _mm256_sign_epi8(loadx(x.add(32 * ib)), v);
+                o.0 = dot_us_scaled::<VNNI>(o.0, abs, x, sc);
+            }
+        }
+        out
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> (f32, f32) {
+        (f16(blk), 0.0)
+    }
+    #[inline(always)]
+    unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256) {
+        (f16x8(blk, stride), _mm256_setzero_ps())
+    }
+}
+
+/// Q2_K (`THREE = false`: `I = Σ_s sc_s·Σ q·qx`, `M = Σ_s m_s·Σ qx`, `(d_w, m_w) = (d, -dmin)`)
+/// and Q3_K (`THREE = true`: `I = Σ_s (sc_s - 32)·(Σ u·qx - 4·Σ qx)` with `u = q + 4` in
+/// `0..8`), over sixteen 16-value sub-blocks; the 2-bit fields of 32 bytes, shifted by 2·j,
+/// are the 32 values `128·n + 32·j + ..`.
+struct Q23K<const THREE: bool>;
+impl<const THREE: bool> Format for Q23K<THREE> {
+    const TS: usize = if THREE { 110 } else { 84 };
+    const QK: usize = 256;
+    const SECOND: Second = if THREE { Second::None } else { Second::Sums };
+    #[inline(always)]
+    unsafe fn ints<const VNNI: bool, const R: usize>(
+        blk: *const u8,
+        a: &Acts<R>,
+    ) -> [(__m256i, __m256i); R] {
+        let zero = _mm256_setzero_si256();
+        let mut out = [(zero, zero); R];
+        let m3 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi8(1);
+        let sc16 = if THREE {
+            let raw = q3k_scales(std::slice::from_raw_parts(blk.add(96), 12));
+            let sc = _mm_sub_epi8(_mm_loadu_si128(raw.as_ptr().cast()), _mm_set1_epi8(32));
+            let sc16 = _mm256_cvtepi8_epi16(sc);
+            // 4 · Σ_s sc_s · Σ qx: the offset of the codes, taken off at the start.
+            for (o, bs) in out.iter_mut().zip(a.1) {
+                let sums = _mm256_madd_epi16(sc16, _mm256_loadu_si256(bs.cast()));
+                o.0 = _mm256_sub_epi32(zero, _mm256_slli_epi32(sums, 2));
+            }
+            sc16
+        } else {
+            let raw = _mm_loadu_si128(blk.cast());
+            let m4 = _mm_set1_epi8(0x0F);
+            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+            for (o, bs) in out.iter_mut().zip(a.1) {
+                o.1 = _mm256_madd_epi16(mins, _mm256_loadu_si256(bs.cast()));
+            }
+            _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4))
+        };
+        let qs = blk.add(if THREE { 32 } else { 16 });
+        let hm = if THREE { load(blk) } else { zero };
+        for n in 0..2 {
+            let scales = if n == 0 {
+                _mm256_permute2x128_si256(sc16, sc16, 0x00)
+            } else {
+                _mm256_permute2x128_si256(sc16, sc16, 0x11)
+            };
+            // Shifting 16-bit lanes keeps each byte's own next bits at the bottom.
+            let mut q = load(qs.add(32 * n));
+            let mut high = if n == 0 { hm } else { _mm256_srli_epi16(hm, 4) };
+            for j in 0..4 {
+                let mut codes = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16(q, 2);
+                if THREE {
+                    let h = _mm256_and_si256(high, one);
+                    codes = _mm256_or_si256(codes, _mm256_slli_epi16(h, 2));
+                    high = _mm256_srli_epi16(high, 1);
+                }
+                let vi = j as i32;
+                let sc = _mm256_shuffle_epi8(scales, pick(2 * vi, 2 * vi + 1));
+                for (o, x) in out.iter_mut().zip(a.0) {
+                    let x = loadx(x.add(128 * n + 32 * j));
+                    o.0 = dot_us_scaled::<VNNI>(o.0, codes, x, sc);
+                }
+            }
+        }
+        out
+    }
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> (f32, f32) {
+        if THREE {
+            (f16(blk.add(108)), 0.0)
+        } else {
+            (f16(blk.add(80)), -f16(blk.add(82)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales8(blk: *const u8, stride: usize) -> (__m256, __m256) {
+        if THREE {
+            (f16x8(blk.add(108), stride), _mm256_setzero_ps())
+        } else {
+            let m = f16x8(blk.add(82), stride);
+            (
+                f16x8(blk.add(80), stride),
+                _mm256_xor_ps(m, _mm256_set1_ps(-0.0)),
+            )
+        }
+    }
+}
 
 /// Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`): `I = Σ_s sc_s·Σ q·qx`, `M = Σ_s m_s·Σ qx`,
 /// `(d_w, m_w) = (d, -dmin)`.
@@ -776,4 +915,8 @@ compile! {
     Q45K<false> => q4_k_avx2, q4_k_vnni;
     Q45K<true> => q5_k_avx2, q5_k_vnni;
     Q6K => q6_k_avx2, q6_k_vnni;
+    Q23K<false> => q2_k_avx2, q2_k_vnni;
+    Q23K<true> => q3_k_avx2, q3_k_vnni;
+    IQ4NL => iq4_nl_avx2, iq4_nl_vnni;
+    IQ4XS => iq4_xs_avx2, iq4_xs_vnni;
 }
