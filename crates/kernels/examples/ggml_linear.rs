@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use ipfs_accelerate_kernels::{
-    linear, linear_ggml, linear_ggml_with, BlockType, Epilogue, GgmlBlocks, GgmlPath, Int8Isa,
+    ggml_isa, linear, linear_ggml, linear_ggml_with, BlockType, Epilogue, GgmlBlocks, GgmlPath,
 };
 
 const REPEATS: usize = 11;
@@ -113,7 +113,7 @@ fn main() {
     ];
     let mut g = Gen(0x9E37_79B9_7F4A_7C15);
     let mut flusher = vec![0u64; (128 << 20) / 8];
-    println!("int8 kernels: {:?}", Int8Isa::detect());
+    println!("int8 kernels: {:?}", ggml_isa());
     println!(
         "| shape (k→n) | weight | MB | threads | hot µs median (min–max) | hot GB/s | cold µs median (min–max) | cold GB/s |"
     );
@@ -243,7 +243,7 @@ fn main() {
                                 k,
                                 &w,
                                 Epilogue::default(),
-                                Int8Isa::detect(),
+                                ggml_isa(),
                                 path,
                             ));
                         },

@@ -91,8 +91,9 @@ fn isa_available(isa: Int8Isa) -> bool {
     }
 }
 
-/// The widest kernel set this CPU runs.
-fn detect_isa() -> Int8Isa {
+/// The widest ggml kernel set this CPU runs (what [`linear_ggml`] uses; the int8 check of
+/// [`Int8Isa::available`] plus F16C and FMA, and AVX-512 VL / BW for the VNNI kernels).
+pub fn ggml_isa() -> Int8Isa {
     *Int8Isa::ALL
         .iter()
         .rev()
@@ -180,7 +181,7 @@ pub fn linear_ggml(
     w: &GgmlBlocks<'_>,
     epilogue: Epilogue<'_>,
 ) -> Vec<f32> {
-    linear_ggml_run(x, rows, k, w, epilogue, detect_isa(), GgmlPath::Auto)
+    linear_ggml_run(x, rows, k, w, epilogue, ggml_isa(), GgmlPath::Auto)
 }
 
 /// As [`linear_ggml`] with the kernels of `isa` and the path `path`; `None` when this CPU lacks

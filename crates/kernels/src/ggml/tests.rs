@@ -266,7 +266,7 @@ fn epilogue_is_applied_on_both_paths() {
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
     for path in [GgmlPath::Dot, GgmlPath::Panels] {
-        let isa = detect_isa();
+        let isa = ggml_isa();
         let plain = linear_ggml_with(&x, rows, k, &w, Epilogue::default(), isa, path).unwrap();
         let epi = Epilogue {
             bias: Some(&bias),
