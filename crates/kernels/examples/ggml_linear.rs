@@ -113,7 +113,7 @@ fn main() {
     ];
     let mut g = Gen(0x9E37_79B9_7F4A_7C15);
     let mut flusher = vec![0u64; (128 << 20) / 8];
-    println!("int8 kernels: {:?}", ggml_isa());
+    println!("ggml kernels: {:?}", ggml_isa());
     println!(
         "| shape (k→n) | weight | MB | threads | hot µs median (min–max) | hot GB/s | cold µs median (min–max) | cold GB/s |"
     );
