@@ -270,6 +270,62 @@ fn smollm2_file_parses_and_dequantizes() {
     assert!(f.tensor("nope.weight").is_err());
 }
 
+/// The decode kernels of `ipfs-accelerate-kernels` on this file's weights, read in place: each
+/// output within the bound of the activation rounding (half a step of each 32- or 256-value
+/// block) of the f64 product of the dequantized weight.
+#[test]
+fn smollm2_linear_runs_on_the_quantized_weights() {
+    use ipfs_accelerate_kernels::{linear_ggml, Epilogue, GgmlBlocks};
+    let Some(path) = shared_file("smollm2_linear_runs_on_the_quantized_weights", SMOLLM) else {
+        return;
+    };
+    let f = GgufFile::open(&path).unwrap();
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.0.attn_k.weight",
+        "blk.5.ffn_down.weight",
+        "blk.29.ffn_up.weight",
+        "token_embd.weight",
+    ] {
+        let (ty, raw) = f.raw_tensor(name).unwrap();
+        let shape = f.shape_of(name).unwrap();
+        let (n, k) = (shape[0], shape[1]);
+        let bt = ty.block_type().unwrap();
+        let w = GgmlBlocks::new(bt, raw, n, k).unwrap();
+        let deq = f.dequantize_tensor(name).unwrap();
+        let act_block = if bt.block_size() == 256 { 256 } else { 32 };
+        for rows in [1, 3] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            let y = linear_ggml(&x, rows, k, &w, Epilogue::default());
+            for r in 0..rows {
+                let xr = &x[r * k..(r + 1) * k];
+                let steps: Vec<f64> = xr
+                    .chunks(act_block)
+                    .map(|b| f64::from(b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0))
+                    .collect();
+                for j in (0..n).step_by(n / 97 + 1) {
+                    let wr = &deq[j * k..(j + 1) * k];
+                    let (mut want, mut bound, mut mag) = (0f64, 0f64, 0f64);
+                    for (i, (&wi, &xi)) in wr.iter().zip(xr).enumerate() {
+                        want += f64::from(wi) * f64::from(xi);
+                        bound += f64::from(wi.abs()) * steps[i / act_block] / 2.0;
+                        mag += f64::from(wi.abs()) * (f64::from(xi.abs()) + steps[i / act_block]);
+                    }
+                    let got = f64::from(y[r * n + j]);
+                    // f32 rounding of sums over k <= 1536 values: (k + 16)·2^-24 < 1e-4.
+                    let tol = bound + 1e-4 * mag;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{name} ({ty}) row {r} out {j}: {got} vs {want} (bound {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn smollm2_tokenizer_matches_the_reference() {
     let Some(path) = shared_file("smollm2_tokenizer_matches_the_reference", SMOLLM) else {

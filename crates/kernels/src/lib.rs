@@ -4,7 +4,9 @@
 //! tensor library: exact (erf) and tanh GELU, SiLU, row softmax, a linear layer with
 //! its bias, residual and activation fused into the matrix multiply's output pass, and scaled
 //! dot-product attention over strided `[batch, heads, seq, dim]` views that writes the merged-head
-//! layout directly.
+//! layout directly; int8 linear layers ([`linear_int8`]) and linear layers on ggml / GGUF weights
+//! kept in their quantized block layout ([`linear_ggml`] on a [`GgmlBlocks`] view, with the one
+//! reference dequantisation of each block format, [`dequantize_row`]).
 //!
 //! Each element-wise kernel is written once as branch-free scalar code and compiled three times
 //! (AVX-512, AVX2 + FMA, baseline); the widest version the CPU supports is chosen at run time, so
@@ -55,12 +57,17 @@ macro_rules! multiversion {
 
 mod attention;
 mod bf16linear;
+mod ggml;
 mod linear;
 mod math;
 mod qlinear;
 
 pub use attention::{attention, StridedView};
 pub use bf16linear::{linear_bf16, round_bf16, Bf16Isa, PackedBf16};
+pub use ggml::{
+    bf16_to_f32, dequantize_row, f16_to_f32, ggml_isa, linear_ggml, linear_ggml_with, BlockType,
+    GgmlBlocks, GgmlError, GgmlPath, PANEL_MIN_ROWS, PANEL_MIN_ROWS_FLOAT, QK_K,
+};
 pub use linear::{linear, Epilogue, EpilogueActivation};
 pub use math::{exp, gelu_erf, gelu_tanh, quick_gelu, silu, softmax_rows};
 pub use qlinear::{linear_int8, Int8Isa, PackedInt8};

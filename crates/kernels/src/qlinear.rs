@@ -491,14 +491,14 @@ fn run_tile(isa: Int8Isa, t: &Tile<'_>, out: &mut [f32]) {
 
 /// An output pointer shared by tasks that write disjoint tiles.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 impl OutPtr {
     /// The pointer `i` values past the start (a method, so closures capture the whole
     /// `Send + Sync` wrapper rather than its raw pointer field).
     ///
     /// # Safety
     /// `i` is within the output.
-    unsafe fn at(self, i: usize) -> *mut f32 {
+    pub(crate) unsafe fn at(self, i: usize) -> *mut f32 {
         self.0.add(i)
     }
 }
