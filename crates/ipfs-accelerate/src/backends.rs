@@ -308,6 +308,18 @@ fn run_in<H: ipfs_accelerate_core::Backend, W: WithBackend>(
             },
         ));
     }
+    // bf16 on the CPU with its kernels: f32 tensors, linear weights kept as bf16 and multiplied
+    // by the AVX-512 BF16 kernel (burn-flex's own bf16 tensors run generic code, slower than f32).
+    if precision == Precision::BF16
+        && hal.kind() == BackendKind::Cpu
+        && ipfs_accelerate_nn::fast::enabled()
+    {
+        if hal.set_precision(Precision::F32).is_err() {
+            // The device already computes in another precision: say so in bf16's terms.
+            hal.set_precision(precision)?;
+        }
+        return ipfs_accelerate_nn::fast::with_bf16_linears(|| work.run(hal));
+    }
     hal.set_precision(precision)?;
     if precision == Precision::F32 && hal.rounds_f32_products() && !tf32_allowed() {
         ipfs_accelerate_nn::exact::split_f32_products::<H::Burn>();

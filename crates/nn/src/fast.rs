@@ -7,6 +7,7 @@
 //! to rule them out when debugging).
 
 use std::any::{Any, TypeId};
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
@@ -91,6 +92,33 @@ pub(crate) fn int8_kernel<B: Backend>() -> bool {
     is_cpu_backend::<B>() && enabled()
 }
 
+thread_local! {
+    /// Set inside [`with_bf16_linears`].
+    static BF16_LINEARS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `load` with the float linear weights it loads on the CPU backend kept as bf16 and
+/// multiplied by the bf16 kernel (`ipfs-accelerate-kernels`' `linear_bf16`: activations rounded
+/// to bf16, products summed in f32, as PyTorch's bf16 matmuls), everything else in f32. This
+/// is what `--precision bf16` means on the CPU. Other backends, and the CPU with its kernels
+/// off, load as usual.
+pub fn with_bf16_linears<T>(load: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BF16_LINEARS.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(BF16_LINEARS.with(|c| c.replace(true)));
+    load()
+}
+
+/// Whether a float linear weight loaded now for `B` is kept as bf16 (see
+/// [`with_bf16_linears`]).
+pub(crate) fn bf16_linears<B: Backend>() -> bool {
+    is_cpu_backend::<B>() && enabled() && BF16_LINEARS.with(Cell::get)
+}
+
 /// `act(x · w + bias + residual)` for `x` `[rows, in]`, `w` `[in, out]`, through one fused kernel,
 /// or `None` (inputs untouched) when the fast path does not apply.
 pub(crate) fn linear<B: Backend>(
@@ -107,7 +135,7 @@ pub(crate) fn linear<B: Backend>(
     let w = contiguous(into_flex(w.clone())?);
     let w = w.as_slice::<f32>()?;
     fused(x, k, n, bias, residual, act, |x, rows, epilogue| {
-        kernels::linear(x, rows, k, w, n, epilogue)
+        Some(kernels::linear(x, rows, k, w, n, epilogue))
     })
 }
 
@@ -122,7 +150,21 @@ pub(crate) fn linear_int8<B: Backend>(
     act: Option<Activation>,
 ) -> Option<Tensor<B, 2>> {
     fused(x, w.k(), w.n(), bias, residual, act, |x, rows, epilogue| {
-        kernels::linear_int8(x, rows, w, epilogue)
+        Some(kernels::linear_int8(x, rows, w, epilogue))
+    })
+}
+
+/// `act(x · wᵀ + bias + residual)` for `x` `[rows, in]` and a bf16 weight packed for the CPU
+/// kernel, or `None` (inputs untouched) when the fast path does not apply.
+pub(crate) fn linear_bf16<B: Backend>(
+    x: &Tensor<B, 2>,
+    w: &kernels::PackedBf16,
+    bias: Option<&Tensor<B, 1>>,
+    residual: Option<&Tensor<B, 2>>,
+    act: Option<Activation>,
+) -> Option<Tensor<B, 2>> {
+    fused(x, w.k(), w.n(), bias, residual, act, |x, rows, epilogue| {
+        kernels::linear_bf16(x, rows, w.k(), w, epilogue)
     })
 }
 
@@ -136,7 +178,7 @@ fn fused<B: Backend>(
     bias: Option<&Tensor<B, 1>>,
     residual: Option<&Tensor<B, 2>>,
     act: Option<Activation>,
-    product: impl FnOnce(&[f32], usize, Epilogue<'_>) -> Vec<f32>,
+    product: impl FnOnce(&[f32], usize, Epilogue<'_>) -> Option<Vec<f32>>,
 ) -> Option<Tensor<B, 2>> {
     if !(eligible(x) && bias.is_none_or(eligible) && residual.is_none_or(eligible)) {
         return None;
@@ -169,7 +211,7 @@ fn fused<B: Backend>(
         },
         activation,
     };
-    let out = product(x.as_slice::<f32>()?, rows, epilogue);
+    let out = product(x.as_slice::<f32>()?, rows, epilogue)?;
     Some(from_flex(new_flex(out, vec![rows, n])))
 }
 

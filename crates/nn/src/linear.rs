@@ -104,12 +104,16 @@ impl<B: Backend> Linear<B> {
         crate::gptq::observe(&self.weight, &x2);
         dims[D - 1] = self.out_dim();
         let residual = residual.map(|r| r.reshape([rows, self.out_dim()]));
-        if let Some(packed) = self.weight.packed_int8() {
-            let fused =
-                crate::fast::linear_int8(&x2, packed, self.bias.as_ref(), residual.as_ref(), act);
-            if let Some(y) = fused {
-                return y.reshape(dims);
-            }
+        let (bias, res) = (self.bias.as_ref(), residual.as_ref());
+        let packed = if let Some(w) = self.weight.packed_int8() {
+            crate::fast::linear_int8(&x2, w, bias, res, act)
+        } else if let Some(w) = self.weight.packed_bf16() {
+            crate::fast::linear_bf16(&x2, w, bias, res, act)
+        } else {
+            None
+        };
+        if let Some(y) = packed {
+            return y.reshape(dims);
         }
         let weight = self.weight.matrix();
         let fused = crate::fast::linear(&x2, &weight, self.bias.as_ref(), residual.as_ref(), act);

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use burn::tensor::quantization::{BlockSize, QuantLevel, QuantScheme, QuantStore, QuantValue};
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 use ipfs_accelerate_core::{Error, Result};
-use ipfs_accelerate_kernels::PackedInt8;
+use ipfs_accelerate_kernels::{PackedBf16, PackedInt8};
 
 /// How the weights of linear layers are kept in memory. Embeddings and norms stay float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -287,6 +287,12 @@ enum Store<B: Backend> {
         packed: Arc<PackedInt8>,
         device: B::Device,
     },
+    /// A float weight kept as bf16 for the CPU kernel (inside
+    /// [`crate::fast::with_bf16_linears`]).
+    PackedBf16 {
+        packed: Arc<PackedBf16>,
+        device: B::Device,
+    },
     /// Packed int4: value `i` of the row-major `[out, in]` matrix is nibble `i / words` of word
     /// `i % words` (planes of `words` values, so unpacking is eight shifts and a concatenation),
     /// stored as `q + 8` in `1..=15`; `scales` has one f32 per block.
@@ -336,6 +342,19 @@ impl<B: Backend> LinearWeight<B> {
             )));
         }
         let store = match q {
+            WeightQuantization::None if crate::fast::bf16_linears::<B>() => {
+                match PackedBf16::new(values, out_dim, in_dim) {
+                    Some(packed) => Store::PackedBf16 {
+                        packed: Arc::new(packed),
+                        device: device.clone(),
+                    },
+                    None => {
+                        return Err(Error::InvalidInput(format!(
+                            "a [{out_dim}, {in_dim}] linear weight is too large to pack as bf16"
+                        )))
+                    }
+                }
+            }
             WeightQuantization::None => {
                 let mut t = vec![0f32; values.len()];
                 for (o, row) in values.chunks_exact(in_dim.max(1)).enumerate() {
@@ -440,7 +459,7 @@ impl<B: Backend> LinearWeight<B> {
         match &self.store {
             Store::Float(t) | Store::Int8(t) => t.device(),
             Store::Int4 { scales, .. } => scales.device(),
-            Store::PackedInt8 { device, .. } => device.clone(),
+            Store::PackedInt8 { device, .. } | Store::PackedBf16 { device, .. } => device.clone(),
         }
     }
 
@@ -474,6 +493,15 @@ impl<B: Backend> LinearWeight<B> {
                     + size(scales.shape().num_elements(), scales.dtype())
             }
             Store::PackedInt8 { packed, .. } => packed.bytes(),
+            Store::PackedBf16 { packed, .. } => packed.bytes(),
+        }
+    }
+
+    /// The float weight kept as bf16 for the CPU kernel, when it is kept that way.
+    pub fn packed_bf16(&self) -> Option<&PackedBf16> {
+        match &self.store {
+            Store::PackedBf16 { packed, .. } => Some(packed),
+            _ => None,
         }
     }
 
@@ -498,6 +526,16 @@ impl<B: Backend> LinearWeight<B> {
                     for (i, &c) in row.iter().enumerate() {
                         t[i * self.out_dim + o] =
                             f32::from(c) * scales[o * blocks + i / packed.block()];
+                    }
+                }
+                Tensor::from_data(TensorData::new(t, [self.in_dim, self.out_dim]), device)
+            }
+            Store::PackedBf16 { packed, device } => {
+                let values = packed.unpack();
+                let mut t = vec![0f32; values.len()];
+                for (o, row) in values.chunks_exact(self.in_dim.max(1)).enumerate() {
+                    for (i, &v) in row.iter().enumerate() {
+                        t[i * self.out_dim + o] = v;
                     }
                 }
                 Tensor::from_data(TensorData::new(t, [self.in_dim, self.out_dim]), device)

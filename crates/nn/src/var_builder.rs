@@ -135,6 +135,7 @@ impl<B: Backend> VarBuilder<B> {
             WeightQuantization::None
         };
         let form = match q {
+            WeightQuantization::None if crate::fast::bf16_linears::<B>() => "linear-bf16".into(),
             WeightQuantization::None => "linear-f32".to_string(),
             WeightQuantization::Int8 { block_size } => format!("linear-int8-{block_size}"),
             WeightQuantization::Int4 { block_size } => format!("linear-int4-{block_size}"),
