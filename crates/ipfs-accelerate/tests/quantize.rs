@@ -163,6 +163,32 @@ fn minilm_quantized_embeddings_stay_close_and_the_linear_weights_shrink() {
     }
 }
 
+/// `--precision bf16` on the CPU (issue #24): linear weights kept as bf16 (half the bytes) and
+/// multiplied by the bf16 kernel, everything else f32; every reference sentence within cosine
+/// 0.999 of HF's float64 embedding. It loads with the device in f32, so it shares this binary.
+#[test]
+fn minilm_bf16_on_the_cpu_stays_within_0_999() {
+    let test = "minilm_bf16_on_the_cpu_stays_within_0_999";
+    let Some((model, refs)) = minilm(test) else {
+        return;
+    };
+    let refs = Refs::load(&refs);
+    let pipe = minilm_builder(&model, WeightQuantization::None)
+        .precision(ipfs_accelerate::Precision::BF16)
+        .build()
+        .unwrap();
+    let cosines = refs.cosines(&pipe);
+    let (min, mean) = min_mean(&cosines);
+    let w = pipe.weights();
+    let ratio = w.linear_f32_bytes as f64 / w.linear_bytes as f64;
+    eprintln!("bf16: cosine min {min:.6} mean {mean:.6}; linear weights {ratio:.2}x smaller");
+    assert!(min >= 0.999, "bf16: cosine min {min}");
+    assert!(min < 0.999_999_9, "bf16 changed nothing: {min}");
+    if ipfs_accelerate_nn::fast::enabled() {
+        assert!(ratio > 1.9, "bf16 linear weights only {ratio:.2}x smaller");
+    }
+}
+
 /// Issue #10's int4 bound, met with calibration: GPTQ (`nn::gptq`, default options: damping
 /// 0.1, codes -8..=7, each block's clipping chosen by GPTQ's own loss) on the built-in corpus
 /// (`data/calibration_en.txt`, which shares no sentence with the reference sentences), in the
