@@ -20,18 +20,24 @@
 //!   slower than this one on Zen 3.
 //! - **Scalar**, everywhere else.
 //!
-//! Weights are packed once ([`PackedInt8`]) into panels of 16 outputs whose codes are
+//! Weights are packed once ([`PackedInt8`]) into panels of 32 outputs (VNNI: two registers, so
+//! each broadcast activation feeds two `vpdpbusd`) or 16 (AVX2, scalar) whose codes are
 //! interleaved in groups of 4 in-features (VNNI, scalar) or 2 (AVX2), the operand layout of each
-//! instruction; the product
-//! runs on every rayon thread over tiles of rows × panels, and the bias, residual and activation
-//! of an [`Epilogue`] are applied to each finished tile.
+//! instruction. The activations are quantized with vectorised code (AVX-512 for VNNI); the
+//! product runs on every rayon thread over tiles of rows × panels, and the bias, residual and
+//! activation of an [`Epilogue`] are applied to each finished tile.
 
 use rayon::prelude::*;
 
 use crate::linear::{finish_rows, Epilogue};
 
-/// Outputs per packed panel (one 512-bit or two 256-bit registers of i32 sums).
+/// Outputs per packed panel of the AVX2 and scalar kernels (two 256-bit registers of i32 sums).
 const PANEL: usize = 16;
+/// Outputs per packed panel of the VNNI kernel (two 512-bit registers of i32 sums, so each
+/// broadcast activation feeds two `vpdpbusd`).
+const VNNI_PANEL: usize = 32;
+/// The most rows of any kernel's tile.
+const MAX_TILE_ROWS: usize = 8;
 /// In-features per interleaved group at most (the four bytes one 32-bit lane of `vpdpbusd`
 /// sums); every block size is a multiple of it.
 const GROUP: usize = 4;
@@ -61,6 +67,7 @@ impl Int8Isa {
             Int8Isa::Avx512Vnni => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -82,7 +89,15 @@ impl Int8Isa {
         match self {
             Int8Isa::Scalar => 4,
             Int8Isa::Avx2 => 6,
-            Int8Isa::Avx512Vnni => 8,
+            Int8Isa::Avx512Vnni => 6,
+        }
+    }
+
+    /// Outputs per packed panel.
+    fn panel(self) -> usize {
+        match self {
+            Int8Isa::Avx512Vnni => VNNI_PANEL,
+            Int8Isa::Scalar | Int8Isa::Avx2 => PANEL,
         }
     }
 
@@ -101,9 +116,10 @@ impl Int8Isa {
 }
 
 /// An int8 weight `[n, k]` (n outputs of k in-features, PyTorch's `[out, in]`) packed for
-/// [`linear_int8`]: codes in panels of 16 outputs, interleaved by groups of 4 or 2 in-features
-/// (zero-padded; the group of the kernel it is packed for), one f32 scale per block of `block` in-features of each output, and, for the
-/// VNNI kernel, `-128 ·` each block's code sum.
+/// [`linear_int8`]: codes in panels of 32 (VNNI) or 16 outputs, interleaved by groups of 4 or 2
+/// in-features (zero-padded; the panel and group of the kernel it is packed for), one f32 scale
+/// per block of `block` in-features of each output, and, for the VNNI kernel, `-128 ·` each
+/// block's code sum.
 #[derive(Debug, Clone)]
 pub struct PackedInt8 {
     n: usize,
@@ -143,25 +159,26 @@ impl PackedInt8 {
         if codes.len() != n.checked_mul(k)? || scales.len() != n.checked_mul(blocks)? {
             return None;
         }
-        let panels = n.div_ceil(PANEL);
+        let panel = isa.panel();
+        let panels = n.div_ceil(panel);
         let group = isa.group();
         let groups = k.div_ceil(group);
-        let mut packed = vec![0i8; panels * groups * PANEL * group];
-        let mut packed_scales = vec![0f32; panels * blocks * PANEL];
+        let mut packed = vec![0i8; panels * groups * panel * group];
+        let mut packed_scales = vec![0f32; panels * blocks * panel];
         let mut offsets = if isa.unsigned_activations() {
-            vec![0i32; panels * blocks * PANEL]
+            vec![0i32; panels * blocks * panel]
         } else {
             Vec::new()
         };
         for j in 0..n {
-            let (p, c) = (j / PANEL, j % PANEL);
+            let (p, c) = (j / panel, j % panel);
             let row = &codes[j * k..(j + 1) * k];
             for (i, &q) in row.iter().enumerate() {
                 let (g, l) = (i / group, i % group);
-                packed[((p * groups + g) * PANEL + c) * group + l] = q;
+                packed[((p * groups + g) * panel + c) * group + l] = q;
             }
             for b in 0..blocks {
-                let at = (p * blocks + b) * PANEL + c;
+                let at = (p * blocks + b) * panel + c;
                 packed_scales[at] = scales[j * blocks + b];
                 if !offsets.is_empty() {
                     let end = ((b + 1) * block).min(k);
@@ -212,16 +229,17 @@ impl PackedInt8 {
         let blocks = k.div_ceil(self.block);
         let group = self.isa.group();
         let groups = k.div_ceil(group);
+        let panel = self.isa.panel();
         let mut codes = vec![0i8; n * k];
         let mut scales = vec![0f32; n * blocks];
         for j in 0..n {
-            let (p, c) = (j / PANEL, j % PANEL);
+            let (p, c) = (j / panel, j % panel);
             for i in 0..k {
                 let (g, l) = (i / group, i % group);
-                codes[j * k + i] = self.codes[((p * groups + g) * PANEL + c) * group + l];
+                codes[j * k + i] = self.codes[((p * groups + g) * panel + c) * group + l];
             }
             for b in 0..blocks {
-                scales[j * blocks + b] = self.scales[(p * blocks + b) * PANEL + c];
+                scales[j * blocks + b] = self.scales[(p * blocks + b) * panel + c];
             }
         }
         (codes, scales)
@@ -231,7 +249,19 @@ impl PackedInt8 {
 /// A block's scale `max|x| / 127` and its inverse (both 0 for a zero or non-finite block).
 #[inline(always)]
 fn row_scale(row: &[f32]) -> (f32, f32) {
-    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // 16 running maxima, so the loop vectorises (`max` is exact, so the order does not matter).
+    const LANES: usize = 16;
+    let mut m = [0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, v) in m.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    for (m, v) in m.iter_mut().zip(chunks.remainder()) {
+        *m = m.max(v.abs());
+    }
+    let amax = m.iter().fold(0f32, |a, &b| a.max(b));
     if amax > 0.0 && amax.is_finite() {
         (amax / 127.0, 127.0 / amax)
     } else {
@@ -243,6 +273,25 @@ fn row_scale(row: &[f32]) -> (f32, f32) {
 #[inline(always)]
 fn code(v: f32, inv: f32) -> i32 {
     (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32
+}
+
+/// [`quantize_rows_i8`], through the AVX-512 version for the VNNI kernel's unsigned codes.
+fn quantize_rows(
+    isa: Int8Isa,
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    block: usize,
+    q: &mut [i8],
+    scales: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Int8Isa::Avx512Vnni {
+        // SAFETY: a VNNI weight is only packed on a CPU with AVX-512 F, BW, VL and VNNI
+        // (`Int8Isa::available`); the slices hold what `linear_int8` cuts them to.
+        return unsafe { x86::quantize_rows_u8(x, k, kp, block, q, scales) };
+    }
+    quantize_rows_i8(x, k, kp, block, isa.unsigned_activations(), q, scales);
 }
 
 multiversion! {
@@ -314,7 +363,8 @@ enum Activations {
 }
 
 /// One tile's operands: `rows` quantized activation rows starting at `x` (stride `kp`), one
-/// panel of the weight, the rows' scales; writes `rows × 16` f32 values to `out` (stride 16).
+/// panel of the weight, the rows' scales; the kernel writes the first `width` of the panel's
+/// outputs of each row `r` to `out + r · ldc`.
 struct Tile<'a> {
     /// 8-bit codes (scalar, VNNI), `rows × kp`; empty for AVX2.
     x: &'a [i8],
@@ -329,10 +379,31 @@ struct Tile<'a> {
     block_groups: usize,
     /// The rows' activation scales, `rows × blocks`.
     row_scales: &'a [f32],
+    out: *mut f32,
+    ldc: usize,
+    width: usize,
 }
 
-fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
+impl Tile<'_> {
+    /// Writes the first `width` values of each row of `sums` (stride `panel`) to the output.
+    ///
+    /// # Safety
+    /// `out + r · ldc .. + width` is writable for every row `r < rows`, and no other thread
+    /// accesses it.
+    unsafe fn store(&self, sums: &[f32], panel: usize) {
+        for (r, row) in sums.chunks_exact(panel).take(self.rows).enumerate() {
+            std::ptr::copy_nonoverlapping(row.as_ptr(), self.out.add(r * self.ldc), self.width);
+        }
+    }
+}
+
+/// The scalar kernel.
+///
+/// # Safety
+/// As [`Tile::store`].
+unsafe fn tile_scalar(t: &Tile<'_>) {
     let groups = t.kp / GROUP;
+    let mut out = [0f32; MAX_TILE_ROWS * PANEL];
     for r in 0..t.rows {
         let xr = &t.x[r * t.kp..(r + 1) * t.kp];
         let mut acc = [0f32; PANEL];
@@ -357,17 +428,83 @@ fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
         }
         out[r * PANEL..(r + 1) * PANEL].copy_from_slice(&acc);
     }
+    t.store(&out, PANEL);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, GROUP, PANEL};
+    use super::{Tile, GROUP, MAX_TILE_ROWS, PANEL, VNNI_PANEL};
     use std::arch::x86_64::*;
+
+    /// The mask of the first `n` (at most 16) lanes.
+    #[inline(always)]
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            !0
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// [`super::quantize_rows_i8`] with unsigned codes, 16 values per instruction.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F, BW and VL; `k > 0`, `x` holds `rows × k` values, `q`
+    /// `rows × kp` and `scales` `rows × ceil(k / block)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn quantize_rows_u8(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        q: &mut [i8],
+        scales: &mut [f32],
+    ) {
+        let blocks = k.div_ceil(block);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let shift = _mm512_set1_epi32(128);
+        for ((row, qrow), s) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+        {
+            let (xr, qr) = (row.as_ptr(), qrow.as_mut_ptr());
+            for (b, sb) in s.iter_mut().enumerate() {
+                let (i0, i1) = (b * block, ((b + 1) * block).min(k));
+                // NaN lanes keep the running maximum (as `f32::max`): `vmaxps` returns its
+                // second operand when the first is NaN.
+                let mut m = _mm512_setzero_ps();
+                for i in (i0..i1).step_by(16) {
+                    let v = _mm512_maskz_loadu_ps(lanes(i1 - i), xr.add(i));
+                    m = _mm512_max_ps(_mm512_abs_ps(v), m);
+                }
+                let amax = _mm512_reduce_max_ps(m);
+                let (scale, inv) = if amax > 0.0 && amax.is_finite() {
+                    (amax / 127.0, 127.0 / amax)
+                } else {
+                    (0.0, 0.0)
+                };
+                *sb = scale;
+                let inv = _mm512_set1_ps(inv);
+                for i in (i0..i1).step_by(16) {
+                    let mask = lanes(i1 - i);
+                    let t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr.add(i)), inv);
+                    // As `code`: NaN to 0, clamped, rounded to nearest even (the default
+                    // rounding of `vcvtps2dq`).
+                    let t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t), t);
+                    let t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+                    let c = _mm512_add_epi32(_mm512_cvtps_epi32(t), shift);
+                    _mm_mask_storeu_epi8(qr.add(i), mask, _mm512_cvtepi32_epi8(c));
+                }
+            }
+            qrow[k..].fill(128u8 as i8);
+        }
+    }
 
     /// `MR` rows of the AVX2 kernel: per pair of in-features, the 16 outputs' codes widened to
     /// 16 bits (two registers) times each row's pair of codes broadcast, summed by `vpmaddwd`.
     #[inline(always)]
-    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>) {
         const PAIR: usize = 2;
         let pairs = t.kp / PAIR;
         let x = t.x16.as_ptr();
@@ -398,94 +535,124 @@ mod x86 {
                 a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), s1, a[1]);
             }
         }
+        let mut out = [0f32; MAX_TILE_ROWS * PANEL];
         for (r, a) in acc.iter().enumerate() {
             let o = out.as_mut_ptr().add(r * PANEL);
             _mm256_storeu_ps(o, a[0]);
             _mm256_storeu_ps(o.add(8), a[1]);
         }
+        t.store(&out, PANEL);
     }
 
     /// The AVX2 kernel over one tile (up to 6 rows).
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA; `t` holds `t.rows` rows of `kp` codes, the panel's
-    /// `kp / 4` groups and `blocks` scales; `out` holds `rows × 16` values.
+    /// `kp / 2` pairs and `blocks` scales; the output as [`Tile::store`] requires.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_avx2(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_avx2(t: &Tile<'_>) {
         match t.rows {
-            6 => tile_avx2_rows::<6>(t, out),
-            5 => tile_avx2_rows::<5>(t, out),
-            4 => tile_avx2_rows::<4>(t, out),
-            3 => tile_avx2_rows::<3>(t, out),
-            2 => tile_avx2_rows::<2>(t, out),
-            _ => tile_avx2_rows::<1>(t, out),
+            6 => tile_avx2_rows::<6>(t),
+            5 => tile_avx2_rows::<5>(t),
+            4 => tile_avx2_rows::<4>(t),
+            3 => tile_avx2_rows::<3>(t),
+            2 => tile_avx2_rows::<2>(t),
+            _ => tile_avx2_rows::<1>(t),
         }
     }
 
-    /// `MR` rows of the VNNI kernel.
+    /// `MR` rows × 32 outputs of the VNNI kernel: per group of 4 in-features, the panel's two
+    /// registers of 16 outputs' codes times each row's 4 codes broadcast, summed by `vpdpbusd`
+    /// into two registers of i32 sums per row; per block, each sum is converted and added to
+    /// the row's f32 accumulators with the block's weight scales times the row's scale.
     #[inline(always)]
-    unsafe fn tile_vnni_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_vnni_rows<const MR: usize>(t: &Tile<'_>) {
+        const P: usize = VNNI_PANEL;
         let groups = t.kp / GROUP;
-        let mut acc = [_mm512_setzero_ps(); MR];
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         let x = t.x.as_ptr();
         let w = t.codes.as_ptr();
         for b in 0..t.blocks {
             let g0 = b * t.block_groups;
             let g1 = (g0 + t.block_groups).min(groups);
             // Starting at -128 · Σ w cancels the +128 of the unsigned activations.
-            let start = _mm512_loadu_si512(t.offsets.as_ptr().add(b * PANEL) as *const __m512i);
-            let mut sums = [start; MR];
+            let off = t.offsets.as_ptr().add(b * P);
+            let o0 = _mm512_loadu_si512(off as *const __m512i);
+            let o1 = _mm512_loadu_si512(off.add(16) as *const __m512i);
+            let mut sums = [[o0, o1]; MR];
             for g in g0..g1 {
-                let wv = _mm512_loadu_si512(w.add(g * PANEL * GROUP) as *const __m512i);
+                let wp = w.add(g * P * GROUP);
+                let w0 = _mm512_loadu_si512(wp as *const __m512i);
+                let w1 = _mm512_loadu_si512(wp.add(64) as *const __m512i);
                 for (r, s) in sums.iter_mut().enumerate() {
                     let xv = (x.add(r * t.kp + g * GROUP) as *const i32).read_unaligned();
-                    *s = _mm512_dpbusd_epi32(*s, _mm512_set1_epi32(xv), wv);
+                    let xb = _mm512_set1_epi32(xv);
+                    s[0] = _mm512_dpbusd_epi32(s[0], xb, w0);
+                    s[1] = _mm512_dpbusd_epi32(s[1], xb, w1);
                 }
             }
-            let sc = _mm512_loadu_ps(t.scales.as_ptr().add(b * PANEL));
+            let sc = t.scales.as_ptr().add(b * P);
+            let (sc0, sc1) = (_mm512_loadu_ps(sc), _mm512_loadu_ps(sc.add(16)));
             for (r, (a, s)) in acc.iter_mut().zip(&sums).enumerate() {
                 let xs = _mm512_set1_ps(*t.row_scales.get_unchecked(r * t.blocks + b));
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(sc, xs), *a);
+                a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(sc0, xs), a[0]);
+                a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), _mm512_mul_ps(sc1, xs), a[1]);
             }
         }
+        let m0 = if t.width >= 16 {
+            !0
+        } else {
+            ((1u32 << t.width) - 1) as __mmask16
+        };
+        let m1 = if t.width >= 32 {
+            !0
+        } else {
+            ((1u32 << t.width.saturating_sub(16)) - 1) as __mmask16
+        };
         for (r, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), *a);
+            let o = t.out.add(r * t.ldc);
+            _mm512_mask_storeu_ps(o, m0, a[0]);
+            _mm512_mask_storeu_ps(o.add(16), m1, a[1]);
         }
     }
 
-    /// The AVX-512 VNNI kernel over one tile (up to 8 rows).
+    /// The AVX-512 VNNI kernel over one tile (up to `Int8Isa::tile_rows` rows).
     ///
     /// # Safety
-    /// The CPU supports AVX-512 F, BW and VNNI; otherwise as [`tile_avx2`], and `t.offsets`
-    /// holds `blocks × 16` values.
+    /// The CPU supports AVX-512 F, BW and VNNI; `t` holds `t.rows` rows of `kp` codes, the
+    /// panel's `kp / 4` groups of 32 × 4 codes and `blocks × 32` scales and offsets; the output
+    /// as [`Tile::store`] requires.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-    pub(super) unsafe fn tile_vnni(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_vnni(t: &Tile<'_>) {
         match t.rows {
-            8 => tile_vnni_rows::<8>(t, out),
-            7 => tile_vnni_rows::<7>(t, out),
-            6 => tile_vnni_rows::<6>(t, out),
-            5 => tile_vnni_rows::<5>(t, out),
-            4 => tile_vnni_rows::<4>(t, out),
-            3 => tile_vnni_rows::<3>(t, out),
-            2 => tile_vnni_rows::<2>(t, out),
-            _ => tile_vnni_rows::<1>(t, out),
+            8 => tile_vnni_rows::<8>(t),
+            7 => tile_vnni_rows::<7>(t),
+            6 => tile_vnni_rows::<6>(t),
+            5 => tile_vnni_rows::<5>(t),
+            4 => tile_vnni_rows::<4>(t),
+            3 => tile_vnni_rows::<3>(t),
+            2 => tile_vnni_rows::<2>(t),
+            _ => tile_vnni_rows::<1>(t),
         }
     }
 }
 
 /// Runs the packed weight's kernel over one tile.
-fn run_tile(isa: Int8Isa, t: &Tile<'_>, out: &mut [f32]) {
-    debug_assert!(out.len() >= t.rows * PANEL && t.rows <= isa.tile_rows());
+///
+/// # Safety
+/// As [`Tile::store`]; the tile's slices are cut to the sizes the kernels read.
+unsafe fn run_tile(isa: Int8Isa, t: &Tile<'_>) {
+    debug_assert!(t.rows <= isa.tile_rows() && t.width <= isa.panel());
     match isa {
-        Int8Isa::Scalar => tile_scalar(t, out),
+        Int8Isa::Scalar => tile_scalar(t),
         // SAFETY: a PackedInt8 is only built for a kernel the CPU supports
-        // (`Int8Isa::available`); the tile's slices are cut to the sizes the kernels read.
+        // (`Int8Isa::available`).
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx2 => unsafe { x86::tile_avx2(t, out) },
+        Int8Isa::Avx2 => x86::tile_avx2(t),
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx512Vnni => unsafe { x86::tile_vnni(t, out) },
+        Int8Isa::Avx512Vnni => x86::tile_vnni(t),
         #[cfg(not(target_arch = "x86_64"))]
-        _ => tile_scalar(t, out),
+        _ => tile_scalar(t),
     }
 }
 
@@ -540,7 +707,7 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let groups = k.div_ceil(group);
     let kp = groups * group;
     let blocks = k.div_ceil(w.block);
-    let panels = n.div_ceil(PANEL);
+    let panels = n.div_ceil(isa.panel());
     let mr = isa.tile_rows();
 
     let block = w.block;
@@ -558,15 +725,14 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
         }
         Activations::I16(q)
     } else {
-        let unsigned = isa.unsigned_activations();
         let mut q = vec![0i8; rows * kp];
         if k > 0 && rows <= rows_per_task {
-            quantize_rows_i8(x, k, kp, block, unsigned, &mut q, &mut row_scales);
+            quantize_rows(isa, x, k, kp, block, &mut q, &mut row_scales);
         } else if k > 0 {
             x.par_chunks(rows_per_task * k)
                 .zip(q.par_chunks_mut(rows_per_task * kp))
                 .zip(row_scales.par_chunks_mut(rows_per_task * blocks))
-                .for_each(|((x, q), s)| quantize_rows_i8(x, k, kp, block, unsigned, q, s));
+                .for_each(|((x, q), s)| quantize_rows(isa, x, k, kp, block, q, s));
         }
         Activations::I8(q)
     };
@@ -587,22 +753,24 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let panel_tasks = panels.div_ceil(panel_block);
 
     let block_groups = w.block / group;
+    let panel = isa.panel();
+    let panel_codes = groups * panel * group;
+    let panel_scales = blocks * panel;
     let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
         let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
-        let (c0, c1) = (p0 * PANEL, (p1 * PANEL).min(n));
-        let mut buf = [0f32; 8 * PANEL];
+        let (c0, c1) = (p0 * panel, (p1 * panel).min(n));
         for p in p0..p1 {
-            let codes = &w.codes[p * groups * PANEL * group..(p + 1) * groups * PANEL * group];
-            let scales = &w.scales[p * blocks * PANEL..(p + 1) * blocks * PANEL];
+            let codes = &w.codes[p * panel_codes..(p + 1) * panel_codes];
+            let scales = &w.scales[p * panel_scales..(p + 1) * panel_scales];
             let offsets = if w.offsets.is_empty() {
                 &[][..]
             } else {
-                &w.offsets[p * blocks * PANEL..(p + 1) * blocks * PANEL]
+                &w.offsets[p * panel_scales..(p + 1) * panel_scales]
             };
-            let width = PANEL.min(n - p * PANEL);
+            let width = panel.min(n - p * panel);
             let mut r = r0;
             while r < r1 {
                 let tile_rows = mr.min(r1 - r);
@@ -621,16 +789,14 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                     blocks,
                     block_groups,
                     row_scales: &row_scales[r * blocks..(r + tile_rows) * blocks],
+                    // SAFETY: row r, column p · panel lies within the output.
+                    out: unsafe { out_ptr.at(r * n + p * panel) },
+                    ldc: n,
+                    width,
                 };
-                run_tile(isa, &tile, &mut buf);
-                for i in 0..tile_rows {
-                    // SAFETY: row r + i < rows and columns p·16 .. p·16 + width < n lie in this
-                    // task's rectangle, which no other task writes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.at((r + i) * n + p * PANEL), width)
-                    };
-                    dst.copy_from_slice(&buf[i * PANEL..i * PANEL + width]);
-                }
+                // SAFETY: rows r .. r + tile_rows ≤ rows, columns p · panel .. + width ≤ n lie
+                // in this task's rectangle, which no other task accesses.
+                unsafe { run_tile(isa, &tile) };
                 r += tile_rows;
             }
         }
@@ -664,6 +830,54 @@ mod tests {
     use crate::EpilogueActivation;
     use rand::{Rng, SeedableRng};
 
+    #[test]
+    fn vectorised_quantization_matches_the_portable_one() {
+        // Ties, NaN, infinities, zeros and signed zeros, tails shorter than a register.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for &(rows, k, block) in &[
+            (3usize, 37usize, 4usize),
+            (2, 100, 32),
+            (4, 200, 200),
+            (1, 64, 64),
+        ] {
+            let kp = k.div_ceil(GROUP) * GROUP;
+            let mut x: Vec<f32> = (0..rows * k)
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            // A block whose maximum is 127, so halves are exact ties.
+            for (i, v) in x[..block.min(k)].iter_mut().enumerate() {
+                *v = (i as f32 - 20.0) * 0.5;
+            }
+            x[0] = 127.0;
+            x[k / 2] = f32::NAN;
+            x[k - 1] = -0.0;
+            if rows > 1 {
+                x[k + 1] = f32::INFINITY;
+                x[2 * k - 1] = f32::NEG_INFINITY;
+            }
+            if rows > 2 {
+                x[2 * k..3 * k].fill(0.0);
+            }
+            let blocks = k.div_ceil(block);
+            let mut want = (vec![0i8; rows * kp], vec![0f32; rows * blocks]);
+            quantize_rows_i8(&x, k, kp, block, true, &mut want.0, &mut want.1);
+            for isa in Int8Isa::ALL.into_iter().filter(|i| i.available()) {
+                if !isa.unsigned_activations() {
+                    continue;
+                }
+                let mut got = (vec![0i8; rows * kp], vec![0f32; rows * blocks]);
+                quantize_rows(isa, &x, k, kp, block, &mut got.0, &mut got.1);
+                assert_eq!(got.0, want.0, "{isa:?} {rows}x{k}/{block} codes");
+                let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got.1),
+                    bits(&want.1),
+                    "{isa:?} {rows}x{k}/{block} scales"
+                );
+            }
+        }
+    }
+
     /// Symmetric per-block codes and scales of a random `[n, k]` weight.
     fn random_weight(
         rng: &mut rand::rngs::StdRng,
@@ -692,6 +906,91 @@ mod tests {
         (codes, scales)
     }
 
+    /// Checks every kernel on a random `[rows, k]` × `[n, k]` product against the exact product
+    /// of the quantized operands (in f64) and the f32 product.
+    fn check_shape(rng: &mut rand::rngs::StdRng, rows: usize, k: usize, n: usize, block: usize) {
+        let isas: Vec<Int8Isa> = Int8Isa::ALL.into_iter().filter(|i| i.available()).collect();
+        let (codes, scales) = random_weight(rng, n, k, block);
+        let blocks = k.div_ceil(block);
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(-2.0f32..2.0))
+            .collect();
+        if rows > 2 {
+            // An all-zero row (scale 0) and one with an outlier.
+            x[k..2 * k].fill(0.0);
+            x[2 * k] = 40.0;
+        }
+        let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let res: Vec<f32> = (0..rows * n)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let w = |j: usize, i: usize| {
+            f64::from(codes[j * k + i]) * f64::from(scales[j * blocks + i / block])
+        };
+        for isa in &isas {
+            let packed = PackedInt8::with_isa(&codes, &scales, n, k, block, *isa).unwrap();
+            assert_eq!(packed.unpack(), (codes.clone(), scales.clone()));
+            let epi = Epilogue {
+                bias: Some(&bias),
+                residual: Some(&res),
+                activation: EpilogueActivation::Identity,
+            };
+            let got = linear_int8(&x, rows, &packed, epi);
+            let plain = linear_int8(&x, rows, &packed, Epilogue::default());
+            let relu = Epilogue {
+                activation: EpilogueActivation::Relu,
+                ..epi
+            };
+            let relu = linear_int8(&x, rows, &packed, relu);
+            for r in 0..rows {
+                let xr = &x[r * k..(r + 1) * k];
+                // Each block of the row has its own scale.
+                let block_scale = |i: usize| {
+                    let b = i / block;
+                    let xb = &xr[b * block..((b + 1) * block).min(k)];
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    (amax / 127.0, inv)
+                };
+                for j in 0..n {
+                    // The exact product of the quantized activations and the weight.
+                    let mut exact = 0f64;
+                    // The f32 product and the bound on what activation rounding changes.
+                    let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
+                    for (i, &xi) in xr.iter().enumerate() {
+                        let (sx, inv) = block_scale(i);
+                        let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
+                        exact += f64::from(q) * f64::from(sx) * w(j, i);
+                        float += f64::from(xi) * w(j, i);
+                        bound += w(j, i).abs() * f64::from(sx) * 0.5;
+                        mag += (f64::from(xi) * w(j, i)).abs();
+                    }
+                    let g = f64::from(plain[r * n + j]);
+                    let tol = 1e-5 * (1.0 + mag);
+                    assert!(
+                        (g - exact).abs() <= tol,
+                        "{isa:?} {rows}x{k}x{n}/{block} [{r},{j}]: {g} vs {exact}"
+                    );
+                    assert!(
+                        (g - float).abs() <= bound + tol,
+                        "{isa:?} {rows}x{k}x{n} [{r},{j}]: {g} vs f32 {float} (bound {bound})"
+                    );
+                    let want = exact + f64::from(bias[j]) + f64::from(res[r * n + j]);
+                    let f = f64::from(got[r * n + j]);
+                    assert!(
+                        (f - want).abs() <= tol + 1e-6 * want.abs(),
+                        "{isa:?} epilogue [{r},{j}]"
+                    );
+                    let f = f64::from(relu[r * n + j]);
+                    assert!(
+                        (f - want.max(0.0)).abs() <= tol + 1e-6 * want.abs(),
+                        "{isa:?} relu [{r},{j}]"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_kernel_matches_an_f64_reference() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -705,87 +1004,26 @@ mod tests {
             (33, 384, 40, 32),
             (70, 96, 130, 32),
         ];
-        let isas: Vec<Int8Isa> = Int8Isa::ALL.into_iter().filter(|i| i.available()).collect();
-        eprintln!("int8 kernels tested: {isas:?}");
+        eprintln!(
+            "int8 kernels tested: {:?}",
+            Int8Isa::ALL
+                .into_iter()
+                .filter(|i| i.available())
+                .collect::<Vec<_>>()
+        );
         for &(rows, k, n, block) in &shapes {
-            let (codes, scales) = random_weight(&mut rng, n, k, block);
-            let blocks = k.div_ceil(block);
-            let mut x: Vec<f32> = (0..rows * k)
-                .map(|_| rng.random_range(-2.0f32..2.0))
-                .collect();
-            if rows > 2 {
-                // An all-zero row (scale 0) and one with an outlier.
-                x[k..2 * k].fill(0.0);
-                x[2 * k] = 40.0;
-            }
-            let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let res: Vec<f32> = (0..rows * n)
-                .map(|_| rng.random_range(-1.0f32..1.0))
-                .collect();
-            let w = |j: usize, i: usize| {
-                f64::from(codes[j * k + i]) * f64::from(scales[j * blocks + i / block])
-            };
-            for isa in &isas {
-                let packed = PackedInt8::with_isa(&codes, &scales, n, k, block, *isa).unwrap();
-                assert_eq!(packed.unpack(), (codes.clone(), scales.clone()));
-                let epi = Epilogue {
-                    bias: Some(&bias),
-                    residual: Some(&res),
-                    activation: EpilogueActivation::Identity,
-                };
-                let got = linear_int8(&x, rows, &packed, epi);
-                let plain = linear_int8(&x, rows, &packed, Epilogue::default());
-                let relu = Epilogue {
-                    activation: EpilogueActivation::Relu,
-                    ..epi
-                };
-                let relu = linear_int8(&x, rows, &packed, relu);
-                for r in 0..rows {
-                    let xr = &x[r * k..(r + 1) * k];
-                    // Each block of the row has its own scale.
-                    let block_scale = |i: usize| {
-                        let b = i / block;
-                        let xb = &xr[b * block..((b + 1) * block).min(k)];
-                        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                        (amax / 127.0, inv)
-                    };
-                    for j in 0..n {
-                        // The exact product of the quantized activations and the weight.
-                        let mut exact = 0f64;
-                        // The f32 product and the bound on what activation rounding changes.
-                        let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
-                        for (i, &xi) in xr.iter().enumerate() {
-                            let (sx, inv) = block_scale(i);
-                            let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
-                            exact += f64::from(q) * f64::from(sx) * w(j, i);
-                            float += f64::from(xi) * w(j, i);
-                            bound += w(j, i).abs() * f64::from(sx) * 0.5;
-                            mag += (f64::from(xi) * w(j, i)).abs();
-                        }
-                        let g = f64::from(plain[r * n + j]);
-                        let tol = 1e-5 * (1.0 + mag);
-                        assert!(
-                            (g - exact).abs() <= tol,
-                            "{isa:?} {rows}x{k}x{n}/{block} [{r},{j}]: {g} vs {exact}"
-                        );
-                        assert!(
-                            (g - float).abs() <= bound + tol,
-                            "{isa:?} {rows}x{k}x{n} [{r},{j}]: {g} vs f32 {float} (bound {bound})"
-                        );
-                        let want = exact + f64::from(bias[j]) + f64::from(res[r * n + j]);
-                        let f = f64::from(got[r * n + j]);
-                        assert!(
-                            (f - want).abs() <= tol + 1e-6 * want.abs(),
-                            "{isa:?} epilogue [{r},{j}]"
-                        );
-                        let f = f64::from(relu[r * n + j]);
-                        assert!(
-                            (f - want.max(0.0)).abs() <= tol + 1e-6 * want.abs(),
-                            "{isa:?} relu [{r},{j}]"
-                        );
-                    }
-                }
+            check_shape(&mut rng, rows, k, n, block);
+        }
+    }
+
+    #[test]
+    fn every_tile_and_panel_edge() {
+        // Every row count of a tile and its remainders, panels of 32 cut at every kind of
+        // width, several blocks.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for rows in 1..=13 {
+            for &n in &[1, 15, 16, 17, 31, 32, 33, 47, 64, 79] {
+                check_shape(&mut rng, rows, 72, n, 8);
             }
         }
     }
