@@ -4,8 +4,11 @@
 //! Prints the median, fastest and slowest of 15 runs per shape and kernel (the kernels take
 //! turns, so a busy machine slows them alike).
 //!
-//! `INT8_ROWS` sets the rows (1 times the decode GEMV), `INT8_THREADS` the threads,
-//! `INT8_REPEATS` the runs, and `INT8_ALL=1` also times the fallback int8 kernels. As in the
+//! `INT8_ROWS` sets the rows (1 times the decode GEMV), `INT8_SHAPES=384x1152,...` the k × n
+//! shapes, `INT8_THREADS` the threads,
+//! `INT8_REPEATS` the runs, and `INT8_ALL=1` also times the fallback int8 kernels; `INT8_CPU=1`
+//! (Linux) times the process' CPU time instead of the wall clock, which other processes slow
+//! less (with `INT8_THREADS=1`: the work of one thread). As in the
 //! bf16 example, `--features gemm/x86-v4` gives the f32 layer gemm's AVX-512 kernels, as the
 //! application runs it.
 
@@ -21,7 +24,34 @@ fn stats(t: &mut [f64]) -> (f64, f64, f64) {
     (t[t.len() / 2], t[0], t[t.len() - 1])
 }
 
-fn time_ms(f: &mut dyn FnMut()) -> f64 {
+#[cfg(target_os = "linux")]
+mod cpu {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    /// The CPU time of the whole process, in milliseconds.
+    pub fn ms() -> f64 {
+        const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: `ts` is a valid `struct timespec` for the call to fill.
+        unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        ts.sec as f64 * 1e3 + ts.nsec as f64 / 1e6
+    }
+}
+
+fn time_ms(f: &mut dyn FnMut(), cpu: bool) -> f64 {
+    #[cfg(target_os = "linux")]
+    if cpu {
+        let s = cpu::ms();
+        f();
+        return cpu::ms() - s;
+    }
+    let _ = cpu;
     let s = Instant::now();
     f();
     s.elapsed().as_secs_f64() * 1e3
@@ -42,6 +72,7 @@ fn main() {
     let repeats = env("INT8_REPEATS", 15).max(1);
     let rows = env("INT8_ROWS", 1024);
     let all = std::env::var_os("INT8_ALL").is_some();
+    let cpu = std::env::var_os("INT8_CPU").is_some();
     let isas: Vec<Int8Isa> = if all {
         Int8Isa::ALL
             .into_iter()
@@ -53,15 +84,27 @@ fn main() {
     };
     println!(
         "rows {rows}, threads {}, int8 {isas:?}, bf16 {}, {repeats} runs each; \
-         ms as median (min..max)",
+         {} ms as median (min..max)",
         rayon::current_num_threads(),
-        Bf16Isa::detect().name()
+        Bf16Isa::detect().name(),
+        if cpu { "CPU" } else { "wall" }
     );
     println!(
         "{:>10} | {:>24} | {:>24} | {:>24} | {:>8} | {:>8} | {:>6}",
         "k x n", "f32 (gemm)", "bf16", "int8", "f32/int8", "bf16/int8", "GMAC/s"
     );
-    for (k, n) in [(384, 1152), (384, 384), (384, 1536), (1536, 384)] {
+    // `INT8_SHAPES=KxN,KxN` replaces the shapes.
+    let shapes: Vec<(usize, usize)> = match std::env::var("INT8_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| {
+                let (k, n) = s.split_once('x')?;
+                Some((k.trim().parse().ok()?, n.trim().parse().ok()?))
+            })
+            .collect(),
+        Err(_) => vec![(384, 1152), (384, 384), (384, 1536), (1536, 384)],
+    };
+    for (k, n) in shapes {
         let x: Vec<f32> = (0..rows * k)
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();
@@ -70,7 +113,7 @@ fn main() {
             .map(|i| ((i * 104_729) % 997) as f32 / 5000.0 - 0.1)
             .collect();
         let codes: Vec<i8> = (0..n * k).map(|i| ((i * 31) % 255) as i32 as i8).collect();
-        let scales = vec![0.01f32; n * k / 32];
+        let scales = vec![0.01f32; n * k.div_ceil(32)];
         let bf16 = PackedBf16::from_kn(&w, k, n).expect("bf16 weight");
         let int8: Vec<PackedInt8> = isas
             .iter()
@@ -96,7 +139,7 @@ fn main() {
         }
         for _ in 0..repeats {
             for (f, t) in kernels.iter_mut().zip(times.iter_mut()) {
-                t.push(time_ms(f.as_mut()));
+                t.push(time_ms(f.as_mut(), cpu));
             }
         }
         let s: Vec<(f64, f64, f64)> = times.iter_mut().map(|t| stats(t)).collect();
