@@ -5,7 +5,7 @@
 //! turns, so a busy machine slows them alike).
 //!
 //! `INT8_ROWS` sets the rows (1 times the decode GEMV), `INT8_SHAPES=384x1152,...` the k × n
-//! shapes, `INT8_THREADS` the threads,
+//! shapes, `INT8_BLOCK` the weight's block size (32), `INT8_THREADS` the threads,
 //! `INT8_REPEATS` the runs, and `INT8_ALL=1` also times the fallback int8 kernels; `INT8_CPU=1`
 //! (Linux) times the process' CPU time instead of the wall clock, which other processes slow
 //! less (with `INT8_THREADS=1`: the work of one thread). As in the
@@ -71,6 +71,7 @@ fn main() {
         .expect("the global rayon pool is set once");
     let repeats = env("INT8_REPEATS", 15).max(1);
     let rows = env("INT8_ROWS", 1024);
+    let block = env("INT8_BLOCK", 32);
     let all = std::env::var_os("INT8_ALL").is_some();
     let cpu = std::env::var_os("INT8_CPU").is_some();
     let isas: Vec<Int8Isa> = if all {
@@ -83,7 +84,7 @@ fn main() {
         vec![Int8Isa::detect()]
     };
     println!(
-        "rows {rows}, threads {}, int8 {isas:?}, bf16 {}, {repeats} runs each; \
+        "rows {rows}, threads {}, int8 {isas:?} (blocks of {block}), bf16 {}, {repeats} runs each; \
          {} ms as median (min..max)",
         rayon::current_num_threads(),
         Bf16Isa::detect().name(),
@@ -113,11 +114,11 @@ fn main() {
             .map(|i| ((i * 104_729) % 997) as f32 / 5000.0 - 0.1)
             .collect();
         let codes: Vec<i8> = (0..n * k).map(|i| ((i * 31) % 255) as i32 as i8).collect();
-        let scales = vec![0.01f32; n * k.div_ceil(32)];
+        let scales = vec![0.01f32; n * k.div_ceil(block)];
         let bf16 = PackedBf16::from_kn(&w, k, n).expect("bf16 weight");
         let int8: Vec<PackedInt8> = isas
             .iter()
-            .map(|&isa| PackedInt8::with_isa(&codes, &scales, n, k, 32, isa).expect("int8"))
+            .map(|&isa| PackedInt8::with_isa(&codes, &scales, n, k, block, isa).expect("int8"))
             .collect();
         let mut kernels: Vec<Box<dyn FnMut() + '_>> = vec![
             Box::new(|| {
@@ -143,7 +144,14 @@ fn main() {
             }
         }
         let s: Vec<(f64, f64, f64)> = times.iter_mut().map(|t| stats(t)).collect();
-        let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.3} ({lo:.3}..{hi:.3})");
+        // Four decimals (tenths of a microsecond) for the decode's small products.
+        let cell = |(m, lo, hi): (f64, f64, f64)| {
+            if m < 0.1 {
+                format!("{m:.4} ({lo:.4}..{hi:.4})")
+            } else {
+                format!("{m:.3} ({lo:.3}..{hi:.3})")
+            }
+        };
         let gmac = (rows * k * n) as f64 / 1e9;
         for (i, isa) in isas.iter().enumerate() {
             let int8 = s[2 + i];

@@ -1006,34 +1006,6 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     #[test]
-    #[ignore]
-    fn time_quantize() {
-        for &(rows, k) in &[(64usize, 384usize), (1024, 384), (16, 1536), (1024, 1536)] {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-                .collect();
-            let blocks = k / 32;
-            let mut q = vec![0i8; rows * k];
-            let mut s = vec![0f32; rows * blocks];
-            let mut o = vec![0i32; rows * blocks];
-            let reps = 4_000_000 / (rows * k) + 1;
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    quantize_rows(Int8Isa::detect(), &x, k, k, 32, &mut q, &mut s, &mut o);
-                }
-                best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-            }
-            eprintln!(
-                "quantize {rows}x{k}: {:.1} us, {:.3} ns/value",
-                best * 1e6,
-                best * 1e9 / (rows * k) as f64
-            );
-        }
-    }
-
-    #[test]
     fn vectorised_quantization_matches_the_portable_one() {
         // Ties, NaN, infinities, zeros and signed zeros, tails shorter than a register.
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
