@@ -128,9 +128,9 @@ impl Int8Isa {
 
 /// An int8 weight `[n, k]` (n outputs of k in-features, PyTorch's `[out, in]`) packed for
 /// [`linear_int8`]: codes in panels of 32 (VNNI) or 16 outputs, interleaved by groups of 4 or 2
-/// in-features (zero-padded; the panel and group of the kernel it is packed for), one f32 scale
-/// per block of `block` in-features of each output, and, for the VNNI kernel, `-128 ·` each
-/// block's code sum.
+/// in-features (zero-padded; the panel and group of the kernel it is packed for; stored as
+/// `qw + 128` for the VNNI kernel), one f32 scale per block of `block` in-features of each
+/// output.
 #[derive(Debug, Clone)]
 pub struct PackedInt8 {
     n: usize,
@@ -882,8 +882,13 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
         residual.is_none_or(|r| r.len() == rows * n),
         "linear_int8: residual is not [rows, n]"
     );
-    let mut out = vec![0f32; rows * n];
-    if rows == 0 || n == 0 {
+    let size = rows * n;
+    let fused = bias.is_some() || residual.is_some() || activation != Default::default();
+    if size == 0 || k == 0 {
+        let mut out = vec![0f32; size];
+        if fused && size > 0 {
+            finish_rows(&mut out, n, bias, residual, activation);
+        }
         return out;
     }
     let isa = w.isa;
@@ -914,20 +919,21 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     // activations, and they are still in cache when the kernel reads them); otherwise they are
     // quantized once for all tasks first.
     let shared = (panel_tasks > 1).then(|| Activations::quantize(isa, x, k, kp, block, tasks > 1));
-    // The in-features are run in chunks of whole blocks (the rows' f32 sums wait in the output
-    // between chunks), so that a chunk of a panel stays in L1 while every row tile reads it.
+    // The in-features are run in chunks of whole blocks (see `K_CHUNK`).
     let chunk_blocks = (K_CHUNK / block).max(1);
 
     let block_groups = w.block / group;
     let panel = isa.panel();
     let panel_codes = groups * panel * group;
     let panel_scales = blocks * panel;
+    // Every value is written by the tasks below (the first chunk of each tile) before the
+    // length is set.
+    let mut out: Vec<f32> = Vec::with_capacity(size);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
         let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
-        let (c0, c1) = (p0 * panel, (p1 * panel).min(n));
         let local;
         let (xq, first) = match &shared {
             Some(q) => (q, 0),
@@ -941,7 +947,8 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
             for p in p0..p1 {
                 let codes = &w.codes[p * panel_codes..(p + 1) * panel_codes];
                 let scales = &w.scales[p * panel_scales..(p + 1) * panel_scales];
-                let width = panel.min(n - p * panel);
+                let c0 = p * panel;
+                let width = panel.min(n - c0);
                 let mut r = r0;
                 while r < r1 {
                     let tile_rows = mr.min(r1 - r);
@@ -964,30 +971,32 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                         b1,
                         row_scales: &xq.scales[rb.clone()],
                         row_offsets: xq.offsets.get(rb).unwrap_or(&[]),
-                        // SAFETY: row r, column p · panel lies within the output.
-                        out: unsafe { out_ptr.at(r * n + p * panel) },
+                        // SAFETY: row r, column c0 lies within the output.
+                        out: unsafe { out_ptr.at(r * n + c0) },
                         ldc: n,
                         width,
                     };
-                    // SAFETY: rows r .. r + tile_rows ≤ rows, columns p · panel .. + width ≤ n
-                    // lie in this task's rectangle, which no other task accesses.
+                    // SAFETY: rows r .. r + tile_rows ≤ rows, columns c0 .. c0 + width ≤ n lie
+                    // in this task's rectangle, which no other task accesses.
                     unsafe { run_tile(isa, &tile) };
+                    if fused && b1 == blocks {
+                        // The finished tile, while it is in cache.
+                        for row in r..r + tile_rows {
+                            // SAFETY: as above; the kernel has just written these values.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width)
+                            };
+                            finish_rows(
+                                dst,
+                                width,
+                                bias.map(|b| &b[c0..c0 + width]),
+                                residual.map(|res| &res[row * n + c0..row * n + c0 + width]),
+                                activation,
+                            );
+                        }
+                    }
                     r += tile_rows;
                 }
-            }
-        }
-        if bias.is_some() || residual.is_some() || activation != Default::default() {
-            for row in r0..r1 {
-                // SAFETY: as above: this task's row segment.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), c1 - c0) };
-                finish_rows(
-                    dst,
-                    c1 - c0,
-                    bias.map(|b| &b[c0..c1]),
-                    residual.map(|res| &res[row * n + c0..row * n + c1]),
-                    activation,
-                );
             }
         }
     };
@@ -996,6 +1005,9 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
+    // SAFETY: the tasks cover every row and every panel, and the first chunk of in-features
+    // (k > 0) writes every value of a tile, so every value has been written.
+    unsafe { out.set_len(size) };
     out
 }
 
@@ -1195,6 +1207,10 @@ mod tests {
             (70, 96, 130, 32),
             // Two chunks of in-features (K_CHUNK = 4096), the second one short.
             (7, 4136, 33, 8),
+            // Large enough for parallel tasks: over panels (the activations quantized once for
+            // all tasks) and over rows (each task quantizing its own).
+            (3, 4096, 100, 32),
+            (576, 64, 40, 16),
         ];
         eprintln!(
             "int8 kernels tested: {:?}",
