@@ -29,7 +29,8 @@
 //! Weights are packed once ([`PackedInt8`]) into panels of 32 outputs (VNNI: two registers, so
 //! each broadcast activation feeds two `vpdpbusd`) or 16 (AVX2, scalar) whose codes are
 //! interleaved in groups of 4 in-features (VNNI, scalar) or 2 (AVX2), the operand layout of each
-//! instruction. The activations are quantized with vectorised code (AVX-512 for VNNI), by each
+//! instruction. The activations are quantized with vectorised code (AVX-512 for VNNI, AVX2 for
+//! AVX2), by each
 //! task for its own rows when no other task reads them; the product runs on every rayon thread
 //! over tiles of rows × panels (in chunks of in-features for long rows), and the bias, residual
 //! and activation of an [`Epilogue`] are applied to each finished tile.
@@ -340,8 +341,25 @@ multiversion! {
     }
 }
 
+/// [`quantize_rows_i16`] for the AVX2 kernel, through an AVX2 version.
+fn quantize_rows16(
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    block: usize,
+    q: &mut [i16],
+    scales: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Int8Isa::Avx2.available() {
+        // SAFETY: the CPU supports AVX2; the slices hold what `linear_int8` cuts them to.
+        return unsafe { x86::quantize_rows_avx2(x, k, kp, block, q, scales) };
+    }
+    quantize_rows_i16(x, k, kp, block, q, scales);
+}
+
 multiversion! {
-    /// As [`quantize_rows_i8`] (signed), with 16-bit codes.
+    /// As [`quantize_rows_i8`], with 16-bit codes (and no offsets).
     fn quantize_rows_i16(
         x: &[f32],
         k: usize,
@@ -412,9 +430,9 @@ impl Activations {
                 x.par_chunks(chunk * k)
                     .zip(q.par_chunks_mut(chunk * kp))
                     .zip(scales.par_chunks_mut(chunk * blocks))
-                    .for_each(|((x, q), s)| quantize_rows_i16(x, k, kp, block, q, s));
+                    .for_each(|((x, q), s)| quantize_rows16(x, k, kp, block, q, s));
             } else {
-                quantize_rows_i16(x, k, kp, block, &mut q, &mut scales);
+                quantize_rows16(x, k, kp, block, &mut q, &mut scales);
             }
             Codes::I16(q)
         } else {
@@ -643,6 +661,69 @@ mod x86 {
             if kp > k {
                 qrow[k..].fill(0);
             }
+        }
+    }
+
+    /// [`super::quantize_rows_i16`], 8 values per instruction (the last `block % 8` of each
+    /// block one at a time).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `k > 0`, `x` holds `rows × k` values, `q` `rows × kp` and
+    /// `scales` `rows × ceil(k / block)`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_rows_avx2(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        q: &mut [i16],
+        scales: &mut [f32],
+    ) {
+        let blocks = k.div_ceil(block);
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        for ((row, qrow), s) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+        {
+            for ((xb, qb), sb) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s) {
+                let whole = xb.len() / 8 * 8;
+                // NaN is ignored, as by `f32::max`: `vmaxps` returns its second operand when
+                // the first is NaN.
+                let mut m = _mm256_setzero_ps();
+                for i in (0..whole).step_by(8) {
+                    let v = _mm256_and_ps(_mm256_loadu_ps(xb.as_ptr().add(i)), abs);
+                    m = _mm256_max_ps(v, m);
+                }
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+                let amax = xb[whole..]
+                    .iter()
+                    .fold(_mm_cvtss_f32(m), |a, v| a.max(v.abs()));
+                let (scale, inv) = if amax > 0.0 && amax.is_finite() {
+                    (amax / 127.0, 127.0 / amax)
+                } else {
+                    (0.0, 0.0)
+                };
+                *sb = scale;
+                let invv = _mm256_set1_ps(inv);
+                for i in (0..whole).step_by(8) {
+                    // As `code`: NaN to 0, clamped, rounded to nearest even (the default
+                    // rounding of `vcvtps2dq`).
+                    let t = _mm256_mul_ps(_mm256_loadu_ps(xb.as_ptr().add(i)), invv);
+                    let t = _mm256_and_ps(t, _mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
+                    let c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+                    let c =
+                        _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+                    _mm_storeu_si128(qb.as_mut_ptr().add(i) as *mut __m128i, c);
+                }
+                for (d, v) in qb[whole..].iter_mut().zip(&xb[whole..]) {
+                    *d = super::code(*v, inv) as i16;
+                }
+            }
+            qrow[k..].fill(0);
         }
     }
 
@@ -1058,6 +1139,17 @@ mod tests {
                     assert_eq!(o, -128 * codes.iter().map(|&c| i32::from(c)).sum::<i32>());
                 }
             }
+            let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            // The 16-bit codes (AVX2 kernel): the same codes and scales.
+            let mut got16 = (vec![0i16; rows * kp], vec![0f32; rows * blocks]);
+            quantize_rows16(&x, k, kp, block, &mut got16.0, &mut got16.1);
+            let wide: Vec<i16> = want.0.iter().map(|&c| i16::from(c)).collect();
+            assert_eq!(got16.0, wide, "16-bit {rows}x{k}/{block} codes");
+            assert_eq!(
+                bits(&got16.1),
+                bits(&want.1),
+                "16-bit {rows}x{k}/{block} scales"
+            );
             for isa in Int8Isa::ALL.into_iter().filter(|i| i.available()) {
                 if isa == Int8Isa::Avx2 {
                     continue;
@@ -1070,7 +1162,6 @@ mod tests {
                 quantize_rows(isa, &x, k, kp, block, &mut got.0, &mut got.1, &mut got.2);
                 assert_eq!(got.2, want.2, "{isa:?} {rows}x{k}/{block} offsets");
                 assert_eq!(got.0, want.0, "{isa:?} {rows}x{k}/{block} codes");
-                let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&got.1),
                     bits(&want.1),
