@@ -30,10 +30,9 @@
 //! each broadcast activation feeds two `vpdpbusd`) or 16 (AVX2, scalar) whose codes are
 //! interleaved in groups of 4 in-features (VNNI, scalar) or 2 (AVX2), the operand layout of each
 //! instruction. The activations are quantized with vectorised code (AVX-512 for VNNI, AVX2 for
-//! AVX2), by each
-//! task for its own rows when no other task reads them; the product runs on every rayon thread
-//! over tiles of rows × panels (in chunks of in-features for long rows), and the bias, residual
-//! and activation of an [`Epilogue`] are applied to each finished tile.
+//! AVX2), by each task for its own rows when no other task reads them; the product runs on
+//! every rayon thread over tiles of rows × panels (in chunks of in-features for long rows), and
+//! the bias, residual and activation of an [`Epilogue`] are applied to each finished tile.
 
 use rayon::prelude::*;
 
