@@ -10,9 +10,15 @@
 //! rounding of the activations (at most `sx[r, b] / 2` per value).
 //!
 //! Three kernels, the widest the CPU has chosen at run time:
-//! - **AVX-512 VNNI** (`vpdpbusd`, u8 × s8 → i32 four products at a time): the activations are
-//!   shifted to `qx + 128` (unsigned) and each block's accumulator starts at `-128 · Σ qw`,
-//!   precomputed when the weight is packed, so the sum stays exact.
+//! - **AVX-512 VNNI** (`vpdpbusd`, u8 × s8 → i32 four products at a time): the weight codes are
+//!   stored shifted to `qw + 128` (unsigned) and each block's accumulator starts at
+//!   `-128 · Σ qx`, which the activations' quantization sums, so the sum stays exact. Tiles of
+//!   6 rows × 32 outputs (12 + 12 registers of i32 and f32 sums); per block the i32 sums are
+//!   converted and added with one `vmulps` (weight scales × the row's scale) and one
+//!   `vfmadd`. On Zen 4 `vpdpbusd` runs two per cycle, and these two float operations per
+//!   row, 16 outputs and block take about one `vpdpbusd` slot each: with blocks of 32 (8
+//!   `vpdpbusd` per row and 16 outputs) the kernel reaches at most ~80 % of the dot-product
+//!   peak.
 //! - **AVX2** (`vpmaddwd`, s16 × s16 → i32 two products at a time): the activations are stored
 //!   as 16-bit codes and the weight codes widened as they are loaded. Exact, unlike the u8 × s8
 //!   `vpmaddubsw`, whose 16-bit pair sums saturate (255 · 127 · 2 > 32 767); its saturation-free
@@ -20,18 +26,29 @@
 //!   slower than this one on Zen 3.
 //! - **Scalar**, everywhere else.
 //!
-//! Weights are packed once ([`PackedInt8`]) into panels of 16 outputs whose codes are
+//! Weights are packed once ([`PackedInt8`]) into panels of 32 outputs (VNNI: two registers, so
+//! each broadcast activation feeds two `vpdpbusd`) or 16 (AVX2, scalar) whose codes are
 //! interleaved in groups of 4 in-features (VNNI, scalar) or 2 (AVX2), the operand layout of each
-//! instruction; the product
-//! runs on every rayon thread over tiles of rows × panels, and the bias, residual and activation
-//! of an [`Epilogue`] are applied to each finished tile.
+//! instruction. The activations are quantized with vectorised code (AVX-512 for VNNI, AVX2 for
+//! AVX2), by each task for its own rows when no other task reads them; the product runs on
+//! every rayon thread over tiles of rows × panels (in chunks of in-features for long rows), and
+//! the bias, residual and activation of an [`Epilogue`] are applied to each finished tile.
 
 use rayon::prelude::*;
 
 use crate::linear::{finish_rows, Epilogue};
 
-/// Outputs per packed panel (one 512-bit or two 256-bit registers of i32 sums).
+/// In-features per chunk of the product (rounded down to whole blocks; the rows' f32 sums wait
+/// in the output between chunks): a chunk of a VNNI panel (32 × 4096 bytes) stays in L2 while
+/// every row tile of a task reads it. Shorter chunks (256..512) measured slower at k = 1536.
+const K_CHUNK: usize = 4096;
+/// Outputs per packed panel of the AVX2 and scalar kernels (two 256-bit registers of i32 sums).
 const PANEL: usize = 16;
+/// Outputs per packed panel of the VNNI kernel (two 512-bit registers of i32 sums, so each
+/// broadcast activation feeds two `vpdpbusd`).
+const VNNI_PANEL: usize = 32;
+/// The most rows of any kernel's tile.
+const MAX_TILE_ROWS: usize = 8;
 /// In-features per interleaved group at most (the four bytes one 32-bit lane of `vpdpbusd`
 /// sums); every block size is a multiple of it.
 const GROUP: usize = 4;
@@ -61,6 +78,7 @@ impl Int8Isa {
             Int8Isa::Avx512Vnni => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -82,12 +100,20 @@ impl Int8Isa {
         match self {
             Int8Isa::Scalar => 4,
             Int8Isa::Avx2 => 6,
-            Int8Isa::Avx512Vnni => 8,
+            Int8Isa::Avx512Vnni => 6,
         }
     }
 
-    /// Whether the activations are stored as `qx + 128` (unsigned) for this kernel.
-    fn unsigned_activations(self) -> bool {
+    /// Outputs per packed panel.
+    fn panel(self) -> usize {
+        match self {
+            Int8Isa::Avx512Vnni => VNNI_PANEL,
+            Int8Isa::Scalar | Int8Isa::Avx2 => PANEL,
+        }
+    }
+
+    /// Whether the weight codes are stored as `qw + 128` (unsigned) for this kernel.
+    fn unsigned_weights(self) -> bool {
         self == Int8Isa::Avx512Vnni
     }
 
@@ -101,9 +127,10 @@ impl Int8Isa {
 }
 
 /// An int8 weight `[n, k]` (n outputs of k in-features, PyTorch's `[out, in]`) packed for
-/// [`linear_int8`]: codes in panels of 16 outputs, interleaved by groups of 4 or 2 in-features
-/// (zero-padded; the group of the kernel it is packed for), one f32 scale per block of `block` in-features of each output, and, for the
-/// VNNI kernel, `-128 ·` each block's code sum.
+/// [`linear_int8`]: codes in panels of 32 (VNNI) or 16 outputs, interleaved by groups of 4 or 2
+/// in-features (zero-padded; the panel and group of the kernel it is packed for; stored as
+/// `qw + 128` for the VNNI kernel), one f32 scale per block of `block` in-features of each
+/// output.
 #[derive(Debug, Clone)]
 pub struct PackedInt8 {
     n: usize,
@@ -114,8 +141,6 @@ pub struct PackedInt8 {
     codes: Vec<i8>,
     /// `[panel][block][output in panel]`.
     scales: Vec<f32>,
-    /// `[panel][block][output in panel]`, empty unless `isa` is VNNI.
-    offsets: Vec<i32>,
 }
 
 impl PackedInt8 {
@@ -143,31 +168,24 @@ impl PackedInt8 {
         if codes.len() != n.checked_mul(k)? || scales.len() != n.checked_mul(blocks)? {
             return None;
         }
-        let panels = n.div_ceil(PANEL);
+        let panel = isa.panel();
+        let panels = n.div_ceil(panel);
         let group = isa.group();
         let groups = k.div_ceil(group);
-        let mut packed = vec![0i8; panels * groups * PANEL * group];
-        let mut packed_scales = vec![0f32; panels * blocks * PANEL];
-        let mut offsets = if isa.unsigned_activations() {
-            vec![0i32; panels * blocks * PANEL]
-        } else {
-            Vec::new()
-        };
+        let shift = if isa.unsigned_weights() { 128 } else { 0 };
+        // The padding holds the code of 0.
+        let mut packed = vec![shift as u8 as i8; panels * groups * panel * group];
+        let mut packed_scales = vec![0f32; panels * blocks * panel];
         for j in 0..n {
-            let (p, c) = (j / PANEL, j % PANEL);
+            let (p, c) = (j / panel, j % panel);
             let row = &codes[j * k..(j + 1) * k];
             for (i, &q) in row.iter().enumerate() {
                 let (g, l) = (i / group, i % group);
-                packed[((p * groups + g) * PANEL + c) * group + l] = q;
+                packed[((p * groups + g) * panel + c) * group + l] =
+                    (i32::from(q) + shift) as u8 as i8;
             }
             for b in 0..blocks {
-                let at = (p * blocks + b) * PANEL + c;
-                packed_scales[at] = scales[j * blocks + b];
-                if !offsets.is_empty() {
-                    let end = ((b + 1) * block).min(k);
-                    let sum: i32 = row[b * block..end].iter().map(|&q| i32::from(q)).sum();
-                    offsets[at] = -128 * sum;
-                }
+                packed_scales[(p * blocks + b) * panel + c] = scales[j * blocks + b];
             }
         }
         Some(PackedInt8 {
@@ -177,7 +195,6 @@ impl PackedInt8 {
             isa,
             codes: packed,
             scales: packed_scales,
-            offsets,
         })
     }
 
@@ -201,9 +218,9 @@ impl PackedInt8 {
         self.isa
     }
 
-    /// Bytes it holds (codes with their padding, scales and VNNI offsets).
+    /// Bytes it holds (codes with their padding, and scales).
     pub fn bytes(&self) -> usize {
-        self.codes.len() + 4 * self.scales.len() + 4 * self.offsets.len()
+        self.codes.len() + 4 * self.scales.len()
     }
 
     /// The codes `[n, k]` and scales `[n, ceil(k / block)]` it was packed from.
@@ -212,16 +229,24 @@ impl PackedInt8 {
         let blocks = k.div_ceil(self.block);
         let group = self.isa.group();
         let groups = k.div_ceil(group);
+        let panel = self.isa.panel();
+        let shift = if self.isa.unsigned_weights() { 128 } else { 0 };
         let mut codes = vec![0i8; n * k];
         let mut scales = vec![0f32; n * blocks];
         for j in 0..n {
-            let (p, c) = (j / PANEL, j % PANEL);
+            let (p, c) = (j / panel, j % panel);
             for i in 0..k {
                 let (g, l) = (i / group, i % group);
-                codes[j * k + i] = self.codes[((p * groups + g) * PANEL + c) * group + l];
+                let q = self.codes[((p * groups + g) * panel + c) * group + l];
+                let q = if shift > 0 {
+                    i32::from(q as u8)
+                } else {
+                    i32::from(q)
+                };
+                codes[j * k + i] = (q - shift) as i8;
             }
             for b in 0..blocks {
-                scales[j * blocks + b] = self.scales[(p * blocks + b) * PANEL + c];
+                scales[j * blocks + b] = self.scales[(p * blocks + b) * panel + c];
             }
         }
         (codes, scales)
@@ -231,7 +256,19 @@ impl PackedInt8 {
 /// A block's scale `max|x| / 127` and its inverse (both 0 for a zero or non-finite block).
 #[inline(always)]
 fn row_scale(row: &[f32]) -> (f32, f32) {
-    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // 16 running maxima, so the loop vectorises (`max` is exact, so the order does not matter).
+    const LANES: usize = 16;
+    let mut m = [0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, v) in m.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    for (m, v) in m.iter_mut().zip(chunks.remainder()) {
+        *m = m.max(v.abs());
+    }
+    let amax = m.iter().fold(0f32, |a, &b| a.max(b));
     if amax > 0.0 && amax.is_finite() {
         (amax / 127.0, 127.0 / amax)
     } else {
@@ -245,42 +282,83 @@ fn code(v: f32, inv: f32) -> i32 {
     (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32
 }
 
+/// [`quantize_rows_i8`] (through an AVX-512 version for the VNNI kernel): codes, scales and
+/// `-128 ·` each block's code sum in `offsets`.
+#[allow(clippy::too_many_arguments)]
+fn quantize_rows(
+    isa: Int8Isa,
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    block: usize,
+    q: &mut [i8],
+    scales: &mut [f32],
+    offsets: &mut [i32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Int8Isa::Avx512Vnni {
+        // SAFETY: a VNNI weight is only packed on a CPU with AVX-512 F, BW, VL and VNNI
+        // (`Int8Isa::available`); the slices hold what `linear_int8` cuts them to.
+        return unsafe { x86::quantize_rows_vnni(x, k, kp, block, q, scales, offsets) };
+    }
+    quantize_rows_i8(x, k, kp, block, q, scales, offsets);
+}
+
 multiversion! {
-    /// Quantizes each row of `x` (`[rows, k]`) to `-127..=127` codes (`+ 128` when `unsigned`)
-    /// in `q` (`[rows, kp]`, the padding left 0 / 128), one scale per block of `block` values
-    /// in `scales` (`[rows, ceil(k / block)]`).
+    /// Quantizes each row of `x` (`[rows, k]`) to `-127..=127` codes in `q` (`[rows, kp]`, the
+    /// padding left 0), one scale per block of `block` values in `scales` and `-128 ·` the
+    /// block's code sum in `offsets` (both `[rows, ceil(k / block)]`).
     fn quantize_rows_i8(
         x: &[f32],
         k: usize,
         kp: usize,
         block: usize,
-        unsigned: bool,
         q: &mut [i8],
         scales: &mut [f32],
+        offsets: &mut [i32],
     ) {
-        let shift: i32 = if unsigned { 128 } else { 0 };
         let blocks = k.div_ceil(block);
-        for ((row, qrow), s) in x
+        for (((row, qrow), s), o) in x
             .chunks_exact(k)
             .zip(q.chunks_exact_mut(kp))
             .zip(scales.chunks_exact_mut(blocks))
+            .zip(offsets.chunks_exact_mut(blocks))
         {
-            for ((xb, qb), sb) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s) {
+            for (((xb, qb), sb), ob) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s).zip(o) {
                 let (scale, inv) = row_scale(xb);
                 *sb = scale;
+                let mut sum = 0i32;
                 for (d, v) in qb.iter_mut().zip(xb) {
-                    *d = (code(*v, inv) + shift) as u8 as i8;
+                    let c = code(*v, inv);
+                    sum += c;
+                    *d = c as i8;
                 }
+                *ob = -128 * sum;
             }
-            for d in &mut qrow[k..] {
-                *d = shift as u8 as i8;
-            }
+            qrow[k..].fill(0);
         }
     }
 }
 
+/// [`quantize_rows_i16`] for the AVX2 kernel, through an AVX2 version.
+fn quantize_rows16(
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    block: usize,
+    q: &mut [i16],
+    scales: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Int8Isa::Avx2.available() {
+        // SAFETY: the CPU supports AVX2; the slices hold what `linear_int8` cuts them to.
+        return unsafe { x86::quantize_rows_avx2(x, k, kp, block, q, scales) };
+    }
+    quantize_rows_i16(x, k, kp, block, q, scales);
+}
+
 multiversion! {
-    /// As [`quantize_rows_i8`] (signed), with 16-bit codes.
+    /// As [`quantize_rows_i8`], with 16-bit codes (and no offsets).
     fn quantize_rows_i16(
         x: &[f32],
         k: usize,
@@ -307,14 +385,80 @@ multiversion! {
     }
 }
 
-/// The quantized activations, in the width the kernel reads.
-enum Activations {
+/// The quantized activations' codes, in the width the kernel reads.
+enum Codes {
     I8(Vec<i8>),
     I16(Vec<i16>),
 }
 
+/// Quantized activations: `[rows, kp]` codes, their scales and, with 8-bit codes, `-128 ·` each
+/// block's code sum (`[rows, ceil(k / block)]` each; the VNNI kernel starts its sums there).
+struct Activations {
+    codes: Codes,
+    scales: Vec<f32>,
+    offsets: Vec<i32>,
+}
+
+impl Activations {
+    /// Quantizes `x` (`[rows, k]`) for `isa`; on every rayon thread when `parallel` and there
+    /// are many rows.
+    fn quantize(
+        isa: Int8Isa,
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        parallel: bool,
+    ) -> Self {
+        if k == 0 {
+            return Activations {
+                codes: Codes::I8(Vec::new()),
+                scales: Vec::new(),
+                offsets: Vec::new(),
+            };
+        }
+        let rows = x.len() / k;
+        let blocks = k.div_ceil(block);
+        let mut scales = vec![0f32; rows * blocks];
+        let chunk = (crate::PARALLEL_THRESHOLD / k).max(1);
+        let parallel = parallel && rows > chunk;
+        let mut offsets = Vec::new();
+        let codes = if isa == Int8Isa::Avx2 {
+            let mut q = vec![0i16; rows * kp];
+            if parallel {
+                x.par_chunks(chunk * k)
+                    .zip(q.par_chunks_mut(chunk * kp))
+                    .zip(scales.par_chunks_mut(chunk * blocks))
+                    .for_each(|((x, q), s)| quantize_rows16(x, k, kp, block, q, s));
+            } else {
+                quantize_rows16(x, k, kp, block, &mut q, &mut scales);
+            }
+            Codes::I16(q)
+        } else {
+            let mut q = vec![0i8; rows * kp];
+            offsets = vec![0i32; rows * blocks];
+            if parallel {
+                x.par_chunks(chunk * k)
+                    .zip(q.par_chunks_mut(chunk * kp))
+                    .zip(scales.par_chunks_mut(chunk * blocks))
+                    .zip(offsets.par_chunks_mut(chunk * blocks))
+                    .for_each(|(((x, q), s), o)| quantize_rows(isa, x, k, kp, block, q, s, o));
+            } else {
+                quantize_rows(isa, x, k, kp, block, &mut q, &mut scales, &mut offsets);
+            }
+            Codes::I8(q)
+        };
+        Activations {
+            codes,
+            scales,
+            offsets,
+        }
+    }
+}
+
 /// One tile's operands: `rows` quantized activation rows starting at `x` (stride `kp`), one
-/// panel of the weight, the rows' scales; writes `rows × 16` f32 values to `out` (stride 16).
+/// panel of the weight, the rows' scales; the kernel writes the first `width` of the panel's
+/// outputs of each row `r` to `out + r · ldc`.
 struct Tile<'a> {
     /// 8-bit codes (scalar, VNNI), `rows × kp`; empty for AVX2.
     x: &'a [i8],
@@ -324,19 +468,61 @@ struct Tile<'a> {
     rows: usize,
     codes: &'a [i8],
     scales: &'a [f32],
-    offsets: &'a [i32],
     blocks: usize,
     block_groups: usize,
+    /// The blocks this call sums: `b0 .. b1`; when `b0 > 0` the sums of the blocks before are
+    /// read from the output (and the new ones added to them).
+    b0: usize,
+    b1: usize,
     /// The rows' activation scales, `rows × blocks`.
     row_scales: &'a [f32],
+    /// `-128 ·` the rows' code sums per block, `rows × blocks` (VNNI only).
+    row_offsets: &'a [i32],
+    out: *mut f32,
+    ldc: usize,
+    width: usize,
 }
 
-fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
+impl Tile<'_> {
+    /// The sums of the blocks before `b0` (0 when `b0 == 0`): the first `width` values of each
+    /// output row, into rows of `panel` values of `sums`.
+    ///
+    /// # Safety
+    /// As [`Tile::store`], readable.
+    unsafe fn load(&self, sums: &mut [f32], panel: usize) {
+        if self.b0 == 0 {
+            return;
+        }
+        for (r, row) in sums.chunks_exact_mut(panel).take(self.rows).enumerate() {
+            std::ptr::copy_nonoverlapping(self.out.add(r * self.ldc), row.as_mut_ptr(), self.width);
+        }
+    }
+
+    /// Writes the first `width` values of each row of `sums` (stride `panel`) to the output.
+    ///
+    /// # Safety
+    /// `out + r · ldc .. + width` is writable for every row `r < rows`, and no other thread
+    /// accesses it.
+    unsafe fn store(&self, sums: &[f32], panel: usize) {
+        for (r, row) in sums.chunks_exact(panel).take(self.rows).enumerate() {
+            std::ptr::copy_nonoverlapping(row.as_ptr(), self.out.add(r * self.ldc), self.width);
+        }
+    }
+}
+
+/// The scalar kernel.
+///
+/// # Safety
+/// As [`Tile::store`].
+unsafe fn tile_scalar(t: &Tile<'_>) {
     let groups = t.kp / GROUP;
+    let mut out = [0f32; MAX_TILE_ROWS * PANEL];
+    t.load(&mut out, PANEL);
     for r in 0..t.rows {
         let xr = &t.x[r * t.kp..(r + 1) * t.kp];
         let mut acc = [0f32; PANEL];
-        for b in 0..t.blocks {
+        acc.copy_from_slice(&out[r * PANEL..(r + 1) * PANEL]);
+        for b in t.b0..t.b1 {
             let g0 = b * t.block_groups;
             let g1 = (g0 + t.block_groups).min(groups);
             let mut sums = [0i32; PANEL];
@@ -357,23 +543,205 @@ fn tile_scalar(t: &Tile<'_>, out: &mut [f32]) {
         }
         out[r * PANEL..(r + 1) * PANEL].copy_from_slice(&acc);
     }
+    t.store(&out, PANEL);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, GROUP, PANEL};
+    use super::{Tile, GROUP, MAX_TILE_ROWS, PANEL, VNNI_PANEL};
     use std::arch::x86_64::*;
+
+    /// The mask of the first `n` (at most 16) lanes.
+    #[inline(always)]
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            !0
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// `max |x[i]|` over `i0 .. i1` (NaN ignored, as by `f32::max`: `vmaxps` returns its
+    /// second operand when the first is NaN).
+    #[inline(always)]
+    unsafe fn block_amax(x: *const f32, i0: usize, i1: usize) -> f32 {
+        let mut m = _mm512_setzero_ps();
+        let mut i = i0;
+        while i + 16 <= i1 {
+            m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x.add(i))), m);
+            i += 16;
+        }
+        if i < i1 {
+            let v = _mm512_maskz_loadu_ps(lanes(i1 - i), x.add(i));
+            m = _mm512_max_ps(_mm512_abs_ps(v), m);
+        }
+        _mm512_reduce_max_ps(m)
+    }
+
+    /// Codes of `x[i0 .. i1]` times `inv` (as `code`: NaN to 0, clamped to ±127, rounded to
+    /// nearest even, the default rounding of `vcvtps2dq`) to `q[i0 .. i1]`; returns their sum.
+    #[inline(always)]
+    unsafe fn quantize_block(x: *const f32, q: *mut i8, i0: usize, i1: usize, inv: f32) -> i32 {
+        let inv = _mm512_set1_ps(inv);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let codes = |v: __m512| {
+            let t = _mm512_mul_ps(v, inv);
+            let t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t), t);
+            _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi))
+        };
+        let mut sum = _mm512_setzero_si512();
+        let mut i = i0;
+        while i + 16 <= i1 {
+            let c = codes(_mm512_loadu_ps(x.add(i)));
+            sum = _mm512_add_epi32(sum, c);
+            _mm_storeu_si128(q.add(i) as *mut __m128i, _mm512_cvtepi32_epi8(c));
+            i += 16;
+        }
+        if i < i1 {
+            let mask = lanes(i1 - i);
+            let c = codes(_mm512_maskz_loadu_ps(mask, x.add(i)));
+            sum = _mm512_add_epi32(sum, c);
+            _mm_mask_storeu_epi8(q.add(i), mask, _mm512_cvtepi32_epi8(c));
+        }
+        _mm512_reduce_add_epi32(sum)
+    }
+
+    /// [`super::quantize_rows_i8`], 16 values per instruction (and the scales of 16 blocks per
+    /// division), and `-128 ·` each block's code sum in `offsets` (what the unsigned weight
+    /// codes `qw + 128` add to the block's sum).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F, BW and VL; `k > 0`, `x` holds `rows × k` values, `q`
+    /// `rows × kp`, `scales` and `offsets` `rows × ceil(k / block)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn quantize_rows_vnni(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        q: &mut [i8],
+        scales: &mut [f32],
+        offsets: &mut [i32],
+    ) {
+        const BATCH: usize = 16;
+        let blocks = k.div_ceil(block);
+        let (zero, inf) = (_mm512_setzero_ps(), _mm512_set1_ps(f32::INFINITY));
+        let c127 = _mm512_set1_ps(127.0);
+        for (((row, qrow), s), o) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+            .zip(offsets.chunks_exact_mut(blocks))
+        {
+            let (xr, qr) = (row.as_ptr(), qrow.as_mut_ptr());
+            for ((b0, s), o) in (0..blocks)
+                .step_by(BATCH)
+                .zip(s.chunks_mut(BATCH))
+                .zip(o.chunks_mut(BATCH))
+            {
+                let mut amax = [0f32; BATCH];
+                for (j, a) in amax.iter_mut().take(s.len()).enumerate() {
+                    let i0 = (b0 + j) * block;
+                    *a = block_amax(xr, i0, (i0 + block).min(k));
+                }
+                // Scales and inverses of 16 blocks at once; 0 for a zero or non-finite block.
+                let a = _mm512_loadu_ps(amax.as_ptr());
+                let valid = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, zero)
+                    & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, inf);
+                let scale = _mm512_maskz_div_ps(valid, a, c127);
+                let mut inv = [0f32; BATCH];
+                _mm512_storeu_ps(inv.as_mut_ptr(), _mm512_maskz_div_ps(valid, c127, a));
+                _mm512_mask_storeu_ps(s.as_mut_ptr(), lanes(s.len()), scale);
+                for (j, (o, &inv)) in o.iter_mut().zip(&inv).enumerate() {
+                    let i0 = (b0 + j) * block;
+                    *o = -128 * quantize_block(xr, qr, i0, (i0 + block).min(k), inv);
+                }
+            }
+            if kp > k {
+                qrow[k..].fill(0);
+            }
+        }
+    }
+
+    /// [`super::quantize_rows_i16`], 8 values per instruction (the last `block % 8` of each
+    /// block one at a time).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `k > 0`, `x` holds `rows × k` values, `q` `rows × kp` and
+    /// `scales` `rows × ceil(k / block)`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_rows_avx2(
+        x: &[f32],
+        k: usize,
+        kp: usize,
+        block: usize,
+        q: &mut [i16],
+        scales: &mut [f32],
+    ) {
+        let blocks = k.div_ceil(block);
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        for ((row, qrow), s) in x
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(kp))
+            .zip(scales.chunks_exact_mut(blocks))
+        {
+            for ((xb, qb), sb) in row.chunks(block).zip(qrow.chunks_mut(block)).zip(s) {
+                let whole = xb.len() / 8 * 8;
+                // NaN is ignored, as by `f32::max`: `vmaxps` returns its second operand when
+                // the first is NaN.
+                let mut m = _mm256_setzero_ps();
+                for i in (0..whole).step_by(8) {
+                    let v = _mm256_and_ps(_mm256_loadu_ps(xb.as_ptr().add(i)), abs);
+                    m = _mm256_max_ps(v, m);
+                }
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+                let amax = xb[whole..]
+                    .iter()
+                    .fold(_mm_cvtss_f32(m), |a, v| a.max(v.abs()));
+                let (scale, inv) = if amax > 0.0 && amax.is_finite() {
+                    (amax / 127.0, 127.0 / amax)
+                } else {
+                    (0.0, 0.0)
+                };
+                *sb = scale;
+                let invv = _mm256_set1_ps(inv);
+                for i in (0..whole).step_by(8) {
+                    // As `code`: NaN to 0, clamped, rounded to nearest even (the default
+                    // rounding of `vcvtps2dq`).
+                    let t = _mm256_mul_ps(_mm256_loadu_ps(xb.as_ptr().add(i)), invv);
+                    let t = _mm256_and_ps(t, _mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
+                    let c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+                    let c =
+                        _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+                    _mm_storeu_si128(qb.as_mut_ptr().add(i) as *mut __m128i, c);
+                }
+                for (d, v) in qb[whole..].iter_mut().zip(&xb[whole..]) {
+                    *d = super::code(*v, inv) as i16;
+                }
+            }
+            qrow[k..].fill(0);
+        }
+    }
 
     /// `MR` rows of the AVX2 kernel: per pair of in-features, the 16 outputs' codes widened to
     /// 16 bits (two registers) times each row's pair of codes broadcast, summed by `vpmaddwd`.
     #[inline(always)]
-    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
+    unsafe fn tile_avx2_rows<const MR: usize>(t: &Tile<'_>) {
         const PAIR: usize = 2;
         let pairs = t.kp / PAIR;
         let x = t.x16.as_ptr();
         let w = t.codes.as_ptr();
+        let mut out = [0f32; MAX_TILE_ROWS * PANEL];
+        t.load(&mut out, PANEL);
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        for b in 0..t.blocks {
+        for (r, a) in acc.iter_mut().enumerate() {
+            let o = out.as_ptr().add(r * PANEL);
+            *a = [_mm256_loadu_ps(o), _mm256_loadu_ps(o.add(8))];
+        }
+        for b in t.b0..t.b1 {
             let g0 = b * t.block_groups;
             let g1 = (g0 + t.block_groups).min(pairs);
             let mut sums = [[_mm256_setzero_si256(); 2]; MR];
@@ -403,89 +771,152 @@ mod x86 {
             _mm256_storeu_ps(o, a[0]);
             _mm256_storeu_ps(o.add(8), a[1]);
         }
+        t.store(&out, PANEL);
     }
 
     /// The AVX2 kernel over one tile (up to 6 rows).
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA; `t` holds `t.rows` rows of `kp` codes, the panel's
-    /// `kp / 4` groups and `blocks` scales; `out` holds `rows × 16` values.
+    /// `kp / 2` pairs and `blocks` scales; the output as [`Tile::store`] requires.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_avx2(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_avx2(t: &Tile<'_>) {
         match t.rows {
-            6 => tile_avx2_rows::<6>(t, out),
-            5 => tile_avx2_rows::<5>(t, out),
-            4 => tile_avx2_rows::<4>(t, out),
-            3 => tile_avx2_rows::<3>(t, out),
-            2 => tile_avx2_rows::<2>(t, out),
-            _ => tile_avx2_rows::<1>(t, out),
+            6 => tile_avx2_rows::<6>(t),
+            5 => tile_avx2_rows::<5>(t),
+            4 => tile_avx2_rows::<4>(t),
+            3 => tile_avx2_rows::<3>(t),
+            2 => tile_avx2_rows::<2>(t),
+            _ => tile_avx2_rows::<1>(t),
         }
     }
 
-    /// `MR` rows of the VNNI kernel.
+    /// Adds the products of `n` groups of 4 in-features to the i32 sums of `MR` rows × 32
+    /// outputs: per group, the panel's two registers of 16 outputs' (unsigned) codes times each
+    /// row's 4 codes broadcast, summed by `vpdpbusd`. `x[r]` and `w` point at the first group.
     #[inline(always)]
-    unsafe fn tile_vnni_rows<const MR: usize>(t: &Tile<'_>, out: &mut [f32]) {
-        let groups = t.kp / GROUP;
-        let mut acc = [_mm512_setzero_ps(); MR];
-        let x = t.x.as_ptr();
-        let w = t.codes.as_ptr();
-        for b in 0..t.blocks {
-            let g0 = b * t.block_groups;
-            let g1 = (g0 + t.block_groups).min(groups);
-            // Starting at -128 · Σ w cancels the +128 of the unsigned activations.
-            let start = _mm512_loadu_si512(t.offsets.as_ptr().add(b * PANEL) as *const __m512i);
-            let mut sums = [start; MR];
-            for g in g0..g1 {
-                let wv = _mm512_loadu_si512(w.add(g * PANEL * GROUP) as *const __m512i);
-                for (r, s) in sums.iter_mut().enumerate() {
-                    let xv = (x.add(r * t.kp + g * GROUP) as *const i32).read_unaligned();
-                    *s = _mm512_dpbusd_epi32(*s, _mm512_set1_epi32(xv), wv);
-                }
+    unsafe fn vnni_groups<const MR: usize>(
+        x: &[*const i8; MR],
+        w: *const i8,
+        n: usize,
+        sums: &mut [[__m512i; 2]; MR],
+    ) {
+        for g in 0..n {
+            let wp = w.add(g * VNNI_PANEL * GROUP);
+            let w0 = _mm512_loadu_si512(wp as *const __m512i);
+            let w1 = _mm512_loadu_si512(wp.add(64) as *const __m512i);
+            for (s, xr) in sums.iter_mut().zip(x) {
+                let xb = _mm512_set1_epi32((xr.add(g * GROUP) as *const i32).read_unaligned());
+                s[0] = _mm512_dpbusd_epi32(s[0], w0, xb);
+                s[1] = _mm512_dpbusd_epi32(s[1], w1, xb);
             }
-            let sc = _mm512_loadu_ps(t.scales.as_ptr().add(b * PANEL));
+        }
+    }
+
+    /// `MR` rows × 32 outputs of the VNNI kernel (blocks of `BG` groups when `BG > 0`, so the
+    /// group loop unrolls; `t.block_groups` otherwise): per block, the i32 sums of
+    /// [`vnni_groups`] start at the rows' offsets, then are converted and added to the rows'
+    /// f32 sums with the block's weight scales times the row's scale.
+    #[inline(always)]
+    unsafe fn tile_vnni_rows<const MR: usize, const BG: usize>(t: &Tile<'_>) {
+        const P: usize = VNNI_PANEL;
+        let groups = t.kp / GROUP;
+        let (m0, m1) = (lanes(t.width), lanes(t.width.saturating_sub(16)));
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if t.b0 > 0 {
+            for (r, a) in acc.iter_mut().enumerate() {
+                let o = t.out.add(r * t.ldc);
+                *a = [
+                    _mm512_maskz_loadu_ps(m0, o),
+                    _mm512_maskz_loadu_ps(m1, o.add(16)),
+                ];
+            }
+        }
+        let mut x = [t.x.as_ptr(); MR];
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = xr.add(r * t.kp);
+        }
+        let w = t.codes.as_ptr();
+        let (xs, offsets) = (t.row_scales.as_ptr(), t.row_offsets.as_ptr());
+        for b in t.b0..t.b1 {
+            let g0 = b * t.block_groups;
+            let n = t.block_groups.min(groups - g0);
+            // Starting at -128 · Σ qx cancels the +128 of the unsigned weight codes.
+            let mut sums = [[_mm512_setzero_si512(); 2]; MR];
+            for (r, s) in sums.iter_mut().enumerate() {
+                let o = _mm512_set1_epi32(*offsets.add(r * t.blocks + b));
+                *s = [o, o];
+            }
+            let xg = x.map(|xr| xr.add(g0 * GROUP));
+            let wg = w.add(g0 * P * GROUP);
+            if BG > 0 && n == BG {
+                vnni_groups(&xg, wg, BG, &mut sums);
+            } else {
+                vnni_groups(&xg, wg, n, &mut sums);
+            }
+            let sc = t.scales.as_ptr().add(b * P);
+            let (sc0, sc1) = (_mm512_loadu_ps(sc), _mm512_loadu_ps(sc.add(16)));
             for (r, (a, s)) in acc.iter_mut().zip(&sums).enumerate() {
-                let xs = _mm512_set1_ps(*t.row_scales.get_unchecked(r * t.blocks + b));
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(sc, xs), *a);
+                let xs = _mm512_set1_ps(*xs.add(r * t.blocks + b));
+                a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(sc0, xs), a[0]);
+                a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), _mm512_mul_ps(sc1, xs), a[1]);
             }
         }
         for (r, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), *a);
+            let o = t.out.add(r * t.ldc);
+            _mm512_mask_storeu_ps(o, m0, a[0]);
+            _mm512_mask_storeu_ps(o.add(16), m1, a[1]);
         }
     }
 
-    /// The AVX-512 VNNI kernel over one tile (up to 8 rows).
+    /// [`tile_vnni_rows`] with the group loop unrolled for blocks of 32 in-features.
+    #[inline(always)]
+    unsafe fn tile_vnni_blocks<const MR: usize>(t: &Tile<'_>) {
+        if t.block_groups == 8 {
+            tile_vnni_rows::<MR, 8>(t)
+        } else {
+            tile_vnni_rows::<MR, 0>(t)
+        }
+    }
+
+    /// The AVX-512 VNNI kernel over one tile (up to `Int8Isa::tile_rows` rows).
     ///
     /// # Safety
-    /// The CPU supports AVX-512 F, BW and VNNI; otherwise as [`tile_avx2`], and `t.offsets`
-    /// holds `blocks × 16` values.
+    /// The CPU supports AVX-512 F, BW and VNNI; `t` holds `t.rows` rows of `kp` codes, the
+    /// panel's `kp / 4` groups of 32 × 4 codes and `blocks × 32` scales, the rows' `blocks`
+    /// scales and offsets each; the output
+    /// as [`Tile::store`] requires.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-    pub(super) unsafe fn tile_vnni(t: &Tile<'_>, out: &mut [f32]) {
+    pub(super) unsafe fn tile_vnni(t: &Tile<'_>) {
         match t.rows {
-            8 => tile_vnni_rows::<8>(t, out),
-            7 => tile_vnni_rows::<7>(t, out),
-            6 => tile_vnni_rows::<6>(t, out),
-            5 => tile_vnni_rows::<5>(t, out),
-            4 => tile_vnni_rows::<4>(t, out),
-            3 => tile_vnni_rows::<3>(t, out),
-            2 => tile_vnni_rows::<2>(t, out),
-            _ => tile_vnni_rows::<1>(t, out),
+            8 => tile_vnni_blocks::<8>(t),
+            7 => tile_vnni_blocks::<7>(t),
+            6 => tile_vnni_blocks::<6>(t),
+            5 => tile_vnni_blocks::<5>(t),
+            4 => tile_vnni_blocks::<4>(t),
+            3 => tile_vnni_blocks::<3>(t),
+            2 => tile_vnni_blocks::<2>(t),
+            _ => tile_vnni_blocks::<1>(t),
         }
     }
 }
 
 /// Runs the packed weight's kernel over one tile.
-fn run_tile(isa: Int8Isa, t: &Tile<'_>, out: &mut [f32]) {
-    debug_assert!(out.len() >= t.rows * PANEL && t.rows <= isa.tile_rows());
+///
+/// # Safety
+/// As [`Tile::store`]; the tile's slices are cut to the sizes the kernels read.
+unsafe fn run_tile(isa: Int8Isa, t: &Tile<'_>) {
+    debug_assert!(t.rows <= isa.tile_rows() && t.width <= isa.panel());
     match isa {
-        Int8Isa::Scalar => tile_scalar(t, out),
+        Int8Isa::Scalar => tile_scalar(t),
         // SAFETY: a PackedInt8 is only built for a kernel the CPU supports
-        // (`Int8Isa::available`); the tile's slices are cut to the sizes the kernels read.
+        // (`Int8Isa::available`).
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx2 => unsafe { x86::tile_avx2(t, out) },
+        Int8Isa::Avx2 => x86::tile_avx2(t),
         #[cfg(target_arch = "x86_64")]
-        Int8Isa::Avx512Vnni => unsafe { x86::tile_vnni(t, out) },
+        Int8Isa::Avx512Vnni => x86::tile_vnni(t),
         #[cfg(not(target_arch = "x86_64"))]
-        _ => tile_scalar(t, out),
+        _ => tile_scalar(t),
     }
 }
 
@@ -531,8 +962,13 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
         residual.is_none_or(|r| r.len() == rows * n),
         "linear_int8: residual is not [rows, n]"
     );
-    let mut out = vec![0f32; rows * n];
-    if rows == 0 || n == 0 {
+    let size = rows * n;
+    let fused = bias.is_some() || residual.is_some() || activation != Default::default();
+    if size == 0 || k == 0 {
+        let mut out = vec![0f32; size];
+        if fused && size > 0 {
+            finish_rows(&mut out, n, bias, residual, activation);
+        }
         return out;
     }
     let isa = w.isa;
@@ -540,37 +976,10 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let groups = k.div_ceil(group);
     let kp = groups * group;
     let blocks = k.div_ceil(w.block);
-    let panels = n.div_ceil(PANEL);
+    let panels = n.div_ceil(isa.panel());
     let mr = isa.tile_rows();
 
     let block = w.block;
-    let mut row_scales = vec![0f32; rows * blocks];
-    let rows_per_task = (crate::PARALLEL_THRESHOLD / k.max(1)).max(1);
-    let xq = if isa == Int8Isa::Avx2 {
-        let mut q = vec![0i16; rows * kp];
-        if k > 0 && rows <= rows_per_task {
-            quantize_rows_i16(x, k, kp, block, &mut q, &mut row_scales);
-        } else if k > 0 {
-            x.par_chunks(rows_per_task * k)
-                .zip(q.par_chunks_mut(rows_per_task * kp))
-                .zip(row_scales.par_chunks_mut(rows_per_task * blocks))
-                .for_each(|((x, q), s)| quantize_rows_i16(x, k, kp, block, q, s));
-        }
-        Activations::I16(q)
-    } else {
-        let unsigned = isa.unsigned_activations();
-        let mut q = vec![0i8; rows * kp];
-        if k > 0 && rows <= rows_per_task {
-            quantize_rows_i8(x, k, kp, block, unsigned, &mut q, &mut row_scales);
-        } else if k > 0 {
-            x.par_chunks(rows_per_task * k)
-                .zip(q.par_chunks_mut(rows_per_task * kp))
-                .zip(row_scales.par_chunks_mut(rows_per_task * blocks))
-                .for_each(|((x, q), s)| quantize_rows_i8(x, k, kp, block, unsigned, q, s));
-        }
-        Activations::I8(q)
-    };
-
     // Tiles of `row_block` rows × `panel_block` panels; enough of them to keep every thread busy.
     let threads = rayon::current_num_threads().max(1);
     let work = rows * n * k.max(1);
@@ -585,76 +994,100 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let panel_tasks = tasks_wanted.div_ceil(row_tasks).clamp(1, panels);
     let panel_block = panels.div_ceil(panel_tasks);
     let panel_tasks = panels.div_ceil(panel_block);
+    let tasks = row_tasks * panel_tasks;
+    // Each task quantizes its own rows when no other task reads them (no second pass over the
+    // activations, and they are still in cache when the kernel reads them); otherwise they are
+    // quantized once for all tasks first.
+    let shared = (panel_tasks > 1).then(|| Activations::quantize(isa, x, k, kp, block, tasks > 1));
+    // The in-features are run in chunks of whole blocks (see `K_CHUNK`).
+    let chunk_blocks = (K_CHUNK / block).max(1);
 
     let block_groups = w.block / group;
+    let panel = isa.panel();
+    let panel_codes = groups * panel * group;
+    let panel_scales = blocks * panel;
+    // Every value is written by the tasks below (the first chunk of each tile) before the
+    // length is set.
+    let mut out: Vec<f32> = Vec::with_capacity(size);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(rows));
         let (p0, p1) = (pt * panel_block, ((pt + 1) * panel_block).min(panels));
-        let (c0, c1) = (p0 * PANEL, (p1 * PANEL).min(n));
-        let mut buf = [0f32; 8 * PANEL];
-        for p in p0..p1 {
-            let codes = &w.codes[p * groups * PANEL * group..(p + 1) * groups * PANEL * group];
-            let scales = &w.scales[p * blocks * PANEL..(p + 1) * blocks * PANEL];
-            let offsets = if w.offsets.is_empty() {
-                &[][..]
-            } else {
-                &w.offsets[p * blocks * PANEL..(p + 1) * blocks * PANEL]
-            };
-            let width = PANEL.min(n - p * PANEL);
-            let mut r = r0;
-            while r < r1 {
-                let tile_rows = mr.min(r1 - r);
-                let (x8, x16) = match &xq {
-                    Activations::I8(q) => (&q[r * kp..(r + tile_rows) * kp], &[][..]),
-                    Activations::I16(q) => (&[][..], &q[r * kp..(r + tile_rows) * kp]),
-                };
-                let tile = Tile {
-                    x: x8,
-                    x16,
-                    kp,
-                    rows: tile_rows,
-                    codes,
-                    scales,
-                    offsets,
-                    blocks,
-                    block_groups,
-                    row_scales: &row_scales[r * blocks..(r + tile_rows) * blocks],
-                };
-                run_tile(isa, &tile, &mut buf);
-                for i in 0..tile_rows {
-                    // SAFETY: row r + i < rows and columns p·16 .. p·16 + width < n lie in this
-                    // task's rectangle, which no other task writes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.at((r + i) * n + p * PANEL), width)
-                    };
-                    dst.copy_from_slice(&buf[i * PANEL..i * PANEL + width]);
-                }
-                r += tile_rows;
+        let local;
+        let (xq, first) = match &shared {
+            Some(q) => (q, 0),
+            None => {
+                local = Activations::quantize(isa, &x[r0 * k..r1 * k], k, kp, block, false);
+                (&local, r0)
             }
-        }
-        if bias.is_some() || residual.is_some() || activation != Default::default() {
-            for row in r0..r1 {
-                // SAFETY: as above: this task's row segment.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), c1 - c0) };
-                finish_rows(
-                    dst,
-                    c1 - c0,
-                    bias.map(|b| &b[c0..c1]),
-                    residual.map(|res| &res[row * n + c0..row * n + c1]),
-                    activation,
-                );
+        };
+        for b0 in (0..blocks).step_by(chunk_blocks) {
+            let b1 = (b0 + chunk_blocks).min(blocks);
+            for p in p0..p1 {
+                let codes = &w.codes[p * panel_codes..(p + 1) * panel_codes];
+                let scales = &w.scales[p * panel_scales..(p + 1) * panel_scales];
+                let c0 = p * panel;
+                let width = panel.min(n - c0);
+                let mut r = r0;
+                while r < r1 {
+                    let tile_rows = mr.min(r1 - r);
+                    let rs = (r - first) * kp..(r - first + tile_rows) * kp;
+                    let (x8, x16) = match &xq.codes {
+                        Codes::I8(q) => (&q[rs], &[][..]),
+                        Codes::I16(q) => (&[][..], &q[rs]),
+                    };
+                    let rb = (r - first) * blocks..(r - first + tile_rows) * blocks;
+                    let tile = Tile {
+                        x: x8,
+                        x16,
+                        kp,
+                        rows: tile_rows,
+                        codes,
+                        scales,
+                        blocks,
+                        block_groups,
+                        b0,
+                        b1,
+                        row_scales: &xq.scales[rb.clone()],
+                        row_offsets: xq.offsets.get(rb).unwrap_or(&[]),
+                        // SAFETY: row r, column c0 lies within the output.
+                        out: unsafe { out_ptr.at(r * n + c0) },
+                        ldc: n,
+                        width,
+                    };
+                    // SAFETY: rows r .. r + tile_rows ≤ rows, columns c0 .. c0 + width ≤ n lie
+                    // in this task's rectangle, which no other task accesses.
+                    unsafe { run_tile(isa, &tile) };
+                    if fused && b1 == blocks {
+                        // The finished tile, while it is in cache.
+                        for row in r..r + tile_rows {
+                            // SAFETY: as above; the kernel has just written these values.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width)
+                            };
+                            finish_rows(
+                                dst,
+                                width,
+                                bias.map(|b| &b[c0..c0 + width]),
+                                residual.map(|res| &res[row * n + c0..row * n + c0 + width]),
+                                activation,
+                            );
+                        }
+                    }
+                    r += tile_rows;
+                }
             }
         }
     };
-    let tasks = row_tasks * panel_tasks;
     if tasks == 1 {
         task(0);
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
+    // SAFETY: the tasks cover every row and every panel, and the first chunk of in-features
+    // (k > 0) writes every value of a tile, so every value has been written.
+    unsafe { out.set_len(size) };
     out
 }
 
@@ -663,6 +1096,79 @@ mod tests {
     use super::*;
     use crate::EpilogueActivation;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn vectorised_quantization_matches_the_portable_one() {
+        // Ties, NaN, infinities, zeros and signed zeros, tails shorter than a register.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for &(rows, k, block) in &[
+            (3usize, 37usize, 4usize),
+            (2, 100, 32),
+            (4, 200, 200),
+            (1, 64, 64),
+        ] {
+            let kp = k.div_ceil(GROUP) * GROUP;
+            let mut x: Vec<f32> = (0..rows * k)
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            // A block whose maximum is 127, so halves are exact ties.
+            for (i, v) in x[..block.min(k)].iter_mut().enumerate() {
+                *v = (i as f32 - 20.0) * 0.5;
+            }
+            x[0] = 127.0;
+            x[k / 2] = f32::NAN;
+            x[k - 1] = -0.0;
+            if rows > 1 {
+                x[k + 1] = f32::INFINITY;
+                x[2 * k - 1] = f32::NEG_INFINITY;
+            }
+            if rows > 2 {
+                x[2 * k..3 * k].fill(0.0);
+            }
+            let blocks = k.div_ceil(block);
+            let mut want = (
+                vec![0i8; rows * kp],
+                vec![0f32; rows * blocks],
+                vec![0i32; rows * blocks],
+            );
+            quantize_rows_i8(&x, k, kp, block, &mut want.0, &mut want.1, &mut want.2);
+            for (r, o) in want.2.chunks(blocks).enumerate() {
+                for (b, &o) in o.iter().enumerate() {
+                    let codes = &want.0[r * kp + b * block..r * kp + ((b + 1) * block).min(k)];
+                    assert_eq!(o, -128 * codes.iter().map(|&c| i32::from(c)).sum::<i32>());
+                }
+            }
+            let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            // The 16-bit codes (AVX2 kernel): the same codes and scales.
+            let mut got16 = (vec![0i16; rows * kp], vec![0f32; rows * blocks]);
+            quantize_rows16(&x, k, kp, block, &mut got16.0, &mut got16.1);
+            let wide: Vec<i16> = want.0.iter().map(|&c| i16::from(c)).collect();
+            assert_eq!(got16.0, wide, "16-bit {rows}x{k}/{block} codes");
+            assert_eq!(
+                bits(&got16.1),
+                bits(&want.1),
+                "16-bit {rows}x{k}/{block} scales"
+            );
+            for isa in Int8Isa::ALL.into_iter().filter(|i| i.available()) {
+                if isa == Int8Isa::Avx2 {
+                    continue;
+                }
+                let mut got = (
+                    vec![0i8; rows * kp],
+                    vec![0f32; rows * blocks],
+                    vec![0i32; rows * blocks],
+                );
+                quantize_rows(isa, &x, k, kp, block, &mut got.0, &mut got.1, &mut got.2);
+                assert_eq!(got.2, want.2, "{isa:?} {rows}x{k}/{block} offsets");
+                assert_eq!(got.0, want.0, "{isa:?} {rows}x{k}/{block} codes");
+                assert_eq!(
+                    bits(&got.1),
+                    bits(&want.1),
+                    "{isa:?} {rows}x{k}/{block} scales"
+                );
+            }
+        }
+    }
 
     /// Symmetric per-block codes and scales of a random `[n, k]` weight.
     fn random_weight(
@@ -692,6 +1198,91 @@ mod tests {
         (codes, scales)
     }
 
+    /// Checks every kernel on a random `[rows, k]` × `[n, k]` product against the exact product
+    /// of the quantized operands (in f64) and the f32 product.
+    fn check_shape(rng: &mut rand::rngs::StdRng, rows: usize, k: usize, n: usize, block: usize) {
+        let isas: Vec<Int8Isa> = Int8Isa::ALL.into_iter().filter(|i| i.available()).collect();
+        let (codes, scales) = random_weight(rng, n, k, block);
+        let blocks = k.div_ceil(block);
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(-2.0f32..2.0))
+            .collect();
+        if rows > 2 {
+            // An all-zero row (scale 0) and one with an outlier.
+            x[k..2 * k].fill(0.0);
+            x[2 * k] = 40.0;
+        }
+        let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let res: Vec<f32> = (0..rows * n)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let w = |j: usize, i: usize| {
+            f64::from(codes[j * k + i]) * f64::from(scales[j * blocks + i / block])
+        };
+        for isa in &isas {
+            let packed = PackedInt8::with_isa(&codes, &scales, n, k, block, *isa).unwrap();
+            assert_eq!(packed.unpack(), (codes.clone(), scales.clone()));
+            let epi = Epilogue {
+                bias: Some(&bias),
+                residual: Some(&res),
+                activation: EpilogueActivation::Identity,
+            };
+            let got = linear_int8(&x, rows, &packed, epi);
+            let plain = linear_int8(&x, rows, &packed, Epilogue::default());
+            let relu = Epilogue {
+                activation: EpilogueActivation::Relu,
+                ..epi
+            };
+            let relu = linear_int8(&x, rows, &packed, relu);
+            for r in 0..rows {
+                let xr = &x[r * k..(r + 1) * k];
+                // Each block of the row has its own scale.
+                let block_scale = |i: usize| {
+                    let b = i / block;
+                    let xb = &xr[b * block..((b + 1) * block).min(k)];
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    (amax / 127.0, inv)
+                };
+                for j in 0..n {
+                    // The exact product of the quantized activations and the weight.
+                    let mut exact = 0f64;
+                    // The f32 product and the bound on what activation rounding changes.
+                    let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
+                    for (i, &xi) in xr.iter().enumerate() {
+                        let (sx, inv) = block_scale(i);
+                        let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
+                        exact += f64::from(q) * f64::from(sx) * w(j, i);
+                        float += f64::from(xi) * w(j, i);
+                        bound += w(j, i).abs() * f64::from(sx) * 0.5;
+                        mag += (f64::from(xi) * w(j, i)).abs();
+                    }
+                    let g = f64::from(plain[r * n + j]);
+                    let tol = 1e-5 * (1.0 + mag);
+                    assert!(
+                        (g - exact).abs() <= tol,
+                        "{isa:?} {rows}x{k}x{n}/{block} [{r},{j}]: {g} vs {exact}"
+                    );
+                    assert!(
+                        (g - float).abs() <= bound + tol,
+                        "{isa:?} {rows}x{k}x{n} [{r},{j}]: {g} vs f32 {float} (bound {bound})"
+                    );
+                    let want = exact + f64::from(bias[j]) + f64::from(res[r * n + j]);
+                    let f = f64::from(got[r * n + j]);
+                    assert!(
+                        (f - want).abs() <= tol + 1e-6 * want.abs(),
+                        "{isa:?} epilogue [{r},{j}]"
+                    );
+                    let f = f64::from(relu[r * n + j]);
+                    assert!(
+                        (f - want.max(0.0)).abs() <= tol + 1e-6 * want.abs(),
+                        "{isa:?} relu [{r},{j}]"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_kernel_matches_an_f64_reference() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -704,88 +1295,33 @@ mod tests {
             (17, 129, 45, 64),
             (33, 384, 40, 32),
             (70, 96, 130, 32),
+            // Two chunks of in-features (K_CHUNK = 4096), the second one short.
+            (7, 4136, 33, 8),
+            // Large enough for parallel tasks: over panels (the activations quantized once for
+            // all tasks) and over rows (each task quantizing its own).
+            (3, 4096, 100, 32),
+            (576, 64, 40, 16),
         ];
-        let isas: Vec<Int8Isa> = Int8Isa::ALL.into_iter().filter(|i| i.available()).collect();
-        eprintln!("int8 kernels tested: {isas:?}");
+        eprintln!(
+            "int8 kernels tested: {:?}",
+            Int8Isa::ALL
+                .into_iter()
+                .filter(|i| i.available())
+                .collect::<Vec<_>>()
+        );
         for &(rows, k, n, block) in &shapes {
-            let (codes, scales) = random_weight(&mut rng, n, k, block);
-            let blocks = k.div_ceil(block);
-            let mut x: Vec<f32> = (0..rows * k)
-                .map(|_| rng.random_range(-2.0f32..2.0))
-                .collect();
-            if rows > 2 {
-                // An all-zero row (scale 0) and one with an outlier.
-                x[k..2 * k].fill(0.0);
-                x[2 * k] = 40.0;
-            }
-            let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let res: Vec<f32> = (0..rows * n)
-                .map(|_| rng.random_range(-1.0f32..1.0))
-                .collect();
-            let w = |j: usize, i: usize| {
-                f64::from(codes[j * k + i]) * f64::from(scales[j * blocks + i / block])
-            };
-            for isa in &isas {
-                let packed = PackedInt8::with_isa(&codes, &scales, n, k, block, *isa).unwrap();
-                assert_eq!(packed.unpack(), (codes.clone(), scales.clone()));
-                let epi = Epilogue {
-                    bias: Some(&bias),
-                    residual: Some(&res),
-                    activation: EpilogueActivation::Identity,
-                };
-                let got = linear_int8(&x, rows, &packed, epi);
-                let plain = linear_int8(&x, rows, &packed, Epilogue::default());
-                let relu = Epilogue {
-                    activation: EpilogueActivation::Relu,
-                    ..epi
-                };
-                let relu = linear_int8(&x, rows, &packed, relu);
-                for r in 0..rows {
-                    let xr = &x[r * k..(r + 1) * k];
-                    // Each block of the row has its own scale.
-                    let block_scale = |i: usize| {
-                        let b = i / block;
-                        let xb = &xr[b * block..((b + 1) * block).min(k)];
-                        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                        (amax / 127.0, inv)
-                    };
-                    for j in 0..n {
-                        // The exact product of the quantized activations and the weight.
-                        let mut exact = 0f64;
-                        // The f32 product and the bound on what activation rounding changes.
-                        let (mut float, mut bound, mut mag) = (0f64, 0f64, 0f64);
-                        for (i, &xi) in xr.iter().enumerate() {
-                            let (sx, inv) = block_scale(i);
-                            let q = (xi * inv).round_ties_even().clamp(-127.0, 127.0);
-                            exact += f64::from(q) * f64::from(sx) * w(j, i);
-                            float += f64::from(xi) * w(j, i);
-                            bound += w(j, i).abs() * f64::from(sx) * 0.5;
-                            mag += (f64::from(xi) * w(j, i)).abs();
-                        }
-                        let g = f64::from(plain[r * n + j]);
-                        let tol = 1e-5 * (1.0 + mag);
-                        assert!(
-                            (g - exact).abs() <= tol,
-                            "{isa:?} {rows}x{k}x{n}/{block} [{r},{j}]: {g} vs {exact}"
-                        );
-                        assert!(
-                            (g - float).abs() <= bound + tol,
-                            "{isa:?} {rows}x{k}x{n} [{r},{j}]: {g} vs f32 {float} (bound {bound})"
-                        );
-                        let want = exact + f64::from(bias[j]) + f64::from(res[r * n + j]);
-                        let f = f64::from(got[r * n + j]);
-                        assert!(
-                            (f - want).abs() <= tol + 1e-6 * want.abs(),
-                            "{isa:?} epilogue [{r},{j}]"
-                        );
-                        let f = f64::from(relu[r * n + j]);
-                        assert!(
-                            (f - want.max(0.0)).abs() <= tol + 1e-6 * want.abs(),
-                            "{isa:?} relu [{r},{j}]"
-                        );
-                    }
-                }
+            check_shape(&mut rng, rows, k, n, block);
+        }
+    }
+
+    #[test]
+    fn every_tile_and_panel_edge() {
+        // Every row count of a tile and its remainders, panels of 32 cut at every kind of
+        // width, several blocks.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for rows in 1..=13 {
+            for &n in &[1, 15, 16, 17, 31, 32, 33, 47, 64, 79] {
+                check_shape(&mut rng, rows, 72, n, 8);
             }
         }
     }
