@@ -457,7 +457,7 @@ pub fn run_benchmark(
         // per round, alternating. A model is loaded per variant and round when there are several
         // variants (only one is in memory at a time, so peak memory stays that variant's own), and
         // once when there is one.
-        let mut kept: Option<(usize, Result<(Box<dyn ModelRunner>, f64), String>, String)> = None;
+        let mut kept: Option<(usize, Loaded, String)> = None;
         for round in 0..spec.rounds.max(1) {
             for (v, &(dtype, fusion)) in variants.iter().enumerate() {
                 let label = match fusion {
@@ -572,6 +572,9 @@ pub fn run_benchmark(
     Ok((run, out))
 }
 
+/// A loaded runner and its load time in ms, or why it could not load.
+type Loaded = Result<(Box<dyn ModelRunner>, f64), String>;
+
 /// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,
 /// `f16`, `bf16`) or `int8` / `int4` (f32 compute, linear weights kept quantized as
 /// `--quantize` does). Returns the runner and the load time in ms, or why it failed.
@@ -579,7 +582,7 @@ fn load_variant(
     plan: &ModelPlan,
     backend: BackendKind,
     dtype: &str,
-) -> Result<(Box<dyn ModelRunner>, f64), String> {
+) -> Loaded {
     let (precision, quantization) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
         Ok(q) if q != ipfs_accelerate::WeightQuantization::None => (Precision::F32, q),
         _ => (
