@@ -578,11 +578,7 @@ type Loaded = Result<(Box<dyn ModelRunner>, f64), String>;
 /// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,
 /// `f16`, `bf16`) or `int8` / `int4` (f32 compute, linear weights kept quantized as
 /// `--quantize` does). Returns the runner and the load time in ms, or why it failed.
-fn load_variant(
-    plan: &ModelPlan,
-    backend: BackendKind,
-    dtype: &str,
-) -> Loaded {
+fn load_variant(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
     let (precision, quantization) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
         Ok(q) if q != ipfs_accelerate::WeightQuantization::None => (Precision::F32, q),
         _ => (
