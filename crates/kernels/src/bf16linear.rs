@@ -26,6 +26,7 @@
 use rayon::prelude::*;
 
 use crate::linear::{finish_rows, Epilogue};
+use crate::qlinear::{finish_tile, OutPtr};
 
 /// Outputs per packed panel (two 512-bit registers of f32 sums).
 const PANEL: usize = 32;
@@ -574,25 +575,6 @@ unsafe fn run_tile(isa: Bf16Isa, t: &Tile<'_>) {
     }
 }
 
-/// An output pointer shared by tasks that write disjoint tiles.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-impl OutPtr {
-    /// The pointer `i` values past the start (a method, so closures capture the whole
-    /// `Send + Sync` wrapper rather than its raw pointer field).
-    ///
-    /// # Safety
-    /// `i` is within the output.
-    unsafe fn at(self, i: usize) -> *mut f32 {
-        self.0.add(i)
-    }
-}
-
-// SAFETY: every task writes its own rectangle of the output (see `linear_bf16`).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
 /// `activation(x · Wᵀ + bias + residual)` (see [`Epilogue`]) for `x` `[rows, k]` and a packed
 /// bf16 weight `[n, k]`; returns `[rows, n]`. `x` is rounded to bf16 and the products summed in
 /// f32 (see the module documentation); the product runs on every rayon thread when it is
@@ -694,19 +676,8 @@ pub fn linear_bf16(
                 // this task's rectangle, which no other task accesses.
                 unsafe { run_tile(isa, &tile) };
                 if fused {
-                    for row in r..r + tile_rows {
-                        // SAFETY: as above; the kernel has just written these values.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width)
-                        };
-                        finish_rows(
-                            dst,
-                            width,
-                            bias.map(|b| &b[c0..c0 + width]),
-                            residual.map(|res| &res[row * n + c0..row * n + c0 + width]),
-                            activation,
-                        );
-                    }
+                    // SAFETY: as above; the kernel has just written these values.
+                    unsafe { finish_tile(out_ptr, r..r + tile_rows, n, c0, width, &epilogue) };
                 }
                 r += tile_rows;
             }

@@ -934,7 +934,35 @@ impl OutPtr {
     }
 }
 
-// SAFETY: every task writes its own rectangle of the output (see `linear_int8`).
+/// Applies `epilogue` to the rows `rows` of columns `c0 .. c0 + width` of the `[_, n]` output
+/// behind `out` (a finished tile, while it is in cache).
+///
+/// # Safety
+/// Those values are initialised, and no other thread accesses them meanwhile.
+pub(crate) unsafe fn finish_tile(
+    out: OutPtr,
+    rows: std::ops::Range<usize>,
+    n: usize,
+    c0: usize,
+    width: usize,
+    epilogue: &Epilogue<'_>,
+) {
+    for row in rows {
+        let dst = std::slice::from_raw_parts_mut(out.at(row * n + c0), width);
+        finish_rows(
+            dst,
+            width,
+            epilogue.bias.map(|b| &b[c0..c0 + width]),
+            epilogue
+                .residual
+                .map(|res| &res[row * n + c0..row * n + c0 + width]),
+            epilogue.activation,
+        );
+    }
+}
+
+// SAFETY: every task writes its own rectangle of the output (see `linear_int8`, `linear_bf16`
+// and `linear_ggml`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
@@ -1060,20 +1088,9 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                     // in this task's rectangle, which no other task accesses.
                     unsafe { run_tile(isa, &tile) };
                     if fused && b1 == blocks {
-                        // The finished tile, while it is in cache.
-                        for row in r..r + tile_rows {
-                            // SAFETY: as above; the kernel has just written these values.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(out_ptr.at(row * n + c0), width)
-                            };
-                            finish_rows(
-                                dst,
-                                width,
-                                bias.map(|b| &b[c0..c0 + width]),
-                                residual.map(|res| &res[row * n + c0..row * n + c0 + width]),
-                                activation,
-                            );
-                        }
+                        // SAFETY: the kernel has just written these values, in this task's
+                        // rectangle.
+                        unsafe { finish_tile(out_ptr, r..r + tile_rows, n, c0, width, &epilogue) };
                     }
                     r += tile_rows;
                 }
