@@ -348,6 +348,8 @@ pub trait TextGeneration: ModelRunner {
     fn quantize(&mut self, q: WeightQuantization) -> Result<()>;
     /// Bytes the weights take in memory.
     fn weight_bytes(&self) -> usize;
+    /// Bytes the weights take as f32 (see [`LlamaModel::float_weight_bytes`]).
+    fn float_weight_bytes(&self) -> usize;
     /// New tokens after `prompt`, streamed through `on_token`.
     fn generate(
         &self,
@@ -376,6 +378,10 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
 
     fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
+    }
+
+    fn float_weight_bytes(&self) -> usize {
+        self.model.float_weight_bytes()
     }
 
     fn generate(
