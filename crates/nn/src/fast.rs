@@ -168,6 +168,18 @@ pub(crate) fn linear_bf16<B: Backend>(
     })
 }
 
+/// Runs `f` on a thread of rayon's global pool (the caller waits), or in place when already on
+/// one. The kernels' parallel loops inside `f` then start from a pool thread: a loop costs no
+/// hand-over from an outside thread to the pool (a wake-up and a sleep per loop, hundreds per
+/// decoded token), and with one thread it runs inline. For a whole forward pass of a model on the
+/// CPU backend.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    rayon::scope(|_| f())
+}
+
 /// Whether weights the source hands over as ggml blocks are kept that way (see [`crate::ggml`]):
 /// `B` is the CPU backend and the kernels are on.
 pub(crate) fn ggml_kernel<B: Backend>() -> bool {
