@@ -3,7 +3,8 @@
 //! with `ipfs-accelerate-kernels`' [`linear_ggml`](ipfs_accelerate_kernels::linear_ggml)
 //! (activations quantized to int8 per block for few rows, dequantized panels for many), and an
 //! embedding lookup dequantizes only the rows it reads. No f32 copy of the weight is built,
-//! except by the generic paths that ask for one ([`LinearWeight::matrix`]).
+//! except by the generic paths that ask for one
+//! ([`LinearWeight::matrix`](crate::LinearWeight::matrix)).
 //!
 //! # When weights are kept this way
 //!

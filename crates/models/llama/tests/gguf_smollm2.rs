@@ -76,7 +76,7 @@ fn relative_error(a: &[f64], b: &[f64]) -> f64 {
     (diff / norm).sqrt()
 }
 
-/// The prompt logits and 16 greedy tokens of `runner`.
+/// The prompt logits and `new_tokens` greedy tokens of `runner`.
 fn run(runner: &LlamaRunner<Flex>, ids: &HostTensor, new_tokens: usize) -> (Vec<f64>, Vec<i64>) {
     let mut inputs = TensorMap::new();
     inputs.insert("input_ids".into(), ids.clone());
@@ -209,10 +209,10 @@ fn smollm2_q4_1_matches_hf() {
     );
 }
 
-/// One product on the file's blocks (a un-permuted Q4_1 query projection, and the Q8_0 tied head)
-/// with the prompt's normalized embeddings as input: within the kernels' bound of the exact product with the
-/// dequantized weight, `Σ_i |w_i| · d_b(i) / 2` per output (`d_b = max|x| / 127` over the input's
-/// block of 32), the only rounding being the activations'.
+/// One product on the file's blocks (an un-permuted Q4_1 query projection, and the Q8_0 tied
+/// head) with the prompt's normalized embeddings as input: within the kernels' bound of the exact
+/// product with the dequantized weight, `Σ_i |w_i| · d_b(i) / 2` per output (`d_b = max|x| / 127`
+/// over the input's block of 32), the only rounding being the activations'.
 #[test]
 fn blocks_products_within_the_rounding_bound() {
     let Some(root) = shared() else { return };
