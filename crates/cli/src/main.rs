@@ -480,10 +480,11 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
     }
     let mut generator = TextGenerator::load(&cli.model, backends, cli.offline)
         .with_context(|| format!("loading {}", cli.model))?;
-    let mut weights = (generator.weight_bytes(), generator.weight_bytes());
+    // As kept (a GGUF's blocks on the CPU, or quantized as asked) and as f32.
+    let mut weights = (generator.float_weight_bytes(), generator.weight_bytes());
     if let Some(q) = quantize {
         let q: ipfs_accelerate::text::WeightQuantization = q.parse()?;
-        weights = generator.quantize(q).context("quantizing the weights")?;
+        weights.1 = generator.quantize(q).context("quantizing the weights")?.1;
     }
     for s in &generator.selection().skipped {
         eprintln!("note: skipped backend {}: {}", s.kind, s.reason);

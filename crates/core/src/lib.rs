@@ -31,5 +31,6 @@ pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};
 pub use shared::{Residency, SharedError, SharedHandle, SharedTensors, TensorView};
 pub use tensor::{
-    check_finite, DType, Family, HostTensor, ModelRunner, TensorMap, TensorSource, TokenBatch,
+    check_finite, DType, Family, HostTensor, ModelRunner, QuantizedBlocks, TensorMap, TensorSource,
+    TokenBatch,
 };

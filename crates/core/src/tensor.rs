@@ -332,6 +332,20 @@ impl TokenBatch {
     }
 }
 
+/// A weight matrix in a ggml block format as the file stores it, handed over without
+/// dequantizing ([`TensorSource::quantized_blocks`]).
+#[derive(Debug, Clone)]
+pub struct QuantizedBlocks {
+    /// The ggml type id (`enum ggml_type`, as GGUF files write it).
+    pub ggml_type: u32,
+    /// Row-major `[rows, cols]`: each row is `cols / block_size` consecutive blocks, at any
+    /// alignment (usually a zero-copy slice of a memory-mapped file).
+    pub data: Bytes,
+    /// `[rows, cols]`: PyTorch's `[out, in]` for a linear weight, `[vocab, dim]` for an
+    /// embedding table.
+    pub shape: [usize; 2],
+}
+
 /// Anything that serves named weight tensors: a safetensors file, a set of shards, a GGUF file.
 pub trait TensorSource: Send + Sync {
     /// A short description (usually the file path) used in error messages.
@@ -357,6 +371,13 @@ pub trait TensorSource: Send + Sync {
     /// generated, in-memory or renaming sources) is never shared.
     fn identity(&self) -> Option<String> {
         None
+    }
+    /// The 2-D weight `name` as raw ggml blocks, when the source stores it quantized and can hand
+    /// the blocks over as they are (GGUF); `Ok(None)` (the default) when it cannot, and the
+    /// caller falls back to [`tensor`](Self::tensor). The values are those `tensor` serves.
+    fn quantized_blocks(&self, name: &str) -> Result<Option<QuantizedBlocks>> {
+        let _ = name;
+        Ok(None)
     }
 }
 

@@ -367,3 +367,37 @@ fn smollm2_tokenizer_matches_the_reference() {
     assert_eq!(*chat.get_ids().last().unwrap(), 2);
     assert!(f.chat_template().unwrap().contains("<|im_start|>"));
 }
+
+/// `quantized_blocks` hands over the 2-D block-format tensors as slices of the file's bytes, and
+/// nothing for F32, 1-D or missing tensors.
+#[test]
+fn quantized_blocks_are_the_stored_bytes() {
+    use ipfs_accelerate_io::gguf::GgufBuilder;
+    // Two rows of one Q8_0 block each (f16 scale 1.0, values 0..32), an F32 matrix and a vector.
+    let mut q8 = Vec::new();
+    for _ in 0..2 {
+        q8.extend_from_slice(&0x3c00u16.to_le_bytes());
+        q8.extend(0..32u8);
+    }
+    let mut b = GgufBuilder::new();
+    b.tensor("w.weight", &[2, 32], GgmlType::Q8_0, q8.clone())
+        .unwrap()
+        .tensor_f32("f.weight", &[2, 2], &[1.0, 2.0, 3.0, 4.0])
+        .unwrap()
+        .tensor("v.weight", &[32], GgmlType::Q8_0, q8[..34].to_vec())
+        .unwrap();
+    let f = GgufFile::from_bytes("blocks.gguf", b.to_bytes().unwrap().into()).unwrap();
+    let blocks = f.quantized_blocks("w.weight").unwrap().unwrap();
+    assert_eq!(blocks.ggml_type, GgmlType::Q8_0.id());
+    assert_eq!(blocks.shape, [2, 32]);
+    assert_eq!(&blocks.data[..], &q8[..]);
+    let (_, raw) = f.raw_tensor("w.weight").unwrap();
+    assert_eq!(
+        blocks.data.as_ptr(),
+        raw.as_ptr(),
+        "a slice of the file, not a copy"
+    );
+    for none in ["f.weight", "v.weight", "missing.weight"] {
+        assert!(f.quantized_blocks(none).unwrap().is_none(), "{none}");
+    }
+}

@@ -214,8 +214,9 @@ impl TextGenerator {
         self.model.config()
     }
 
-    /// Keeps the linear weights quantized in memory from now on (int8 / int4 blocks; embeddings
-    /// and norms stay float); returns the weight bytes before and after.
+    /// Keeps the linear weights quantized in memory from now on (int8 / int4 blocks, re-quantized
+    /// from a GGUF file's; embeddings and norms stay as loaded); returns the weight bytes before
+    /// and after.
     pub fn quantize(
         &mut self,
         q: ipfs_accelerate_nn::WeightQuantization,
@@ -225,9 +226,15 @@ impl TextGenerator {
         Ok((before, self.model.weight_bytes()))
     }
 
-    /// Bytes the model's weights take in memory (float or quantized, as kept).
+    /// Bytes the model's weights take in memory (float, quantized or a GGUF file's blocks, as
+    /// kept).
     pub fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
+    }
+
+    /// Bytes the model's weights take as f32 (the reference for [`weight_bytes`](Self::weight_bytes)).
+    pub fn float_weight_bytes(&self) -> usize {
+        self.model.float_weight_bytes()
     }
 
     /// The chat template, if the checkpoint has one.

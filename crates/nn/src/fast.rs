@@ -168,6 +168,39 @@ pub(crate) fn linear_bf16<B: Backend>(
     })
 }
 
+/// Runs `f` on a thread of rayon's global pool (the caller waits), or in place when already on
+/// one. The kernels' parallel loops inside `f` then start from a pool thread: a loop costs no
+/// hand-over from an outside thread to the pool (a wake-up and a sleep per loop, hundreds per
+/// decoded token), and with one thread it runs inline. For a whole forward pass of a model on the
+/// CPU backend.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    rayon::scope(|_| f())
+}
+
+/// Whether weights the source hands over as ggml blocks are kept that way (see [`crate::ggml`]):
+/// `B` is the CPU backend and the kernels are on.
+pub(crate) fn ggml_kernel<B: Backend>() -> bool {
+    is_cpu_backend::<B>() && enabled()
+}
+
+/// `act(x · wᵀ + bias + residual)` for `x` `[rows, in]` and a weight kept as ggml blocks
+/// (`kernels::linear_ggml`), or `None` (inputs untouched) when the fast path does not apply.
+pub(crate) fn linear_ggml<B: Backend>(
+    x: &Tensor<B, 2>,
+    w: &crate::ggml::GgmlWeight,
+    bias: Option<&Tensor<B, 1>>,
+    residual: Option<&Tensor<B, 2>>,
+    act: Option<Activation>,
+) -> Option<Tensor<B, 2>> {
+    let blocks = w.blocks()?;
+    fused(x, w.k(), w.n(), bias, residual, act, |x, rows, epilogue| {
+        Some(kernels::linear_ggml(x, rows, blocks.k(), &blocks, epilogue))
+    })
+}
+
 /// Runs `product(x, rows, epilogue)` (a `[rows, n]` result of `x` `[rows, k]`) with `bias`,
 /// `residual` and `act` fused into its epilogue, when every tensor is an f32 burn-flex tensor of
 /// the right shape and the activation has a fused form.

@@ -14,6 +14,7 @@ mod embedding;
 pub mod exact;
 pub mod fast;
 pub mod generate;
+pub mod ggml;
 pub mod gptq;
 pub mod kv_cache;
 mod linear;

@@ -37,6 +37,12 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// From a weight as kept (shared, not copied) and an optional bias `[out]`: a tied output
+    /// projection on an embedding's ggml blocks ([`crate::Embedding::tied_head`]).
+    pub fn from_weight(weight: LinearWeight<B>, bias: Option<Tensor<B, 1>>) -> Self {
+        Linear { weight, bias }
+    }
+
     /// Keeps the weight quantized in memory as `q` from now on (from float weights; see
     /// [`crate::quant`] for the formats). In-features that are not a multiple of the block size,
     /// or a layer that is already quantized, are errors.
@@ -105,7 +111,9 @@ impl<B: Backend> Linear<B> {
         dims[D - 1] = self.out_dim();
         let residual = residual.map(|r| r.reshape([rows, self.out_dim()]));
         let (bias, res) = (self.bias.as_ref(), residual.as_ref());
-        let packed = if let Some(w) = self.weight.packed_int8() {
+        let packed = if let Some(w) = self.weight.ggml() {
+            crate::fast::linear_ggml(&x2, w, bias, res, act)
+        } else if let Some(w) = self.weight.packed_int8() {
             crate::fast::linear_int8(&x2, w, bias, res, act)
         } else if let Some(w) = self.weight.packed_bf16() {
             crate::fast::linear_bf16(&x2, w, bias, res, act)

@@ -29,6 +29,8 @@ use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData}
 use ipfs_accelerate_core::{Error, Result};
 use ipfs_accelerate_kernels::{PackedBf16, PackedInt8};
 
+use crate::ggml::GgmlWeight;
+
 /// How the weights of linear layers are kept in memory. Embeddings and norms stay float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightQuantization {
@@ -300,6 +302,11 @@ enum Store<B: Backend> {
         words: Tensor<B, 1, Int>,
         scales: Tensor<B, 1>,
     },
+    /// ggml blocks as the file stores them, for the CPU kernels (see [`crate::ggml`]).
+    Ggml {
+        weight: GgmlWeight,
+        device: B::Device,
+    },
 }
 
 impl<B: Backend> LinearWeight<B> {
@@ -428,6 +435,30 @@ impl<B: Backend> LinearWeight<B> {
         })
     }
 
+    /// Keeps `weight`'s ggml blocks as they are (see [`crate::ggml`]); its rows are the
+    /// out-features. [`quantization`](Self::quantization) reads `None`: no
+    /// [`WeightQuantization`] describes it ([`ggml`](Self::ggml) does).
+    pub fn from_ggml(weight: GgmlWeight, device: &B::Device) -> Self {
+        LinearWeight {
+            in_dim: weight.k(),
+            out_dim: weight.n(),
+            store: Store::Ggml {
+                weight,
+                device: device.clone(),
+            },
+            quantization: WeightQuantization::None,
+            name: None,
+        }
+    }
+
+    /// The ggml blocks, when it is kept that way.
+    pub fn ggml(&self) -> Option<&GgmlWeight> {
+        match &self.store {
+            Store::Ggml { weight, .. } => Some(weight),
+            _ => None,
+        }
+    }
+
     /// The same weight (sharing the storage) recorded under `name`, its name in the source.
     pub fn with_name(mut self, name: &str) -> Self {
         self.name = Some(Arc::from(name));
@@ -455,11 +486,13 @@ impl<B: Backend> LinearWeight<B> {
         Ok(kept)
     }
 
-    fn device(&self) -> B::Device {
+    pub(crate) fn device(&self) -> B::Device {
         match &self.store {
             Store::Float(t) | Store::Int8(t) => t.device(),
             Store::Int4 { scales, .. } => scales.device(),
-            Store::PackedInt8 { device, .. } | Store::PackedBf16 { device, .. } => device.clone(),
+            Store::PackedInt8 { device, .. }
+            | Store::PackedBf16 { device, .. }
+            | Store::Ggml { device, .. } => device.clone(),
         }
     }
 
@@ -494,6 +527,7 @@ impl<B: Backend> LinearWeight<B> {
             }
             Store::PackedInt8 { packed, .. } => packed.bytes(),
             Store::PackedBf16 { packed, .. } => packed.bytes(),
+            Store::Ggml { weight, .. } => weight.bytes(),
         }
     }
 
@@ -517,6 +551,7 @@ impl<B: Backend> LinearWeight<B> {
     pub fn matrix(&self) -> Tensor<B, 2> {
         match &self.store {
             Store::Float(t) => t.clone(),
+            Store::Ggml { weight, device } => weight.matrix(device),
             Store::Int8(q) => q.clone().dequantize().transpose(),
             Store::PackedInt8 { packed, device } => {
                 let (codes, scales) = packed.unpack();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 use ipfs_accelerate_core::{DType, Error, HostTensor, Result, TensorSource};
 
+use crate::ggml::GgmlWeight;
 use crate::quant::LinearWeight;
 use crate::weights::{Kind, LoadContext, LoadedWeights};
 use crate::WeightQuantization;
@@ -120,6 +121,9 @@ impl<B: Backend> VarBuilder<B> {
     /// Loads the linear weight `name` (PyTorch's `[out_dim, in_dim]`) kept as
     /// [`VarBuilder::quantization`] asks; float when the in-features are not a multiple of the
     /// block size ([`WeightQuantization::fits`]; counted in [`crate::weights::WeightStats`]).
+    /// With no quantization asked, a weight the source stores as ggml blocks is kept as those
+    /// blocks on the CPU backend (precedence: a calibration, then the asked quantization, then
+    /// the file's blocks, then f32; see [`crate::ggml`]).
     pub fn linear_weight(
         &self,
         name: &str,
@@ -129,6 +133,19 @@ impl<B: Backend> VarBuilder<B> {
         let full = self.path(name);
         let asked = self.quantization;
         asked.validate()?;
+        let f32_bytes = (out_dim as u64)
+            .saturating_mul(in_dim as u64)
+            .saturating_mul(4);
+        if asked == WeightQuantization::None {
+            let kind = || Kind::Linear {
+                name: full.clone(),
+                f32_bytes,
+                kept_float: false,
+            };
+            if let Some(w) = self.ggml_weight(&full, [out_dim, in_dim], kind)? {
+                return Ok(w);
+            }
+        }
         let q = if asked.fits(in_dim) {
             asked
         } else {
@@ -143,9 +160,7 @@ impl<B: Backend> VarBuilder<B> {
         let shape = [out_dim, in_dim];
         let kind = Kind::Linear {
             name: full.clone(),
-            f32_bytes: (out_dim as u64)
-                .saturating_mul(in_dim as u64)
-                .saturating_mul(4),
+            f32_bytes,
             kept_float: q != asked,
         };
         self.load.fetch::<B, LinearWeight<B>>(
@@ -158,6 +173,56 @@ impl<B: Backend> VarBuilder<B> {
             || self.host(&full, &shape),
             |host| LinearWeight::from_out_in(&host.to_f32_vec(), out_dim, in_dim, q, &self.device),
         )
+    }
+
+    /// The table `name` (`[num, dim]`) as its ggml blocks, when the source stores it that way
+    /// and the backend runs the CPU kernels (see [`crate::ggml`]); `None` otherwise (load it
+    /// with [`tensor`](Self::tensor)). Whatever the quantization asked for linear layers.
+    pub fn ggml_table(
+        &self,
+        name: &str,
+        num: usize,
+        dim: usize,
+    ) -> Result<Option<LinearWeight<B>>> {
+        self.ggml_weight(&self.path(name), [num, dim], || Kind::Tensor)
+    }
+
+    /// `full` (`shape` `[rows, cols]`) kept as the ggml blocks the source hands over, when it
+    /// does and `B` runs the CPU kernels. The load's registry entry holds the raw bytes (`u8`).
+    fn ggml_weight(
+        &self,
+        full: &str,
+        shape: [usize; 2],
+        kind: impl FnOnce() -> Kind,
+    ) -> Result<Option<LinearWeight<B>>> {
+        if !crate::fast::ggml_kernel::<B>() {
+            return Ok(None);
+        }
+        let Some(blocks) = self.source.quantized_blocks(full)? else {
+            return Ok(None);
+        };
+        if blocks.shape != shape {
+            return Err(Error::ShapeMismatch {
+                name: full.to_string(),
+                expected: shape.to_vec(),
+                actual: blocks.shape.to_vec(),
+            });
+        }
+        let weight = GgmlWeight::new(full, blocks)?;
+        let form = format!("ggml-{}", weight.ty());
+        let raw = weight.data().clone();
+        self.load
+            .fetch::<B, LinearWeight<B>>(
+                self.source.as_ref(),
+                full,
+                &shape,
+                &form,
+                &self.device,
+                kind(),
+                || HostTensor::from_bytes(full, vec![raw.len()], DType::U8, raw),
+                |_| Ok(LinearWeight::from_ggml(weight, &self.device)),
+            )
+            .map(Some)
     }
 
     /// The host copy of `full`, checked to be a float tensor of exactly `shape`, as f32.

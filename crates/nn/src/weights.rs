@@ -166,7 +166,7 @@ pub struct WeightStats {
     pub bytes: u64,
     /// Linear layers' weight matrices loaded (biases are counted with the other tensors).
     pub linear_layers: usize,
-    /// Of those, kept quantized.
+    /// Of those, kept quantized (as the load asked, or as the file's ggml blocks).
     pub linear_quantized: usize,
     /// Of those, kept float although a quantization was asked for, because the in-features are
     /// not a multiple of the block size.
@@ -251,6 +251,11 @@ pub(crate) trait HeldWeight: Clone + Send + Sync + 'static {
     fn quantization(&self) -> WeightQuantization {
         WeightQuantization::None
     }
+    /// Whether it is kept quantized (as [`quantization`](Self::quantization) says, or as ggml
+    /// blocks).
+    fn is_quantized(&self) -> bool {
+        self.quantization() != WeightQuantization::None
+    }
     /// The value recorded under `name`, its name in the source (linear weights remember it).
     fn named(self, _name: &str) -> Self {
         self
@@ -279,6 +284,10 @@ impl<B: Backend> HeldWeight for LinearWeight<B> {
 
     fn quantization(&self) -> WeightQuantization {
         LinearWeight::quantization(self)
+    }
+
+    fn is_quantized(&self) -> bool {
+        self.quantization() != WeightQuantization::None || self.ggml().is_some()
     }
 
     fn named(self, name: &str) -> Self {
@@ -594,7 +603,7 @@ impl LoadContext {
             stats.linear_layers += 1;
             stats.linear_bytes += bytes;
             stats.linear_f32_bytes += f32_bytes;
-            stats.linear_quantized += usize::from(kept != WeightQuantization::None);
+            stats.linear_quantized += usize::from(value.is_quantized());
             stats.linear_kept_float += usize::from(kept_float);
             record.linear.push((name, kept));
         }

@@ -27,7 +27,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use ipfs_accelerate_core::{DType, Error, HostTensor, Result as CoreResult, TensorSource};
+use ipfs_accelerate_core::{
+    DType, Error, HostTensor, QuantizedBlocks, Result as CoreResult, TensorSource,
+};
+use ipfs_accelerate_kernels::BlockType;
 
 use crate::IoError;
 
@@ -239,5 +242,25 @@ impl TensorSource for GgufFile {
 
     fn names(&self) -> Vec<String> {
         self.tensors.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// A 2-D tensor in a block format the CPU kernels read (every one but F32, which
+    /// [`tensor`](TensorSource::tensor) already serves without a copy) as a zero-copy slice of
+    /// the map; `None` for other tensors.
+    fn quantized_blocks(&self, name: &str) -> CoreResult<Option<QuantizedBlocks>> {
+        let Some(info) = self.tensor_info(name) else {
+            return Ok(None);
+        };
+        let (Some(ty), &[rows, cols]) = (info.ggml_type.block_type(), info.shape.as_slice()) else {
+            return Ok(None);
+        };
+        if ty == BlockType::F32 {
+            return Ok(None);
+        }
+        Ok(Some(QuantizedBlocks {
+            ggml_type: ty.id(),
+            data: self.data.slice(self.range(info)),
+            shape: [rows, cols],
+        }))
     }
 }

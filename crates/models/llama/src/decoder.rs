@@ -139,8 +139,17 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
         &self.cache
     }
 
-    /// Runs the columns not yet processed and returns the last position's logits.
+    /// Runs the columns not yet processed and returns the last position's logits (on the CPU
+    /// backend on a thread of the kernels' pool: [`ipfs_accelerate_nn::fast::on_pool`]).
     fn run_pending(&mut self) -> Result<Vec<f32>> {
+        if ipfs_accelerate_nn::fast::is_cpu_backend::<B>() {
+            return ipfs_accelerate_nn::fast::on_pool(|| self.run_pending_here());
+        }
+        self.run_pending_here()
+    }
+
+    /// [`run_pending`](Self::run_pending) on the calling thread.
+    fn run_pending_here(&mut self) -> Result<Vec<f32>> {
         let len = self.len();
         let start = match self.mode {
             DecodeMode::Cached => self.done,

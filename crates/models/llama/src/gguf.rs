@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ipfs_accelerate_core::{Error, HostTensor, Result, TensorSource};
-use ipfs_accelerate_io::gguf::{GgufFile, GgufValue};
+use ipfs_accelerate_core::{Error, HostTensor, QuantizedBlocks, Result, TensorSource};
+use ipfs_accelerate_io::gguf::{GgmlType, GgufFile, GgufValue};
 use ipfs_accelerate_nn::{rope::RopeParameters, Activation};
 
 use crate::config::TokenIds;
@@ -189,6 +189,13 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 /// stores row `2j + s` of each head where HF has row `s · head_dim/2 + j` (rotary halves
 /// interleaved). Works on weights `[rows, in]` and biases `[rows]`.
 pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Result<Vec<f32>> {
+    unpermute(values, rows, heads)
+}
+
+/// [`unpermute_rows`] on rows of any element: `values` is `rows` rows of equal length (the raw
+/// blocks of a quantized weight: a row of blocks is a row of values, blocks lie along the
+/// in-features).
+pub fn unpermute<T: Copy + Default>(values: &[T], rows: usize, heads: usize) -> Result<Vec<T>> {
     if heads == 0 || rows == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(Error::InvalidInput(format!(
             "cannot un-permute {rows} rows over {heads} heads"
@@ -203,7 +210,7 @@ pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Result<Vec<f
     let width = values.len() / rows;
     let head_dim = rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0f32; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for h in 0..heads {
         for s in 0..2 {
             for j in 0..half {
@@ -217,8 +224,9 @@ pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Result<Vec<f
     Ok(out)
 }
 
-/// A GGUF file seen under HF tensor names, dequantized to f32; for the `llama` architecture the
-/// query / key rows are un-permuted so HF's `rotate_half` RoPE applies.
+/// A GGUF file seen under HF tensor names, dequantized to f32 ([`TensorSource::tensor`]) or as
+/// raw blocks ([`TensorSource::quantized_blocks`]); for the `llama` architecture the query / key
+/// rows are un-permuted so HF's `rotate_half` RoPE applies.
 pub struct GgufWeights {
     file: Arc<GgufFile>,
     arch: Architecture,
@@ -288,6 +296,29 @@ impl TensorSource for GgufWeights {
             .iter()
             .filter_map(|n| hf_name(n))
             .collect()
+    }
+
+    /// The file's quantized blocks (a zero-copy slice of the map); LLaMA's query / key weights
+    /// get their block rows un-permuted into an owned copy.
+    fn quantized_blocks(&self, name: &str) -> Result<Option<QuantizedBlocks>> {
+        let Some(gguf) = gguf_name(name) else {
+            return Ok(None);
+        };
+        let Some(mut blocks) = self.file.quantized_blocks(&gguf)? else {
+            return Ok(None);
+        };
+        if let Some(heads) = self.permuted_heads(name) {
+            let rows = blocks.shape[0];
+            let data = unpermute(&blocks.data, rows, heads).map_err(|e| {
+                let ty = GgmlType::from_id(blocks.ggml_type).map_or("?", GgmlType::name);
+                Error::InvalidInput(format!(
+                    "tensor `{gguf}` ({ty}) in {}: {e}",
+                    self.file.name()
+                ))
+            })?;
+            blocks.data = data.into();
+        }
+        Ok(Some(blocks))
     }
 }
 

@@ -150,7 +150,7 @@ impl<B: Backend> LlamaModel<B> {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m.pp("norm"), hidden, c.rms_norm_eps)?;
         let lm_head = if c.tie_word_embeddings {
-            Linear::from_tensors(embed.weight().clone(), None)
+            embed.tied_head()
         } else {
             Linear::load(&vb.pp("lm_head"), hidden, c.vocab_size, false)?
         };
@@ -181,8 +181,9 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// Keeps the linear layers' weights (attention, MLP, and the LM head) quantized in memory;
-    /// the token embedding and the norms stay float. A tied LM head gets its own quantized copy
-    /// of the embedding (it already had a transposed float one).
+    /// the token embedding and the norms stay as loaded. A tied LM head gets its own quantized
+    /// copy of the embedding (it had a transposed float one, or shared the embedding's ggml
+    /// blocks).
     pub fn quantize(&mut self, q: WeightQuantization) -> Result<()> {
         for layer in &mut self.layers {
             layer.attn.quantize(q)?;
@@ -191,18 +192,43 @@ impl<B: Backend> LlamaModel<B> {
         self.lm_head.quantize(q)
     }
 
-    /// Bytes the weights take in memory: the token embedding and norms (f32) and every linear
-    /// layer as it is kept (float or quantized).
+    /// Bytes the weights take in memory: the token embedding (f32 or ggml blocks), the norms
+    /// (f32) and every linear layer as it is kept (float, quantized or ggml blocks); a tied head
+    /// on the embedding's blocks is counted once.
     pub fn weight_bytes(&self) -> usize {
         let c = &self.config;
-        let embed = c.vocab_size * c.hidden_size * 4;
+        let embed = self.embed.bytes();
+        let shared = |a: Option<&ipfs_accelerate_nn::LinearWeight<B>>| {
+            a.and_then(|w| w.ggml()).map(|g| g.data().as_ptr())
+        };
+        let head = match shared(self.embed.ggml()) {
+            Some(p) if shared(Some(self.lm_head.weight())) == Some(p) => 0,
+            _ => self.lm_head.weight_bytes(),
+        };
         let norms = (2 * self.layers.len() + 1) * c.hidden_size * 4;
         let layers: usize = self
             .layers
             .iter()
             .map(|l| l.attn.weight_bytes() + l.mlp.weight_bytes())
             .sum();
-        embed + norms + layers + self.lm_head.weight_bytes()
+        embed + norms + layers + head
+    }
+
+    /// Bytes the weights take as f32, as a float load holds them (a tied head as its own
+    /// transposed copy): what [`weight_bytes`](Self::weight_bytes) compares with.
+    pub fn float_weight_bytes(&self) -> usize {
+        let c = &self.config;
+        let stored: usize = c
+            .weight_shapes()
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum();
+        let tied = if c.tie_word_embeddings {
+            c.vocab_size * c.hidden_size
+        } else {
+            0
+        };
+        4 * (stored + tied)
     }
 
     /// An empty KV cache sized for this model.

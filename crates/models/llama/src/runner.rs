@@ -120,8 +120,10 @@ impl<B: Backend> LlamaRunner<B> {
     }
 
     /// Loads a llama.cpp GGUF file (architecture `llama` or `qwen2`): the configuration from its
-    /// metadata, the weights dequantized to f32 (LLaMA's permuted q / k rows restored), and its
-    /// chat template.
+    /// metadata, the weights (LLaMA's permuted q / k rows restored) kept in the file's quantized
+    /// blocks on the CPU backend ([`ipfs_accelerate_nn::ggml`]: linear layers with no other
+    /// quantization asked, the token embedding and a tied head) and dequantized to f32
+    /// elsewhere, and its chat template.
     pub fn from_gguf(path: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
         let file = Arc::new(GgufFile::open(path)?);
         let config = LlamaConfig::from_gguf(&file)?;
@@ -346,6 +348,8 @@ pub trait TextGeneration: ModelRunner {
     fn quantize(&mut self, q: WeightQuantization) -> Result<()>;
     /// Bytes the weights take in memory.
     fn weight_bytes(&self) -> usize;
+    /// Bytes the weights take as f32 (see [`LlamaModel::float_weight_bytes`]).
+    fn float_weight_bytes(&self) -> usize;
     /// New tokens after `prompt`, streamed through `on_token`.
     fn generate(
         &self,
@@ -374,6 +378,10 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
 
     fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
+    }
+
+    fn float_weight_bytes(&self) -> usize {
+        self.model.float_weight_bytes()
     }
 
     fn generate(
