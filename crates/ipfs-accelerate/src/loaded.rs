@@ -11,7 +11,7 @@ use ipfs_accelerate_nn::weights::{load_scope, LoadSettings, LoadedWeights, Weigh
 use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
-use crate::{Output, Result};
+use crate::Result;
 
 /// Where a model comes from and which backends may run it.
 #[derive(Debug, Clone, Default)]
@@ -305,6 +305,7 @@ pub(crate) fn call_metrics(
 
 /// Defines a [`WithBackend`] loader that builds `$runner::<B>::$method(dir, device, kind)` and
 /// boxes it as the task trait object `$tasks`.
+#[allow(unused_macros)] // unused in builds without a family that loads from a folder
 macro_rules! dir_loader {
     ($(#[$doc:meta])* $name:ident => $tasks:path, $runner:ident :: $method:ident) => {
         $(#[$doc])*
@@ -323,10 +324,12 @@ macro_rules! dir_loader {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use dir_loader;
 
 /// Defines a task type: a public struct holding the loaded model `inner: Loaded<dyn $tasks>` and
 /// the given extra fields, with its `selection()` accessor.
+#[allow(unused_macros)] // unused in builds without a task type
 macro_rules! task_type {
     ($(#[$doc:meta])* $name:ident => $tasks:path { $($field:ident: $ty:ty),* $(,)? }) => {
         $(#[$doc])*
@@ -348,4 +351,14 @@ macro_rules! task_type {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use task_type;
+
+/// A result with the metrics of the call that produced it (what every task API returns).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Output<T> {
+    /// The result.
+    pub value: T,
+    /// Measured timings.
+    pub metrics: ipfs_accelerate_core::Metrics,
+}

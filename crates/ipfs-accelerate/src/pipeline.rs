@@ -18,7 +18,7 @@ use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
-use crate::loaded::{Calibrated, Scoped};
+use crate::loaded::{Calibrated, Output, Scoped};
 use crate::{Error, Result};
 
 /// The built-in calibration corpus ([`PipelineBuilder::calibrate_default`]): 146 short English
@@ -358,15 +358,6 @@ pub struct Label {
     pub label: String,
     /// Softmax probability.
     pub score: f32,
-}
-
-/// A result with the metrics of the call that produced it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Output<T> {
-    /// The result.
-    pub value: T,
-    /// Measured timings.
-    pub metrics: Metrics,
 }
 
 /// An extracted answer.
