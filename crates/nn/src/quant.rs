@@ -3,11 +3,11 @@
 //! as GGUF's Q8_0 / Q4_0), kept quantized in memory and dequantized to f32 when a layer runs.
 //!
 //! - **Int8** on the CPU backend (burn-flex with the CPU kernels on, blocks a multiple of 4) is
-//!   packed once for `ipfs-accelerate-kernels`' integer GEMM ([`PackedInt8`]: 1 byte per weight,
-//!   an f32 scale per block and, for AVX-512 VNNI, an i32 offset per block, 1.25 bytes per weight
-//!   with blocks of 32); a forward quantizes its activations per row and sums exactly in 32-bit
-//!   integers (W8A8, as ONNX Runtime's dynamic quantization), never making an f32 copy of the
-//!   weight. Elsewhere it uses burn's quantized tensors (`Q8S`, block level, native `i8` store:
+//!   packed once for `ipfs-accelerate-kernels`' integer GEMM ([`PackedInt8`]: 1 byte per weight
+//!   and an f32 scale per block, 1.125 bytes per weight with blocks of 32, outputs padded to
+//!   panels of 32); a forward quantizes its activations per block of the same size and sums
+//!   exactly in 32-bit integers (W8A8, as ONNX Runtime's dynamic quantization), never making an
+//!   f32 copy of the weight. Elsewhere it uses burn's quantized tensors (`Q8S`, block level, native `i8` store:
 //!   1.125 bytes per weight), which every burn backend implements; the backend dequantizes it.
 //! - **Int4** uses this crate's packed format on every backend: eight 4-bit values per 32-bit word
 //!   of a backend int tensor plus an f32 scale per block (0.625 bytes per weight with blocks of
@@ -718,8 +718,8 @@ mod tests {
                 .bytes()
         };
         assert_eq!(bytes(WeightQuantization::None), o * i * 4);
-        // Int8: 1.125 bytes per weight in burn's format, at most 1.25 packed for the CPU kernel
-        // (plus the AVX-512 VNNI kernel's i32 offset per block).
+        // Int8: 1.125 bytes per weight, in burn's format and packed for the CPU kernel alike (64
+        // outputs fill whole panels).
         let int8 = bytes(WeightQuantization::Int8 { block_size: 32 });
         assert!(int8 >= o * i * 9 / 8 && int8 <= o * i * 5 / 4, "{int8}");
         assert_eq!(
