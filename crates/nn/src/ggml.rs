@@ -26,7 +26,7 @@
 //! activations to int8 (at most half a step per value, as llama.cpp does) for products of fewer
 //! than [`PANEL_MIN_ROWS`](ipfs_accelerate_kernels::PANEL_MIN_ROWS) rows.
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Tensor};
 use bytes::Bytes;
 use ipfs_accelerate_core::{Error, QuantizedBlocks, Result};
 use ipfs_accelerate_kernels::{dequantize_row, BlockType, GgmlBlocks};
@@ -118,15 +118,7 @@ impl GgmlWeight {
 
     /// The f32 `[k, n]` matrix a generic linear forward multiplies by (the transposed weight).
     pub(crate) fn matrix<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
-        let (n, k) = (self.n, self.k);
-        let values = self.dequantize();
-        let mut t = vec![0f32; values.len()];
-        for (o, row) in values.chunks_exact(k.max(1)).enumerate() {
-            for (i, &v) in row.iter().enumerate() {
-                t[i * n + o] = v;
-            }
-        }
-        Tensor::from_data(TensorData::new(t, [k, n]), device)
+        crate::quant::in_out_matrix(&self.dequantize(), self.n, self.k, device)
     }
 
     /// The rows `ids` dequantized: `[ids.len(), k]` values (zeros for ids out of range).
@@ -146,7 +138,7 @@ impl GgmlWeight {
 mod tests {
     use std::sync::Arc;
 
-    use burn::tensor::Int;
+    use burn::tensor::{Int, TensorData};
     use ipfs_accelerate_core::{HostTensor, TensorSource};
 
     use super::*;

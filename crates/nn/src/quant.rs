@@ -363,16 +363,7 @@ impl<B: Backend> LinearWeight<B> {
                 }
             }
             WeightQuantization::None => {
-                let mut t = vec![0f32; values.len()];
-                for (o, row) in values.chunks_exact(in_dim.max(1)).enumerate() {
-                    for (i, &v) in row.iter().enumerate() {
-                        t[i * out_dim + o] = v;
-                    }
-                }
-                Store::Float(Tensor::from_data(
-                    TensorData::new(t, [in_dim, out_dim]),
-                    device,
-                ))
+                Store::Float(in_out_matrix(values, out_dim, in_dim, device))
             }
             WeightQuantization::Int8 { block_size } if crate::fast::int8_kernel::<B>() => {
                 let (codes, scales) = round_to_nearest_int8(values, block_size);
@@ -556,24 +547,18 @@ impl<B: Backend> LinearWeight<B> {
             Store::PackedInt8 { packed, device } => {
                 let (codes, scales) = packed.unpack();
                 let blocks = self.in_dim.div_ceil(packed.block()).max(1);
-                let mut t = vec![0f32; codes.len()];
-                for (o, row) in codes.chunks_exact(self.in_dim.max(1)).enumerate() {
-                    for (i, &c) in row.iter().enumerate() {
-                        t[i * self.out_dim + o] =
-                            f32::from(c) * scales[o * blocks + i / packed.block()];
-                    }
-                }
-                Tensor::from_data(TensorData::new(t, [self.in_dim, self.out_dim]), device)
+                let values: Vec<f32> = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &c)| {
+                        let (o, i) = (j / self.in_dim, j % self.in_dim);
+                        f32::from(c) * scales[o * blocks + i / packed.block()]
+                    })
+                    .collect();
+                in_out_matrix(&values, self.out_dim, self.in_dim, device)
             }
             Store::PackedBf16 { packed, device } => {
-                let values = packed.unpack();
-                let mut t = vec![0f32; values.len()];
-                for (o, row) in values.chunks_exact(self.in_dim.max(1)).enumerate() {
-                    for (i, &v) in row.iter().enumerate() {
-                        t[i * self.out_dim + o] = v;
-                    }
-                }
-                Tensor::from_data(TensorData::new(t, [self.in_dim, self.out_dim]), device)
+                in_out_matrix(&packed.unpack(), self.out_dim, self.in_dim, device)
             }
             Store::Int4 { words, scales } => {
                 let n = self.in_dim * self.out_dim;
@@ -604,6 +589,22 @@ impl<B: Backend> LinearWeight<B> {
     pub fn to_out_in_f32(&self) -> Result<Vec<f32>> {
         to_f32_vec(self.matrix().transpose())
     }
+}
+
+/// The `[in, out]` matrix a forward multiplies by, from row-major `[out, in]` `values`.
+pub(crate) fn in_out_matrix<B: Backend>(
+    values: &[f32],
+    out_dim: usize,
+    in_dim: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let mut t = vec![0f32; values.len()];
+    for (o, row) in values.chunks_exact(in_dim.max(1)).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            t[i * out_dim + o] = v;
+        }
+    }
+    Tensor::from_data(TensorData::new(t, [in_dim, out_dim]), device)
 }
 
 /// Reads a float tensor back to the host as f32 values.
