@@ -11,7 +11,10 @@ Engines:
 Weights: the checkpoint in --model-dir when given (a local folder with config.json + weights), otherwise random
 weights of --config (seeded; the shapes, not the values, matter for timing).
 Families: bert (input_ids, attention_mask, token_type_ids of batch x seq) and vit (pixel_values of
-batch x 3 x seq x seq).
+batch x 3 x seq x seq); with --new N (torch only), llama and qwen2 generation: a prompt of --seq token ids
+(the same ids ours uses), N new tokens, greedy, no stop at end-of-sequence, `model.generate` with the KV cache;
+its line then has ttft_ms (time to the first new token) and decode_ms (ms per new token after the first), one
+per timed iteration.
 
 Prints one JSON line per dtype on stdout: engine, version, dtype, status (ok | unavailable | failed |
 interrupted), reason, timings_ms (every timed iteration), threads, device, peak_rss_bytes. A missing package or
@@ -32,11 +35,72 @@ ENGINES = ("torch", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
 
 
-def emit(args, dtype, status, reason=None, timings=None, version=None, threads=None):
+def emit(args, dtype, status, reason=None, timings=None, version=None, threads=None, **extra):
     print(json.dumps(dict(engine=args.engine, version=version, dtype=dtype, status=status, reason=reason,
                           timings_ms=timings or [], threads=threads, device=args.device,
-                          peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)),
+                          peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, **extra)),
           flush=True)
+
+
+def prompt_ids(length, vocab):
+    """The benchmark prompt: the same ids as the Rust runner's `generation::prompt_ids`."""
+    span = max(vocab - 3, 1)
+    return [3 + (i * 7919 + 1000) % span for i in range(length)]
+
+
+def run_torch_generation(args, dtypes, torch, tf, version):
+    """Times --iters greedy generations of --new tokens after a --seq-token prompt with model.generate."""
+    with open(args.config) as f:
+        cfg = json.load(f)
+    if args.model_dir:
+        model = tf.AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
+    else:
+        torch.manual_seed(0)
+        model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(**cfg)).eval()
+    names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+    class FirstToken:
+        """A streamer that notes when generate hands over its first new token."""
+        def __init__(self):
+            self.calls, self.first = 0, None
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 2 and self.first is None:  # the first call carries the prompt
+                self.first = time.perf_counter()
+
+        def end(self):
+            pass
+
+    for d in dtypes:
+        if d not in names or (d == "f16" and args.device == "cpu"):
+            emit(args, d, "unavailable", f"PyTorch eager generation has no `{d}` compute here", version=version)
+            continue
+        try:
+            m = model.to(args.device, names[d])
+            ids = torch.tensor([prompt_ids(args.seq, cfg.get("vocab_size", 32000))], device=args.device)
+            ttft, decode = [], []
+            for i in range(args.warmup + args.iters):
+                streamer = FirstToken()
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
+                                     min_new_tokens=args.new, do_sample=False, streamer=streamer,
+                                     eos_token_id=None, pad_token_id=0)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                end = time.perf_counter()
+                new = out.shape[1] - ids.shape[1]
+                if i >= args.warmup:
+                    ttft.append((streamer.first - start) * 1e3)
+                    decode.append((end - streamer.first) * 1e3 / max(new - 1, 1))
+        except KeyboardInterrupt:
+            emit(args, d, "interrupted", "interrupted by Ctrl-C", version=version)
+            return
+        except Exception as e:  # a failure of the peer is stored, not hidden
+            emit(args, d, "failed", f"{type(e).__name__}: {e}", version=version, threads=torch.get_num_threads())
+            continue
+        emit(args, d, "ok", None, [], version, torch.get_num_threads(), ttft_ms=ttft, decode_ms=decode)
 
 
 def time_calls(fn, warmup, iters):
@@ -95,6 +159,8 @@ def run_torch(args, dtypes):
         for d in dtypes:
             emit(args, d, "unavailable", f"torch {version} sees no CUDA device", version=version)
         return
+    if args.new:
+        return run_torch_generation(args, dtypes, torch, tf, version)
     names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     model = build_torch_model(args, tf, torch)
     for d in dtypes:
@@ -301,13 +367,19 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--new", type=int, help="llama, qwen2 (torch): time generations of this many new tokens "
+                                           "after a prompt of --seq tokens")
     ap.add_argument("--cache-dir", default=os.path.join("target", "peers", "onnx"))
     ap.add_argument("--sentences", help="onnxruntime, bert: embed these lines (one per line) in batches of --batch "
                                         "with the checkpoint's tokenizer (--seq: its max length), f32; "
                                         "one timed iteration embeds them all")
     args = ap.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
-    if args.family not in FAMILIES:
+    if args.new and (args.engine != "torch" or args.family not in ("llama", "qwen2")):
+        for d in dtypes:
+            emit(args, d, "unavailable", "generation peers: torch on llama and qwen2")
+        return
+    if not args.new and args.family not in FAMILIES:
         for d in dtypes:
             emit(args, d, "unavailable", f"the peer script runs the families {', '.join(FAMILIES)}, "
                  f"not {args.family}")

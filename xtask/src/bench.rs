@@ -30,8 +30,10 @@ pub struct Args {
     bench: BenchArgs,
 }
 
-/// `compare`'s defaults over `bench`'s: these peers and this many alternating rounds.
+/// `compare`'s defaults over `bench`'s: these peers (llama.cpp for a `.gguf` model) and this
+/// many alternating rounds.
 const COMPARE_PEERS: &str = "torch,ort";
+const COMPARE_PEERS_GGUF: &str = "llamacpp";
 const COMPARE_ROUNDS: &str = "5";
 
 /// `xtask bench`.
@@ -39,14 +41,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     measure(args, false)
 }
 
-/// `xtask compare`: `bench` with `--peer torch,ort --rounds 5` unless given, printing the
-/// side-by-side table.
+/// `xtask compare`: `bench` with `--peer torch,ort --rounds 5` (`--peer llamacpp` for a
+/// `.gguf` model) unless given, printing the side-by-side table.
 pub fn compare_peers(args: Args) -> anyhow::Result<ExitCode> {
     measure(args, true)
 }
 
 /// The arguments after the subcommand, less `--dev`, plus `compare`'s defaults.
-fn forwarded(compare: bool) -> Vec<String> {
+fn forwarded(compare: bool, peers: &str) -> Vec<String> {
     let mut forward: Vec<String> = std::env::args().skip(2).filter(|a| a != "--dev").collect();
     if compare {
         let given = |flag: &str| {
@@ -56,7 +58,7 @@ fn forwarded(compare: bool) -> Vec<String> {
         };
         let mut extra = Vec::new();
         if !given("--peer") {
-            extra.extend(["--peer".to_string(), COMPARE_PEERS.to_string()]);
+            extra.extend(["--peer".to_string(), peers.to_string()]);
         }
         if !given("--rounds") {
             extra.extend(["--rounds".to_string(), COMPARE_ROUNDS.to_string()]);
@@ -67,10 +69,15 @@ fn forwarded(compare: bool) -> Vec<String> {
 }
 
 fn measure(mut args: Args, compare: bool) -> anyhow::Result<ExitCode> {
-    let forward = forwarded(compare);
+    let peers = if args.bench.config.to_ascii_lowercase().ends_with(".gguf") {
+        COMPARE_PEERS_GGUF
+    } else {
+        COMPARE_PEERS
+    };
+    let forward = forwarded(compare, peers);
     if compare {
         if args.bench.peer.is_empty() {
-            args.bench.peer = COMPARE_PEERS.split(',').map(String::from).collect();
+            args.bench.peer = peers.split(',').map(String::from).collect();
         }
         if !forward.iter().any(|a| a.starts_with("--rounds")) {
             args.bench.rounds = COMPARE_ROUNDS.parse()?;

@@ -6,7 +6,9 @@
 //! ONNX Runtime and the export. `--only ort` installs ONNX Runtime alone (tens of MB): it runs
 //! ONNX files a checkpoint folder already has (the conformance fixtures do) and reports the
 //! export of other models as unavailable. `openai` is the official OpenAI Python client, which the
-//! server's tests (`ipfs-accelerate serve`) drive.
+//! server's tests (`ipfs-accelerate serve`) drive. `llamacpp` installs the npm package
+//! `node-llama-cpp` (llama.cpp's prebuilt CPU and CUDA binaries) with npm into
+//! `target/peers/llamacpp`, for `bench --peer llamacpp` on GGUF files.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -23,7 +25,8 @@ pub struct Args {
     /// The Python that creates the venv.
     #[arg(long, default_value = "python3")]
     python: PathBuf,
-    /// Install only these peers, comma separated: `torch`, `ort`, `openai` (default: all).
+    /// Install only these peers, comma separated: `torch`, `ort`, `openai`, `llamacpp` (default:
+    /// all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -35,6 +38,8 @@ const ORT: &[&str] = &["onnxruntime", "onnx", "numpy", "tokenizers"];
 const OPENAI: &[&str] = &["openai"];
 /// The exporter of the ONNX Runtime peer (needs torch + transformers too).
 const EXPORT: &[&str] = &["onnxscript"];
+/// The npm package of the llama.cpp peer (major version the script is written for).
+const NODE_LLAMA_CPP: &str = "node-llama-cpp@3";
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = match (
@@ -56,9 +61,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     for o in &only {
         ensure!(
-            matches!(o.as_str(), "torch" | "ort" | "openai"),
-            "unknown peer `{o}` for --only: the peers are torch, ort, openai"
+            matches!(o.as_str(), "torch" | "ort" | "openai" | "llamacpp"),
+            "unknown peer `{o}` for --only: the peers are torch, ort, openai, llamacpp"
         );
+    }
+    if want("llamacpp") {
+        install_node_llama_cpp(&dir.join("llamacpp"))?;
     }
     let mut packages: Vec<&str> = Vec::new();
     if want("torch") {
@@ -72,6 +80,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if want("openai") {
         packages.extend(OPENAI);
+    }
+    if packages.is_empty() {
+        return Ok(ExitCode::SUCCESS);
     }
     let venv = dir.join("venv");
     let python = venv.join("bin").join("python");
@@ -122,4 +133,53 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ipfs_accelerate_bench::peers::PYTHON_ENV
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `npm install node-llama-cpp` into `dir` with only this platform's prebuilt CPU binaries
+/// (`@node-llama-cpp/<os>-<arch>`, tens of MB; the CUDA and Vulkan builds, some 600 MB, are left
+/// out: the peer runs llama.cpp on the CPU). The postinstall build step is skipped: the
+/// benchmark script never builds from source.
+fn install_node_llama_cpp(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let npm = |args: &[&str]| -> anyhow::Result<()> {
+        eprintln!("npm {} (npm registry)", args.join(" "));
+        let status = Command::new("npm")
+            .args(args)
+            .args(["--no-audit", "--no-fund", "--ignore-scripts", "--prefix"])
+            .arg(dir)
+            .status()
+            .context("running npm (install Node.js and npm: `apt-get install nodejs npm`)")?;
+        ensure!(status.success(), "npm {} failed ({status})", args.join(" "));
+        Ok(())
+    };
+    npm(&["install", "--omit=optional", NODE_LLAMA_CPP])?;
+    let manifest = dir.join("node_modules/node-llama-cpp/package.json");
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    let version = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("version")?.as_str().map(str::to_string))
+        .with_context(|| format!("{} has no version", manifest.display()))?;
+    let os = match std::env::consts::OS {
+        "macos" => "mac",
+        "windows" => "win",
+        other => other,
+    };
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "x64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    // The platform's binaries as a dependency of their own (kept while the other optional
+    // builds are omitted).
+    let binaries = format!("@node-llama-cpp/{os}-{arch}@{version}");
+    let pinned = format!("node-llama-cpp@{version}");
+    npm(&["install", "--omit=optional", &pinned, &binaries])?;
+    eprintln!(
+        "llama.cpp peer (node-llama-cpp {version}) installed in {} (the benchmark runner finds \
+         it there; elsewhere set {})",
+        dir.display(),
+        ipfs_accelerate_bench::peers::NODE_LLAMA_CPP_ENV
+    );
+    Ok(())
 }

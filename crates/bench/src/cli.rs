@@ -22,8 +22,9 @@ pub struct BenchArgs {
     pub family: Option<String>,
     /// A named configuration with random weights (minilm-l6, bert-base, vit-base, clip-vit-b32,
     /// whisper-tiny, whisper-base, wav2vec2-base, t5-small, t5-base, llama-135m, llama-1b,
-    /// qwen2-0.5b), a checkpoint folder, a config.json file (random weights), or a hub model id
-    /// (real weights, downloaded with a progress bar unless cached).
+    /// qwen2-0.5b), a checkpoint folder, a config.json file (random weights), a llama.cpp `.gguf`
+    /// file (generation), or a hub model id (real weights, downloaded with a progress bar unless
+    /// cached).
     #[arg(long, default_value = "minilm-l6")]
     pub config: String,
     /// Batch sizes, comma separated.
@@ -44,6 +45,14 @@ pub struct BenchArgs {
     /// `IPFS_ACCELERATE_FUSION` says.
     #[arg(long, value_delimiter = ',', value_parser = ipfs_accelerate::parse_switch)]
     pub fusion: Vec<bool>,
+    /// Benchmark generation (llama, qwen2, GGUF files): this many new tokens per iteration after
+    /// the prompt, greedy with the KV cache; stores time to first token (`prefill` rows) and
+    /// decode tokens/s (`decode` rows). A `.gguf` model generates 128 unless given.
+    #[arg(long)]
+    pub new: Option<usize>,
+    /// Prompt lengths of a generation benchmark in tokens, comma separated (default 128).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt: Vec<usize>,
     /// Timed iterations per point (per round).
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
@@ -52,9 +61,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
     /// Peers to measure right after each of our points, on the same shape, threads and device:
-    /// `torch` (PyTorch eager, f32 + bf16), `ort` (ONNX Runtime, f32 + int8), or with
-    /// precisions `torch:f32`, `ort:f32+int8`. Installed by `cargo xtask fetch-peers`; a peer
-    /// that cannot run is stored as unavailable with the reason.
+    /// `torch` (PyTorch eager, f32 + bf16), `ort` (ONNX Runtime, f32 + int8), `llamacpp`
+    /// (llama.cpp on the same GGUF file), or with precisions `torch:f32`, `ort:f32+int8`.
+    /// Installed by `cargo xtask fetch-peers`; a peer that cannot run is stored as unavailable
+    /// with the reason.
     #[arg(long, value_delimiter = ',')]
     pub peer: Vec<String>,
     /// Untimed warm-up iterations per point.
@@ -108,7 +118,16 @@ fn store_err(e: crate::store::StoreError) -> BenchError {
 
 /// One line per measurement, for the terminal.
 pub fn summary_line(m: &Measurement) -> String {
-    let shape = format!("b{}×{} {}", m.batch, m.seq, m.shape_kind);
+    // A peer's rows say whose they are.
+    let backend = if m.is_ours() {
+        m.backend.clone()
+    } else {
+        format!("{} · {}", m.backend, m.engine)
+    };
+    let shape = match m.new_tokens {
+        Some(new) => format!("b{}×{}+{new} {}", m.batch, m.seq, m.shape_kind),
+        None => format!("b{}×{} {}", m.batch, m.seq, m.shape_kind),
+    };
     match (m.status, m.latency) {
         (Status::Ok | Status::Interrupted, Some(l)) => {
             let rate = match m.tokens_per_s {
@@ -121,7 +140,7 @@ pub fn summary_line(m: &Measurement) -> String {
                 .unwrap_or_default();
             format!(
                 "{:<14} {:<5} {shape:<22} mean {:>9.2} ms  p50 {:>9.2}  p99 {:>9.2}  {rate}{gflops}{}",
-                m.backend,
+                backend,
                 m.dtype,
                 l.mean_ms,
                 l.p50_ms,
@@ -131,7 +150,7 @@ pub fn summary_line(m: &Measurement) -> String {
         }
         _ => format!(
             "{:<14} {:<5} {shape:<22} {}: {}",
-            m.backend,
+            backend,
             m.dtype,
             m.status.as_str(),
             m.reason.as_deref().unwrap_or("")
@@ -183,6 +202,8 @@ pub fn bench(
         rounds: args.rounds,
         peers,
         peak_flops: args.peak_gflops.map(|g| g * 1e9),
+        new_tokens: args.new,
+        prompts: args.prompt.clone(),
         progress: true,
         command,
     };

@@ -27,6 +27,7 @@ pub mod chromium;
 pub mod cli;
 pub mod configs;
 pub mod flops;
+pub mod generation;
 pub mod inputs;
 pub mod peers;
 pub mod ratios;

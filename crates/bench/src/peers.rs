@@ -1,7 +1,10 @@
-//! Peers measured in the same run as ours (`bench --peer torch,ort`): after each of our
+//! Peers measured in the same run as ours (`bench --peer torch,ort,llamacpp`): after each of our
 //! measurements, the peer runs the same family, config, shape, thread count and device through
-//! `tools/peer_bench.py` (embedded in this crate, run by the Python of `cargo xtask fetch-peers`),
-//! and its rows are stored beside ours under their own [`Measurement::engine`]. A peer that
+//! `tools/peer_bench.py` (embedded in this crate, run by the Python of `cargo xtask fetch-peers`)
+//! or, for llama.cpp on a GGUF file, `tools/llamacpp_bench.mjs` (Node.js with npm's
+//! `node-llama-cpp`, also installed by `fetch-peers`), and its rows are stored beside ours under
+//! their own [`Measurement::engine`]. Generation points (`--new`) give the peer the same prompt
+//! token ids and new-token count. A peer that
 //! cannot run (package missing, no device, family not covered) is recorded as `unavailable` with
 //! the reason; nothing is estimated.
 
@@ -29,6 +32,8 @@ pub enum PeerEngine {
     Torch,
     /// ONNX Runtime on an ONNX export of the same model.
     OnnxRuntime,
+    /// llama.cpp (npm `node-llama-cpp`'s prebuilt binaries) generating from the same GGUF file.
+    LlamaCpp,
 }
 
 impl PeerEngine {
@@ -37,6 +42,7 @@ impl PeerEngine {
         match self {
             PeerEngine::Torch => "torch",
             PeerEngine::OnnxRuntime => "onnxruntime",
+            PeerEngine::LlamaCpp => "llama.cpp",
         }
     }
 
@@ -46,6 +52,7 @@ impl PeerEngine {
         match self {
             PeerEngine::Torch => &["f32", "bf16"],
             PeerEngine::OnnxRuntime => &["f32", "int8"],
+            PeerEngine::LlamaCpp => &["gguf"],
         }
     }
 
@@ -54,6 +61,7 @@ impl PeerEngine {
         match self {
             PeerEngine::Torch => &["f32", "bf16", "f16"],
             PeerEngine::OnnxRuntime => &["f32", "int8"],
+            PeerEngine::LlamaCpp => &["gguf"],
         }
     }
 }
@@ -63,12 +71,13 @@ impl PeerEngine {
 pub struct Peer {
     /// The engine.
     pub engine: PeerEngine,
-    /// Precisions (`f32`, `bf16`, `f16`, `int8`).
+    /// Precisions (`f32`, `bf16`, `f16`, `int8`; `gguf`: the blocks of the GGUF file, its rows
+    /// labelled like ours).
     pub dtypes: Vec<String>,
 }
 
 /// The peer names `--peer` accepts.
-pub const PEER_NAMES: &str = "torch (or pytorch), ort (or onnxruntime)";
+pub const PEER_NAMES: &str = "torch (or pytorch), ort (or onnxruntime), llamacpp (or llama.cpp)";
 
 impl std::str::FromStr for Peer {
     type Err = BenchError;
@@ -82,10 +91,10 @@ impl std::str::FromStr for Peer {
         let engine = match name.trim().to_ascii_lowercase().as_str() {
             "torch" | "pytorch" => PeerEngine::Torch,
             "ort" | "onnxruntime" | "onnx-runtime" => PeerEngine::OnnxRuntime,
+            "llamacpp" | "llama.cpp" | "llama-cpp" => PeerEngine::LlamaCpp,
             other => {
                 return Err(BenchError::Spec(format!(
-                    "unknown peer `{other}`: the peers are {PEER_NAMES} (llama.cpp is not a peer \
-                     of this runner yet)"
+                    "unknown peer `{other}`: the peers are {PEER_NAMES}"
                 )))
             }
         };
@@ -169,8 +178,11 @@ pub struct PeerPoint<'a> {
     pub ours: &'a Measurement,
     /// The model's config.json.
     pub config_file: &'a Path,
-    /// A checkpoint folder whose real weights the peer loads (`None`: random weights of the config).
+    /// A checkpoint folder (or `.gguf` file) whose real weights the peer loads (`None`: random
+    /// weights of the config).
     pub model_dir: Option<&'a Path>,
+    /// New tokens per generation for a generation point (`bench --new`); `None`: a forward pass.
+    pub new_tokens: Option<usize>,
     /// Threads our backend ran on.
     pub threads: u32,
     /// The peer's device (`cpu`, `cuda`), or why the backend has no peer device.
@@ -205,6 +217,14 @@ struct PeerLine {
     #[serde(default)]
     timings_ms: Vec<f64>,
     peak_rss_bytes: Option<u64>,
+    /// Generation: time to the first new token of each timed iteration, in ms.
+    #[serde(default)]
+    ttft_ms: Vec<f64>,
+    /// Generation: ms per new token after the first, per timed iteration.
+    #[serde(default)]
+    decode_ms: Vec<f64>,
+    /// Generation: loading the model, in ms.
+    load_ms: Option<f64>,
 }
 
 /// Runs `peer` on `point`: one measurement per precision of the peer, in order. Failures of the
@@ -228,17 +248,47 @@ pub fn run_peer(peer: &Peer, point: &PeerPoint<'_>) -> Vec<Measurement> {
         round: ours.round,
         ..Default::default()
     };
+    // A llama.cpp row is labelled with our precision (the GGUF file's block type).
+    let label = |dtype: &str| -> String {
+        match peer.engine {
+            PeerEngine::LlamaCpp => ours.dtype.clone(),
+            _ => dtype.to_string(),
+        }
+    };
+    // Generation points are two rows (prefill, decode) per precision.
+    let rows_of = |m: Measurement, ttft: Vec<f64>, decode: Vec<f64>| -> Vec<Measurement> {
+        match point.new_tokens {
+            Some(new) => {
+                crate::generation::generation_rows(&m, ours.seq as usize, new, ttft, decode)
+                    .to_vec()
+            }
+            None => vec![m],
+        }
+    };
     let all = |status: Status, reason: String| -> Vec<Measurement> {
         peer.dtypes
             .iter()
-            .map(|d| row(d, status, Some(reason.clone())))
+            .flat_map(|d| {
+                rows_of(
+                    row(&label(d), status, Some(reason.clone())),
+                    Vec::new(),
+                    Vec::new(),
+                )
+            })
             .collect()
     };
     let device = match &point.device {
         Ok(d) => *d,
         Err(reason) => return all(Status::Unavailable, reason.clone()),
     };
-    let output = match invoke(peer, point, device) {
+    if let Some(reason) = unsupported(peer.engine, point) {
+        return all(Status::Unavailable, reason);
+    }
+    let invoked = match peer.engine {
+        PeerEngine::LlamaCpp => invoke_llamacpp(point, device),
+        _ => invoke(peer, point, device),
+    };
+    let output = match invoked {
         Ok(o) => o,
         Err(reason) => return all(Status::Unavailable, reason),
     };
@@ -250,20 +300,29 @@ pub fn run_peer(peer: &Peer, point: &PeerPoint<'_>) -> Vec<Measurement> {
     }
     peer.dtypes
         .iter()
-        .map(|dtype| {
+        .flat_map(|dtype| {
             let Some(line) = lines.iter().find(|l| &l.dtype == dtype) else {
-                return row(
-                    dtype,
-                    Status::Failed,
-                    Some(format!(
-                        "the peer script printed no result for {dtype}; its output ended: {}",
-                        tail(&output, 400)
-                    )),
+                return rows_of(
+                    row(
+                        &label(dtype),
+                        Status::Failed,
+                        Some(format!(
+                            "the peer script printed no result for {dtype}; its output ended: {}",
+                            tail(&output, 400)
+                        )),
+                    ),
+                    Vec::new(),
+                    Vec::new(),
                 );
             };
             let status = Status::parse(&line.status).unwrap_or(Status::Failed);
-            let mut m = row(dtype, status, line.reason.clone());
+            let mut m = row(&label(dtype), status, line.reason.clone());
             m.engine_version = line.version.clone();
+            if point.new_tokens.is_some() {
+                m.load_ms = line.load_ms;
+                m.host_rss_peak_bytes = line.peak_rss_bytes;
+                return rows_of(m, line.ttft_ms.clone(), line.decode_ms.clone());
+            }
             m.timings_ms = line.timings_ms.clone();
             m.iters_done = m.timings_ms.len() as u32;
             m.latency = stats::latency_stats(&m.timings_ms);
@@ -277,9 +336,109 @@ pub fn run_peer(peer: &Peer, point: &PeerPoint<'_>) -> Vec<Measurement> {
                 m.flops = ours.flops;
                 m.achieved_flops_per_s = ours.flops.map(|f| f / secs);
             }
-            m
+            vec![m]
         })
         .collect()
+}
+
+/// Why `engine` cannot measure `point` at all, when it cannot.
+fn unsupported(engine: PeerEngine, point: &PeerPoint<'_>) -> Option<String> {
+    let gguf = point.model_dir.is_some_and(|p| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    });
+    match engine {
+        PeerEngine::LlamaCpp if !gguf => Some(
+            "llama.cpp generates from GGUF files: benchmark a .gguf model to compare with it"
+                .into(),
+        ),
+        PeerEngine::LlamaCpp if point.device != Ok("cpu") => {
+            Some("the llama.cpp peer runs node-llama-cpp's CPU binaries (0 GPU layers)".into())
+        }
+        PeerEngine::Torch | PeerEngine::OnnxRuntime if gguf => Some(format!(
+            "{} runs checkpoint folders, not GGUF files (compare a GGUF file with --peer llamacpp)",
+            engine.name()
+        )),
+        PeerEngine::OnnxRuntime if point.new_tokens.is_some() => Some(
+            "the ONNX Runtime peer times forward passes of an export; generation is not exported"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// The llama.cpp peer script, written to a temporary file for each invocation of Node.js.
+const LLAMACPP_SCRIPT: &str = include_str!("../../../tools/llamacpp_bench.mjs");
+
+/// Overrides the folder whose `node_modules` holds `node-llama-cpp` (default:
+/// `<peers dir>/llamacpp`, where `cargo xtask fetch-peers --only llamacpp` installs it).
+pub const NODE_LLAMA_CPP_ENV: &str = "NODE_LLAMA_CPP_DIR";
+
+/// The folder holding `node_modules/node-llama-cpp`.
+pub fn node_llama_cpp_dir() -> PathBuf {
+    std::env::var_os(NODE_LLAMA_CPP_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| peers_dir().join("llamacpp"))
+}
+
+/// Runs `tools/llamacpp_bench.mjs` on the point's GGUF file with our prompt ids; its stdout.
+fn invoke_llamacpp(point: &PeerPoint<'_>, _device: &str) -> Result<String, String> {
+    let dir = node_llama_cpp_dir();
+    if !dir.join("node_modules").join("node-llama-cpp").is_dir() {
+        return Err(format!(
+            "node-llama-cpp is not installed in {}: run `cargo xtask fetch-peers --only llamacpp` \
+             (npm install node-llama-cpp) or set {NODE_LLAMA_CPP_ENV}",
+            dir.display()
+        ));
+    }
+    let (Some(model), Some(new)) = (point.model_dir, point.new_tokens) else {
+        return Err("llama.cpp is measured on generation points of a GGUF file".into());
+    };
+    let vocab = ipfs_accelerate_io::gguf::GgufFile::open(model)
+        .ok()
+        .and_then(|f| {
+            f.get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array().map(<[_]>::len))
+        })
+        .ok_or_else(|| {
+            format!(
+                "{}: no tokenizer.ggml.tokens to size the prompt",
+                model.display()
+            )
+        })?;
+    let ids = crate::generation::prompt_ids(point.ours.seq as usize, vocab);
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let mut script = tempfile::Builder::new()
+        .prefix("llamacpp_bench")
+        .suffix(".mjs")
+        .tempfile()
+        .map_err(|e| format!("cannot write the llama.cpp script to a temporary file: {e}"))?;
+    script
+        .write_all(LLAMACPP_SCRIPT.as_bytes())
+        .map_err(|e| format!("cannot write the llama.cpp script to a temporary file: {e}"))?;
+    let out = Command::new("node")
+        .arg(script.path())
+        .arg(model)
+        .args(["--threads", &point.threads.to_string()])
+        .args(["--max-new-tokens", &new.to_string()])
+        .args(["--prompt-ids", &ids.join(",")])
+        .args(["--warmup", &point.warmup.to_string()])
+        .args(["--iters", &point.iters.to_string()])
+        .env(NODE_LLAMA_CPP_ENV, &dir)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run Node.js (`node`) for the llama.cpp peer: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() && !stdout.contains('{') {
+        return Err(format!(
+            "the llama.cpp script exited with {}: {}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 400)
+        ));
+    }
+    Ok(stdout)
 }
 
 /// The last `n` characters of `text`, on one line.
@@ -324,6 +483,9 @@ fn invoke(peer: &Peer, point: &PeerPoint<'_>, device: &str) -> Result<String, St
         .stdout(Stdio::piped());
     if let Some(dir) = point.model_dir {
         cmd.arg("--model-dir").arg(dir);
+    }
+    if let Some(new) = point.new_tokens {
+        cmd.args(["--new", &new.to_string()]);
     }
     let out = cmd.output().map_err(|e| {
         format!(
@@ -389,6 +551,7 @@ mod tests {
             ours: &ours,
             config_file: Path::new("/nonexistent/config.json"),
             model_dir: None,
+            new_tokens: None,
             threads: 1,
             device: Ok("cpu"),
             warmup: 0,

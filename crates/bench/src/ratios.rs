@@ -79,6 +79,7 @@ pub fn ratio_rows(measurements: &[Measurement]) -> Vec<RatioRow> {
                 && r.backend == m.backend
                 && r.batch == m.batch
                 && r.seq == m.seq
+                && r.shape_kind == m.shape_kind
                 && r.engine == engine
                 && r.dtype == m.dtype
         });
@@ -144,6 +145,7 @@ pub fn ratio_rows(measurements: &[Measurement]) -> Vec<RatioRow> {
                     && o.backend == row.backend
                     && o.batch == row.batch
                     && o.seq == row.seq
+                    && o.shape_kind == row.shape_kind
                     && o.median_ms.is_some()
             })
             .collect();
@@ -183,9 +185,14 @@ pub fn table_text(rows: &[RatioRow]) -> String {
         h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
     );
     for r in rows {
+        // A model given as a path shows its file or folder name.
+        let model = std::path::Path::new(&r.model)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(&r.model);
         let shape = format!(
             "{} {} b{}×{}",
-            r.model,
+            model,
             r.backend,
             r.batch,
             crate::report::seq_label(r.seq, &r.shape_kind)

@@ -165,6 +165,16 @@ pub struct Measurement {
     /// Round of an alternating comparison (`--rounds N`: 0..N); 0 for a single round.
     #[serde(default)]
     pub round: u32,
+    /// New tokens generated per iteration, for generation points (`shape_kind` `prefill` or
+    /// `decode`, `seq` the prompt's tokens); `None` for a forward pass.
+    #[serde(default)]
+    pub new_tokens: Option<u32>,
+    /// Median time to the first new token (prefill) over the timed iterations, in ms.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Median decode rate over the timed iterations: new tokens after the first per second.
+    #[serde(default)]
+    pub decode_tokens_per_s: Option<f64>,
 }
 
 impl Measurement {

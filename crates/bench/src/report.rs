@@ -410,6 +410,8 @@ pub(crate) fn seq_label(seq: u32, kind: &str) -> String {
     match kind {
         "tokens" => format!("s{seq}"),
         "pixels" => format!("{seq}px"),
+        "prefill" => format!("prompt {seq} (prefill)"),
+        "decode" => format!("prompt {seq} (decode)"),
         other => format!("{seq} {other}"),
     }
 }
@@ -559,6 +561,17 @@ fn push_group(
         &format!("Throughput at the mean latency ({unit}), one bar per backend at each shape."),
         "No throughput was measured.",
     );
+
+    if group.iter().any(|m| m.new_tokens.is_some()) {
+        html.push_str("<h3>Generation</h3>\n");
+        push_plot(
+            html,
+            generation_svg(&title, group, colours, with_dtype),
+            "Left: time to the first new token (prompt evaluation + first token), median over \
+             the timed generations; right: decode tokens/s after the first token, median.",
+            "No generation was measured.",
+        );
+    }
 
     html.push_str("<h3>Memory</h3>\n");
     push_plot(
@@ -983,6 +996,44 @@ fn throughput_svg(
         let root = SVGBackend::with_string(&mut svg, (PLOT_WIDTH, PLOT_HEIGHT)).into_drawing_area();
         root.fill(&WHITE)?;
         draw_bars(&root, &format!("{title}: throughput"), unit, &bars, colours)?;
+        root.present()?;
+    }
+    Ok(Some(svg))
+}
+
+/// Time to first token (prefill rows) and decode tokens/s (decode rows), side by side.
+fn generation_svg(
+    title: &str,
+    group: &[&Measurement],
+    colours: &HashMap<String, RGBColor>,
+    with_dtype: bool,
+) -> PlotResult<Option<String>> {
+    let of_kind = |kind: &str| -> Vec<&Measurement> {
+        group
+            .iter()
+            .copied()
+            .filter(|m| m.shape_kind == kind)
+            .collect()
+    };
+    let (prefill, decode) = (of_kind("prefill"), of_kind("decode"));
+    let ttft = Bars::collect(&prefill, with_dtype, |m| m.ttft_ms);
+    let rate = Bars::collect(&decode, with_dtype, |m| m.decode_tokens_per_s);
+    if ttft.is_empty() && rate.is_empty() {
+        return Ok(None);
+    }
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (PLOT_WIDTH, PLOT_HEIGHT)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (left, right) = root.split_horizontally(PLOT_WIDTH / 2);
+        draw_bars(
+            &left,
+            &format!("{title}: time to first token"),
+            "ms",
+            &ttft,
+            colours,
+        )?;
+        draw_bars(&right, "decode", "tokens/s", &rate, colours)?;
         root.present()?;
     }
     Ok(Some(svg))

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use ipfs_accelerate::text::TextGeneration;
 use ipfs_accelerate::{Availability, BackendKind, Precision};
 use ipfs_accelerate_core::{ModelRunner, ProbeBackend, TensorMap};
 use serde_json::Value;
@@ -53,6 +54,13 @@ pub struct BenchSpec {
     /// Peers to run right after each of our measurements of the first dtype, on the same shape,
     /// threads and device ([`crate::peers`]).
     pub peers: Vec<crate::peers::Peer>,
+    /// New tokens per generation: `Some` benchmarks generation (decoder LMs: time to first token
+    /// and decode tokens/s, see [`crate::generation`]) instead of one forward pass. A `.gguf`
+    /// model is always benchmarked this way (128 new tokens unless given).
+    pub new_tokens: Option<usize>,
+    /// Prompt lengths of a generation benchmark in tokens; empty: `sizes`, else
+    /// [`crate::generation::DEFAULT_PROMPT`].
+    pub prompts: Vec<usize>,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// The command line, stored with the run.
@@ -74,6 +82,8 @@ impl Default for BenchSpec {
             rounds: 1,
             peers: Vec::new(),
             peak_flops: None,
+            new_tokens: None,
+            prompts: Vec::new(),
             progress: false,
             command: String::new(),
         }
@@ -131,6 +141,8 @@ struct ModelPlan {
     fixture_inputs: Option<TensorMap>,
     /// Whether the weights are random (a named configuration or a config.json), not a checkpoint's.
     random_weights: bool,
+    /// Whether `dir` is a llama.cpp `.gguf` file (config and weights in one file).
+    gguf: bool,
     /// Keeps the folder of a random-weight configuration alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -171,8 +183,51 @@ fn random_weight_dir(config_json: &str) -> Result<(tempfile::TempDir, PathBuf), 
     Ok((temp, dir))
 }
 
+/// Whether `path` names a `.gguf` file.
+fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The plan of a llama.cpp `.gguf` file: its family from `general.architecture`.
+fn gguf_plan(spec: &BenchSpec, path: &Path) -> Result<ModelPlan, BenchError> {
+    let file = ipfs_accelerate_io::gguf::GgufFile::open(path)
+        .map_err(|e| BenchError::Spec(format!("{}: {e}", path.display())))?;
+    let arch = file.architecture().unwrap_or("").to_string();
+    let inferred = family_of(&arch);
+    let family = match (&spec.family, inferred) {
+        (Some(f), Some(i)) if f != i => {
+            return Err(BenchError::Spec(format!(
+                "--family {f} does not match `{}` (architecture `{arch}` is served by `{i}`)",
+                spec.model
+            )))
+        }
+        (_, Some(i)) => i.to_string(),
+        (_, None) => {
+            return Err(BenchError::Spec(format!(
+                "`{}` is a GGUF file of architecture `{arch}`; GGUF files of llama and qwen2 \
+                 are benchmarked",
+                spec.model
+            )))
+        }
+    };
+    Ok(ModelPlan {
+        family,
+        label: spec.model.clone(),
+        dir: path.to_path_buf(),
+        config: Value::Null,
+        fixture_inputs: None,
+        random_weights: false,
+        gguf: true,
+        _temp: None,
+    })
+}
+
 fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
     let path = Path::new(&spec.model);
+    if path.is_file() && is_gguf(path) {
+        return gguf_plan(spec, path);
+    }
     let (label, dir, temp, config_text, preset_family) =
         if let Some((family, json)) = configs::preset(&spec.model) {
             let (temp, dir) = random_weight_dir(json)?;
@@ -257,6 +312,7 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
         config,
         fixture_inputs,
         random_weights,
+        gguf: false,
         _temp: temp,
     })
 }
@@ -340,6 +396,22 @@ type Grid = (Vec<(usize, usize)>, &'static str);
 
 /// The (batch, size) pairs of the grid, or the fixture's one shape.
 fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
+    if generation_mode(spec, plan) {
+        if !matches!(plan.family.as_str(), "llama" | "qwen2") {
+            return Err(BenchError::Spec(format!(
+                "generation benchmarks (--new) cover the decoder LMs llama and qwen2, not `{}` \
+                 (the t5, whisper and llava decoders are timed as one forward pass)",
+                plan.family
+            )));
+        }
+        let prompts = match (&spec.prompts, &spec.sizes) {
+            (p, _) if !p.is_empty() => p.clone(),
+            (_, s) if !s.is_empty() => s.clone(),
+            _ => vec![crate::generation::DEFAULT_PROMPT],
+        };
+        crate::generation::check_grid(&spec.batches, &prompts)?;
+        return Ok((prompts.into_iter().map(|p| (1, p)).collect(), "prefill"));
+    }
     let (kind, default) = inputs::size_axis(&plan.family, &plan.config);
     if let Some(fixture) = &plan.fixture_inputs {
         // A fixture's inputs fix the shape: batch and size come from its first input.
@@ -370,6 +442,11 @@ fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
             .collect(),
         kind,
     ))
+}
+
+/// Whether `spec` on `plan` measures generation rather than a forward pass.
+fn generation_mode(spec: &BenchSpec, plan: &ModelPlan) -> bool {
+    spec.new_tokens.is_some() || plan.gguf
 }
 
 /// Runs the benchmark described by `spec`, handing every measurement to `sink` as soon as it is
@@ -412,6 +489,10 @@ pub fn run_benchmark(
             spec.fusion.iter().map(|&f| Some(f)).collect()
         }
     };
+    let generation = generation_mode(spec, &plan);
+    let new_tokens = spec.new_tokens.unwrap_or(128);
+    // A GGUF file computes in f32 on its own blocks: its points are labelled with the file's type.
+    let gguf_label = plan.gguf.then(|| crate::generation::gguf_dtype(&plan.dir));
     let variants: usize = spec.backends.iter().map(|&b| fusions(b).len()).sum();
     let total =
         (variants * dtypes.len() * points.len() * spec.rounds.max(1) * (spec.warmup + spec.iters))
@@ -460,6 +541,10 @@ pub fn run_benchmark(
         let mut kept: Option<(usize, Loaded, String)> = None;
         for round in 0..spec.rounds.max(1) {
             for (v, &(dtype, fusion)) in variants.iter().enumerate() {
+                let dtype_label = match &gguf_label {
+                    Some(l) if dtype == "f32" => l.as_str(),
+                    _ => dtype.as_str(),
+                };
                 let label = match fusion {
                     Some(false) => format!("{backend}/unfused"),
                     _ => backend.to_string(),
@@ -474,13 +559,17 @@ pub fn run_benchmark(
                         Some(reason) => Err(reason.clone()),
                         None => {
                             bar.set_message(format!("loading {} on {label} ({dtype})", plan.label));
-                            load_variant(&plan, backend, dtype)
+                            if generation {
+                                load_decoder(&plan, backend, dtype)
+                            } else {
+                                load_variant(&plan, backend, dtype)
+                            }
                         }
                     };
                     // A runner on another engine than the family's burn model (cuBLAS for BERT
                     // on cuda) is its own series.
                     let label = match &loaded {
-                        Ok((runner, _)) => match runner.engine() {
+                        Ok((model, _)) => match model.runner().engine() {
                             Some(engine) => format!("{label}/{engine}"),
                             None => label,
                         },
@@ -496,14 +585,14 @@ pub fn run_benchmark(
                         run: &run,
                         plan: &plan,
                         backend: label,
-                        dtype,
+                        dtype: dtype_label,
                         batch,
                         size,
                         shape_kind,
                         spec,
                         round: round as u32,
                     };
-                    let m = match loaded {
+                    let rows: Vec<Measurement> = match loaded {
                         Err(reason) => {
                             let status = if unavailable {
                                 Status::Unavailable
@@ -511,26 +600,58 @@ pub fn run_benchmark(
                                 Status::Failed
                             };
                             bar.inc((spec.warmup + spec.iters) as u64);
-                            point.empty(status, Some(reason.clone()))
+                            let empty = point.empty(status, Some(reason.clone()));
+                            if generation {
+                                crate::generation::generation_rows(
+                                    &empty,
+                                    size,
+                                    new_tokens,
+                                    Vec::new(),
+                                    Vec::new(),
+                                )
+                                .to_vec()
+                            } else {
+                                vec![empty]
+                            }
                         }
-                        Ok((runner, load_ms)) => {
+                        Ok((model, load_ms)) => {
                             bar.set_message(format!(
-                                "{} {label} {dtype} b{batch}×{size}",
+                                "{} {label} {dtype_label} b{batch}×{size}",
                                 plan.label
                             ));
-                            measure(
-                                &point,
-                                runner.as_ref(),
-                                hal.map(|h| h.as_ref()),
-                                *load_ms,
-                                peak,
-                                &bar,
-                            )
+                            match model {
+                                Model::Forward(runner) => vec![measure(
+                                    &point,
+                                    runner.as_ref(),
+                                    hal.map(|h| h.as_ref()),
+                                    *load_ms,
+                                    peak,
+                                    &bar,
+                                )],
+                                Model::Decoder(decoder) => {
+                                    let mut base = point.empty(Status::Ok, None);
+                                    base.load_ms = Some(*load_ms);
+                                    crate::generation::measure_generation(
+                                        decoder.as_ref(),
+                                        crate::generation::GenerationPoint {
+                                            base,
+                                            prompt: size,
+                                            new_tokens,
+                                            warmup: spec.warmup,
+                                            iters: spec.iters,
+                                            bar: &bar,
+                                        },
+                                    )
+                                    .to_vec()
+                                }
+                            }
                         }
                     };
-                    let stop = m.status == Status::Interrupted;
-                    let ours = m.clone();
-                    record(m, &mut out)?;
+                    let stop = rows.iter().any(|m| m.status == Status::Interrupted);
+                    let ours = rows[0].clone();
+                    for m in rows {
+                        record(m, &mut out)?;
+                    }
                     // The peers run right after ours, on the first variant's points (their own
                     // precisions are theirs), unless Ctrl-C stopped the run.
                     if !stop && v == 0 {
@@ -546,6 +667,7 @@ pub fn run_benchmark(
                                     ours: &ours,
                                     config_file: &config_file,
                                     model_dir: (!plan.random_weights).then_some(plan.dir.as_path()),
+                                    new_tokens: generation.then_some(new_tokens),
                                     threads: run.cores,
                                     device: crate::peers::peer_device(label),
                                     warmup: spec.warmup,
@@ -572,8 +694,51 @@ pub fn run_benchmark(
     Ok((run, out))
 }
 
-/// A loaded runner and its load time in ms, or why it could not load.
-type Loaded = Result<(Box<dyn ModelRunner>, f64), String>;
+/// A loaded model: a runner timed one forward pass at a time, or a decoder LM timed by whole
+/// generations.
+enum Model {
+    Forward(Box<dyn ModelRunner>),
+    Decoder(Box<dyn TextGeneration>),
+}
+
+impl Model {
+    /// The model as a runner (its engine, device memory).
+    fn runner(&self) -> &dyn ModelRunner {
+        match self {
+            Model::Forward(r) => r.as_ref(),
+            Model::Decoder(d) => d.as_ref(),
+        }
+    }
+}
+
+/// A loaded model and its load time in ms, or why it could not load.
+type Loaded = Result<(Model, f64), String>;
+
+/// Loads the decoder LM of `plan` (a `.gguf` file or a checkpoint folder) on `backend` for
+/// generation points: f32 compute, or `int8` / `int4` linear weights. The process's peak RSS is
+/// reset first, so the generation rows' peak covers loading too (as a peer's process does).
+fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
+    let quantization = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
+        Ok(q) => q,
+        Err(_) if dtype == "f32" => ipfs_accelerate::WeightQuantization::None,
+        Err(_) => {
+            return Err(format!(
+                "generation computes in f32 (int8 / int4 keep the linear weights quantized); \
+                 `{dtype}` is not benchmarked for generation"
+            ))
+        }
+    };
+    sysinfo::reset_peak_rss();
+    let start = Instant::now();
+    let mut decoder = ipfs_accelerate::text::load_decoder(&plan.dir, backend)
+        .map_err(|e| format!("load failed: {e}"))?;
+    if quantization != ipfs_accelerate::WeightQuantization::None {
+        decoder
+            .quantize(quantization)
+            .map_err(|e| format!("quantizing to {dtype} failed: {e}"))?;
+    }
+    Ok((Model::Decoder(decoder), start.elapsed().as_secs_f64() * 1e3))
+}
 
 /// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,
 /// `f16`, `bf16`) or `int8` / `int4` (f32 compute, linear weights kept quantized as
@@ -592,7 +757,7 @@ fn load_variant(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
         ipfs_accelerate::conformance::load_family_in(&plan.family, &plan.dir, backend, precision)
     });
     loaded
-        .map(|r| (r, start.elapsed().as_secs_f64() * 1e3))
+        .map(|r| (Model::Forward(r), start.elapsed().as_secs_f64() * 1e3))
         .map_err(|e| format!("load failed: {e}"))
 }
 

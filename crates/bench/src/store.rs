@@ -36,6 +36,10 @@ use crate::record::{LatencyStats, Measurement, RunInfo, Status};
 /// stored before they were recorded, shown as unknown); `configs.engine` is `ipfs-accelerate` for
 /// ours and the peer's name (`torch`, `onnxruntime`) for a peer measured in the same run, with
 /// `engine_version`; `configs.round` counts the rounds of an alternating comparison.
+/// Generation points (`bench --new N`) store two rows per shape: `shape_kind` `prefill` (timings:
+/// time to the first new token of each iteration) and `decode` (timings: ms per new token after
+/// the first), both with `configs.new_tokens` and the medians `measurements.ttft_ms` and
+/// `measurements.decode_tokens_per_s`; forward points leave those three NULL.
 /// Files written before these columns existed get them from [`MIGRATION`] when opened.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,7 +71,8 @@ CREATE TABLE IF NOT EXISTS configs (
     iters_asked  UINTEGER NOT NULL,
     engine       VARCHAR NOT NULL DEFAULT 'ipfs-accelerate',
     engine_version VARCHAR,
-    round        UINTEGER NOT NULL DEFAULT 0
+    round        UINTEGER NOT NULL DEFAULT 0,
+    new_tokens   UINTEGER
 );
 CREATE TABLE IF NOT EXISTS measurements (
     config_id            BIGINT PRIMARY KEY REFERENCES configs (config_id),
@@ -89,7 +94,9 @@ CREATE TABLE IF NOT EXISTS measurements (
     device_memory_bytes  UBIGINT,
     flops                DOUBLE,
     achieved_flops_per_s DOUBLE,
-    peak_flops_pct       DOUBLE
+    peak_flops_pct       DOUBLE,
+    ttft_ms              DOUBLE,
+    decode_tokens_per_s  DOUBLE
 );
 CREATE TABLE IF NOT EXISTS timings (
     config_id    BIGINT NOT NULL REFERENCES configs (config_id),
@@ -107,6 +114,9 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS opt_level VARCHAR;
 ALTER TABLE configs ADD COLUMN IF NOT EXISTS engine VARCHAR DEFAULT 'ipfs-accelerate';
 ALTER TABLE configs ADD COLUMN IF NOT EXISTS engine_version VARCHAR;
 ALTER TABLE configs ADD COLUMN IF NOT EXISTS round UINTEGER DEFAULT 0;
+ALTER TABLE configs ADD COLUMN IF NOT EXISTS new_tokens UINTEGER;
+ALTER TABLE measurements ADD COLUMN IF NOT EXISTS ttft_ms DOUBLE;
+ALTER TABLE measurements ADD COLUMN IF NOT EXISTS decode_tokens_per_s DOUBLE;
 ";
 
 /// Errors of the result store.
@@ -147,7 +157,8 @@ const MEASUREMENT_COLUMNS: &str = "c.config_id, c.run_id, c.family, c.model, c.b
     c.dtype, c.batch, c.seq, c.shape_kind, c.warmup, c.iters_asked, m.status, m.reason, \
     m.iters_done, m.load_ms, m.mean_ms, m.p50_ms, m.p90_ms, m.p99_ms, m.min_ms, m.max_ms, \
     m.stddev_ms, m.items_per_s, m.tokens_per_s, m.host_rss_peak_bytes, m.device_memory_bytes, \
-    m.flops, m.achieved_flops_per_s, m.peak_flops_pct, c.engine, c.engine_version, c.round";
+    m.flops, m.achieved_flops_per_s, m.peak_flops_pct, c.engine, c.engine_version, c.round, \
+    c.new_tokens, m.ttft_ms, m.decode_tokens_per_s";
 
 /// The latency columns of `measurements`, in [`LatencyStats`] field order.
 const LATENCY_COLUMNS: [&str; 7] = [
@@ -191,14 +202,16 @@ impl Store {
         let missing = self.conn.query(
             "SELECT count(*) FROM information_schema.columns WHERE \
              (table_name = 'runs' AND column_name IN ('build_profile', 'opt_level')) OR \
-             (table_name = 'configs' AND column_name IN ('engine', 'engine_version', 'round'))",
+             (table_name = 'configs' AND column_name IN ('engine', 'engine_version', 'round', \
+             'new_tokens')) OR \
+             (table_name = 'measurements' AND column_name IN ('ttft_ms', 'decode_tokens_per_s'))",
             &[],
         )?;
         let present = missing
             .first()
             .and_then(|r| r.first())
             .and_then(Value::as_i64);
-        if present == Some(5) {
+        if present == Some(8) {
             return Ok(());
         }
         self.conn.execute(MIGRATION).map_err(|e| {
@@ -245,8 +258,8 @@ impl Store {
         self.conn.transaction(|conn| {
             let rows = conn.query(
                 "INSERT INTO configs (run_id, family, model, backend, dtype, batch, seq, \
-                 shape_kind, warmup, iters_asked, engine, engine_version, round) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING config_id",
+                 shape_kind, warmup, iters_asked, engine, engine_version, round, new_tokens) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING config_id",
                 &[
                     m.run_id.as_str().into(),
                     m.family.as_str().into(),
@@ -265,6 +278,7 @@ impl Store {
                     },
                     m.engine_version.clone().into(),
                     m.round.into(),
+                    m.new_tokens.into(),
                 ],
             )?;
             let config_id = rows
@@ -276,7 +290,7 @@ impl Store {
             let stat = |f: fn(&LatencyStats) -> f64| Value::from(lat.map(f));
             conn.execute_params(
                 "INSERT INTO measurements VALUES \
-                 (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 &[
                     config_id.into(),
                     m.status.as_str().into(),
@@ -297,6 +311,8 @@ impl Store {
                     m.flops.into(),
                     m.achieved_flops_per_s.into(),
                     m.peak_flops_pct.into(),
+                    m.ttft_ms.into(),
+                    m.decode_tokens_per_s.into(),
                 ],
             )?;
             if !m.timings_ms.is_empty() {
@@ -433,6 +449,9 @@ impl Store {
                         .unwrap_or_else(|| crate::OURS.to_string()),
                     engine_version: c.opt_text(30, "engine_version")?,
                     round: c.opt_u32(31, "round")?.unwrap_or(0),
+                    new_tokens: c.opt_u32(32, "new_tokens")?,
+                    ttft_ms: c.opt_f64(33, "ttft_ms")?,
+                    decode_tokens_per_s: c.opt_f64(34, "decode_tokens_per_s")?,
                 })
             })
             .collect()

@@ -120,3 +120,75 @@ fn bad_specs_are_errors_not_panics() {
         assert!(run_benchmark(&spec, |_, _| Ok(())).is_err(), "{spec:?}");
     }
 }
+
+/// Generation points of the llama fixture (random weights of a tiny config) and of the SmolLM2
+/// GGUF file: two rows each (prefill, decode), TTFT and decode tokens/s measured, the GGUF's
+/// rows labelled with its block type; stored and read back with the new columns.
+#[test]
+fn generation_points_store_ttft_and_decode_rate() {
+    let Some(shared) = ipfs_accelerate_conformance::shared_dir("generation_points_store_ttft")
+    else {
+        return;
+    };
+    let gguf = shared.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut models = vec![shared.join("fixtures/llama/causal_lm")];
+    if gguf.is_file() {
+        models.push(gguf);
+    }
+    for model in models {
+        let spec = BenchSpec {
+            model: model.display().to_string(),
+            new_tokens: Some(4),
+            prompts: vec![8],
+            warmup: 0,
+            iters: 2,
+            ..Default::default()
+        };
+        let (_, rows) = run_benchmark(&spec, |_, _| Ok(())).unwrap();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows[0].shape_kind, "prefill");
+        assert_eq!(rows[1].shape_kind, "decode");
+        for m in &rows {
+            assert_eq!(m.status, Status::Ok, "{}: {:?}", model.display(), m.reason);
+            assert_eq!((m.seq, m.new_tokens, m.iters_done), (8, Some(4), 2));
+            assert!(m.ttft_ms.is_some_and(|t| t > 0.0));
+            assert!(m.decode_tokens_per_s.is_some_and(|r| r > 0.0));
+            assert!(m.host_rss_peak_bytes.is_some_and(|b| b > 0));
+        }
+        if model.extension().is_some_and(|e| e == "gguf") {
+            assert_eq!(rows[0].dtype, "Q4_1");
+            assert_eq!(rows[0].family, "llama");
+        }
+    }
+    // Batch > 1, a too-long prompt and a forward-only family are refused or recorded failed.
+    let llama = shared
+        .join("fixtures/llama/causal_lm")
+        .display()
+        .to_string();
+    let spec = BenchSpec {
+        model: llama.clone(),
+        new_tokens: Some(4),
+        batches: vec![2],
+        ..Default::default()
+    };
+    assert!(run_benchmark(&spec, |_, _| Ok(())).is_err());
+    let spec = BenchSpec {
+        model: llama,
+        new_tokens: Some(4),
+        prompts: vec![1_000_000],
+        iters: 1,
+        ..Default::default()
+    };
+    let (_, rows) = run_benchmark(&spec, |_, _| Ok(())).unwrap();
+    assert!(rows
+        .iter()
+        .all(|m| m.status == Status::Failed
+            && m.reason.as_deref().unwrap_or("").contains("positions")));
+    let spec = BenchSpec {
+        model: "minilm-l6".into(),
+        new_tokens: Some(4),
+        ..Default::default()
+    };
+    let e = run_benchmark(&spec, |_, _| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("llama and qwen2"), "{e}");
+}

@@ -557,3 +557,35 @@ fn peers_get_a_ratio_table_and_unoptimized_runs_are_flagged() {
     );
     assert!(!ranking.contains("50.0"), "{ranking}");
 }
+
+#[test]
+fn generation_points_get_ttft_and_decode_plots_and_ratios() {
+    let runs = vec![run("gen", "2026-03-01T10:00:00Z", "h")];
+    let gen = |engine: &str, kind: &str, mean_ms: f64, ttft: f64, rate: f64| Measurement {
+        engine: engine.into(),
+        dtype: "Q4_1".into(),
+        new_tokens: Some(128),
+        ttft_ms: Some(ttft),
+        decode_tokens_per_s: Some(rate),
+        ..measured("gen", "llama", "m.gguf", "cpu", 1, 128, kind, mean_ms, None)
+    };
+    let rows = [
+        gen("ipfs-accelerate", "prefill", 200.0, 200.0, 220.0),
+        gen("ipfs-accelerate", "decode", 4.5, 200.0, 220.0),
+        gen("llama.cpp", "prefill", 250.0, 250.0, 70.0),
+        gen("llama.cpp", "decode", 15.0, 250.0, 70.0),
+    ];
+    let html = report::render_html(&runs, &rows);
+    assert!(html.contains("<h3>Generation</h3>"), "no generation plots");
+    assert!(html.contains("time to first token"));
+    // Prefill and decode are compared separately: 250 / 200 and 15 / 4.5.
+    assert!(
+        html.contains("<b>1.25×</b> (vs ours Q4_1)"),
+        "no prefill ratio"
+    );
+    assert!(
+        html.contains("<b>3.33×</b> (vs ours Q4_1)"),
+        "no decode ratio"
+    );
+    assert!(html.contains("prompt 128 (decode)"));
+}

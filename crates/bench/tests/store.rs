@@ -59,6 +59,9 @@ fn ok_point(run_id: &str) -> Measurement {
         engine: OURS.into(),
         engine_version: Some("0.1.0".into()),
         round: 0,
+        new_tokens: None,
+        ttft_ms: None,
+        decode_tokens_per_s: None,
     }
 }
 
@@ -238,6 +241,11 @@ fn an_old_schema_file_is_migrated_and_keeps_its_rows() {
     let mut peer = ok_point("new-run");
     peer.engine = "torch".into();
     peer.round = 3;
+    // A generation row: the columns the migration added.
+    peer.shape_kind = "decode".into();
+    peer.new_tokens = Some(16);
+    peer.ttft_ms = Some(12.5);
+    peer.decode_tokens_per_s = Some(99.0);
     store.save_measurement(&peer).unwrap();
     let (runs, points) = store.load_all().unwrap();
     assert_eq!(runs[1], new_run);

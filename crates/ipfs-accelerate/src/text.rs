@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use ipfs_accelerate_core::{BackendKind, Metrics, Precision, Selection, Stopwatch};
 use ipfs_accelerate_io::{gguf::GgufFile, ResolveOptions};
-use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner, TextGeneration};
-use ipfs_accelerate_nn::generate::GenerationConfig;
+use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner};
 
-pub use ipfs_accelerate_nn::generate::Sampling;
+pub use ipfs_accelerate_llama::TextGeneration;
+pub use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
 pub use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
@@ -113,6 +113,44 @@ impl WithBackend for LoadLlama<'_> {
             )?),
         })
     }
+}
+
+/// Loads a decoder LM at the token level, without its tokenizer (benchmarks and token-id
+/// callers): `model` is a llama.cpp `.gguf` file or a local checkpoint folder (config.json with
+/// safetensors, or with [`ipfs_accelerate_io::RANDOM_INIT_FILE`] for random weights of the
+/// config), loaded on `backend` (f32 compute; GGUF blocks stay quantized; a
+/// [`crate::weights::load_scope`] around the call applies `--quantize`).
+///
+/// ```no_run
+/// use ipfs_accelerate::text::{load_decoder, GenerationConfig};
+/// use ipfs_accelerate::BackendKind;
+///
+/// # fn main() -> ipfs_accelerate::Result<()> {
+/// let model = load_decoder("model.gguf".as_ref(), BackendKind::Cpu)?;
+/// let config = GenerationConfig {
+///     max_new_tokens: 16,
+///     ..model.default_generation_config()
+/// };
+/// let tokens = model.generate(&[1, 2, 3], &config, &mut |_| std::ops::ControlFlow::Continue(()))?;
+/// println!("{tokens:?}");
+/// # Ok(())
+/// # }
+/// ```
+pub fn load_decoder(model: &Path, backend: BackendKind) -> Result<Box<dyn TextGeneration>> {
+    let source = if model.is_file() {
+        LoadSource::Gguf(model.to_path_buf())
+    } else {
+        let config = LlamaConfig::from_file(&model.join("config.json"), Architecture::Llama)?;
+        LoadSource::Dir {
+            weights: ipfs_accelerate_io::open_weights(model)?,
+            config: Box::new(config),
+        }
+    };
+    let preferences = resolve_preferences(Some(vec![backend]), false)?;
+    let (model, _) = load_on_first_usable(&preferences, Precision::F32, || LoadLlama {
+        source: &source,
+    })?;
+    Ok(model)
 }
 
 fn tokenizer_err(what: &str, e: impl std::fmt::Display) -> Error {

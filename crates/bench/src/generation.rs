@@ -1,0 +1,243 @@
+//! Generation benchmarks of the decoder LMs (`bench --new N`): a prompt of `--prompt` tokens,
+//! `N` new tokens with the KV cache, greedy, no stop at end-of-sequence. Each timed iteration is
+//! one whole generation; a grid point is stored as two rows:
+//!
+//! - `shape_kind = "prefill"`: the timings are the time to the first new token (TTFT);
+//! - `shape_kind = "decode"`: the timings are ms per new token after the first;
+//!
+//! both with [`Measurement::new_tokens`], the medians [`Measurement::ttft_ms`] and
+//! [`Measurement::decode_tokens_per_s`], and the process's peak RSS since the model started
+//! loading. The prompt is [`prompt_ids`]: the same ids for every engine, so a peer on the same
+//! GGUF file runs exactly the same tokens.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+use ipfs_accelerate::text::{GenerationConfig, TextGeneration};
+
+use crate::record::{Measurement, Status};
+use crate::{interrupted, stats, BenchError};
+
+/// The default prompt length of a generation point, in tokens.
+pub const DEFAULT_PROMPT: usize = 128;
+
+/// A prompt of `len` token ids spread over a vocabulary of `vocab` (never an id below 3, which are
+/// the usual special tokens), deterministic.
+pub fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
+    let span = vocab.saturating_sub(3).max(1);
+    (0..len)
+        .map(|i| (3 + (i * 7919 + 1000) % span) as u32)
+        .collect()
+}
+
+/// The precision label of a GGUF file: the block type of most of its weight elements
+/// (`Q4_1`, `Q4_K`, ...), or `gguf` when the file cannot be read.
+pub fn gguf_dtype(path: &Path) -> String {
+    let Ok(file) = ipfs_accelerate_io::gguf::GgufFile::open(path) else {
+        return "gguf".into();
+    };
+    let mut totals: Vec<(String, usize)> = Vec::new();
+    for info in file.tensor_infos().iter().filter(|t| t.shape.len() == 2) {
+        let name = info.ggml_type.name().to_string();
+        match totals.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, count)) => *count += info.n_elements(),
+            None => totals.push((name, info.n_elements())),
+        }
+    }
+    totals
+        .into_iter()
+        .max_by_key(|(_, count)| *count)
+        .map_or_else(|| "gguf".into(), |(name, _)| name.to_uppercase())
+}
+
+/// What one generation point asks for.
+pub struct GenerationPoint<'a> {
+    /// The measurement to fill (identity, load time), with `shape_kind` still unset.
+    pub base: Measurement,
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// New tokens per iteration.
+    pub new_tokens: usize,
+    /// Untimed generations first.
+    pub warmup: usize,
+    /// Timed generations.
+    pub iters: usize,
+    /// Progress (one tick per generation).
+    pub bar: &'a ProgressBar,
+}
+
+/// The prefill and decode rows of one point from per-iteration TTFTs and decode times. `ttft_ms`
+/// and `decode_ms` are per timed iteration (decode: ms per new token after the first).
+pub fn generation_rows(
+    base: &Measurement,
+    prompt: usize,
+    new_tokens: usize,
+    ttft_ms: Vec<f64>,
+    decode_ms: Vec<f64>,
+) -> [Measurement; 2] {
+    let median = |v: &[f64]| stats::latency_stats(v).map(|l| l.p50_ms);
+    let ttft = median(&ttft_ms);
+    let decode_rate = median(&decode_ms).filter(|&ms| ms > 0.0).map(|ms| 1e3 / ms);
+    let row = |kind: &str, timings: Vec<f64>, tokens: f64| {
+        let latency = stats::latency_stats(&timings);
+        Measurement {
+            shape_kind: kind.into(),
+            seq: prompt as u32,
+            new_tokens: Some(new_tokens as u32),
+            iters_done: timings.len() as u32,
+            latency,
+            items_per_s: latency.map(|l| f64::from(base.batch) * 1e3 / l.mean_ms),
+            tokens_per_s: latency.map(|l| tokens * 1e3 / l.mean_ms),
+            ttft_ms: ttft,
+            decode_tokens_per_s: decode_rate,
+            timings_ms: timings,
+            ..base.clone()
+        }
+    };
+    [
+        row("prefill", ttft_ms, prompt as f64),
+        row("decode", decode_ms, 1.0),
+    ]
+}
+
+/// Times `point.iters` generations (after `point.warmup` untimed ones) of `decoder`.
+pub fn measure_generation(
+    decoder: &dyn TextGeneration,
+    point: GenerationPoint<'_>,
+) -> [Measurement; 2] {
+    let fail = |status: Status, reason: String| {
+        let mut m = point.base.clone();
+        m.status = status;
+        m.reason = Some(reason);
+        generation_rows(&m, point.prompt, point.new_tokens, Vec::new(), Vec::new())
+    };
+    if point.new_tokens < 2 {
+        return fail(
+            Status::Failed,
+            "--new must be at least 2 (decode speed is timed after the first new token)".into(),
+        );
+    }
+    let config = decoder.config();
+    let positions = config.max_position_embeddings();
+    if point.prompt + point.new_tokens > positions {
+        return fail(
+            Status::Failed,
+            format!(
+                "a prompt of {} tokens + {} new tokens exceeds the model's {positions} positions",
+                point.prompt, point.new_tokens
+            ),
+        );
+    }
+    let ids = prompt_ids(point.prompt, config.vocab_size);
+    let generation = GenerationConfig {
+        max_new_tokens: point.new_tokens,
+        stop_tokens: Vec::new(),
+        ..decoder.default_generation_config()
+    };
+    // One generation: (time to the first token, ms per token after it), in ms.
+    let once = || -> Result<(f64, f64), String> {
+        let start = Instant::now();
+        let mut first = None;
+        let tokens = decoder
+            .generate(&ids, &generation, &mut |_| {
+                first.get_or_insert_with(|| start.elapsed());
+                ControlFlow::Continue(())
+            })
+            .map_err(|e| format!("generate failed: {e}"))?;
+        let total = start.elapsed();
+        point.bar.inc(1);
+        let first = first.ok_or("generate returned no token")?;
+        if tokens.len() != point.new_tokens {
+            return Err(format!(
+                "generate returned {} tokens, {} were asked",
+                tokens.len(),
+                point.new_tokens
+            ));
+        }
+        let rest = (total - first).as_secs_f64() * 1e3 / (tokens.len() - 1) as f64;
+        Ok((first.as_secs_f64() * 1e3, rest))
+    };
+    for _ in 0..point.warmup {
+        if interrupted() {
+            break;
+        }
+        if let Err(reason) = once() {
+            return fail(Status::Failed, reason);
+        }
+    }
+    let (mut ttft, mut decode) = (Vec::new(), Vec::new());
+    let mut base = point.base.clone();
+    for _ in 0..point.iters {
+        if interrupted() {
+            base.status = Status::Interrupted;
+            base.reason = Some("interrupted by Ctrl-C".into());
+            break;
+        }
+        match once() {
+            Ok((first, rest)) => {
+                ttft.push(first);
+                decode.push(rest);
+            }
+            Err(reason) => {
+                base.status = Status::Failed;
+                base.reason = Some(reason);
+                break;
+            }
+        }
+    }
+    base.host_rss_peak_bytes = crate::sysinfo::peak_rss_bytes();
+    generation_rows(&base, point.prompt, point.new_tokens, ttft, decode)
+}
+
+/// Checks a generation grid: batch 1 only, prompt lengths of at least one token.
+pub fn check_grid(batches: &[usize], prompts: &[usize]) -> Result<(), BenchError> {
+    if batches.iter().any(|&b| b != 1) {
+        return Err(BenchError::Spec(
+            "generation benchmarks (--new) run batch 1: one prompt at a time (drop --batch)".into(),
+        ));
+    }
+    if prompts.contains(&0) {
+        return Err(BenchError::Spec(
+            "--prompt lengths must be at least 1 token".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_ids_stay_in_the_vocabulary_and_skip_special_ids() {
+        let ids = prompt_ids(500, 50);
+        assert_eq!(ids.len(), 500);
+        assert!(ids.iter().all(|&i| (3..50).contains(&i)));
+        assert_eq!(ids, prompt_ids(500, 50));
+    }
+
+    #[test]
+    fn rows_carry_ttft_and_decode_rate() {
+        let base = Measurement {
+            batch: 1,
+            ..Default::default()
+        };
+        let [prefill, decode] =
+            generation_rows(&base, 128, 64, vec![40.0, 50.0, 60.0], vec![5.0, 4.0, 6.0]);
+        assert_eq!(prefill.shape_kind, "prefill");
+        assert_eq!(decode.shape_kind, "decode");
+        for r in [&prefill, &decode] {
+            assert_eq!(r.seq, 128);
+            assert_eq!(r.new_tokens, Some(64));
+            assert_eq!(r.ttft_ms, Some(50.0));
+            assert_eq!(r.decode_tokens_per_s, Some(200.0));
+            assert_eq!(r.iters_done, 3);
+        }
+        assert!((prefill.tokens_per_s.unwrap() - 128.0 * 1e3 / 50.0).abs() < 1e-9);
+        assert!((decode.tokens_per_s.unwrap() - 200.0).abs() < 1e-9);
+        assert!(check_grid(&[2], &[128]).is_err());
+        assert!(check_grid(&[1], &[0]).is_err());
+    }
+}
