@@ -2,13 +2,16 @@
 //! `N` new tokens with the KV cache, greedy, no stop at end-of-sequence. Each timed iteration is
 //! one whole generation; a grid point is stored as two rows:
 //!
-//! - `shape_kind = "prefill"`: the timings are the time to the first new token (TTFT);
+//! - `shape_kind = "prefill"`: the timings are the time to the first new token (TTFT: the
+//!   prompt, or the encoder and the decoder's first step);
 //! - `shape_kind = "decode"`: the timings are ms per new token after the first;
 //!
 //! both with [`Measurement::new_tokens`], the medians [`Measurement::ttft_ms`] and
 //! [`Measurement::decode_tokens_per_s`], and the process's peak RSS since the model started
-//! loading. The prompt is [`prompt_ids`]: the same ids for every engine, so a peer on the same
-//! GGUF file runs exactly the same tokens.
+//! loading. A decoder LM's prompt is [`prompt_ids`]: the same ids for every engine, so a peer on
+//! the same GGUF file runs exactly the same tokens. T5's prompt is its encoder input (`--prompt`
+//! tokens), Whisper's the log-mel input (`--prompt` frames, default 30 s) with the decoder start
+//! token, LLaVA's the text tokens around one image's tokens.
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -102,9 +105,35 @@ pub fn generation_rows(
     ]
 }
 
-/// Times `point.iters` generations (after `point.warmup` untimed ones) of `decoder`.
-pub fn measure_generation(
+/// One generation: streams each new token to the callback, returns how many were generated.
+pub type GenerateOnce<'a> =
+    dyn Fn(&mut dyn FnMut(u32) -> ControlFlow<()>) -> Result<usize, String> + 'a;
+
+/// The prompt ids and settings of a decoder LM's generation point, or why it cannot run.
+pub fn decoder_request(
     decoder: &dyn TextGeneration,
+    prompt: usize,
+    new_tokens: usize,
+) -> Result<(Vec<u32>, GenerationConfig), String> {
+    let config = decoder.config();
+    let positions = config.max_position_embeddings();
+    if prompt + new_tokens > positions {
+        return Err(format!(
+            "a prompt of {prompt} tokens + {new_tokens} new tokens exceeds the model's {positions} \
+             positions"
+        ));
+    }
+    let generation = GenerationConfig {
+        max_new_tokens: new_tokens,
+        stop_tokens: Vec::new(),
+        ..decoder.default_generation_config()
+    };
+    Ok((prompt_ids(prompt, config.vocab_size), generation))
+}
+
+/// Times `point.iters` generations (after `point.warmup` untimed ones) of `generate`.
+pub fn measure_generation(
+    generate: &GenerateOnce<'_>,
     point: GenerationPoint<'_>,
 ) -> [Measurement; 2] {
     let fail = |status: Status, reason: String| {
@@ -119,44 +148,24 @@ pub fn measure_generation(
             "--new must be at least 2 (decode speed is timed after the first new token)".into(),
         );
     }
-    let config = decoder.config();
-    let positions = config.max_position_embeddings();
-    if point.prompt + point.new_tokens > positions {
-        return fail(
-            Status::Failed,
-            format!(
-                "a prompt of {} tokens + {} new tokens exceeds the model's {positions} positions",
-                point.prompt, point.new_tokens
-            ),
-        );
-    }
-    let ids = prompt_ids(point.prompt, config.vocab_size);
-    let generation = GenerationConfig {
-        max_new_tokens: point.new_tokens,
-        stop_tokens: Vec::new(),
-        ..decoder.default_generation_config()
-    };
     // One generation: (time to the first token, ms per token after it), in ms.
     let once = || -> Result<(f64, f64), String> {
         let start = Instant::now();
         let mut first = None;
-        let tokens = decoder
-            .generate(&ids, &generation, &mut |_| {
-                first.get_or_insert_with(|| start.elapsed());
-                ControlFlow::Continue(())
-            })
-            .map_err(|e| format!("generate failed: {e}"))?;
+        let count = generate(&mut |_| {
+            first.get_or_insert_with(|| start.elapsed());
+            ControlFlow::Continue(())
+        })?;
         let total = start.elapsed();
         point.bar.inc(1);
         let first = first.ok_or("generate returned no token")?;
-        if tokens.len() != point.new_tokens {
+        if count != point.new_tokens {
             return Err(format!(
-                "generate returned {} tokens, {} were asked",
-                tokens.len(),
+                "generate returned {count} tokens, {} were asked",
                 point.new_tokens
             ));
         }
-        let rest = (total - first).as_secs_f64() * 1e3 / (tokens.len() - 1) as f64;
+        let rest = (total - first).as_secs_f64() * 1e3 / (count - 1) as f64;
         Ok((first.as_secs_f64() * 1e3, rest))
     };
     for _ in 0..point.warmup {
@@ -189,6 +198,17 @@ pub fn measure_generation(
     }
     base.host_rss_peak_bytes = crate::sysinfo::peak_rss_bytes();
     generation_rows(&base, point.prompt, point.new_tokens, ttft, decode)
+}
+
+/// The families whose generation is benchmarked: the decoder LMs (token-level through
+/// [`TextGeneration`], GGUF files too) and the encoder-decoders and LLaVA towers through
+/// `ModelRunner::generate_ids` on the family's synthesized inputs.
+pub const GENERATING_FAMILIES: &[&str] =
+    &["llama", "qwen2", "t5", "whisper", "llava", "llava_next"];
+
+/// Whether `family` is generated through [`TextGeneration`] (the decoder LMs).
+pub fn is_decoder_lm(family: &str) -> bool {
+    matches!(family, "llama" | "qwen2")
 }
 
 /// Checks a generation grid: batch 1 only, prompt lengths of at least one token.

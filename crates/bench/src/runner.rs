@@ -397,32 +397,33 @@ type Grid = (Vec<(usize, usize)>, &'static str);
 /// The (batch, size) pairs of the grid, or the fixture's one shape.
 fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
     if generation_mode(spec, plan) {
-        if !matches!(plan.family.as_str(), "llama" | "qwen2") {
+        if !crate::generation::GENERATING_FAMILIES.contains(&plan.family.as_str()) {
             return Err(BenchError::Spec(format!(
-                "generation benchmarks (--new) cover the decoder LMs llama and qwen2, not `{}` \
-                 (the t5, whisper and llava decoders are timed as one forward pass)",
+                "generation benchmarks (--new) cover {}, not `{}`",
+                crate::generation::GENERATING_FAMILIES.join(", "),
                 plan.family
             )));
         }
+        let default = match plan.family.as_str() {
+            "whisper" => inputs::size_axis(&plan.family, &plan.config).1,
+            _ => crate::generation::DEFAULT_PROMPT,
+        };
+        // A family whose inputs are not synthesized (llava_next) generates from its fixture's
+        // inputs, whose size is fixed.
+        let from_fixture = plan.fixture_inputs.is_some()
+            && inputs::synthesize(&plan.family, &plan.config, 1, 1).is_err();
         let prompts = match (&spec.prompts, &spec.sizes) {
+            _ if from_fixture => vec![grid_of_fixture(plan).0[0].1],
             (p, _) if !p.is_empty() => p.clone(),
             (_, s) if !s.is_empty() => s.clone(),
-            _ => vec![crate::generation::DEFAULT_PROMPT],
+            _ => vec![default],
         };
         crate::generation::check_grid(&spec.batches, &prompts)?;
         return Ok((prompts.into_iter().map(|p| (1, p)).collect(), "prefill"));
     }
     let (kind, default) = inputs::size_axis(&plan.family, &plan.config);
-    if let Some(fixture) = &plan.fixture_inputs {
-        // A fixture's inputs fix the shape: batch and size come from its first input.
-        let shape = fixture
-            .values()
-            .next()
-            .map(|t| t.shape().to_vec())
-            .unwrap_or_default();
-        let batch = shape.first().copied().unwrap_or(1);
-        let size = shape.get(1).copied().unwrap_or(1);
-        return Ok((vec![(batch, size)], kind));
+    if plan.fixture_inputs.is_some() {
+        return Ok(grid_of_fixture(plan));
     }
     if spec.batches.is_empty() || spec.batches.contains(&0) {
         return Err(BenchError::Spec("batch sizes must be at least 1".into()));
@@ -442,6 +443,20 @@ fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
             .collect(),
         kind,
     ))
+}
+
+/// A fixture's inputs fix the shape: batch and size come from its first input.
+fn grid_of_fixture(plan: &ModelPlan) -> Grid {
+    let (kind, _) = inputs::size_axis(&plan.family, &plan.config);
+    let shape = plan
+        .fixture_inputs
+        .as_ref()
+        .and_then(|f| f.values().next())
+        .map(|t| t.shape().to_vec())
+        .unwrap_or_default();
+    let batch = shape.first().copied().unwrap_or(1);
+    let size = shape.get(1).copied().unwrap_or(1);
+    (vec![(batch, size)], kind)
 }
 
 /// Whether `spec` on `plan` measures generation rather than a forward pass.
@@ -559,7 +574,7 @@ pub fn run_benchmark(
                         Some(reason) => Err(reason.clone()),
                         None => {
                             bar.set_message(format!("loading {} on {label} ({dtype})", plan.label));
-                            if generation {
+                            if generation && crate::generation::is_decoder_lm(&plan.family) {
                                 load_decoder(&plan, backend, dtype)
                             } else {
                                 load_variant(&plan, backend, dtype)
@@ -620,7 +635,7 @@ pub fn run_benchmark(
                                 plan.label
                             ));
                             match model {
-                                Model::Forward(runner) => vec![measure(
+                                Model::Forward(runner) if !generation => vec![measure(
                                     &point,
                                     runner.as_ref(),
                                     hal.map(|h| h.as_ref()),
@@ -628,21 +643,8 @@ pub fn run_benchmark(
                                     peak,
                                     &bar,
                                 )],
-                                Model::Decoder(decoder) => {
-                                    let mut base = point.empty(Status::Ok, None);
-                                    base.load_ms = Some(*load_ms);
-                                    crate::generation::measure_generation(
-                                        decoder.as_ref(),
-                                        crate::generation::GenerationPoint {
-                                            base,
-                                            prompt: size,
-                                            new_tokens,
-                                            warmup: spec.warmup,
-                                            iters: spec.iters,
-                                            bar: &bar,
-                                        },
-                                    )
-                                    .to_vec()
+                                model => {
+                                    measure_generation(&point, model, *load_ms, new_tokens, &bar)
                                 }
                             }
                         }
@@ -713,6 +715,76 @@ impl Model {
 
 /// A loaded model and its load time in ms, or why it could not load.
 type Loaded = Result<(Model, f64), String>;
+
+/// Times the generations of one point: a decoder LM on its synthesized prompt ids, another
+/// family through `ModelRunner::generate_ids` on its inputs at the point's size.
+fn measure_generation(
+    point: &Point<'_>,
+    model: &Model,
+    load_ms: f64,
+    new_tokens: usize,
+    bar: &ProgressBar,
+) -> Vec<Measurement> {
+    use crate::generation::{generation_rows, GenerationPoint};
+    let mut base = point.empty(Status::Ok, None);
+    base.load_ms = Some(load_ms);
+    let request = GenerationPoint {
+        base: base.clone(),
+        prompt: point.size,
+        new_tokens,
+        warmup: point.spec.warmup,
+        iters: point.spec.iters,
+        bar,
+    };
+    let failed = |reason: String| {
+        let m = Measurement {
+            status: Status::Failed,
+            reason: Some(reason),
+            ..base.clone()
+        };
+        generation_rows(&m, point.size, new_tokens, Vec::new(), Vec::new()).to_vec()
+    };
+    match model {
+        Model::Decoder(decoder) => {
+            let (ids, config) = match crate::generation::decoder_request(
+                decoder.as_ref(),
+                point.size,
+                new_tokens,
+            ) {
+                Ok(r) => r,
+                Err(reason) => return failed(reason),
+            };
+            let once = |on_token: &mut dyn FnMut(u32) -> std::ops::ControlFlow<()>| {
+                decoder
+                    .generate(&ids, &config, on_token)
+                    .map(|t| t.len())
+                    .map_err(|e| format!("generate failed: {e}"))
+            };
+            crate::generation::measure_generation(&once, request).to_vec()
+        }
+        Model::Forward(runner) => {
+            let plan = point.plan;
+            // Generation inputs are made from the config at batch 1 (a fixture's may hold
+            // several rows); a family without synthesized inputs uses its fixture's.
+            let made = inputs::synthesize(&plan.family, &plan.config, 1, point.size);
+            let inputs = match (made, &plan.fixture_inputs) {
+                (Err(_), Some(fixture)) => Ok(fixture.clone()),
+                (made, _) => made,
+            };
+            let inputs = match inputs {
+                Ok(i) => i,
+                Err(e) => return failed(e.to_string()),
+            };
+            let once = |on_token: &mut dyn FnMut(u32) -> std::ops::ControlFlow<()>| {
+                runner
+                    .generate_ids(&inputs, new_tokens, on_token)
+                    .map(|t| t.len())
+                    .map_err(|e| format!("generate failed: {e}"))
+            };
+            crate::generation::measure_generation(&once, request).to_vec()
+        }
+    }
+}
 
 /// Loads the decoder LM of `plan` (a `.gguf` file or a checkpoint folder) on `backend` for
 /// generation points: f32 compute, or `int8` / `int4` linear weights. The process's peak RSS is

@@ -190,5 +190,38 @@ fn generation_points_store_ttft_and_decode_rate() {
         ..Default::default()
     };
     let e = run_benchmark(&spec, |_, _| Ok(())).unwrap_err().to_string();
-    assert!(e.contains("llama and qwen2"), "{e}");
+    assert!(e.contains("not `bert`"), "{e}");
+}
+
+/// The encoder-decoders and LLaVA generate through `ModelRunner::generate_ids` on inputs made
+/// from their configs: T5 (encoder tokens), Whisper (log-mel frames: the config's 30 s),
+/// LLaVA and LLaVA-NeXT (text around one image).
+#[test]
+fn encoder_decoders_and_llava_generation_is_timed() {
+    let Some(shared) = ipfs_accelerate_conformance::shared_dir("encoder_decoders_generation")
+    else {
+        return;
+    };
+    for (fixture, prompts) in [
+        ("t5/t5", vec![12]),
+        ("whisper/base", vec![]),
+        ("llava/base", vec![6]),
+        ("llava_next/base", vec![6]),
+    ] {
+        let spec = BenchSpec {
+            model: shared.join("fixtures").join(fixture).display().to_string(),
+            new_tokens: Some(3),
+            prompts,
+            warmup: 0,
+            iters: 1,
+            ..Default::default()
+        };
+        let (_, rows) = run_benchmark(&spec, |_, _| Ok(())).unwrap();
+        assert_eq!(rows.len(), 2, "{fixture}: {rows:?}");
+        for m in &rows {
+            assert_eq!(m.status, Status::Ok, "{fixture}: {:?}", m.reason);
+            assert_eq!(m.new_tokens, Some(3));
+            assert!(m.ttft_ms.is_some() && m.decode_tokens_per_s.is_some());
+        }
+    }
 }

@@ -421,6 +421,24 @@ pub trait ModelRunner: Send + Sync {
     fn device_memory_in_use(&self) -> Option<u64> {
         None
     }
+    /// Greedy generation of exactly `max_new_tokens` new tokens (no stop token, the KV cache
+    /// where the family has one) for the one row of `inputs` (what [`run`](Self::run) takes:
+    /// `input_ids` for an encoder-decoder, `input_features` for Whisper, `input_ids` and
+    /// `pixel_values` for LLaVA), each new token handed to `on_token` as it is chosen. The
+    /// benchmark runner times it (time to first token, decode speed). Families that do not
+    /// generate answer [`Error::InvalidInput`].
+    fn generate_ids(
+        &self,
+        inputs: &TensorMap,
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32) -> std::ops::ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let _ = (inputs, max_new_tokens, on_token);
+        Err(Error::InvalidInput(format!(
+            "{} does not generate tokens",
+            self.family()
+        )))
+    }
 }
 
 /// A model family that can load a checkpoint folder (HF `config.json` plus weights) as a

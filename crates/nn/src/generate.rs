@@ -54,6 +54,29 @@ pub struct GenerationConfig {
     pub seed: u64,
 }
 
+impl GenerationConfig {
+    /// Greedy decoding of exactly `max_new_tokens` tokens (no stop token): what
+    /// `ModelRunner::generate_ids` runs for the benchmarks.
+    pub fn exact_greedy(max_new_tokens: usize) -> Self {
+        GenerationConfig {
+            max_new_tokens,
+            ..Default::default()
+        }
+    }
+}
+
+/// The one row of a batch-1 generation, or an error naming `rows`.
+pub fn single_row(rows: Vec<Vec<u32>>) -> Result<Vec<u32>> {
+    let n = rows.len();
+    let mut rows = rows.into_iter();
+    match (rows.next(), rows.next()) {
+        (Some(row), None) => Ok(row),
+        _ => Err(Error::InvalidInput(format!(
+            "token generation runs one row, the inputs have {n}"
+        ))),
+    }
+}
+
 impl Default for GenerationConfig {
     fn default() -> Self {
         GenerationConfig {

@@ -286,6 +286,30 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
     /// `input_ids` `[batch, seq]` (+ `attention_mask`, `pixel_values`, and `image_sizes` for
     /// LLaVA-NeXT) → `logits` `[batch, seq, vocab]` and, with pixels, `image_feature_count`
     /// `[images]`; with `greedy_steps` also `greedy_tokens` `[batch, steps]`.
+    fn generate_ids(
+        &self,
+        inputs: &TensorMap,
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let ids_t = inputs
+            .get("input_ids")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
+        token_matrix("input_ids", ids_t)?;
+        let ids = ids_t.to_i64_vec()?;
+        check_vocab("input_ids", &ids, self.config().text_config.vocab_size)?;
+        let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        let rows = self.generate_with(
+            inputs.get("pixel_values"),
+            inputs.get("image_sizes"),
+            &[prompt],
+            &GenerationConfig::exact_greedy(max_new_tokens),
+            DecodeMode::Cached,
+            |_, t| on_token(t),
+        )?;
+        ipfs_accelerate_nn::generate::single_row(rows)
+    }
+
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
         let ids_t = inputs
             .get("input_ids")

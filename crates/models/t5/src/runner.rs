@@ -112,6 +112,20 @@ impl<B: Backend> ModelRunner for T5Runner<B> {
         self.kind
     }
 
+    fn generate_ids(
+        &self,
+        inputs: &TensorMap,
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let enc_inputs = T5Inputs::from_tensors(inputs)?;
+        let config = GenerationConfig::exact_greedy(max_new_tokens);
+        let rows = self
+            .model
+            .generate_inputs(&enc_inputs, &config, true, |_, t| on_token(t))?;
+        ipfs_accelerate_nn::generate::single_row(rows)
+    }
+
     /// Inputs: `input_ids`, optional `attention_mask`, optional `decoder_input_ids` (→ `logits`),
     /// optional `greedy_steps` (→ `greedy_tokens`: that many argmax steps from the decoder start
     /// token, no EOS stop, through the KV-cached generation loop). Always returns

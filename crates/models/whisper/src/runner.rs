@@ -321,6 +321,30 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
     /// (→ `logits`) with `decoder_attention_mask`, and `greedy_steps` `[1]` (→ `greedy_tokens`,
     /// argmax from `greedy_prompt` or `decoder_start_token_id`, no stop token, no suppression).
     /// Always returns `encoder_last_hidden_state`.
+    fn generate_ids(
+        &self,
+        inputs: &TensorMap,
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        let features = inputs
+            .get("input_features")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
+        let encoder = self
+            .model
+            .encode(float_from_host::<B, 3>(features, &self.device)?)?;
+        let prompts = vec![vec![self.model.config().decoder_start_token_id]];
+        let rows = self.model.generate_from_encoder(
+            encoder,
+            &prompts,
+            &GenerationConfig::exact_greedy(max_new_tokens),
+            Suppression::default(),
+            true,
+            |_, t| on_token(t),
+        )?;
+        ipfs_accelerate_nn::generate::single_row(rows)
+    }
+
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
         let features = inputs
             .get("input_features")
