@@ -11,8 +11,9 @@ Engines:
 Weights: the checkpoint in --model-dir when given (a local folder with config.json + weights), otherwise random
 weights of --config (seeded; the shapes, not the values, matter for timing).
 Families: bert (input_ids, attention_mask, token_type_ids of batch x seq) and vit (pixel_values of
-batch x 3 x seq x seq); with --new N (torch only), llama and qwen2 generation: a prompt of --seq token ids
-(the same ids ours uses), N new tokens, greedy, no stop at end-of-sequence, `model.generate` with the KV cache;
+batch x 3 x seq x seq); with --new N (torch only), llama, qwen2, t5 and whisper generation: a prompt of --seq
+token ids (the same ids ours uses; t5: the encoder's; whisper: --seq log-mel frames), N new tokens, greedy, no
+stop at end-of-sequence, `model.generate` with the KV cache;
 its line then has ttft_ms (time to the first new token) and decode_ms (ms per new token after the first), one
 per timed iteration.
 
@@ -31,6 +32,7 @@ import time
 import traceback
 
 FAMILIES = ("bert", "vit")
+GENERATING = ("llama", "qwen2", "t5", "whisper")
 ENGINES = ("torch", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
 
@@ -52,11 +54,14 @@ def run_torch_generation(args, dtypes, torch, tf, version):
     """Times --iters greedy generations of --new tokens after a --seq-token prompt with model.generate."""
     with open(args.config) as f:
         cfg = json.load(f)
+    auto = {"t5": tf.AutoModelForSeq2SeqLM, "whisper": tf.WhisperForConditionalGeneration}.get(
+        args.family, tf.AutoModelForCausalLM)
     if args.model_dir:
-        model = tf.AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
+        model = auto.from_pretrained(args.model_dir).eval()
     else:
         torch.manual_seed(0)
-        model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(**cfg)).eval()
+        config = tf.AutoConfig.for_model(**cfg)
+        model = (auto(config) if args.family == "whisper" else auto.from_config(config)).eval()
     names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
     class FirstToken:
@@ -78,19 +83,23 @@ def run_torch_generation(args, dtypes, torch, tf, version):
             continue
         try:
             m = model.to(args.device, names[d])
-            ids = torch.tensor([prompt_ids(args.seq, cfg.get("vocab_size", 32000))], device=args.device)
+            if args.family == "whisper":  # --seq log-mel frames, the decoder from its start token
+                feats = torch.randn(1, cfg.get("num_mel_bins", 80), args.seq, device=args.device, dtype=names[d])
+                inputs = dict(input_features=feats)
+            else:
+                ids = torch.tensor([prompt_ids(args.seq, cfg.get("vocab_size", 32000))], device=args.device)
+                inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
             ttft, decode = [], []
             for i in range(args.warmup + args.iters):
                 streamer = FirstToken()
                 start = time.perf_counter()
                 with torch.inference_mode():
-                    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
-                                     min_new_tokens=args.new, do_sample=False, streamer=streamer,
-                                     eos_token_id=None, pad_token_id=0)
+                    out = m.generate(**inputs, max_new_tokens=args.new, min_new_tokens=args.new,
+                                     do_sample=False, streamer=streamer, eos_token_id=None, pad_token_id=0)
                 if args.device.startswith("cuda"):
                     torch.cuda.synchronize()
                 end = time.perf_counter()
-                new = out.shape[1] - ids.shape[1]
+                new = args.new if args.family in ("t5", "whisper") else out.shape[1] - inputs["input_ids"].shape[1]
                 if i >= args.warmup:
                     ttft.append((streamer.first - start) * 1e3)
                     decode.append((end - streamer.first) * 1e3 / max(new - 1, 1))
@@ -375,9 +384,9 @@ def main():
                                         "one timed iteration embeds them all")
     args = ap.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
-    if args.new and (args.engine != "torch" or args.family not in ("llama", "qwen2")):
+    if args.new and (args.engine != "torch" or args.family not in GENERATING):
         for d in dtypes:
-            emit(args, d, "unavailable", "generation peers: torch on llama and qwen2")
+            emit(args, d, "unavailable", f"generation peers: torch on {', '.join(GENERATING)}")
         return
     if not args.new and args.family not in FAMILIES:
         for d in dtypes:
