@@ -35,12 +35,42 @@ pub fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The precision label of a GGUF file: the block type of most of its weight elements
-/// (`Q4_1`, `Q4_K`, ...), or `gguf` when the file cannot be read.
+/// llama.cpp's names of `general.file_type` (its `llama_ftype`), the mix a file was quantized to.
+const FILE_TYPES: &[(u64, &str)] = &[
+    (0, "F32"),
+    (1, "F16"),
+    (2, "Q4_0"),
+    (3, "Q4_1"),
+    (7, "Q8_0"),
+    (8, "Q5_0"),
+    (9, "Q5_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K_S"),
+    (12, "Q3_K_M"),
+    (13, "Q3_K_L"),
+    (14, "Q4_K_S"),
+    (15, "Q4_K_M"),
+    (16, "Q5_K_S"),
+    (17, "Q5_K_M"),
+    (18, "Q6_K"),
+    (25, "IQ4_NL"),
+    (30, "IQ4_XS"),
+    (32, "BF16"),
+];
+
+/// The precision label of a GGUF file: its `general.file_type` (`Q4_K_M`, `Q4_1`, ...), else the
+/// block type of most of its weight elements, or `gguf` when the file cannot be read.
 pub fn gguf_dtype(path: &Path) -> String {
     let Ok(file) = ipfs_accelerate_io::gguf::GgufFile::open(path) else {
         return "gguf".into();
     };
+    let named = file
+        .get("general.file_type")
+        .and_then(|v| v.as_u64())
+        .and_then(|t| FILE_TYPES.iter().find(|(id, _)| *id == t));
+    if let Some((_, name)) = named {
+        return name.to_string();
+    }
     let mut totals: Vec<(String, usize)> = Vec::new();
     for info in file.tensor_infos().iter().filter(|t| t.shape.len() == 2) {
         let name = info.ggml_type.name().to_string();
