@@ -534,7 +534,12 @@ fn push_group(
     );
     let dtypes: BTreeSet<&str> = group.iter().map(|m| m.dtype.as_str()).collect();
     let with_dtype = dtypes.len() > 1;
-    let title = format!("{family} / {model}");
+    // Plot titles name a model given as a path by its file or folder name (the heading has it all).
+    let short = std::path::Path::new(model)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(model);
+    let title = format!("{family} / {short}");
 
     html.push_str("<h3>Latency vs batch</h3>\n");
     push_plot(

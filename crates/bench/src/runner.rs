@@ -643,9 +643,14 @@ pub fn run_benchmark(
                                     peak,
                                     &bar,
                                 )],
-                                model => {
-                                    measure_generation(&point, model, *load_ms, new_tokens, &bar)
-                                }
+                                model => measure_generation(
+                                    &point,
+                                    model,
+                                    hal.map(|h| h.as_ref()),
+                                    *load_ms,
+                                    new_tokens,
+                                    &bar,
+                                ),
                             }
                         }
                     };
@@ -721,6 +726,7 @@ type Loaded = Result<(Model, f64), String>;
 fn measure_generation(
     point: &Point<'_>,
     model: &Model,
+    hal: Option<&dyn ProbeBackend>,
     load_ms: f64,
     new_tokens: usize,
     bar: &ProgressBar,
@@ -744,7 +750,12 @@ fn measure_generation(
         };
         generation_rows(&m, point.size, new_tokens, Vec::new(), Vec::new()).to_vec()
     };
-    match model {
+    // Device memory after the timed generations, as `measure` reads it.
+    let device_memory = || match model.runner().engine() {
+        Some(_) => model.runner().device_memory_in_use(),
+        None => hal.and_then(|h| h.memory_in_use()),
+    };
+    let mut rows = match model {
         Model::Decoder(decoder) => {
             let (ids, config) = match crate::generation::decoder_request(
                 decoder.as_ref(),
@@ -783,7 +794,12 @@ fn measure_generation(
             };
             crate::generation::measure_generation(&once, request).to_vec()
         }
+    };
+    let memory = device_memory();
+    for row in &mut rows {
+        row.device_memory_bytes = memory;
     }
+    rows
 }
 
 /// Loads the decoder LM of `plan` (a `.gguf` file or a checkpoint folder) on `backend` for
