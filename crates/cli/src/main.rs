@@ -20,13 +20,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(name = "ipfs-accelerate", version, about, long_about = None)]
 struct Cli {
-    /// Model: a local directory, a hub id (org/name[@revision]), or `embedded` (the built-in
-    /// int8 all-MiniLM-L6-v2, no network needed). `serve` takes several (`--model a --model
-    /// name=./dir`).
+    /// Model: a local directory, a hub id (org/name[@revision]), a `.gguf` file (generate), or
+    /// `embedded` (the built-in int8 all-MiniLM-L6-v2, no network needed: the default of embed,
+    /// classify and qa). `serve` takes several (`--model a --model name=./dir`).
     #[arg(
         long = "model",
         global = true,
-        default_value = "embedded",
+        help_heading = "Global options",
         env = "IPFS_ACCELERATE_MODEL"
     )]
     models: Vec<String>,
@@ -37,32 +37,44 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         value_delimiter = ',',
         env = "IPFS_ACCELERATE_BACKENDS"
     )]
     backend: Vec<String>,
     /// Print the timing breakdown (init, preprocess, inference, postprocess, total) to stderr.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     metrics: bool,
     /// Never download; use local files and the HF cache only.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     offline: bool,
     /// Keep the linear weights quantized in memory: `int8` or `int4`, optionally with a block
     /// size (`int4:64`; default 32). Embeddings and norms stay float. `--metrics` reports the
     /// weight memory.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     quantize: Option<String>,
     /// Calibrate the int4 weights (GPTQ) on these texts: a file with one text per line, or
     /// `default` for the built-in English corpus. Needs `--quantize int4`; embed, classify and
     /// qa only. Loading takes longer (a float load, one pass over the texts, the solver).
-    #[arg(long, global = true, value_name = "FILE|default")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE|default"
+    )]
     calibrate: Option<String>,
     /// The float type to compute in on the native backends: `f32` (default), `f16` or `bf16`.
     /// A backend that does not compute in it is skipped with the reason (`generate` runs f32).
-    #[arg(long, global = true, default_value = "f32")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        default_value = "f32"
+    )]
     precision: ipfs_accelerate::Precision,
     /// Kernel fusion on the CubeCL backends (cuda, wgpu): `on` (default) or `off`.
-    #[arg(long, global = true, value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate::parse_switch)]
+    #[arg(long, global = true,
+        help_heading = "Global options", value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate::parse_switch)]
     fusion: Option<bool>,
     #[command(subcommand)]
     command: Command,
@@ -72,9 +84,12 @@ struct Cli {
 enum Command {
     /// Sentence embeddings: prints one JSON array holding one vector per text.
     Embed {
-        /// Texts to embed.
-        #[arg(required = true)]
+        /// Texts to embed; `-` reads them from stdin, one per line.
+        #[arg(required_unless_present = "file")]
         texts: Vec<String>,
+        /// Also embed the lines of this file (one text per line).
+        #[arg(long)]
+        file: Option<PathBuf>,
         /// L2-normalise each vector.
         #[arg(long)]
         normalize: bool,
@@ -84,9 +99,12 @@ enum Command {
     },
     /// Sequence classification: labels with probabilities for each text (JSON).
     Classify {
-        /// Texts to classify.
-        #[arg(required = true)]
+        /// Texts to classify; `-` reads them from stdin, one per line.
+        #[arg(required_unless_present = "file")]
         texts: Vec<String>,
+        /// Also classify the lines of this file (one text per line).
+        #[arg(long)]
+        file: Option<PathBuf>,
         /// Labels to print per text.
         #[arg(long, default_value_t = 5)]
         top_k: usize,
@@ -106,7 +124,7 @@ enum Command {
     /// Text generation with a decoder LM (LLaMA / Qwen2): `--model` is a `.gguf` file, a checkpoint
     /// folder or a hub id. Streams exactly the generated text to stdout.
     Generate {
-        /// The prompt.
+        /// The prompt; `-` reads it from stdin (all of it).
         prompt: String,
         /// Tokens to generate at most.
         #[arg(long, default_value_t = 64)]
@@ -153,9 +171,13 @@ enum Command {
     },
     /// Text-to-text generation with T5 / FLAN-T5: one output line per input text.
     T2t {
-        /// Input texts (e.g. `translate English to German: Hello`).
-        #[arg(required = true)]
+        /// Input texts (e.g. `translate English to German: Hello`); `-` reads them from stdin,
+        /// one per line.
+        #[arg(required_unless_present = "file")]
         texts: Vec<String>,
+        /// Also take the lines of this file (one text per line).
+        #[arg(long)]
+        file: Option<PathBuf>,
         /// Tokens to generate at most per text.
         #[arg(long, default_value_t = 64)]
         max_new_tokens: usize,
@@ -324,7 +346,15 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
             cli.models.len()
         );
     }
-    cli.model = cli.models.pop().unwrap_or_else(|| "embedded".into());
+    // The embedded model is the default of the sentence-embedding commands only.
+    cli.model = cli.models.pop().unwrap_or_default();
+    let text_pipeline = matches!(
+        cli.command,
+        Command::Embed { .. } | Command::Classify { .. } | Command::Qa { .. }
+    );
+    if cli.model.is_empty() && text_pipeline {
+        cli.model = "embedded".into();
+    }
     if let Some(on) = cli.fusion {
         ipfs_accelerate::set_kernel_fusion(on);
     }
@@ -336,10 +366,6 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
         ipfs_accelerate_bench::cli::bench(args, &cli.backend, command)?;
         return Ok(());
     }
-    let text_pipeline = matches!(
-        cli.command,
-        Command::Embed { .. } | Command::Classify { .. } | Command::Qa { .. }
-    );
     if cli.calibrate.is_some() && !text_pipeline {
         anyhow::bail!("--calibrate applies to the embed, classify and qa commands");
     }
@@ -382,9 +408,11 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
     let metrics = match cli.command {
         Command::Embed {
             texts,
+            file,
             normalize,
             similarity,
         } => {
+            let texts = input_lines(texts, file.as_deref())?;
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let out = pipe.embed(&refs, normalize || similarity)?;
             if similarity {
@@ -401,9 +429,11 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
         }
         Command::Classify {
             texts,
+            file,
             top_k,
             tokens,
         } => {
+            let texts = input_lines(texts, file.as_deref())?;
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             if tokens {
                 let out = pipe.classify_tokens(&refs)?;
@@ -473,11 +503,19 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
     else {
         unreachable!("called for generate only")
     };
-    if cli.model == "embedded" {
+    if cli.model.is_empty() || cli.model == "embedded" {
         anyhow::bail!(
             "generate needs a decoder LM: pass --model with a .gguf file, a checkpoint folder or a hub id"
         );
     }
+    let prompt = if prompt == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the prompt from stdin")?;
+        text.trim_end_matches(['\n', '\r']).to_string()
+    } else {
+        prompt
+    };
     let mut generator = TextGenerator::load(&cli.model, backends, cli.offline)
         .with_context(|| format!("loading {}", cli.model))?;
     // As kept (a GGUF's blocks on the CPU, or quantized as asked) and as f32.
@@ -534,6 +572,49 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The texts of a command: each argument, where `-` stands for the lines of stdin, then the lines
+/// of `file`. Blank lines are skipped; no text at all is an error.
+pub(crate) fn input_lines(
+    args: Vec<String>,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<String>> {
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(|l| l.trim_end_matches('\r'))
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut out = Vec::new();
+    let mut stdin_read = false;
+    for arg in args {
+        if arg == "-" {
+            anyhow::ensure!(!stdin_read, "`-` given twice: stdin can be read once");
+            stdin_read = true;
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading the inputs from stdin (one per line, UTF-8)")?;
+            out.extend(lines(&text));
+        } else {
+            out.push(arg);
+        }
+    }
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "reading the inputs of {} (one per line, UTF-8)",
+                path.display()
+            )
+        })?;
+        out.extend(lines(&text));
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        "no input: the texts, stdin or --file held no line"
+    );
+    Ok(out)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

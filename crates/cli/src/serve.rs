@@ -63,8 +63,14 @@ pub(crate) fn run(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(on) = cli.fusion {
         ipfs_accelerate::set_kernel_fusion(on);
     }
-    let models = cli
-        .models
+    // Without --model, the embedded sentence-embedding model is served.
+    let embedded = ["embedded".to_string()];
+    let names = if cli.models.is_empty() {
+        &embedded[..]
+    } else {
+        &cli.models[..]
+    };
+    let models = names
         .iter()
         .map(|m| ModelSpec::parse(m))
         .collect::<Result<Vec<_>, _>>()?;

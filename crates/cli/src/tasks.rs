@@ -25,10 +25,10 @@ fn report_skipped(selection: &Selection) {
 
 /// Runs one of the task sub-commands.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
-    if cli.model == "embedded" {
+    if cli.model.is_empty() || cli.model == "embedded" {
         anyhow::bail!(
             "this command needs a model of its family: pass --model with a checkpoint folder or a hub id \
-             (the embedded default is a sentence-embedding model)"
+             (the embedded model is a sentence-embedding model)"
         );
     }
     let opts = options(&cli)?;
@@ -63,8 +63,10 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::T2t {
             texts,
+            file,
             max_new_tokens,
         } => {
+            let texts = crate::input_lines(texts, file.as_deref())?;
             let t5 =
                 ipfs_accelerate::text2text::Text2Text::load(&model, &opts).with_context(loading)?;
             report_skipped(t5.selection());

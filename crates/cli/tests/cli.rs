@@ -201,3 +201,62 @@ fn generate_with_int8_weights_keeps_the_answer_and_reports_the_memory() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown quantization"));
 }
+
+/// `-` reads the texts from stdin and `--file` from a file, one per line (blank lines skipped);
+/// the result equals giving them as arguments.
+#[test]
+fn embed_reads_stdin_and_files_line_by_line() {
+    use std::io::Write;
+    let direct = run_ok(&["embed", "first line", "second line"]).stdout;
+    let mut child = cli()
+        .args(["embed", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"first line\n\nsecond line\r\n")
+        .unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert!(
+        piped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert_eq!(piped.stdout, direct, "stdin");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("texts.txt");
+    std::fs::write(&file, "second line\n").unwrap();
+    let from_file = run_ok(&["embed", "first line", "--file", file.to_str().unwrap()]).stdout;
+    assert_eq!(from_file, direct, "--file");
+    // An empty stdin, or a missing file: a clear error, nothing printed.
+    let out = cli()
+        .args(["embed", "-"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no input"));
+    let out = cli()
+        .args(["embed", "--file", "/nonexistent/texts.txt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/texts.txt"));
+}
+
+/// The global flags sit under their own heading, and `generate --help` shows no default model
+/// it would reject.
+#[test]
+fn help_separates_global_options_and_shows_honest_defaults() {
+    let out = run_ok(&["generate", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Global options:"), "{help}");
+    assert!(!help.contains("[default: embedded]"), "{help}");
+    let options = help.split("Global options:").next().unwrap();
+    assert!(!options.contains("--quantize"), "{help}");
+}
