@@ -4,12 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod draw;
+mod output;
 mod serve;
 mod tasks;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipfs_accelerate::{Availability, BackendKind, Metrics, Pipeline, Task};
+use output::Native;
 
 // Tensor buffers are large and short-lived: mimalloc reuses their pages, where glibc's malloc
 // returns them to the OS and page-faults fresh zeroed ones on every op (~16% of a BERT forward).
@@ -76,6 +78,16 @@ struct Cli {
     #[arg(long, global = true,
         help_heading = "Global options", value_name = "on|off", env = "IPFS_ACCELERATE_FUSION", value_parser = ipfs_accelerate::parse_switch)]
     fusion: Option<bool>,
+    /// Output: `auto` (the command's own form: JSON results, streamed text), `json` (one JSON
+    /// document with the result and the metrics) or `text` (one line per item).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_enum,
+        default_value_t
+    )]
+    format: output::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -421,9 +433,15 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
                     .iter()
                     .map(|a| out.value.iter().map(|b| dot(a, b)).collect())
                     .collect();
-                println!("{}", serde_json::to_string(&m)?);
+                output::emit(cli.format, Native::Json, &cli.model, &m, &out.metrics)?;
             } else {
-                println!("{}", serde_json::to_string(&out.value)?);
+                output::emit(
+                    cli.format,
+                    Native::Json,
+                    &cli.model,
+                    &out.value,
+                    &out.metrics,
+                )?;
             }
             out.metrics
         }
@@ -437,20 +455,38 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             if tokens {
                 let out = pipe.classify_tokens(&refs)?;
-                println!("{}", serde_json::to_string_pretty(&out.value)?);
+                output::emit(
+                    cli.format,
+                    Native::PrettyJson,
+                    &cli.model,
+                    &out.value,
+                    &out.metrics,
+                )?;
                 out.metrics
             } else {
                 let mut out = pipe.classify(&refs)?;
                 for labels in &mut out.value {
                     labels.truncate(top_k.max(1));
                 }
-                println!("{}", serde_json::to_string_pretty(&out.value)?);
+                output::emit(
+                    cli.format,
+                    Native::PrettyJson,
+                    &cli.model,
+                    &out.value,
+                    &out.metrics,
+                )?;
                 out.metrics
             }
         }
         Command::Qa { question, context } => {
             let out = pipe.answer(&question, &context)?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            output::emit(
+                cli.format,
+                Native::PrettyJson,
+                &cli.model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         _ => unreachable!("handled above"),
@@ -545,15 +581,26 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         stop_at_eos: !ignore_eos,
     };
     let stdout = std::io::stdout();
+    // JSON is one document at the end; text is streamed as it is generated.
+    let stream = cli.format != output::Format::Json;
     let out = generator.generate(&prompt, &options, |piece| {
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(piece.as_bytes());
-        let _ = lock.flush();
+        if stream {
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(piece.as_bytes());
+            let _ = lock.flush();
+        }
     })?;
     // stdout carries exactly the generated text; a terminal also gets a final newline.
-    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    if stream && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
         println!();
     }
+    output::emit(
+        cli.format,
+        Native::Printed,
+        &cli.model,
+        &out.value,
+        &out.metrics,
+    )?;
     if cli.metrics {
         let m = &out.metrics;
         print_metrics(m, &cli.model);

@@ -5,6 +5,7 @@ use anyhow::Context;
 use ipfs_accelerate::core::Selection;
 use ipfs_accelerate::{LoadOptions, Metrics};
 
+use crate::output::{emit, Format, Native};
 use crate::{backend_list, print_metrics, quantization, Cli, Command};
 
 fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
@@ -54,11 +55,12 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             if out.value.truncated {
                 eprintln!("note: the audio is longer than the model's window and was cut");
             }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&out.value)?);
+            let native = if json {
+                Native::PrettyJson
             } else {
-                println!("{}", out.value.text);
-            }
+                Native::Lines(vec![out.value.text.clone()])
+            };
+            emit(cli.format, native, &model, &out.value, &out.metrics)?;
             out.metrics
         }
         Command::T2t {
@@ -73,9 +75,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(t5.weights());
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let out = t5.generate(&refs, max_new_tokens)?;
-            for line in &out.value {
-                println!("{line}");
-            }
+            let lines = Native::Lines(out.value.clone());
+            emit(cli.format, lines, &model, &out.value, &out.metrics)?;
             out.metrics
         }
         Command::ClassifyImage { files, top_k } => {
@@ -84,7 +85,13 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             report_skipped(vit.selection());
             weights = Some(vit.weights());
             let out = vit.classify_files(&files, top_k)?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            emit(
+                cli.format,
+                Native::PrettyJson,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         Command::ZeroShot {
@@ -99,7 +106,13 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let images = ipfs_accelerate::vision::load_images(&files)?;
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = clip.classify(&images, &refs, &template)?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            emit(
+                cli.format,
+                Native::PrettyJson,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         Command::Detect {
@@ -116,7 +129,13 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(detr.weights());
             let images = ipfs_accelerate::vision::load_images(&files)?;
             let out = detr.detect(&images, threshold)?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            emit(
+                cli.format,
+                Native::PrettyJson,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             if let Some(path) = draw {
                 crate::draw::boxes(&images[0], &out.value[0], &path)?;
                 eprintln!("wrote {}", path.display());
@@ -134,12 +153,24 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             report_skipped(llava.selection());
             weights = Some(llava.weights());
             let stdout = std::io::stdout();
+            let stream = cli.format != Format::Json;
             let out = llava.describe(&files, &prompt, max_new_tokens, |piece| {
-                let mut lock = stdout.lock();
-                let _ = lock.write_all(piece.as_bytes());
-                let _ = lock.flush();
+                if stream {
+                    let mut lock = stdout.lock();
+                    let _ = lock.write_all(piece.as_bytes());
+                    let _ = lock.flush();
+                }
             })?;
-            println!();
+            if stream {
+                println!();
+            }
+            emit(
+                cli.format,
+                Native::Printed,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         Command::ClassifyVideo {
@@ -153,7 +184,13 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(xclip.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = xclip.classify(&frames, &refs, &template)?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            emit(
+                cli.format,
+                Native::PrettyJson,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         Command::ClassifyAudio {
@@ -169,7 +206,13 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let out = clap
                 .classify(&file, &refs, &template)
                 .with_context(|| format!("classifying {}", file.display()))?;
-            println!("{}", serde_json::to_string_pretty(&out.value)?);
+            emit(
+                cli.format,
+                Native::PrettyJson,
+                &model,
+                &out.value,
+                &out.metrics,
+            )?;
             out.metrics
         }
         _ => unreachable!("dispatched to the task commands only"),

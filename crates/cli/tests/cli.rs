@@ -260,3 +260,38 @@ fn help_separates_global_options_and_shows_honest_defaults() {
     let options = help.split("Global options:").next().unwrap();
     assert!(!options.contains("--quantize"), "{help}");
 }
+
+/// `--format json` prints one document with the result and the metrics; `--format text` one line
+/// per item.
+#[test]
+fn format_json_and_text() {
+    let out = run_ok(&["embed", "--format", "json", "one", "two"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "embedded");
+    assert_eq!(doc["result"].as_array().unwrap().len(), 2);
+    assert!(doc["metrics"]["total_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(doc["metrics"]["items"], 2);
+    let out = run_ok(&["embed", "--format", "text", "one", "two"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0].split(' ').count(), 384);
+    let Some(gguf) = smollm2() else { return };
+    let out = run_ok(&[
+        "generate",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--max-new-tokens",
+        "4",
+        "--format",
+        "json",
+        "The capital of France is",
+    ]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["result"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with(" Paris"));
+    assert_eq!(doc["result"]["token_ids"].as_array().unwrap().len(), 4);
+    assert!(doc["metrics"]["backend"].is_string());
+}
