@@ -1026,19 +1026,26 @@ fn generation_svg(
     if ttft.is_empty() && rate.is_empty() {
         return Ok(None);
     }
+    two_panels(
+        (&format!("{title}: time to first token"), "ms", &ttft),
+        ("decode", "tokens/s", &rate),
+        colours,
+    )
+}
+
+/// One plot of two bar panels side by side, each `(title, unit, bars)`.
+fn two_panels(
+    left: (&str, &str, &Bars<'_>),
+    right: (&str, &str, &Bars<'_>),
+    colours: &HashMap<String, RGBColor>,
+) -> PlotResult<Option<String>> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (PLOT_WIDTH, PLOT_HEIGHT)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (left, right) = root.split_horizontally(PLOT_WIDTH / 2);
-        draw_bars(
-            &left,
-            &format!("{title}: time to first token"),
-            "ms",
-            &ttft,
-            colours,
-        )?;
-        draw_bars(&right, "decode", "tokens/s", &rate, colours)?;
+        let (l, r) = root.split_horizontally(PLOT_WIDTH / 2);
+        draw_bars(&l, left.0, left.1, left.2, colours)?;
+        draw_bars(&r, right.0, right.1, right.2, colours)?;
         root.present()?;
     }
     Ok(Some(svg))
@@ -1056,22 +1063,11 @@ fn memory_svg(
     if host.is_empty() && device.is_empty() {
         return Ok(None);
     }
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (PLOT_WIDTH, PLOT_HEIGHT)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let (left, right) = root.split_horizontally(PLOT_WIDTH / 2);
-        draw_bars(
-            &left,
-            &format!("{title}: host RSS peak"),
-            "MiB",
-            &host,
-            colours,
-        )?;
-        draw_bars(&right, "device memory", "MiB", &device, colours)?;
-        root.present()?;
-    }
-    Ok(Some(svg))
+    two_panels(
+        (&format!("{title}: host RSS peak"), "MiB", &host),
+        ("device memory", "MiB", &device),
+        colours,
+    )
 }
 
 fn push_speedups(html: &mut String, group: &[&Measurement], with_dtype: bool) {

@@ -455,39 +455,18 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             if tokens {
                 let out = pipe.classify_tokens(&refs)?;
-                output::emit(
-                    cli.format,
-                    Native::PrettyJson,
-                    &cli.model,
-                    &out.value,
-                    &out.metrics,
-                )?;
-                out.metrics
+                output::emit_output(cli.format, Native::PrettyJson, &cli.model, out)?
             } else {
                 let mut out = pipe.classify(&refs)?;
                 for labels in &mut out.value {
                     labels.truncate(top_k.max(1));
                 }
-                output::emit(
-                    cli.format,
-                    Native::PrettyJson,
-                    &cli.model,
-                    &out.value,
-                    &out.metrics,
-                )?;
-                out.metrics
+                output::emit_output(cli.format, Native::PrettyJson, &cli.model, out)?
             }
         }
         Command::Qa { question, context } => {
             let out = pipe.answer(&question, &context)?;
-            output::emit(
-                cli.format,
-                Native::PrettyJson,
-                &cli.model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            output::emit_output(cli.format, Native::PrettyJson, &cli.model, out)?
         }
         _ => unreachable!("handled above"),
     };

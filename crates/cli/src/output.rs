@@ -1,7 +1,7 @@
 //! How every command prints its result (`--format`): the command's own form, one JSON document
 //! with the metrics, or plain text lines.
 
-use ipfs_accelerate::Metrics;
+use ipfs_accelerate::{Metrics, Output};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -84,6 +84,17 @@ pub(crate) fn emit(
         },
     }
     Ok(())
+}
+
+/// [`emit`] of a task's output; returns its metrics.
+pub(crate) fn emit_output<T: Serialize>(
+    format: Format,
+    native: Native,
+    model: &str,
+    out: Output<T>,
+) -> anyhow::Result<Metrics> {
+    emit(format, native, model, &out.value, &out.metrics)?;
+    Ok(out.metrics)
 }
 
 /// One scalar as text.

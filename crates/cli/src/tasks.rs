@@ -5,7 +5,7 @@ use anyhow::Context;
 use ipfs_accelerate::core::Selection;
 use ipfs_accelerate::{LoadOptions, Metrics};
 
-use crate::output::{emit, Format, Native};
+use crate::output::{emit, emit_output, Format, Native};
 use crate::{backend_list, print_metrics, quantization, Cli, Command};
 
 fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
@@ -85,14 +85,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             report_skipped(vit.selection());
             weights = Some(vit.weights());
             let out = vit.classify_files(&files, top_k)?;
-            emit(
-                cli.format,
-                Native::PrettyJson,
-                &model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            emit_output(cli.format, Native::PrettyJson, &model, out)?
         }
         Command::ZeroShot {
             files,
@@ -106,14 +99,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let images = ipfs_accelerate::vision::load_images(&files)?;
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = clip.classify(&images, &refs, &template)?;
-            emit(
-                cli.format,
-                Native::PrettyJson,
-                &model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            emit_output(cli.format, Native::PrettyJson, &model, out)?
         }
         Command::Detect {
             files,
@@ -164,14 +150,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             if stream {
                 println!();
             }
-            emit(
-                cli.format,
-                Native::Printed,
-                &model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            emit_output(cli.format, Native::Printed, &model, out)?
         }
         Command::ClassifyVideo {
             frames,
@@ -184,14 +163,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(xclip.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = xclip.classify(&frames, &refs, &template)?;
-            emit(
-                cli.format,
-                Native::PrettyJson,
-                &model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            emit_output(cli.format, Native::PrettyJson, &model, out)?
         }
         Command::ClassifyAudio {
             file,
@@ -206,14 +178,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let out = clap
                 .classify(&file, &refs, &template)
                 .with_context(|| format!("classifying {}", file.display()))?;
-            emit(
-                cli.format,
-                Native::PrettyJson,
-                &model,
-                &out.value,
-                &out.metrics,
-            )?;
-            out.metrics
+            emit_output(cli.format, Native::PrettyJson, &model, out)?
         }
         _ => unreachable!("dispatched to the task commands only"),
     };

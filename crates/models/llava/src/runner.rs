@@ -292,11 +292,7 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         max_new_tokens: usize,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
-        let ids_t = inputs
-            .get("input_ids")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        token_matrix("input_ids", ids_t)?;
-        let ids = ids_t.to_i64_vec()?;
+        let (_, _, ids) = input_ids(inputs)?;
         check_vocab("input_ids", &ids, self.config().text_config.vocab_size)?;
         let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
         let rows = self.generate_with(
@@ -311,11 +307,7 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let ids_t = inputs
-            .get("input_ids")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
-        let [batch, seq] = token_matrix("input_ids", ids_t)?;
-        let ids = ids_t.to_i64_vec()?;
+        let (ids_t, [batch, seq], ids) = input_ids(inputs)?;
         let mask = same_shape_ids(inputs, "attention_mask", ids_t)?;
         let tokens = PromptTokens {
             ids: &ids,
@@ -339,6 +331,15 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         }
         Ok(map)
     }
+}
+
+/// The input `input_ids` `[batch, seq]`: the tensor, its shape and its values.
+fn input_ids(inputs: &TensorMap) -> Result<(&HostTensor, [usize; 2], Vec<i64>)> {
+    let ids = inputs
+        .get("input_ids")
+        .ok_or_else(|| Error::InvalidInput("missing input `input_ids`".into()))?;
+    let shape = token_matrix("input_ids", ids)?;
+    Ok((ids, shape, ids.to_i64_vec()?))
 }
 
 /// The object-safe image-to-text interface of a loaded LLaVA / LLaVA-NeXT, whatever backend it

@@ -308,6 +308,17 @@ fn int_rows(inputs: &TensorMap, name: &str, batch: usize) -> Result<Option<(Vec<
     }
 }
 
+impl<B: Backend> WhisperRunner<B> {
+    /// The encoder output of the input `input_features` `[batch, mels, frames]`.
+    fn encode_inputs(&self, inputs: &TensorMap) -> Result<Tensor<B, 3>> {
+        let features = inputs
+            .get("input_features")
+            .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
+        self.model
+            .encode(float_from_host::<B, 3>(features, &self.device)?)
+    }
+}
+
 impl<B: Backend> ModelRunner for WhisperRunner<B> {
     fn family(&self) -> &str {
         WhisperFamily::NAME
@@ -327,12 +338,7 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
         max_new_tokens: usize,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
-        let features = inputs
-            .get("input_features")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
-        let encoder = self
-            .model
-            .encode(float_from_host::<B, 3>(features, &self.device)?)?;
+        let encoder = self.encode_inputs(inputs)?;
         let prompts = vec![vec![self.model.config().decoder_start_token_id]];
         let rows = self.model.generate_from_encoder(
             encoder,
@@ -346,12 +352,7 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let features = inputs
-            .get("input_features")
-            .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
-        let encoder = self
-            .model
-            .encode(float_from_host::<B, 3>(features, &self.device)?)?;
+        let encoder = self.encode_inputs(inputs)?;
         let batch = encoder.dims()[0];
         let mut out = TensorMap::new();
         if let Some((ids, len)) = int_rows(inputs, "decoder_input_ids", batch)? {
