@@ -502,7 +502,7 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         );
     }
     let backends = backend_list(&cli)?;
-    let quantize = cli.quantize.clone();
+    let quantization = quantization(&cli)?;
     let Command::Generate {
         prompt,
         max_new_tokens,
@@ -531,14 +531,17 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
     } else {
         prompt
     };
-    let mut generator = TextGenerator::load(&cli.model, backends, cli.offline)
+    let options = ipfs_accelerate::LoadOptions {
+        backends,
+        offline: cli.offline,
+        quantization,
+        share_weights: false,
+        precision: cli.precision,
+    };
+    let generator = TextGenerator::load(&cli.model, &options)
         .with_context(|| format!("loading {}", cli.model))?;
     // As kept (a GGUF's blocks on the CPU, or quantized as asked) and as f32.
-    let mut weights = (generator.float_weight_bytes(), generator.weight_bytes());
-    if let Some(q) = quantize {
-        let q: ipfs_accelerate::text::WeightQuantization = q.parse()?;
-        weights.1 = generator.quantize(q).context("quantizing the weights")?.1;
-    }
+    let weights = (generator.float_weight_bytes(), generator.weight_bytes());
     for s in &generator.selection().skipped {
         eprintln!("note: skipped backend {}: {}", s.kind, s.reason);
     }

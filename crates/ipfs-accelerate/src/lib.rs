@@ -81,3 +81,9 @@ pub mod prelude {
     #[cfg(feature = "bert")]
     pub use crate::{Pipeline, Task};
 }
+
+/// The README's Rust examples, compiled as doctests (`cargo test --doc`) so they stay in step
+/// with the API.
+#[cfg(all(doctest, feature = "default"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

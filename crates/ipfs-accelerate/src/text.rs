@@ -160,9 +160,32 @@ fn tokenizer_err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl TextGenerator {
-    /// Loads `model` — a `.gguf` file, a checkpoint folder or a hub id — on the first usable backend
-    /// of `backends` (`None`: the default preferences, `IPFS_ACCELERATE_BACKENDS` honoured).
-    pub fn load(model: &str, backends: Option<Vec<BackendKind>>, offline: bool) -> Result<Self> {
+    /// Loads `model` — a `.gguf` file, a checkpoint folder or a hub id — with `options` as every
+    /// task type takes them: the first usable of `options.backends` (`None`: the default
+    /// preferences, `IPFS_ACCELERATE_BACKENDS` honoured), `offline`, and `quantization` applied
+    /// while loading (each linear weight goes from the file to int8 / int4 blocks as it is read,
+    /// never a whole f32 copy of the model). Generation computes in f32:
+    /// another `precision` is an [`Error::Unsupported`].
+    ///
+    /// ```no_run
+    /// use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
+    /// use ipfs_accelerate::LoadOptions;
+    ///
+    /// # fn main() -> ipfs_accelerate::Result<()> {
+    /// let generator = TextGenerator::load("SmolLM2-135M-Instruct.Q4_1.gguf", &LoadOptions::default())?;
+    /// let out = generator.generate("The capital of France is", &GenerateOptions::default(), |t| print!("{t}"))?;
+    /// println!("\n{:.1} tokens/s", out.value.decode_tokens_per_s);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn load(model: &str, options: &crate::LoadOptions) -> Result<Self> {
+        if options.precision != Precision::F32 {
+            return Err(Error::Unsupported(format!(
+                "generation computes in f32 in this build (asked: {})",
+                options.precision
+            )));
+        }
+        let (backends, offline) = (options.backends.clone(), options.offline);
         let mut clock = Stopwatch::start();
         let preferences = resolve_preferences(backends, true)?;
         let path = Path::new(model);
@@ -227,9 +250,14 @@ impl TextGenerator {
                 eos,
             )
         };
-        let (model_box, selection) = load_on_first_usable(&preferences, Precision::F32, || {
-            LoadLlama { source: &source }
-        })?;
+        // The load scope quantizes each linear weight as it is read (a GGUF's blocks through
+        // f32 one tensor at a time).
+        let ((model_box, _), selection) =
+            load_on_first_usable(&preferences, Precision::F32, || crate::loaded::Scoped {
+                work: LoadLlama { source: &source },
+                quantization: options.quantization,
+                share: options.share_weights,
+            })?;
         Ok(TextGenerator {
             model: model_box,
             tokenizer,

@@ -107,15 +107,7 @@ impl Engine {
                 Engine::Encoder(builder.build()?)
             }
             ModelKind::Generator => {
-                let mut generator = ipfs_accelerate::text::TextGenerator::load(
-                    source,
-                    options.backends.clone(),
-                    options.offline,
-                )?;
-                if options.quantization != ipfs_accelerate::WeightQuantization::None {
-                    generator.quantize(options.quantization)?;
-                }
-                Engine::Generator(generator)
+                Engine::Generator(ipfs_accelerate::text::TextGenerator::load(source, options)?)
             }
             ModelKind::Speech => {
                 Engine::Speech(ipfs_accelerate::speech::Transcriber::load(source, options)?)

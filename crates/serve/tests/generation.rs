@@ -60,7 +60,15 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
     let client = reqwest::Client::new();
 
     // Greedy completion = the library's greedy text for the same prompt.
-    let generator = TextGenerator::load(&gguf, Some(vec![BackendKind::Cpu]), true).unwrap();
+    let generator = TextGenerator::load(
+        &gguf,
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            offline: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let expected = generator
         .generate(
             "The capital of France is",
