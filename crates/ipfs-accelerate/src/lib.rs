@@ -59,11 +59,11 @@ pub use backends::{
     kernel_fusion, parse_switch, selector, set_kernel_fusion, CUBLAS_ENV, FUSION_ENV, TF32_ENV,
 };
 pub use error::{Error, Result};
-pub use loaded::{checkpoint_model_type, LabelScore, LoadOptions, Output};
+pub use loaded::{checkpoint_model_type, Label, LoadOptions, Output};
 #[cfg(feature = "bert")]
 pub use pipeline::{
-    calibration_lines, Answer, CalibrationReport, Label, Pipeline, PipelineBuilder, Task,
-    TokenLabel, DEFAULT_CALIBRATION_TEXT,
+    calibration_lines, Answer, CalibrationReport, Pipeline, PipelineBuilder, Task, TokenLabel,
+    DEFAULT_CALIBRATION_TEXT,
 };
 
 pub use ipfs_accelerate_core as core;

@@ -137,28 +137,33 @@ pub(crate) fn model_type(dir: &Path) -> Result<String> {
         .to_string())
 }
 
-/// One label's probability.
+/// A label with its probability: the one label type of every classifying task (text, image,
+/// zero-shot image / video / audio).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct LabelScore {
-    /// The label as given.
+pub struct Label {
+    /// The label: the checkpoint's `id2label` name, or the candidate as given (zero-shot).
     pub label: String,
-    /// Softmax probability over the given labels.
+    /// Softmax probability (over the checkpoint's classes, or over the given candidates).
     pub score: f32,
+    /// The class index in the checkpoint's `id2label`; `None` for zero-shot candidates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
 }
 
 /// Each row of probabilities (one per label, in `labels` order) as labels sorted by score, most
 /// likely first.
 #[allow(dead_code)] // used by the zero-shot families that are compiled in
-pub(crate) fn rank_labels(labels: &[&str], probs: Vec<Vec<f32>>) -> Vec<Vec<LabelScore>> {
+pub(crate) fn rank_labels(labels: &[&str], probs: Vec<Vec<f32>>) -> Vec<Vec<Label>> {
     probs
         .into_iter()
         .map(|row| {
-            let mut scored: Vec<LabelScore> = labels
+            let mut scored: Vec<Label> = labels
                 .iter()
                 .zip(row)
-                .map(|(l, score)| LabelScore {
+                .map(|(l, score)| Label {
                     label: l.to_string(),
                     score,
+                    index: None,
                 })
                 .collect();
             scored.sort_by(|a, b| b.score.total_cmp(&a.score));

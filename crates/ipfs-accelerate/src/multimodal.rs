@@ -16,7 +16,7 @@
 #[allow(unused_imports)]
 use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
 #[cfg(any(feature = "xclip", feature = "clap"))]
-use crate::loaded::{encode_labels, rank_labels, LabelScore};
+use crate::loaded::{encode_labels, rank_labels, Label};
 #[allow(unused_imports)]
 use crate::{Error, Output, Result};
 #[allow(unused_imports)]
@@ -211,7 +211,7 @@ mod video {
             frames: &[P],
             labels: &[&str],
             template: &str,
-        ) -> Result<Output<Vec<LabelScore>>> {
+        ) -> Result<Output<Vec<Label>>> {
             self.inner.timed(
                 1,
                 || {
@@ -271,7 +271,7 @@ mod audio {
             wav: impl AsRef<Path>,
             labels: &[&str],
             template: &str,
-        ) -> Result<Output<Vec<LabelScore>>> {
+        ) -> Result<Output<Vec<Label>>> {
             self.inner.timed(
                 1,
                 || {

@@ -18,7 +18,7 @@ use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
-use crate::loaded::{Calibrated, Output, Scoped};
+use crate::loaded::{Calibrated, Label, Output, Scoped};
 use crate::{Error, Result};
 
 /// The built-in calibration corpus ([`PipelineBuilder::calibrate_default`]): 146 short English
@@ -351,15 +351,6 @@ pub struct Pipeline {
     first_call: std::sync::atomic::AtomicBool,
 }
 
-/// A label with its probability.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Label {
-    /// Name from the config's `id2label`.
-    pub label: String,
-    /// Softmax probability.
-    pub score: f32,
-}
-
 /// An extracted answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Answer {
@@ -617,6 +608,7 @@ impl Pipeline {
             .map(|(i, score)| Label {
                 label: config.label(i),
                 score,
+                index: Some(i),
             })
             .collect();
         labels.sort_by(|a, b| b.score.total_cmp(&a.score));

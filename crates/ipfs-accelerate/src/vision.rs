@@ -23,7 +23,7 @@ use ipfs_accelerate_preprocess::image::{
 };
 
 #[cfg(feature = "clip")]
-use crate::loaded::{clip_text, encode_labels, rank_labels, LabelScore};
+use crate::loaded::{clip_text, encode_labels, rank_labels, Label};
 use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
@@ -78,12 +78,12 @@ fn preprocess(processor: &ImageProcessor, images: &[RgbImage]) -> Result<Process
 #[cfg(feature = "vit")]
 pub use classify::ImageClassifier;
 #[cfg(feature = "vit")]
-pub use ipfs_accelerate_vit::Prediction;
-
 #[cfg(feature = "vit")]
 mod classify {
     use super::*;
-    use ipfs_accelerate_vit::{Prediction, VitRunner, VitTasks};
+    use ipfs_accelerate_vit::{VitRunner, VitTasks};
+
+    use crate::loaded::Label;
 
     dir_loader!(
         /// Loads a ViT checkpoint folder.
@@ -112,12 +112,25 @@ mod classify {
             &self,
             images: &[RgbImage],
             top_k: usize,
-        ) -> Result<Output<Vec<Vec<Prediction>>>> {
+        ) -> Result<Output<Vec<Vec<Label>>>> {
             self.inner.timed(
                 images.len(),
                 || preprocess(&self.processor, images),
                 |m, p| Ok(m.classify(&p.pixel_values, top_k.max(1))?),
-                Ok,
+                |rows| {
+                    Ok(rows
+                        .into_iter()
+                        .map(|row| {
+                            row.into_iter()
+                                .map(|p| Label {
+                                    label: p.label,
+                                    score: p.score,
+                                    index: Some(p.index),
+                                })
+                                .collect()
+                        })
+                        .collect())
+                },
             )
         }
 
@@ -126,7 +139,7 @@ mod classify {
             &self,
             paths: &[P],
             top_k: usize,
-        ) -> Result<Output<Vec<Vec<Prediction>>>> {
+        ) -> Result<Output<Vec<Vec<Label>>>> {
             self.classify(&load_images(paths)?, top_k)
         }
     }
@@ -177,7 +190,7 @@ mod zero_shot {
             images: &[RgbImage],
             labels: &[&str],
             template: &str,
-        ) -> Result<Output<Vec<Vec<LabelScore>>>> {
+        ) -> Result<Output<Vec<Vec<Label>>>> {
             self.inner.timed(
                 images.len(),
                 || {
