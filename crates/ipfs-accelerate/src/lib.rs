@@ -62,8 +62,8 @@ pub use error::{Error, Result};
 pub use loaded::{checkpoint_model_type, Label, LoadOptions, Output};
 #[cfg(feature = "bert")]
 pub use pipeline::{
-    calibration_lines, Answer, CalibrationReport, Pipeline, PipelineBuilder, Task, TokenLabel,
-    DEFAULT_CALIBRATION_TEXT,
+    calibration_lines, Answer, CalibrationReport, Pipeline, PipelineBuilder, Pooling, Task,
+    TokenLabel, DEFAULT_CALIBRATION_TEXT,
 };
 
 pub use ipfs_accelerate_core as core;

@@ -5,7 +5,7 @@
 //! (the fixture exports have no past-key-value inputs).
 //!
 //! With the `webnn` feature the same exports also run in a headless browser on onnxruntime-web
-//! (`BackendKind::Browser`: WebNN, WebGPU, wasm), through [`OnnxRunner::load_browser`].
+//! (`BackendKind::Browser`: WebNN, WebGPU, wasm), through `OnnxRunner::load_browser` (feature `webnn`).
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;

@@ -4,7 +4,7 @@ use ipfs_accelerate_core::JsonConfig;
 use std::time::Duration;
 
 use ipfs_accelerate_bert::{
-    tasks::{best_span, softmax, Pooling, Span},
+    tasks::{best_span, softmax, Span},
     BertConfig, BertHead, BertInputs, BertRunner, BertTasks, HostLogits,
 };
 use ipfs_accelerate_core::{
@@ -15,6 +15,10 @@ use ipfs_accelerate_nn::gptq::GptqOptions;
 use ipfs_accelerate_nn::weights::{LoadedWeights, WeightStats};
 use ipfs_accelerate_nn::WeightQuantization;
 use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
+
+/// How token vectors become one sentence vector ([`Pipeline::pooling`]; read from
+/// sentence-transformers' `1_Pooling/config.json`).
+pub use ipfs_accelerate_bert::tasks::Pooling;
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};

@@ -16,7 +16,10 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{Selection, Stopwatch};
-use ipfs_accelerate_preprocess::audio::{read_wav, Audio};
+use ipfs_accelerate_preprocess::audio::read_wav;
+/// Mono PCM at a sample rate: what [`Transcriber::transcribe`] takes (re-exported: in-memory
+/// audio needs no other crate).
+pub use ipfs_accelerate_preprocess::audio::Audio;
 
 use crate::loaded::{dir_loader, model_dir, model_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};

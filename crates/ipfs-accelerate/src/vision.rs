@@ -18,8 +18,7 @@
 use std::path::Path;
 
 use ipfs_accelerate_preprocess::image::{
-    load_image, ImageProcessor, ImageProcessorConfig, ProcessedImages, ProcessorKind, RgbImage,
-    SizeRule,
+    load_image, ImageProcessor, ImageProcessorConfig, ProcessedImages, ProcessorKind, SizeRule,
 };
 
 #[cfg(feature = "clip")]
@@ -51,6 +50,10 @@ pub(crate) fn image_processor(
     }
     Ok(ImageProcessor::new(config))
 }
+
+/// The decoded image type every vision task takes (re-exported: in-memory images need no
+/// other crate).
+pub use ipfs_accelerate_preprocess::image::RgbImage;
 
 /// Decodes image files (PNG / JPEG; grayscale, RGBA and 16-bit are converted to RGB).
 pub fn load_images<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<RgbImage>> {
