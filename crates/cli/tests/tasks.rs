@@ -252,6 +252,45 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
     assert_eq!(labels[0]["label"], direct[0][0].label);
     assert!((labels[0]["score"].as_f64().unwrap() - f64::from(direct[0][0].score)).abs() < 1e-6);
     run_fails(&["zero-shot", "--model", c, "--labels", ",", img], "labels");
+    // Image search with CLIP's embeddings: zero-shot's probabilities are softmax(scale · cosine)
+    // of the same image and text embeddings.
+    let texts = ["w4", "w9 w10", "w20"];
+    let image_embeds = zs.embed_images(&images).unwrap().value;
+    let text_embeds = zs.embed_texts(&texts).unwrap().value;
+    assert_eq!((image_embeds.len(), text_embeds.len()), (1, 3));
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
+        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        dot / (norm(a) * norm(b))
+    };
+    let cos: Vec<f64> = text_embeds
+        .iter()
+        .map(|t| cosine(&image_embeds[0], t))
+        .collect();
+    let prob = |l: &str| f64::from(direct[0].iter().find(|x| x.label == l).unwrap().score);
+    let probs: Vec<f64> = texts.iter().map(|l| prob(l)).collect();
+    let (hi, lo) = (0..3).fold((0, 0), |(hi, lo), i| {
+        (
+            if cos[i] > cos[hi] { i } else { hi },
+            if cos[i] < cos[lo] { i } else { lo },
+        )
+    });
+    assert!(
+        cos[hi] - cos[lo] > 1e-3,
+        "the labels' cosines do not differ: {cos:?}"
+    );
+    let scale = (probs[hi].ln() - probs[lo].ln()) / (cos[hi] - cos[lo]);
+    let z: f64 = cos.iter().map(|c| (scale * c).exp()).sum();
+    for (c, p) in cos.iter().zip(&probs) {
+        assert!(
+            ((scale * c).exp() / z - p).abs() < 1e-3,
+            "{cos:?} {probs:?}"
+        );
+    }
 
     let detr = fixture_copy(&shared, "detr", "object_detection");
     let drawn = tempfile::tempdir().unwrap();
@@ -434,6 +473,19 @@ fn describe_image_classify_video_and_classify_audio() {
         .value;
     assert_eq!(out[0]["label"], direct[0].label);
     assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
+    // CLAP's embeddings: the label zero-shot ranks first has the larger cosine with the audio.
+    let audio = classifier.embed_audio(&wav).unwrap().value;
+    let texts = classifier
+        .embed_texts(&["w5 w10", "w5 w11 w12"])
+        .unwrap()
+        .value;
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        dot / (a.iter().map(|x| x * x).sum::<f32>() * b.iter().map(|x| x * x).sum::<f32>()).sqrt()
+    };
+    let (c0, c1) = (cosine(&audio, &texts[0]), cosine(&audio, &texts[1]));
+    let top = if c0 > c1 { "w10" } else { "w11 w12" };
+    assert_eq!(direct[0].label, top, "cosines {c0} {c1}");
     // A PNG is not a WAV.
     run_fails(
         &["classify-audio", "--model", c, "--labels", "w10", img],

@@ -283,5 +283,27 @@ mod audio {
                 |probs| Ok(rank_labels(labels, probs).pop().unwrap_or_default()),
             )
         }
+
+        /// CLAP's audio embedding of a WAV file (HF's `get_audio_features`: projected, not
+        /// normalised; the first window of a long file).
+        pub fn embed_audio(&self, wav: impl AsRef<Path>) -> Result<Output<Vec<f32>>> {
+            self.inner.timed(
+                1,
+                || Ok(self.inner.model.wav_features(wav.as_ref())?),
+                |m, features| Ok(m.audio_embeds(&features)?),
+                |mut rows| Ok(rows.pop().unwrap_or_default()),
+            )
+        }
+
+        /// CLAP's text embeddings, one per text (HF's `get_text_features`: projected, not
+        /// normalised).
+        pub fn embed_texts(&self, texts: &[&str]) -> Result<Output<Vec<Vec<f32>>>> {
+            self.inner.timed(
+                texts.len(),
+                || Ok(encode_labels(&self.tokenizer, texts, "{}")?),
+                |m, text| Ok(m.text_embeds(&text)?),
+                Ok,
+            )
+        }
     }
 }

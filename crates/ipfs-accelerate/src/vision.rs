@@ -204,6 +204,29 @@ mod zero_shot {
                 |probs| Ok(rank_labels(labels, probs)),
             )
         }
+
+        /// CLIP's image embeddings, one per image: HF's `get_image_features` (the projected
+        /// vision output, not normalised) — image search compares them with
+        /// [`embed_texts`](Self::embed_texts) by cosine similarity.
+        pub fn embed_images(&self, images: &[RgbImage]) -> Result<Output<Vec<Vec<f32>>>> {
+            self.inner.timed(
+                images.len(),
+                || preprocess(&self.processor, images),
+                |m, p| Ok(m.image_embeds(&p.pixel_values)?),
+                Ok,
+            )
+        }
+
+        /// CLIP's text embeddings, one per text: HF's `get_text_features` (projected, not
+        /// normalised).
+        pub fn embed_texts(&self, texts: &[&str]) -> Result<Output<Vec<Vec<f32>>>> {
+            self.inner.timed(
+                texts.len(),
+                || Ok(clip_text(encode_labels(&self.tokenizer, texts, "{}")?)),
+                |m, text| Ok(m.text_embeds(&text)?),
+                Ok,
+            )
+        }
     }
 }
 
