@@ -300,7 +300,7 @@ mod audio {
         pub fn embed_texts(&self, texts: &[&str]) -> Result<Output<Vec<Vec<f32>>>> {
             self.inner.timed(
                 texts.len(),
-                || Ok(encode_labels(&self.tokenizer, texts, "{}")?),
+                || encode_labels(&self.tokenizer, texts, "{}"),
                 |m, text| Ok(m.text_embeds(&text)?),
                 Ok,
             )
