@@ -22,7 +22,12 @@
 //! # }
 //! ```
 //!
-//! Features pick what is compiled in: backends (`cpu` by default) and families (`bert`).
+//! Features pick what is compiled in: backends (`cpu`, `onnx` — ONNX Runtime with the OpenVINO
+//! provider —, `webnn`, `cuda`, `rocm`, `metal`, `wgpu`), the 13 families (`bert`, `llama`,
+//! `qwen2`, `t5`, `whisper`, `wav2vec2`, `vit`, `clip`, `detr`, `clap`, `xclip`, `llava`,
+//! `llava_next`), `hub` (downloads) and `embedded-default` (the built-in MiniLM). On docs.rs each
+//! item says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // A build with some families leaves helpers of the others unused; the default build (linted
 // with -D warnings) has them all.
