@@ -28,7 +28,6 @@
 //! `llava_next`), `hub` (downloads) and `embedded-default` (the built-in MiniLM). On docs.rs each
 //! item says which feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 // A build with some families leaves helpers of the others unused; the default build (linted
 // with -D warnings) has them all.
 #![cfg_attr(

@@ -83,9 +83,23 @@ pub struct PipelineBuilder {
     calibration: Option<Vec<String>>,
     gptq: GptqOptions,
     precision: Precision,
+    batch_size: usize,
 }
 
+/// The default number of texts per forward of [`Pipeline::embed`] / [`Pipeline::classify`]
+/// (sentence-transformers' default).
+pub const DEFAULT_BATCH_SIZE: usize = 32;
+
 impl PipelineBuilder {
+    /// Texts per forward pass (default [`DEFAULT_BATCH_SIZE`]): [`Pipeline::embed`] and
+    /// [`Pipeline::classify`] sort a larger input by length, run it in chunks of this many (so
+    /// short texts are not padded to the longest one and memory stays bounded), and return the
+    /// results in the input's order. 0 counts as 1.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.max(1);
+        self
+    }
+
     /// Keep the linear layers' weights quantized in memory: `Int8 { block_size }` or
     /// `Int4 { block_size }` blocks (embeddings and norms stay float; a layer whose in-features
     /// are not a multiple of the block size stays float). Default: float.
@@ -274,6 +288,7 @@ impl PipelineBuilder {
             selection,
             init: clock.lap(),
             first_call: std::sync::atomic::AtomicBool::new(true),
+            batch_size: self.batch_size,
         })
     }
 }
@@ -353,6 +368,15 @@ pub struct Pipeline {
     selection: Selection,
     init: Duration,
     first_call: std::sync::atomic::AtomicBool,
+    batch_size: usize,
+}
+
+/// Items, tokens (with padding) and truncated inputs of a call.
+#[derive(Default)]
+struct Counts {
+    items: usize,
+    tokens: usize,
+    truncated: usize,
 }
 
 /// An extracted answer.
@@ -399,6 +423,7 @@ impl Pipeline {
             calibration: None,
             gptq: GptqOptions::default(),
             precision: Precision::F32,
+            batch_size: DEFAULT_BATCH_SIZE,
         }
     }
 
@@ -466,6 +491,23 @@ impl Pipeline {
         inf: Duration,
         post: Duration,
     ) -> Metrics {
+        let counts = Counts {
+            items: enc.batch,
+            tokens: enc.batch * enc.seq,
+            truncated: enc.truncated_count(),
+        };
+        self.metrics_of(clock, counts, pre, inf, post)
+    }
+
+    /// [`metrics`](Self::metrics) of a call that ran several chunks.
+    fn metrics_of(
+        &self,
+        clock: &Stopwatch,
+        counts: Counts,
+        pre: Duration,
+        inf: Duration,
+        post: Duration,
+    ) -> Metrics {
         let first = self
             .first_call
             .swap(false, std::sync::atomic::Ordering::Relaxed);
@@ -476,9 +518,9 @@ impl Pipeline {
             inference: inf,
             postprocess: post,
             total: clock.total(),
-            items: enc.batch,
-            tokens: enc.batch * enc.seq,
-            truncated: enc.truncated_count(),
+            items: counts.items,
+            tokens: counts.tokens,
+            truncated: counts.truncated,
             memory_bytes: self.hal.memory_in_use(),
         }
     }
@@ -487,18 +529,54 @@ impl Pipeline {
     /// config, mean by default), L2-normalised when `normalize`.
     pub fn embed(&self, texts: &[&str], normalize: bool) -> Result<Output<Vec<Vec<f32>>>> {
         let _span = tracing::info_span!("pipeline.run", task = "embed").entered();
-        let mut clock = Stopwatch::start();
-        let enc = self.tokenizer.encode_batch(texts)?;
-        let pre = clock.lap();
-        let vectors = self
-            .model
-            .embed(&to_inputs(&enc), self.pooling, normalize)?;
-        let inf = clock.lap();
-        let metrics = self.metrics(&clock, &enc, pre, inf, Duration::ZERO);
-        Ok(Output {
-            value: vectors,
-            metrics,
+        self.chunked(texts, |enc| {
+            self.model.embed(&to_inputs(enc), self.pooling, normalize)
         })
+    }
+
+    /// Runs `texts` through `forward` in chunks of the batch size, longest texts first (each
+    /// chunk padded to its own longest), and returns one result per text in the input's order
+    /// with the chunks' times and counts summed.
+    fn chunked<T>(
+        &self,
+        texts: &[&str],
+        mut forward: impl FnMut(&Encoded) -> ipfs_accelerate_core::Result<Vec<T>>,
+    ) -> Result<Output<Vec<T>>> {
+        let mut clock = Stopwatch::start();
+        if texts.is_empty() {
+            // The tokenizer's error for an empty batch.
+            self.tokenizer.encode_batch(texts)?;
+        }
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        if texts.len() > self.batch_size {
+            order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
+        }
+        let (mut pre, mut inf) = (Duration::ZERO, Duration::ZERO);
+        let mut counts = Counts::default();
+        let mut results: Vec<Option<T>> = (0..texts.len()).map(|_| None).collect();
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
+            let enc = self.tokenizer.encode_batch(&batch)?;
+            pre += clock.lap();
+            let out = forward(&enc)?;
+            inf += clock.lap();
+            counts.items += enc.batch;
+            counts.tokens += enc.batch * enc.seq;
+            counts.truncated += enc.truncated_count();
+            if out.len() != chunk.len() {
+                return Err(Error::Core(ipfs_accelerate_core::Error::Compute(format!(
+                    "{} results for a chunk of {} texts",
+                    out.len(),
+                    chunk.len()
+                ))));
+            }
+            for (&i, r) in chunk.iter().zip(out) {
+                results[i] = Some(r);
+            }
+        }
+        let value = results.into_iter().flatten().collect();
+        let metrics = self.metrics_of(&clock, counts, pre, inf, Duration::ZERO);
+        Ok(Output { value, metrics })
     }
 
     /// Tokenises with `encode`, runs the head, and times both (the device synchronised before the
@@ -519,20 +597,19 @@ impl Pipeline {
     /// Sequence classification: for each text, every label with its probability, best first.
     pub fn classify(&self, texts: &[&str]) -> Result<Output<Vec<Vec<Label>>>> {
         let _span = tracing::info_span!("pipeline.run", task = "classify").entered();
-        let mut clock = Stopwatch::start();
-        let (enc, logits, pre, inf) = self.timed_logits(&mut clock, |t| t.encode_batch(texts))?;
-        let HostLogits::Sequence { labels, data } = logits else {
-            return Err(Error::Unsupported(
-                "this checkpoint is not a sequence classifier".into(),
-            ));
-        };
-        let value = data
-            .chunks(labels.max(1))
-            .map(|row| self.ranked(row))
-            .collect();
-        let post = clock.lap();
-        let metrics = self.metrics(&clock, &enc, pre, inf, post);
-        Ok(Output { value, metrics })
+        self.chunked(texts, |enc| {
+            let logits = self.model.logits(&to_inputs(enc))?;
+            self.hal.synchronize()?;
+            let HostLogits::Sequence { labels, data } = logits else {
+                return Err(ipfs_accelerate_core::Error::InvalidInput(
+                    "this checkpoint is not a sequence classifier".into(),
+                ));
+            };
+            Ok(data
+                .chunks(labels.max(1))
+                .map(|row| self.ranked(row))
+                .collect())
+        })
     }
 
     /// Token classification: for each text, the best label of every (non-special) token.
