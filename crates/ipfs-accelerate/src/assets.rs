@@ -50,6 +50,19 @@ impl Assets {
         Ok(Assets::Files(resolve(spec, options)?))
     }
 
+    /// The local folder of the model's files (`None` for the embedded model).
+    #[allow(dead_code)] // used by the ONNX path of the pipeline
+    pub(crate) fn dir(&self) -> Option<PathBuf> {
+        match self {
+            Assets::Files(f) => f
+                .get("config.json")
+                .ok()
+                .and_then(|c| c.parent().map(std::path::Path::to_path_buf)),
+            #[cfg(feature = "embedded-default")]
+            Assets::Embedded => None,
+        }
+    }
+
     pub(crate) fn name(&self) -> String {
         match self {
             Assets::Files(f) => f.display_name(),

@@ -192,7 +192,7 @@ impl PipelineBuilder {
     /// the model is recorded in [`Pipeline::skipped`] and the next one is tried.
     pub fn build(self) -> Result<Pipeline> {
         let mut clock = Stopwatch::start();
-        let preferences = resolve_preferences(self.backends, self.env_override)?;
+        let preferences = resolve_preferences(self.backends.clone(), self.env_override)?;
         let assets = Assets::resolve(&self.model, self.resolve.clone())?;
         let (config_text, config_path) = assets.config()?;
         let model_type = serde_json::from_str::<serde_json::Value>(&config_text)
@@ -233,10 +233,79 @@ impl PipelineBuilder {
             weights: weights.clone(),
             config: &config,
         };
-        let (((model, hal), loaded, calibration), selection) = match &self.calibration {
+        // ONNX Runtime / browser preferences run the checkpoint's ONNX export; the native ones
+        // load the weights. Tried in the order given, each failure recorded.
+        let mut skipped = Vec::new();
+        let mut native: Vec<BackendKind> = Vec::new();
+        let mut chosen = None;
+        for (i, &kind) in preferences.iter().enumerate() {
+            if !is_graph_backend(kind) {
+                native.push(kind);
+                if preferences[i + 1..].iter().any(|k| is_graph_backend(*k)) {
+                    // Native preferences before a graph one are tried before it.
+                    match self.load_native(&native, &work, &tokenizer, task, pooling) {
+                        Ok(found) => {
+                            chosen = Some(found);
+                            break;
+                        }
+                        Err(e) => skipped.extend(native_skips(&native, e)),
+                    }
+                    native.clear();
+                }
+                continue;
+            }
+            match self.load_graph(kind, &assets, &config) {
+                Ok(found) => {
+                    chosen = Some(found);
+                    break;
+                }
+                Err(reason) => skipped.push(ipfs_accelerate_core::SkippedBackend { kind, reason }),
+            }
+        }
+        let (((model, hal), loaded, calibration), mut selection) = match chosen {
+            Some(found) => found,
+            None if native.is_empty() => {
+                return Err(Error::LoadFailed(
+                    skipped
+                        .iter()
+                        .map(|s| format!("{}: {}", s.kind, s.reason))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ))
+            }
+            None => self.load_native(&native, &work, &tokenizer, task, pooling)?,
+        };
+        skipped.append(&mut selection.skipped);
+        selection.skipped = skipped;
+        Ok(Pipeline {
+            model,
+            hal,
+            weights: loaded,
+            calibration,
+            tokenizer,
+            pooling,
+            task,
+            model_name: assets.name(),
+            selection,
+            init: clock.lap(),
+            first_call: std::sync::atomic::AtomicBool::new(true),
+            batch_size: self.batch_size,
+        })
+    }
+
+    /// Loads the weights on the first usable of the native backends `preferences`.
+    fn load_native(
+        &self,
+        preferences: &[BackendKind],
+        work: &LoadBert<'_>,
+        tokenizer: &TextTokenizer,
+        task: Task,
+        pooling: Pooling,
+    ) -> Result<(Loaded, Selection)> {
+        Ok(match &self.calibration {
             None => {
                 let (((model, hal), loaded), selection) =
-                    load_on_first_usable(&preferences, self.precision, || Scoped {
+                    load_on_first_usable(preferences, self.precision, || Scoped {
                         work: work.clone(),
                         quantization: self.quantization,
                         share: self.share_weights,
@@ -244,7 +313,7 @@ impl PipelineBuilder {
                 (((model, hal), loaded, None), selection)
             }
             Some(texts) => {
-                let encoded = calibration_inputs(&tokenizer, texts, self.quantization)?;
+                let encoded = calibration_inputs(tokenizer, texts, self.quantization)?;
                 self.gptq.validate()?;
                 // The head the pipeline runs: the encoder and pooling for embeddings, the whole
                 // head otherwise, so every layer a task uses is calibrated.
@@ -259,7 +328,7 @@ impl PipelineBuilder {
                     Ok(())
                 };
                 let ((model, loaded, duration, layers), selection) =
-                    load_on_first_usable(&preferences, self.precision, || Calibrated {
+                    load_on_first_usable(preferences, self.precision, || Calibrated {
                         scoped: Scoped {
                             work: work.clone(),
                             quantization: self.quantization,
@@ -275,21 +344,225 @@ impl PipelineBuilder {
                 };
                 ((model, loaded, Some(report)), selection)
             }
-        };
-        Ok(Pipeline {
-            model,
-            hal,
-            weights: loaded,
-            calibration,
-            tokenizer,
-            pooling,
-            task,
-            model_name: assets.name(),
-            selection,
-            init: clock.lap(),
-            first_call: std::sync::atomic::AtomicBool::new(true),
-            batch_size: self.batch_size,
         })
+    }
+
+    /// Loads the checkpoint's ONNX export on the graph backend `kind` (ONNX Runtime with its
+    /// provider, or a browser); why not, when it cannot.
+    #[allow(unused_variables)]
+    fn load_graph(
+        &self,
+        kind: BackendKind,
+        assets: &Assets,
+        config: &BertConfig,
+    ) -> std::result::Result<(Loaded, Selection), String> {
+        if self.quantization != WeightQuantization::None
+            || self.calibration.is_some()
+            || self.precision != Precision::F32
+        {
+            return Err(format!(
+                "{kind} runs the checkpoint's f32 ONNX export: --quantize, --calibrate and \
+                 --precision apply to the native backends"
+            ));
+        }
+        let device = match crate::selector().probe(kind) {
+            ipfs_accelerate_core::Availability::Available(info) => info,
+            other => return Err(other.reason(kind).unwrap_or_else(|| "unavailable".into())),
+        };
+        let dir = assets.dir().ok_or_else(|| {
+            format!(
+                "{} has no ONNX export (the embedded model is weights only)",
+                assets.name()
+            )
+        })?;
+        let hal = crate::compiled_backends()
+            .into_iter()
+            .find(|b| b.kind() == kind)
+            .ok_or_else(|| format!("{kind} is not compiled in"))?;
+        #[cfg(feature = "onnx")]
+        {
+            let model: Box<dyn BertTasks> = Box::new(graph::GraphBert {
+                runner: graph::graph_runner(kind, &dir).map_err(|e| e.to_string())?,
+                config: config.clone(),
+            });
+            let selection = Selection {
+                device,
+                skipped: Vec::new(),
+            };
+            Ok((((model, hal), LoadedWeights::default(), None), selection))
+        }
+        #[cfg(not(feature = "onnx"))]
+        Err(format!("{kind}: not compiled in (enable feature `onnx`)"))
+    }
+}
+
+/// A loaded model with its backend, weight record and calibration report.
+type Loaded = (
+    (Box<dyn BertTasks>, Box<dyn ProbeBackend>),
+    LoadedWeights,
+    Option<CalibrationReport>,
+);
+
+/// Whether `kind` runs an ONNX graph (ONNX Runtime or a browser) instead of loading weights.
+fn is_graph_backend(kind: BackendKind) -> bool {
+    matches!(kind, BackendKind::Onnx(_) | BackendKind::Browser(_))
+}
+
+/// The failure of loading on `kinds` as one skip record per backend.
+fn native_skips(kinds: &[BackendKind], e: Error) -> Vec<ipfs_accelerate_core::SkippedBackend> {
+    kinds
+        .iter()
+        .map(|&kind| ipfs_accelerate_core::SkippedBackend {
+            kind,
+            reason: e.to_string(),
+        })
+        .collect()
+}
+
+/// BERT on a graph backend (ONNX Runtime, a browser): the checkpoint's ONNX export.
+#[cfg(feature = "onnx")]
+mod graph {
+    use ipfs_accelerate_bert::{
+        tasks::Pooling, BertConfig, BertHead, BertInputs, BertTasks, HostLogits,
+    };
+    use ipfs_accelerate_core::{BackendKind, HostTensor, ModelRunner, TensorMap};
+
+    use crate::onnx::OnnxRunner;
+    use crate::{Error, Result};
+
+    /// The ONNX runner of the export in `dir` on the graph backend `kind`.
+    #[allow(unused_variables)]
+    pub(super) fn graph_runner(kind: BackendKind, dir: &std::path::Path) -> Result<OnnxRunner> {
+        match kind {
+            #[cfg(feature = "onnx")]
+            BackendKind::Onnx(provider) => OnnxRunner::load(
+                "bert",
+                dir,
+                provider,
+                &ipfs_accelerate_backend_onnx::SessionOptions::default(),
+            ),
+            #[cfg(feature = "webnn")]
+            BackendKind::Browser(provider) => {
+                let browser = ipfs_accelerate_backend_webnn::Browser::launch(&Default::default())
+                    .map_err(ipfs_accelerate_core::Error::from)?;
+                OnnxRunner::load_browser(
+                    "bert",
+                    dir,
+                    provider,
+                    std::sync::Arc::new(browser),
+                    ipfs_accelerate_backend_webnn::GraphOptions::default(),
+                )
+            }
+            other => Err(Error::Unsupported(format!(
+                "{other}: not compiled in (enable feature `onnx` or `webnn`)"
+            ))),
+        }
+    }
+
+    /// BERT through an ONNX graph (ONNX Runtime or a browser) on the checkpoint's export: the same
+    /// tokenizer, pooling ([`Pooling::pool_host`]) and head post-processing as the native path; the
+    /// export's outputs carry HF's names (`last_hidden_state`, `logits`, `start_logits`).
+    pub(super) struct GraphBert {
+        pub(super) runner: OnnxRunner,
+        pub(super) config: BertConfig,
+    }
+
+    impl GraphBert {
+        /// Runs the export on `inputs`.
+        fn outputs(&self, inputs: &BertInputs) -> ipfs_accelerate_core::Result<TensorMap> {
+            let shape = vec![inputs.batch, inputs.seq];
+            let mut map = TensorMap::new();
+            for (name, values) in [
+                ("input_ids", &inputs.input_ids),
+                ("attention_mask", &inputs.attention_mask),
+                ("token_type_ids", &inputs.token_type_ids),
+            ] {
+                map.insert(name.into(), HostTensor::from_i64(shape.clone(), values)?);
+            }
+            self.runner.run(&map)
+        }
+    }
+
+    /// The f32 values of the output `name`.
+    fn output_f32(out: &TensorMap, name: &str) -> ipfs_accelerate_core::Result<Vec<f32>> {
+        Ok(out
+            .get(name)
+            .ok_or_else(|| {
+                ipfs_accelerate_core::Error::InvalidInput(format!(
+                    "the ONNX export has no output `{name}` (outputs: {})",
+                    out.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            })?
+            .to_f32_vec())
+    }
+
+    impl ModelRunner for GraphBert {
+        fn family(&self) -> &str {
+            "bert"
+        }
+
+        fn backend(&self) -> BackendKind {
+            self.runner.backend()
+        }
+
+        fn run(&self, inputs: &TensorMap) -> ipfs_accelerate_core::Result<TensorMap> {
+            self.runner.run(inputs)
+        }
+
+        fn placement(&self) -> Option<String> {
+            self.runner.placement()
+        }
+    }
+
+    impl BertTasks for GraphBert {
+        fn config(&self) -> &BertConfig {
+            &self.config
+        }
+
+        fn head(&self) -> BertHead {
+            self.config.head()
+        }
+
+        fn embed(
+            &self,
+            inputs: &BertInputs,
+            pooling: Pooling,
+            normalize: bool,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
+            let hidden = output_f32(&self.outputs(inputs)?, "last_hidden_state")?;
+            Ok(pooling.pool_host(
+                &hidden,
+                &inputs.attention_mask,
+                inputs.batch,
+                inputs.seq,
+                normalize,
+            ))
+        }
+
+        fn logits(&self, inputs: &BertInputs) -> ipfs_accelerate_core::Result<HostLogits> {
+            let out = self.outputs(inputs)?;
+            let labels = self.config.num_labels();
+            Ok(match self.config.head() {
+                BertHead::SequenceClassification => HostLogits::Sequence {
+                    labels,
+                    data: output_f32(&out, "logits")?,
+                },
+                BertHead::TokenClassification => HostLogits::Token {
+                    labels,
+                    data: output_f32(&out, "logits")?,
+                },
+                BertHead::QuestionAnswering => HostLogits::Span {
+                    start: output_f32(&out, "start_logits")?,
+                    end: output_f32(&out, "end_logits")?,
+                },
+                BertHead::Base => {
+                    return Err(ipfs_accelerate_core::Error::InvalidInput(
+                        "this checkpoint is a bare BertModel: it has no task head (use embeddings)"
+                            .into(),
+                    ))
+                }
+            })
+        }
     }
 }
 

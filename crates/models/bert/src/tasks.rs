@@ -64,6 +64,62 @@ impl Pooling {
     }
 }
 
+impl Pooling {
+    /// [`pool`](Self::pool) on host values, for engines that return the encoder output to the
+    /// host (ONNX Runtime): `hidden` is `[batch, seq, dim]` row-major, `mask` `[batch, seq]`;
+    /// one vector per row, L2-normalised (eps 1e-12) when `normalize`.
+    pub fn pool_host(
+        self,
+        hidden: &[f32],
+        mask: &[i64],
+        batch: usize,
+        seq: usize,
+        normalize: bool,
+    ) -> Vec<Vec<f32>> {
+        let dim = hidden.len() / (batch * seq).max(1);
+        (0..batch)
+            .map(|b| {
+                let token = |t: usize| &hidden[(b * seq + t) * dim..(b * seq + t + 1) * dim];
+                let kept: Vec<usize> = (0..seq).filter(|&t| mask[b * seq + t] != 0).collect();
+                let mut v = match self {
+                    Pooling::Cls => token(0).to_vec(),
+                    Pooling::Mean | Pooling::MeanSqrtLen => {
+                        let mut sum = vec![0f32; dim];
+                        for &t in &kept {
+                            sum.iter_mut().zip(token(t)).for_each(|(s, x)| *s += x);
+                        }
+                        let count = (kept.len() as f32).max(1e-9);
+                        let div = if self == Pooling::Mean {
+                            count
+                        } else {
+                            count.sqrt()
+                        };
+                        sum.iter().map(|s| s / div).collect()
+                    }
+                    Pooling::Max => (0..dim)
+                        .map(|d| {
+                            (0..seq)
+                                .map(|t| {
+                                    if mask[b * seq + t] != 0 {
+                                        token(t)[d]
+                                    } else {
+                                        -1e9
+                                    }
+                                })
+                                .fold(f32::NEG_INFINITY, f32::max)
+                        })
+                        .collect(),
+                };
+                if normalize {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                    v.iter_mut().for_each(|x| *x /= norm);
+                }
+                v
+            })
+            .collect()
+    }
+}
+
 /// L2-normalises each row (as sentence-transformers' `Normalize` module, eps 1e-12).
 pub fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
     let norm = x.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-12);

@@ -1,0 +1,127 @@
+//! The ONNX Runtime backends (`onnx-cpu`, `onnx-openvino`) through the library's `Pipeline` and
+//! the CLI: BERT embeddings and sequence classification run the checkpoint's ONNX export with the
+//! same tokenizer, pooling and head post-processing as the native `cpu` backend, and agree with
+//! it. A checkpoint without an export skips the backend with the reason and falls back.
+
+mod common;
+
+use common::{fixture_copy, run_ok, write_tokenizer};
+use ipfs_accelerate::{Availability, BackendKind, ExecutionProvider, Pipeline, Task};
+use ipfs_accelerate_conformance::shared_dir;
+
+/// Whether ONNX Runtime with `provider` can run here; absent, the test says so and passes,
+/// unless `IPFS_ACCELERATE_REQUIRE_ONNX=1` (CI installs it).
+fn available(test: &str, provider: ExecutionProvider) -> bool {
+    match ipfs_accelerate::selector().probe(BackendKind::Onnx(provider)) {
+        Availability::Available(_) => true,
+        other => {
+            let required = std::env::var("IPFS_ACCELERATE_REQUIRE_ONNX").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "{test}: ONNX Runtime {provider:?} unavailable: {other:?}"
+            );
+            eprintln!("skipped {test}: ONNX Runtime {provider:?} unavailable: {other:?}");
+            false
+        }
+    }
+}
+
+/// A fixture copy with a 99-word tokenizer (`w4 w5 ...` are words).
+fn bert(shared: &std::path::Path, variant: &str) -> tempfile::TempDir {
+    let dir = fixture_copy(shared, "bert", variant);
+    let export = shared
+        .join("fixtures/bert")
+        .join(variant)
+        .join("model.onnx");
+    std::fs::copy(&export, dir.path().join("model.onnx")).unwrap();
+    write_tokenizer(
+        dir.path(),
+        99,
+        &[("[UNK]", 1), ("[PAD]", 0), ("[CLS]", 2), ("[SEP]", 3)],
+        &["[CLS]"],
+        &["[SEP]"],
+    );
+    dir
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
+    let test = "bert_embeddings_and_classification_on_onnx_runtime_match_cpu";
+    let Some(shared) = shared_dir(test) else {
+        return;
+    };
+    let texts = ["w4 w5 w6", "w7 w8 w9 w10 w11 w12"];
+    let base = bert(&shared, "base");
+    let classifier = bert(&shared, "sequence_classification");
+    let load = |dir: &tempfile::TempDir, task: Task, kind: BackendKind| {
+        Pipeline::builder(dir.path().to_str().unwrap())
+            .task(task)
+            .backends([kind])
+            .env_override(false)
+            .build()
+            .unwrap()
+    };
+    let native = load(&base, Task::Embed, BackendKind::Cpu)
+        .embed(&texts, true)
+        .unwrap()
+        .value;
+    let native_labels = load(&classifier, Task::Classify, BackendKind::Cpu)
+        .classify(&texts)
+        .unwrap()
+        .value;
+    for provider in [ExecutionProvider::Cpu, ExecutionProvider::OpenVino] {
+        if !available(test, provider) {
+            continue;
+        }
+        let kind = BackendKind::Onnx(provider);
+        let pipe = load(&base, Task::Embed, kind);
+        assert_eq!(pipe.backend(), kind);
+        let out = pipe.embed(&texts, true).unwrap();
+        for (a, b) in out.value.iter().zip(&native) {
+            assert!(max_diff(a, b) < 1e-4, "{kind}: {}", max_diff(a, b));
+        }
+        let labels = load(&classifier, Task::Classify, kind)
+            .classify(&texts)
+            .unwrap()
+            .value;
+        for (row, native_row) in labels.iter().zip(&native_labels) {
+            assert_eq!(row[0].label, native_row[0].label, "{kind}");
+            assert!((row[0].score - native_row[0].score).abs() < 1e-4, "{kind}");
+        }
+        // The CLI takes the same backend.
+        let name = kind.to_string();
+        let cli: Vec<Vec<f32>> = serde_json::from_str(&run_ok(&[
+            "--backend",
+            &name,
+            "embed",
+            "--normalize",
+            "--model",
+            base.path().to_str().unwrap(),
+            texts[0],
+        ]))
+        .unwrap();
+        assert!(max_diff(&cli[0], &native[0]) < 1e-4, "CLI on {kind}");
+    }
+    // The embedded model has no ONNX export: onnx-cpu is skipped with the reason, cpu loads.
+    let pipe = Pipeline::builder(ipfs_accelerate::EMBEDDED_SPEC)
+        .task(Task::Embed)
+        .backends([BackendKind::Onnx(ExecutionProvider::Cpu), BackendKind::Cpu])
+        .env_override(false)
+        .build()
+        .unwrap();
+    assert_eq!(pipe.backend(), BackendKind::Cpu);
+    let skipped = &pipe.skipped()[0];
+    assert_eq!(skipped.kind, BackendKind::Onnx(ExecutionProvider::Cpu));
+    assert!(
+        skipped.reason.contains("ONNX export") || skipped.reason.contains("unavailable"),
+        "{}",
+        skipped.reason
+    );
+}
