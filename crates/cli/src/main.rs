@@ -584,8 +584,8 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         &out.metrics,
     )?;
     if cli.metrics {
-        let m = &out.metrics;
-        print_metrics(m, &cli.model);
+        // Generation's own counts follow (its metrics count generated tokens, not padding).
+        print_timings(&out.metrics, &cli.model);
         eprintln!(
             "generation   {} prompt tokens at {:.1} tokens/s, {} new tokens at {:.1} tokens/s",
             out.value.prompt_ids.len(),
@@ -651,6 +651,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn print_metrics(m: &Metrics, model: &str) {
+    print_timings(m, model);
+    eprintln!(
+        "items        {} ({} tokens incl. padding, {} truncated); {:.1} tokens/s",
+        m.items,
+        m.tokens,
+        m.truncated,
+        m.tokens_per_second()
+    );
+}
+
+/// The model, backend and phase times of `--metrics`.
+fn print_timings(m: &Metrics, model: &str) {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     eprintln!("model        {model}");
     eprintln!("backend      {}", m.backend);
@@ -659,13 +671,6 @@ fn print_metrics(m: &Metrics, model: &str) {
     eprintln!("inference    {:>9.2} ms", ms(m.inference));
     eprintln!("postprocess  {:>9.2} ms", ms(m.postprocess));
     eprintln!("total        {:>9.2} ms", ms(m.total));
-    eprintln!(
-        "items        {} ({} tokens incl. padding, {} truncated); {:.1} tokens/s",
-        m.items,
-        m.tokens,
-        m.truncated,
-        m.tokens_per_second()
-    );
 }
 
 fn devices(json: bool) -> anyhow::Result<()> {
