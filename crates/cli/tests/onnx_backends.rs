@@ -125,3 +125,72 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
         skipped.reason
     );
 }
+
+/// ViT image classification on the checkpoint's ONNX export through `ImageClassifier` and the
+/// CLI's `classify-image` agrees with the native `cpu` backend.
+#[test]
+fn vit_image_classification_on_onnx_runtime_matches_cpu() {
+    let test = "vit_image_classification_on_onnx_runtime_matches_cpu";
+    let Some(shared) = shared_dir(test) else {
+        return;
+    };
+    let vit = common::fixture_copy_with(
+        &shared,
+        "vit",
+        "image_classification",
+        "ForImageClassification",
+    );
+    std::fs::copy(
+        shared.join("fixtures/vit/image_classification/model.onnx"),
+        vit.path().join("model.onnx"),
+    )
+    .unwrap();
+    let image = shared.join("fixtures/image_processors/image.png");
+    let model = vit.path().to_str().unwrap();
+    let load = |kind: BackendKind| {
+        ipfs_accelerate::vision::ImageClassifier::load(
+            model,
+            &ipfs_accelerate::LoadOptions {
+                backends: Some(vec![kind]),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let native = load(BackendKind::Cpu)
+        .classify_files(&[&image], 3)
+        .unwrap()
+        .value;
+    for provider in [ExecutionProvider::Cpu, ExecutionProvider::OpenVino] {
+        if !available(test, provider) {
+            continue;
+        }
+        let kind = BackendKind::Onnx(provider);
+        let classifier = load(kind);
+        assert_eq!(classifier.selection().device.kind, kind);
+        let graph = classifier.classify_files(&[&image], 3).unwrap().value;
+        for (a, b) in graph[0].iter().zip(&native[0]) {
+            assert_eq!(
+                (a.label.as_str(), a.index),
+                (b.label.as_str(), b.index),
+                "{kind}"
+            );
+            assert!(
+                (a.score - b.score).abs() < 1e-4,
+                "{kind}: {} vs {}",
+                a.score,
+                b.score
+            );
+        }
+        let name = kind.to_string();
+        let out = run_ok(&[
+            "--backend",
+            &name,
+            "classify-image",
+            "--model",
+            model,
+            image.to_str().unwrap(),
+        ]);
+        assert!(out.contains(&native[0][0].label), "CLI on {kind}: {out}");
+    }
+}

@@ -96,3 +96,11 @@ pub fn label_name(id2label: &BTreeMap<String, String>, i: usize) -> String {
         .cloned()
         .unwrap_or_else(|| format!("LABEL_{i}"))
 }
+
+/// Softmax of one row of logits, on the host (the classifiers' probabilities).
+pub fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}

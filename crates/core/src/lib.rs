@@ -24,7 +24,7 @@ pub use backend::{
     set_device_precision, Availability, Backend, BackendKind, BrowserProvider, Capabilities,
     DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
-pub use config::{label_count, label_name, JsonConfig};
+pub use config::{label_count, label_name, softmax, JsonConfig};
 pub use encoder::{DenseWeights, EncoderActivation, EncoderLayerWeights, EncoderSpec, NormWeights};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};

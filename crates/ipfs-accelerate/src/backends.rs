@@ -134,6 +134,83 @@ pub(crate) fn load_on_first_usable<W: WithBackend>(
     }))
 }
 
+/// Whether `kind` runs an ONNX graph (ONNX Runtime or a browser) instead of loading weights.
+pub(crate) fn is_graph_backend(kind: BackendKind) -> bool {
+    matches!(kind, BackendKind::Onnx(_) | BackendKind::Browser(_))
+}
+
+/// The device of the graph backend `kind`, or why it cannot run here.
+#[allow(dead_code)] // used by the task types with a graph path
+pub(crate) fn graph_device(
+    kind: BackendKind,
+) -> std::result::Result<ipfs_accelerate_core::DeviceInfo, String> {
+    match selector().probe(kind) {
+        Availability::Available(info) => Ok(info),
+        other => Err(other.reason(kind).unwrap_or_else(|| "unavailable".into())),
+    }
+}
+
+/// Loads on the first of `preferences` that works, in their order: the graph backends (ONNX
+/// Runtime, browsers) one at a time through `graph`, each run of native backends through
+/// `native` (which picks the first usable of the run). Every failure before the one that loads
+/// is in the selection's `skipped`, with its reason.
+pub(crate) fn load_in_order<O>(
+    preferences: &[BackendKind],
+    mut native: impl FnMut(&[BackendKind]) -> Result<(O, ipfs_accelerate_core::Selection)>,
+    mut graph: impl FnMut(
+        BackendKind,
+    ) -> std::result::Result<(O, ipfs_accelerate_core::Selection), String>,
+) -> Result<(O, ipfs_accelerate_core::Selection)> {
+    let mut skipped = Vec::new();
+    let mut run: Vec<BackendKind> = Vec::new();
+    let finish = |(out, mut selection): (O, ipfs_accelerate_core::Selection),
+                  mut skipped: Vec<ipfs_accelerate_core::SkippedBackend>| {
+        skipped.append(&mut selection.skipped);
+        selection.skipped = skipped;
+        (out, selection)
+    };
+    for (i, &kind) in preferences.iter().enumerate() {
+        if !is_graph_backend(kind) {
+            run.push(kind);
+            let last_native = preferences[i + 1..].iter().all(|k| !is_graph_backend(*k));
+            if last_native {
+                continue;
+            }
+            // The native preferences before a graph one are tried before it.
+            match native(&run) {
+                Ok(found) => return Ok(finish(found, skipped)),
+                Err(e) => {
+                    skipped.extend(
+                        run.iter()
+                            .map(|&kind| ipfs_accelerate_core::SkippedBackend {
+                                kind,
+                                reason: e.to_string(),
+                            }),
+                    )
+                }
+            }
+            run.clear();
+            continue;
+        }
+        match graph(kind) {
+            Ok(found) => return Ok(finish(found, skipped)),
+            Err(reason) => skipped.push(ipfs_accelerate_core::SkippedBackend { kind, reason }),
+        }
+    }
+    if !run.is_empty() {
+        return native(&run).map(|found| finish(found, skipped));
+    }
+    Err(Error::LoadFailed(if skipped.is_empty() {
+        "the preference list is empty".into()
+    } else {
+        skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.kind, s.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }))
+}
+
 /// The process-wide fusion setting: 0 = unset (the environment decides), 1 = on, 2 = off.
 static FUSION: AtomicU8 = AtomicU8::new(0);
 

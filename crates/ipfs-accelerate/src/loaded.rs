@@ -220,6 +220,9 @@ pub(crate) struct Loaded<T: ?Sized> {
     pub(crate) weights: LoadedWeights,
 }
 
+/// Builds a task's model from the checkpoint's ONNX export in a folder on a graph backend.
+pub(crate) type GraphLoader<T> = dyn Fn(BackendKind, &std::path::Path) -> Result<Box<T>>;
+
 impl<T: ?Sized> Loaded<T> {
     /// Resolves `spec` and loads it with `work` (made fresh per backend attempt).
     pub(crate) fn load<W: WithBackend<Output = Box<T>>>(
@@ -230,7 +233,22 @@ impl<T: ?Sized> Loaded<T> {
     ) -> Result<Self> {
         let clock = Stopwatch::start();
         let dir = model_dir(spec, options.offline, optional_files)?;
-        Self::from_dir(dir, options, clock, work)
+        Self::from_dir(dir, options, clock, work, None)
+    }
+
+    /// [`load`](Self::load) for a task type that also runs the checkpoint's ONNX export on the
+    /// graph backends (ONNX Runtime, browsers): `graph` builds the model from the export.
+    #[allow(dead_code)] // used by the task types with a graph path
+    pub(crate) fn load_with_graph<W: WithBackend<Output = Box<T>>>(
+        spec: &str,
+        options: &LoadOptions,
+        optional_files: &[&str],
+        work: impl FnMut(PathBuf) -> W,
+        graph: &GraphLoader<T>,
+    ) -> Result<Self> {
+        let clock = Stopwatch::start();
+        let dir = model_dir(spec, options.offline, optional_files)?;
+        Self::from_dir(dir, options, clock, work, Some(graph))
     }
 
     /// Loads a model already resolved to `dir` with `work` (made fresh per backend attempt);
@@ -240,14 +258,42 @@ impl<T: ?Sized> Loaded<T> {
         options: &LoadOptions,
         mut clock: Stopwatch,
         mut work: impl FnMut(PathBuf) -> W,
+        graph: Option<&GraphLoader<T>>,
     ) -> Result<Self> {
         let preferences = resolve_preferences(options.backends.clone(), true)?;
-        let ((model, weights), selection) =
-            load_on_first_usable(&preferences, options.precision, || Scoped {
-                work: work(dir.clone()),
-                quantization: options.quantization,
-                share: options.share_weights,
-            })?;
+        let ((model, weights), selection) = crate::backends::load_in_order(
+            &preferences,
+            |kinds| {
+                load_on_first_usable(kinds, options.precision, || Scoped {
+                    work: work(dir.clone()),
+                    quantization: options.quantization,
+                    share: options.share_weights,
+                })
+            },
+            |kind| {
+                let graph = graph.ok_or_else(|| {
+                    format!(
+                        "{kind} runs ONNX exports through the embedding / text pipeline (BERT) and \
+                         image classification (ViT) so far; this task runs on the native backends"
+                    )
+                })?;
+                if options.quantization != WeightQuantization::None
+                    || options.precision != Precision::F32
+                {
+                    return Err(format!(
+                        "{kind} runs the checkpoint's f32 ONNX export: quantization and precision \
+                         apply to the native backends"
+                    ));
+                }
+                let device = crate::backends::graph_device(kind)?;
+                let model = graph(kind, &dir).map_err(|e| e.to_string())?;
+                let selection = ipfs_accelerate_core::Selection {
+                    device,
+                    skipped: Vec::new(),
+                };
+                Ok(((model, LoadedWeights::default()), selection))
+            },
+        )?;
         Ok(Loaded {
             model,
             selection,

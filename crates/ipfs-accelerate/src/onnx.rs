@@ -442,3 +442,28 @@ impl ModelRunner for OnnxRunner {
         Ok(out)
     }
 }
+
+/// The runner of the ONNX export in `dir` for `family` on the graph backend `kind` (ONNX Runtime
+/// with its provider, or a new headless browser with feature `webnn`).
+pub(crate) fn graph_runner(family: &str, kind: BackendKind, dir: &Path) -> Result<OnnxRunner> {
+    match kind {
+        BackendKind::Onnx(provider) => {
+            OnnxRunner::load(family, dir, provider, &SessionOptions::default())
+        }
+        #[cfg(feature = "webnn")]
+        BackendKind::Browser(provider) => {
+            let browser = ipfs_accelerate_backend_webnn::Browser::launch(&Default::default())
+                .map_err(ipfs_accelerate_core::Error::from)?;
+            OnnxRunner::load_browser(
+                family,
+                dir,
+                provider,
+                std::sync::Arc::new(browser),
+                ipfs_accelerate_backend_webnn::GraphOptions::default(),
+            )
+        }
+        other => Err(Error::Unsupported(format!(
+            "{other}: not compiled in (enable feature `webnn`)"
+        ))),
+    }
+}

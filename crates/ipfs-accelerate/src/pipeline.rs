@@ -235,48 +235,11 @@ impl PipelineBuilder {
         };
         // ONNX Runtime / browser preferences run the checkpoint's ONNX export; the native ones
         // load the weights. Tried in the order given, each failure recorded.
-        let mut skipped = Vec::new();
-        let mut native: Vec<BackendKind> = Vec::new();
-        let mut chosen = None;
-        for (i, &kind) in preferences.iter().enumerate() {
-            if !is_graph_backend(kind) {
-                native.push(kind);
-                if preferences[i + 1..].iter().any(|k| is_graph_backend(*k)) {
-                    // Native preferences before a graph one are tried before it.
-                    match self.load_native(&native, &work, &tokenizer, task, pooling) {
-                        Ok(found) => {
-                            chosen = Some(found);
-                            break;
-                        }
-                        Err(e) => skipped.extend(native_skips(&native, e)),
-                    }
-                    native.clear();
-                }
-                continue;
-            }
-            match self.load_graph(kind, &assets, &config) {
-                Ok(found) => {
-                    chosen = Some(found);
-                    break;
-                }
-                Err(reason) => skipped.push(ipfs_accelerate_core::SkippedBackend { kind, reason }),
-            }
-        }
-        let (((model, hal), loaded, calibration), mut selection) = match chosen {
-            Some(found) => found,
-            None if native.is_empty() => {
-                return Err(Error::LoadFailed(
-                    skipped
-                        .iter()
-                        .map(|s| format!("{}: {}", s.kind, s.reason))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                ))
-            }
-            None => self.load_native(&native, &work, &tokenizer, task, pooling)?,
-        };
-        skipped.append(&mut selection.skipped);
-        selection.skipped = skipped;
+        let (((model, hal), loaded, calibration), selection) = crate::backends::load_in_order(
+            &preferences,
+            |kinds| self.load_native(kinds, &work, &tokenizer, task, pooling),
+            |kind| self.load_graph(kind, &assets, &config),
+        )?;
         Ok(Pipeline {
             model,
             hal,
@@ -365,10 +328,7 @@ impl PipelineBuilder {
                  --precision apply to the native backends"
             ));
         }
-        let device = match crate::selector().probe(kind) {
-            ipfs_accelerate_core::Availability::Available(info) => info,
-            other => return Err(other.reason(kind).unwrap_or_else(|| "unavailable".into())),
-        };
+        let device = crate::backends::graph_device(kind)?;
         let dir = assets.dir().ok_or_else(|| {
             format!(
                 "{} has no ONNX export (the embedded model is weights only)",
@@ -382,7 +342,7 @@ impl PipelineBuilder {
         #[cfg(feature = "onnx")]
         {
             let model: Box<dyn BertTasks> = Box::new(graph::GraphBert {
-                runner: graph::graph_runner(kind, &dir).map_err(|e| e.to_string())?,
+                runner: crate::onnx::graph_runner("bert", kind, &dir).map_err(|e| e.to_string())?,
                 config: config.clone(),
             });
             let selection = Selection {
@@ -403,22 +363,6 @@ type Loaded = (
     Option<CalibrationReport>,
 );
 
-/// Whether `kind` runs an ONNX graph (ONNX Runtime or a browser) instead of loading weights.
-fn is_graph_backend(kind: BackendKind) -> bool {
-    matches!(kind, BackendKind::Onnx(_) | BackendKind::Browser(_))
-}
-
-/// The failure of loading on `kinds` as one skip record per backend.
-fn native_skips(kinds: &[BackendKind], e: Error) -> Vec<ipfs_accelerate_core::SkippedBackend> {
-    kinds
-        .iter()
-        .map(|&kind| ipfs_accelerate_core::SkippedBackend {
-            kind,
-            reason: e.to_string(),
-        })
-        .collect()
-}
-
 /// BERT on a graph backend (ONNX Runtime, a browser): the checkpoint's ONNX export.
 #[cfg(feature = "onnx")]
 mod graph {
@@ -428,36 +372,6 @@ mod graph {
     use ipfs_accelerate_core::{BackendKind, HostTensor, ModelRunner, TensorMap};
 
     use crate::onnx::OnnxRunner;
-    use crate::{Error, Result};
-
-    /// The ONNX runner of the export in `dir` on the graph backend `kind`.
-    #[allow(unused_variables)]
-    pub(super) fn graph_runner(kind: BackendKind, dir: &std::path::Path) -> Result<OnnxRunner> {
-        match kind {
-            #[cfg(feature = "onnx")]
-            BackendKind::Onnx(provider) => OnnxRunner::load(
-                "bert",
-                dir,
-                provider,
-                &ipfs_accelerate_backend_onnx::SessionOptions::default(),
-            ),
-            #[cfg(feature = "webnn")]
-            BackendKind::Browser(provider) => {
-                let browser = ipfs_accelerate_backend_webnn::Browser::launch(&Default::default())
-                    .map_err(ipfs_accelerate_core::Error::from)?;
-                OnnxRunner::load_browser(
-                    "bert",
-                    dir,
-                    provider,
-                    std::sync::Arc::new(browser),
-                    ipfs_accelerate_backend_webnn::GraphOptions::default(),
-                )
-            }
-            other => Err(Error::Unsupported(format!(
-                "{other}: not compiled in (enable feature `onnx` or `webnn`)"
-            ))),
-        }
-    }
 
     /// BERT through an ONNX graph (ONNX Runtime or a browser) on the checkpoint's export: the same
     /// tokenizer, pooling ([`Pooling::pool_host`]) and head post-processing as the native path; the

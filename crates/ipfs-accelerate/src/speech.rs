@@ -84,9 +84,11 @@ impl Transcriber {
         let dir = model_dir(model, options.offline, &extra)?;
         let model = match model_type(&dir)?.as_str() {
             #[cfg(feature = "whisper")]
-            "whisper" => Model::Whisper(Loaded::from_dir(dir, options, clock, LoadWhisper)?),
+            "whisper" => Model::Whisper(Loaded::from_dir(dir, options, clock, LoadWhisper, None)?),
             #[cfg(feature = "wav2vec2")]
-            "wav2vec2" => Model::Wav2Vec2(Loaded::from_dir(dir, options, clock, LoadWav2Vec2)?),
+            "wav2vec2" => {
+                Model::Wav2Vec2(Loaded::from_dir(dir, options, clock, LoadWav2Vec2, None)?)
+            }
             other => {
                 return Err(Error::Unsupported(format!(
                 "{model}: model_type `{other}` is not a speech-recognition family of this build \

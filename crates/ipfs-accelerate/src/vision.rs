@@ -100,11 +100,94 @@ mod classify {
         }
     );
 
+    /// ViT on a graph backend (ONNX Runtime, a browser): the checkpoint's ONNX export, ranked
+    /// by the same [`ipfs_accelerate_vit::top_predictions`] as the native path.
+    #[cfg(feature = "onnx")]
+    fn graph_vit(kind: ipfs_accelerate_core::BackendKind, dir: &Path) -> Result<Box<dyn VitTasks>> {
+        use ipfs_accelerate_core::JsonConfig;
+        let config = ipfs_accelerate_vit::VitConfig::from_file(&dir.join("config.json"))?;
+        let runner = crate::onnx::graph_runner("vit", kind, dir)?;
+        Ok(Box::new(GraphVit { runner, config }))
+    }
+
+    #[cfg(not(feature = "onnx"))]
+    fn graph_vit(
+        kind: ipfs_accelerate_core::BackendKind,
+        _dir: &Path,
+    ) -> Result<Box<dyn VitTasks>> {
+        Err(Error::Unsupported(format!(
+            "{kind}: not compiled in (enable feature `onnx`)"
+        )))
+    }
+
+    /// ViT through an ONNX export; its `logits` output is `[batch, labels]`.
+    #[cfg(feature = "onnx")]
+    struct GraphVit {
+        runner: crate::onnx::OnnxRunner,
+        config: ipfs_accelerate_vit::VitConfig,
+    }
+
+    #[cfg(feature = "onnx")]
+    impl ipfs_accelerate_core::ModelRunner for GraphVit {
+        fn family(&self) -> &str {
+            "vit"
+        }
+
+        fn backend(&self) -> ipfs_accelerate_core::BackendKind {
+            self.runner.backend()
+        }
+
+        fn run(
+            &self,
+            inputs: &ipfs_accelerate_core::TensorMap,
+        ) -> ipfs_accelerate_core::Result<ipfs_accelerate_core::TensorMap> {
+            self.runner.run(inputs)
+        }
+    }
+
+    #[cfg(feature = "onnx")]
+    impl VitTasks for GraphVit {
+        fn config(&self) -> &ipfs_accelerate_vit::VitConfig {
+            &self.config
+        }
+
+        fn classify(
+            &self,
+            pixel_values: &ipfs_accelerate_core::HostTensor,
+            top_k: usize,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<ipfs_accelerate_vit::Prediction>>> {
+            let mut inputs = ipfs_accelerate_core::TensorMap::new();
+            inputs.insert("pixel_values".into(), pixel_values.clone());
+            use ipfs_accelerate_core::ModelRunner;
+            let out = self.runner.run(&inputs)?;
+            let logits = out
+                .get("logits")
+                .ok_or_else(|| {
+                    ipfs_accelerate_core::Error::InvalidInput(
+                        "the ONNX export has no output `logits` (not an image classifier)".into(),
+                    )
+                })?
+                .to_f32_vec();
+            let labels = self.config.num_labels().max(1);
+            let probs: Vec<f32> = logits
+                .chunks(labels)
+                .flat_map(ipfs_accelerate_core::softmax)
+                .collect();
+            Ok(ipfs_accelerate_vit::top_predictions(
+                &self.config,
+                &probs,
+                labels,
+                top_k,
+            ))
+        }
+    }
+
     impl ImageClassifier {
         /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
         /// backend.
         pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-            let inner = Loaded::load(model, options, &[PREPROCESSOR], LoadVit)?;
+            let inner =
+                Loaded::load_with_graph(model, options, &[PREPROCESSOR], LoadVit, &graph_vit)?;
             let size = inner.model.config().image_size.hw();
             let processor = image_processor(&inner.dir, ProcessorKind::Vit, Some(size))?;
             Ok(ImageClassifier { inner, processor })

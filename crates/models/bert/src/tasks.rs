@@ -126,13 +126,7 @@ pub fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
     x / norm
 }
 
-/// Softmax of one row of logits.
-pub fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
+pub use ipfs_accelerate_core::softmax;
 
 /// The best answer span of question answering.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -15,4 +15,4 @@ mod runner;
 
 pub use config::{Size2, VitConfig, VitHead};
 pub use model::{Vit, VitLayout, VitModel, VitOutput};
-pub use runner::{Prediction, VitFamily, VitRunner, VitTasks};
+pub use runner::{top_predictions, Prediction, VitFamily, VitRunner, VitTasks};

@@ -130,21 +130,33 @@ impl<B: Backend> VitTasks for VitRunner<B> {
         let logits = self.vit.logits(&out)?;
         let labels = logits.dims()[1];
         let probs = float_to_vec(softmax(logits, 1))?;
-        Ok(probs
-            .chunks(labels.max(1))
-            .map(|row| {
-                let mut order: Vec<usize> = (0..row.len()).collect();
-                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-                order
-                    .into_iter()
-                    .take(top_k)
-                    .map(|i| Prediction {
-                        label: self.vit.config().label(i),
-                        index: i,
-                        score: row[i],
-                    })
-                    .collect()
-            })
-            .collect())
+        Ok(top_predictions(self.vit.config(), &probs, labels, top_k))
     }
+}
+
+/// The `top_k` most probable classes of each row of `probs` (`[rows, labels]` softmax
+/// probabilities), best first, named by `config`'s `id2label`. Every executor of the classifier
+/// (burn, an ONNX export) ranks through this.
+pub fn top_predictions(
+    config: &VitConfig,
+    probs: &[f32],
+    labels: usize,
+    top_k: usize,
+) -> Vec<Vec<Prediction>> {
+    probs
+        .chunks(labels.max(1))
+        .map(|row| {
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            order
+                .into_iter()
+                .take(top_k)
+                .map(|i| Prediction {
+                    label: config.label(i),
+                    index: i,
+                    score: row[i],
+                })
+                .collect()
+        })
+        .collect()
 }
