@@ -284,8 +284,8 @@ mod audio {
             )
         }
 
-        /// CLAP's audio embedding of a WAV file (HF's `get_audio_features`: projected, not
-        /// normalised; the first window of a long file).
+        /// CLAP's audio embedding of a WAV file (HF `ClapModel`'s `audio_embeds`: projected and
+        /// L2-normalised; the first window of a long file).
         pub fn embed_audio(&self, wav: impl AsRef<Path>) -> Result<Output<Vec<f32>>> {
             self.inner.timed(
                 1,
@@ -295,8 +295,8 @@ mod audio {
             )
         }
 
-        /// CLAP's text embeddings, one per text (HF's `get_text_features`: projected, not
-        /// normalised).
+        /// CLAP's text embeddings, one per text (HF `ClapModel`'s `text_embeds`: projected and
+        /// L2-normalised).
         pub fn embed_texts(&self, texts: &[&str]) -> Result<Output<Vec<Vec<f32>>>> {
             self.inner.timed(
                 texts.len(),

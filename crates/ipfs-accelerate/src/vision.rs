@@ -288,9 +288,9 @@ mod zero_shot {
             )
         }
 
-        /// CLIP's image embeddings, one per image: HF's `get_image_features` (the projected
-        /// vision output, not normalised) — image search compares them with
-        /// [`embed_texts`](Self::embed_texts) by cosine similarity.
+        /// CLIP's image embeddings, one per image: HF `CLIPModel`'s `image_embeds` (projected and
+        /// L2-normalised) — image search compares them with [`embed_texts`](Self::embed_texts)
+        /// by dot product (= cosine similarity).
         pub fn embed_images(&self, images: &[RgbImage]) -> Result<Output<Vec<Vec<f32>>>> {
             self.inner.timed(
                 images.len(),
@@ -300,8 +300,8 @@ mod zero_shot {
             )
         }
 
-        /// CLIP's text embeddings, one per text: HF's `get_text_features` (projected, not
-        /// normalised).
+        /// CLIP's text embeddings, one per text: HF `CLIPModel`'s `text_embeds` (projected and
+        /// L2-normalised).
         pub fn embed_texts(&self, texts: &[&str]) -> Result<Output<Vec<Vec<f32>>>> {
             self.inner.timed(
                 texts.len(),
