@@ -291,6 +291,51 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
             "{cos:?} {probs:?}"
         );
     }
+    // The same on ONNX Runtime (the checkpoint's export), when it is installed.
+    let onnx = ipfs_accelerate::BackendKind::Onnx(ipfs_accelerate::ExecutionProvider::Cpu);
+    let ort = matches!(
+        ipfs_accelerate::selector().probe(onnx),
+        ipfs_accelerate::Availability::Available(_)
+    );
+    assert!(
+        ort || std::env::var("IPFS_ACCELERATE_REQUIRE_ONNX").as_deref() != Ok("1"),
+        "ONNX Runtime required"
+    );
+    if ort {
+        std::fs::copy(
+            shared.join("fixtures/clip/base/model.onnx"),
+            clip.path().join("model.onnx"),
+        )
+        .unwrap();
+        let options = LoadOptions {
+            backends: Some(vec![onnx]),
+            ..Default::default()
+        };
+        let graph = ipfs_accelerate::vision::ZeroShotClassifier::load(c, &options).unwrap();
+        assert_eq!(graph.selection().device.kind, onnx);
+        let on_graph = graph.classify(&images, &texts, "{}").unwrap().value;
+        for (a, b) in on_graph[0].iter().zip(&direct[0]) {
+            assert_eq!(a.label, b.label);
+            assert!(
+                (a.score - b.score).abs() < 1e-4,
+                "{} vs {}",
+                a.score,
+                b.score
+            );
+        }
+        let diff = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+        };
+        let g_images = graph.embed_images(&images).unwrap().value;
+        assert!(diff(&g_images[0], &image_embeds[0]) < 1e-4);
+        let g_texts = graph.embed_texts(&texts).unwrap().value;
+        for (a, b) in g_texts.iter().zip(&text_embeds) {
+            assert!(diff(a, b) < 1e-4);
+        }
+    }
 
     let detr = fixture_copy(&shared, "detr", "object_detection");
     let drawn = tempfile::tempdir().unwrap();

@@ -369,7 +369,7 @@ mod graph {
     use ipfs_accelerate_bert::{
         tasks::Pooling, BertConfig, BertHead, BertInputs, BertTasks, HostLogits,
     };
-    use ipfs_accelerate_core::{BackendKind, HostTensor, ModelRunner, TensorMap};
+    use ipfs_accelerate_core::{HostTensor, ModelRunner, TensorMap};
 
     use crate::onnx::OnnxRunner;
 
@@ -397,36 +397,7 @@ mod graph {
         }
     }
 
-    /// The f32 values of the output `name`.
-    fn output_f32(out: &TensorMap, name: &str) -> ipfs_accelerate_core::Result<Vec<f32>> {
-        Ok(out
-            .get(name)
-            .ok_or_else(|| {
-                ipfs_accelerate_core::Error::InvalidInput(format!(
-                    "the ONNX export has no output `{name}` (outputs: {})",
-                    out.keys().cloned().collect::<Vec<_>>().join(", ")
-                ))
-            })?
-            .to_f32_vec())
-    }
-
-    impl ModelRunner for GraphBert {
-        fn family(&self) -> &str {
-            "bert"
-        }
-
-        fn backend(&self) -> BackendKind {
-            self.runner.backend()
-        }
-
-        fn run(&self, inputs: &TensorMap) -> ipfs_accelerate_core::Result<TensorMap> {
-            self.runner.run(inputs)
-        }
-
-        fn placement(&self) -> Option<String> {
-            self.runner.placement()
-        }
-    }
+    crate::onnx::graph_model_runner!(GraphBert, "bert");
 
     impl BertTasks for GraphBert {
         fn config(&self) -> &BertConfig {
@@ -443,7 +414,7 @@ mod graph {
             pooling: Pooling,
             normalize: bool,
         ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
-            let hidden = output_f32(&self.outputs(inputs)?, "last_hidden_state")?;
+            let hidden = crate::onnx::output_f32(&self.outputs(inputs)?, "last_hidden_state")?;
             Ok(pooling.pool_host(
                 &hidden,
                 &inputs.attention_mask,
@@ -459,15 +430,15 @@ mod graph {
             Ok(match self.config.head() {
                 BertHead::SequenceClassification => HostLogits::Sequence {
                     labels,
-                    data: output_f32(&out, "logits")?,
+                    data: crate::onnx::output_f32(&out, "logits")?,
                 },
                 BertHead::TokenClassification => HostLogits::Token {
                     labels,
-                    data: output_f32(&out, "logits")?,
+                    data: crate::onnx::output_f32(&out, "logits")?,
                 },
                 BertHead::QuestionAnswering => HostLogits::Span {
-                    start: output_f32(&out, "start_logits")?,
-                    end: output_f32(&out, "end_logits")?,
+                    start: crate::onnx::output_f32(&out, "start_logits")?,
+                    end: crate::onnx::output_f32(&out, "end_logits")?,
                 },
                 BertHead::Base => {
                     return Err(ipfs_accelerate_core::Error::InvalidInput(

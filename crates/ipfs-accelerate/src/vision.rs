@@ -128,22 +128,7 @@ mod classify {
     }
 
     #[cfg(feature = "onnx")]
-    impl ipfs_accelerate_core::ModelRunner for GraphVit {
-        fn family(&self) -> &str {
-            "vit"
-        }
-
-        fn backend(&self) -> ipfs_accelerate_core::BackendKind {
-            self.runner.backend()
-        }
-
-        fn run(
-            &self,
-            inputs: &ipfs_accelerate_core::TensorMap,
-        ) -> ipfs_accelerate_core::Result<ipfs_accelerate_core::TensorMap> {
-            self.runner.run(inputs)
-        }
-    }
+    crate::onnx::graph_model_runner!(GraphVit, "vit");
 
     #[cfg(feature = "onnx")]
     impl VitTasks for GraphVit {
@@ -159,15 +144,7 @@ mod classify {
             let mut inputs = ipfs_accelerate_core::TensorMap::new();
             inputs.insert("pixel_values".into(), pixel_values.clone());
             use ipfs_accelerate_core::ModelRunner;
-            let out = self.runner.run(&inputs)?;
-            let logits = out
-                .get("logits")
-                .ok_or_else(|| {
-                    ipfs_accelerate_core::Error::InvalidInput(
-                        "the ONNX export has no output `logits` (not an image classifier)".into(),
-                    )
-                })?
-                .to_f32_vec();
+            let logits = crate::onnx::output_f32(&self.runner.run(&inputs)?, "logits")?;
             let labels = self.config.num_labels().max(1);
             let probs: Vec<f32> = logits
                 .chunks(labels)
@@ -245,6 +222,122 @@ mod zero_shot {
         LoadClip => ClipTasks, ClipRunner::load_dir
     );
 
+    /// CLIP on a graph backend (ONNX Runtime, a browser): the checkpoint's ONNX export (one graph
+    /// of `input_ids`, `attention_mask`, `pixel_values` to `text_embeds`, `image_embeds`,
+    /// `logits_per_image`, as HF's `CLIPModel` exports).
+    #[cfg(feature = "onnx")]
+    fn graph_clip(
+        kind: ipfs_accelerate_core::BackendKind,
+        dir: &Path,
+    ) -> Result<Box<dyn ClipTasks>> {
+        use ipfs_accelerate_core::JsonConfig;
+        let config = ipfs_accelerate_clip::ClipConfig::from_file(&dir.join("config.json"))?;
+        let runner = crate::onnx::graph_runner("clip", kind, dir)?;
+        Ok(Box::new(GraphClip { runner, config }))
+    }
+
+    #[cfg(not(feature = "onnx"))]
+    fn graph_clip(
+        kind: ipfs_accelerate_core::BackendKind,
+        _dir: &Path,
+    ) -> Result<Box<dyn ClipTasks>> {
+        Err(Error::Unsupported(format!(
+            "{kind}: not compiled in (enable feature `onnx`)"
+        )))
+    }
+
+    /// CLIP through its ONNX export. The export takes text and pixels together: an embedding of
+    /// one side runs with a placeholder of the other (one black image, or a one-token text).
+    #[cfg(feature = "onnx")]
+    struct GraphClip {
+        runner: crate::onnx::OnnxRunner,
+        config: ipfs_accelerate_clip::ClipConfig,
+    }
+
+    #[cfg(feature = "onnx")]
+    crate::onnx::graph_model_runner!(GraphClip, "clip");
+
+    #[cfg(feature = "onnx")]
+    impl GraphClip {
+        /// Runs the export on `text` and `pixels` (placeholders where `None`); the output `name`
+        /// as rows of `width`.
+        fn rows(
+            &self,
+            text: Option<&ipfs_accelerate_clip::ClipTextInputs>,
+            pixels: Option<&ipfs_accelerate_core::HostTensor>,
+            name: &str,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
+            use ipfs_accelerate_core::{HostTensor, ModelRunner, TensorMap};
+            let side = self.config.vision_config.image_size;
+            let mut inputs = TensorMap::new();
+            let (ids, mask, shape) = match text {
+                Some(t) => (
+                    t.input_ids.clone(),
+                    t.attention_mask.clone(),
+                    vec![t.batch, t.seq],
+                ),
+                None => (vec![0], vec![1], vec![1, 1]),
+            };
+            inputs.insert(
+                "input_ids".into(),
+                HostTensor::from_i64(shape.clone(), &ids)?,
+            );
+            inputs.insert("attention_mask".into(), HostTensor::from_i64(shape, &mask)?);
+            let black;
+            let pixels = match pixels {
+                Some(p) => p,
+                None => {
+                    black =
+                        HostTensor::from_f32(vec![1, 3, side, side], &vec![0.0; 3 * side * side])?;
+                    &black
+                }
+            };
+            inputs.insert("pixel_values".into(), pixels.clone());
+            let out = self.runner.run(&inputs)?;
+            let rows = match name {
+                "logits_per_image" => text.map_or(1, |t| t.batch),
+                _ => self.config.projection_dim,
+            };
+            Ok(crate::onnx::output_f32(&out, name)?
+                .chunks(rows.max(1))
+                .map(<[f32]>::to_vec)
+                .collect())
+        }
+    }
+
+    #[cfg(feature = "onnx")]
+    impl ClipTasks for GraphClip {
+        fn config(&self) -> &ipfs_accelerate_clip::ClipConfig {
+            &self.config
+        }
+
+        fn text_embeds(
+            &self,
+            text: &ipfs_accelerate_clip::ClipTextInputs,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
+            self.rows(Some(text), None, "text_embeds")
+        }
+
+        fn image_embeds(
+            &self,
+            pixel_values: &ipfs_accelerate_core::HostTensor,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
+            self.rows(None, Some(pixel_values), "image_embeds")
+        }
+
+        fn zero_shot(
+            &self,
+            pixel_values: &ipfs_accelerate_core::HostTensor,
+            labels: &ipfs_accelerate_clip::ClipTextInputs,
+        ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
+            let logits = self.rows(Some(labels), Some(pixel_values), "logits_per_image")?;
+            Ok(logits
+                .iter()
+                .map(|row| ipfs_accelerate_core::softmax(row))
+                .collect())
+        }
+    }
+
     task_type!(
         /// Zero-shot image classification with CLIP: the probability of each free-text label.
         ZeroShotClassifier => ClipTasks {
@@ -256,7 +349,13 @@ mod zero_shot {
     impl ZeroShotClassifier {
         /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
         pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-            let inner = Loaded::load(model, options, &[PREPROCESSOR, "tokenizer.json"], LoadClip)?;
+            let inner = Loaded::load_with_graph(
+                model,
+                options,
+                &[PREPROCESSOR, "tokenizer.json"],
+                LoadClip,
+                &graph_clip,
+            )?;
             let side = inner.model.config().vision_config.image_size;
             let processor = image_processor(&inner.dir, ProcessorKind::Clip, Some((side, side)))?;
             let max_len = inner.model.config().text_config.max_position_embeddings;
