@@ -26,6 +26,20 @@ fn available(test: &str, provider: ExecutionProvider) -> bool {
     }
 }
 
+/// The browser's WebNN backend when it can run here (`cargo xtask fetch-browser`, and the
+/// facade built with feature `webnn`); CI's test step runs before the browser is fetched, so
+/// its absence is a skip, not a failure.
+fn webnn(test: &str) -> Option<BackendKind> {
+    let kind: BackendKind = "webnn".parse().ok()?;
+    match ipfs_accelerate::selector().probe(kind) {
+        Availability::Available(_) => Some(kind),
+        other => {
+            eprintln!("skipped the WebNN part of {test}: {other:?}");
+            None
+        }
+    }
+}
+
 /// A fixture copy with a 99-word tokenizer (`w4 w5 ...` are words).
 fn bert(shared: &std::path::Path, variant: &str) -> tempfile::TempDir {
     let dir = fixture_copy(shared, "bert", variant);
@@ -108,6 +122,24 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
         ]))
         .unwrap();
         assert!(max_diff(&cli[0], &native[0]) < 1e-4, "CLI on {kind}");
+    }
+    // WebNN in headless Chromium through the same Pipeline.
+    if let Some(kind) = webnn(test) {
+        let out = load(&base, Task::Embed, kind).embed(&texts, true).unwrap();
+        for (a, b) in out.value.iter().zip(&native) {
+            assert!(max_diff(a, b) < 1e-3, "{kind}: {}", max_diff(a, b));
+        }
+        let cli: Vec<Vec<f32>> = serde_json::from_str(&run_ok(&[
+            "--backend",
+            "webnn",
+            "embed",
+            "--normalize",
+            "--model",
+            base.path().to_str().unwrap(),
+            texts[0],
+        ]))
+        .unwrap();
+        assert!(max_diff(&cli[0], &native[0]) < 1e-3, "CLI on webnn");
     }
     // The embedded model has no ONNX export: onnx-cpu is skipped with the reason, cpu loads.
     let pipe = Pipeline::builder(ipfs_accelerate::EMBEDDED_SPEC)
