@@ -225,4 +225,12 @@ fn vit_image_classification_on_onnx_runtime_matches_cpu() {
         ]);
         assert!(out.contains(&native[0][0].label), "CLI on {kind}: {out}");
     }
+    if let Some(kind) = webnn(test) {
+        let graph = load(kind).classify_files(&[&image], 3).unwrap().value;
+        assert_eq!(graph[0][0].index, native[0][0].index, "{kind}");
+        assert!(
+            (graph[0][0].score - native[0][0].score).abs() < 1e-3,
+            "{kind}"
+        );
+    }
 }
