@@ -223,6 +223,21 @@ pub(crate) struct Loaded<T: ?Sized> {
 /// Builds a task's model from the checkpoint's ONNX export in a folder on a graph backend.
 pub(crate) type GraphLoader<T> = dyn Fn(BackendKind, &std::path::Path) -> Result<Box<T>>;
 
+/// `Some(&$loader)` as a [`GraphLoader`] in builds with ONNX Runtime (feature `onnx`), `None`
+/// without: the task type then runs on the native backends only.
+#[allow(unused_macros)] // unused in builds without a task type with a graph path
+macro_rules! graph {
+    ($loader:ident) => {{
+        #[cfg(feature = "onnx")]
+        let graph: Option<&crate::loaded::GraphLoader<_>> = Some(&$loader);
+        #[cfg(not(feature = "onnx"))]
+        let graph = None;
+        graph
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use graph;
+
 impl<T: ?Sized> Loaded<T> {
     /// Resolves `spec` and loads it with `work` (made fresh per backend attempt).
     pub(crate) fn load<W: WithBackend<Output = Box<T>>>(
@@ -244,11 +259,11 @@ impl<T: ?Sized> Loaded<T> {
         options: &LoadOptions,
         optional_files: &[&str],
         work: impl FnMut(PathBuf) -> W,
-        graph: &GraphLoader<T>,
+        graph: Option<&GraphLoader<T>>,
     ) -> Result<Self> {
         let clock = Stopwatch::start();
         let dir = model_dir(spec, options.offline, optional_files)?;
-        Self::from_dir(dir, options, clock, work, Some(graph))
+        Self::from_dir(dir, options, clock, work, graph)
     }
 
     /// Loads a model already resolved to `dir` with `work` (made fresh per backend attempt);

@@ -509,3 +509,15 @@ pub(crate) fn output_f32(out: &TensorMap, name: &str) -> ipfs_accelerate_core::R
         })?
         .to_f32_vec())
 }
+
+/// The task model of `family` on the graph backend `kind` from the export in `dir`: its config
+/// (`C`, read from config.json) and runner handed to `make`.
+pub(crate) fn graph_model<C: ipfs_accelerate_core::JsonConfig, T: ?Sized>(
+    family: &str,
+    kind: BackendKind,
+    dir: &Path,
+    make: impl FnOnce(OnnxRunner, C) -> Box<T>,
+) -> Result<Box<T>> {
+    let config = C::from_file(&dir.join("config.json"))?;
+    Ok(make(graph_runner(family, kind, dir)?, config))
+}

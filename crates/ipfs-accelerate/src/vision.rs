@@ -23,7 +23,7 @@ use ipfs_accelerate_preprocess::image::{
 
 #[cfg(feature = "clip")]
 use crate::loaded::{clip_text, encode_labels, rank_labels, Label};
-use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
+use crate::loaded::{dir_loader, graph, task_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
 const PREPROCESSOR: &str = "preprocessor_config.json";
@@ -104,20 +104,9 @@ mod classify {
     /// by the same [`ipfs_accelerate_vit::top_predictions`] as the native path.
     #[cfg(feature = "onnx")]
     fn graph_vit(kind: ipfs_accelerate_core::BackendKind, dir: &Path) -> Result<Box<dyn VitTasks>> {
-        use ipfs_accelerate_core::JsonConfig;
-        let config = ipfs_accelerate_vit::VitConfig::from_file(&dir.join("config.json"))?;
-        let runner = crate::onnx::graph_runner("vit", kind, dir)?;
-        Ok(Box::new(GraphVit { runner, config }))
-    }
-
-    #[cfg(not(feature = "onnx"))]
-    fn graph_vit(
-        kind: ipfs_accelerate_core::BackendKind,
-        _dir: &Path,
-    ) -> Result<Box<dyn VitTasks>> {
-        Err(Error::Unsupported(format!(
-            "{kind}: not compiled in (enable feature `onnx`)"
-        )))
+        crate::onnx::graph_model("vit", kind, dir, |runner, config| -> Box<dyn VitTasks> {
+            Box::new(GraphVit { runner, config })
+        })
     }
 
     /// ViT through an ONNX export; its `logits` output is `[batch, labels]`.
@@ -163,8 +152,13 @@ mod classify {
         /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
         /// backend.
         pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-            let inner =
-                Loaded::load_with_graph(model, options, &[PREPROCESSOR], LoadVit, &graph_vit)?;
+            let inner = Loaded::load_with_graph(
+                model,
+                options,
+                &[PREPROCESSOR],
+                LoadVit,
+                graph!(graph_vit),
+            )?;
             let size = inner.model.config().image_size.hw();
             let processor = image_processor(&inner.dir, ProcessorKind::Vit, Some(size))?;
             Ok(ImageClassifier { inner, processor })
@@ -230,20 +224,9 @@ mod zero_shot {
         kind: ipfs_accelerate_core::BackendKind,
         dir: &Path,
     ) -> Result<Box<dyn ClipTasks>> {
-        use ipfs_accelerate_core::JsonConfig;
-        let config = ipfs_accelerate_clip::ClipConfig::from_file(&dir.join("config.json"))?;
-        let runner = crate::onnx::graph_runner("clip", kind, dir)?;
-        Ok(Box::new(GraphClip { runner, config }))
-    }
-
-    #[cfg(not(feature = "onnx"))]
-    fn graph_clip(
-        kind: ipfs_accelerate_core::BackendKind,
-        _dir: &Path,
-    ) -> Result<Box<dyn ClipTasks>> {
-        Err(Error::Unsupported(format!(
-            "{kind}: not compiled in (enable feature `onnx`)"
-        )))
+        crate::onnx::graph_model("clip", kind, dir, |runner, config| -> Box<dyn ClipTasks> {
+            Box::new(GraphClip { runner, config })
+        })
     }
 
     /// CLIP through its ONNX export. The export takes text and pixels together: an embedding of
@@ -354,7 +337,7 @@ mod zero_shot {
                 options,
                 &[PREPROCESSOR, "tokenizer.json"],
                 LoadClip,
-                &graph_clip,
+                graph!(graph_clip),
             )?;
             let side = inner.model.config().vision_config.image_size;
             let processor = image_processor(&inner.dir, ProcessorKind::Clip, Some((side, side)))?;
