@@ -697,6 +697,9 @@ fn devices(json: bool) -> anyhow::Result<()> {
                 if !info.capabilities.features.is_empty() {
                     d += &format!(", [{}]", info.capabilities.features.join(" "));
                 }
+                if let Some(driver) = &info.driver {
+                    d += &format!(", {driver}");
+                }
                 ("available", d)
             }
             Availability::Unavailable(r) => ("unavailable", r.clone()),

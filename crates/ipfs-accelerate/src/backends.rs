@@ -52,9 +52,20 @@ pub fn selector() -> Selector {
     Selector::new(compiled_backends())
 }
 
-/// Probe results for every backend kind (compiled in or not), as `devices` prints them.
+/// Probe results for every backend kind (compiled in or not), as `devices` prints them; the
+/// CPU's driver line names the int8 / bf16 kernels chosen for this CPU.
 pub fn devices() -> Vec<(BackendKind, Availability)> {
-    selector().probe_all()
+    let mut rows = selector().probe_all();
+    for (kind, availability) in &mut rows {
+        if let (BackendKind::Cpu, Availability::Available(info)) = (*kind, availability) {
+            let kernels = ipfs_accelerate_nn::fast::cpu_kernels();
+            info.driver = Some(match info.driver.take() {
+                Some(d) => format!("{d}; kernels: {kernels}"),
+                None => format!("kernels: {kernels}"),
+            });
+        }
+    }
+    rows
 }
 
 /// Every native (burn) backend compiled into this build, fastest first, the CPU last. Backends that

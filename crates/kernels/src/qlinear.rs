@@ -95,6 +95,15 @@ impl Int8Isa {
             .unwrap_or(&Int8Isa::Scalar)
     }
 
+    /// A short name (`"scalar"`, `"avx2"`, `"avx512vnni"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Int8Isa::Scalar => "scalar",
+            Int8Isa::Avx2 => "avx2",
+            Int8Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
     /// Rows one call of the kernel's inner tile computes.
     fn tile_rows(self) -> usize {
         match self {

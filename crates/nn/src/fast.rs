@@ -357,3 +357,13 @@ pub(crate) fn attention<B: Backend>(
     let merged = new_flex(out, vec![batch, queries, heads, v_dim]);
     Some(from_flex(merged.permute(&[0, 2, 1, 3])))
 }
+
+/// The CPU kernels this machine runs, chosen at run time, for reports such as `devices`:
+/// `int8 avx512vnni, bf16 avx512bf16` (AMX is not used yet).
+pub fn cpu_kernels() -> String {
+    format!(
+        "int8 {}, bf16 {}",
+        ipfs_accelerate_kernels::Int8Isa::detect().name(),
+        ipfs_accelerate_kernels::Bf16Isa::detect().name()
+    )
+}
