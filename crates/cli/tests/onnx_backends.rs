@@ -74,6 +74,7 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
     let texts = ["w4 w5 w6", "w7 w8 w9 w10 w11 w12"];
     let base = bert(&shared, "base");
     let classifier = bert(&shared, "sequence_classification");
+    let tagger = bert(&shared, "token_classification");
     let load = |dir: &tempfile::TempDir, task: Task, kind: BackendKind| {
         Pipeline::builder(dir.path().to_str().unwrap())
             .task(task)
@@ -88,6 +89,10 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
         .value;
     let native_labels = load(&classifier, Task::Classify, BackendKind::Cpu)
         .classify(&texts)
+        .unwrap()
+        .value;
+    let native_tags = load(&tagger, Task::TokenClassify, BackendKind::Cpu)
+        .classify_tokens(&texts)
         .unwrap()
         .value;
     for provider in [ExecutionProvider::Cpu, ExecutionProvider::OpenVino] {
@@ -108,6 +113,20 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
         for (row, native_row) in labels.iter().zip(&native_labels) {
             assert_eq!(row[0].label, native_row[0].label, "{kind}");
             assert!((row[0].score - native_row[0].score).abs() < 1e-4, "{kind}");
+        }
+        let tags = load(&tagger, Task::TokenClassify, kind)
+            .classify_tokens(&texts)
+            .unwrap()
+            .value;
+        for (row, native_row) in tags.iter().zip(&native_tags) {
+            assert_eq!(row.len(), native_row.len(), "{kind}");
+            for (a, b) in row.iter().zip(native_row) {
+                assert_eq!(
+                    (&a.token, &a.label, a.start, a.end),
+                    (&b.token, &b.label, b.start, b.end)
+                );
+                assert!((a.score - b.score).abs() < 1e-4, "{kind}");
+            }
         }
         // The CLI takes the same backend.
         let name = kind.to_string();
