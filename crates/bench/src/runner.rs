@@ -806,19 +806,19 @@ fn measure_generation(
 /// generation points: f32 compute, or `int8` / `int4` linear weights. The process's peak RSS is
 /// reset first, so the generation rows' peak covers loading too (as a peer's process does).
 fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
-    let quantization = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
-        Ok(q) => q,
-        Err(_) if dtype == "f32" => ipfs_accelerate::WeightQuantization::None,
+    let (quantization, precision) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
+        Ok(q) => (q, Precision::F32),
+        Err(_) if dtype == "bf16" => (ipfs_accelerate::WeightQuantization::None, Precision::BF16),
         Err(_) => {
             return Err(format!(
-                "generation computes in f32 (int8 / int4 keep the linear weights quantized); \
-                 `{dtype}` is not benchmarked for generation"
+                "generation computes in f32 (int8 / int4 keep the linear weights quantized, bf16 \
+                 keeps them as bf16 on the cpu); `{dtype}` is not benchmarked for generation"
             ))
         }
     };
     sysinfo::reset_peak_rss();
     let start = Instant::now();
-    let mut decoder = ipfs_accelerate::text::load_decoder(&plan.dir, backend)
+    let mut decoder = ipfs_accelerate::text::load_decoder(&plan.dir, backend, precision)
         .map_err(|e| format!("load failed: {e}"))?;
     if quantization != ipfs_accelerate::WeightQuantization::None {
         decoder

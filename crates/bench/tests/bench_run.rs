@@ -165,6 +165,22 @@ fn generation_points_store_ttft_and_decode_rate() {
         .join("fixtures/llama/causal_lm")
         .display()
         .to_string();
+    // bf16 linear weights on the cpu: measured like f32.
+    let spec = BenchSpec {
+        model: llama.clone(),
+        new_tokens: Some(3),
+        prompts: vec![4],
+        dtypes: vec!["bf16".into()],
+        warmup: 0,
+        iters: 1,
+        ..Default::default()
+    };
+    let (_, rows) = run_benchmark(&spec, |_, _| Ok(())).unwrap();
+    assert!(
+        rows.iter()
+            .all(|m| m.status == Status::Ok && m.dtype == "bf16"),
+        "{rows:?}"
+    );
     let spec = BenchSpec {
         model: llama.clone(),
         new_tokens: Some(4),

@@ -495,12 +495,6 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
 fn generate(cli: Cli) -> anyhow::Result<()> {
     use ipfs_accelerate::text::{GenerateOptions, Sampling, TextGenerator};
     use std::io::Write;
-    if cli.precision != ipfs_accelerate::Precision::F32 {
-        anyhow::bail!(
-            "generate computes in f32 in this build (got --precision {})",
-            cli.precision
-        );
-    }
     let backends = backend_list(&cli)?;
     let quantization = quantization(&cli)?;
     let Command::Generate {

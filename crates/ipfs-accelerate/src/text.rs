@@ -123,10 +123,10 @@ impl WithBackend for LoadLlama<'_> {
 ///
 /// ```no_run
 /// use ipfs_accelerate::text::{load_decoder, GenerationConfig};
-/// use ipfs_accelerate::BackendKind;
+/// use ipfs_accelerate::{BackendKind, Precision};
 ///
 /// # fn main() -> ipfs_accelerate::Result<()> {
-/// let model = load_decoder("model.gguf".as_ref(), BackendKind::Cpu)?;
+/// let model = load_decoder("model.gguf".as_ref(), BackendKind::Cpu, Precision::F32)?;
 /// let config = GenerationConfig {
 ///     max_new_tokens: 16,
 ///     ..model.default_generation_config()
@@ -136,7 +136,12 @@ impl WithBackend for LoadLlama<'_> {
 /// # Ok(())
 /// # }
 /// ```
-pub fn load_decoder(model: &Path, backend: BackendKind) -> Result<Box<dyn TextGeneration>> {
+pub fn load_decoder(
+    model: &Path,
+    backend: BackendKind,
+    precision: Precision,
+) -> Result<Box<dyn TextGeneration>> {
+    check_precision(precision, &[backend])?;
     let source = if model.is_file() {
         LoadSource::Gguf(model.to_path_buf())
     } else {
@@ -147,10 +152,27 @@ pub fn load_decoder(model: &Path, backend: BackendKind) -> Result<Box<dyn TextGe
         }
     };
     let preferences = resolve_preferences(Some(vec![backend]), false)?;
-    let (model, _) = load_on_first_usable(&preferences, Precision::F32, || LoadLlama {
-        source: &source,
-    })?;
+    let (model, _) =
+        load_on_first_usable(&preferences, precision, || LoadLlama { source: &source })?;
     Ok(model)
+}
+
+/// Generation computes in f32, or with bf16 linear weights on the CPU (`--precision bf16`: the
+/// AVX-512 BF16 kernels; a GGUF's blocks stay as they are).
+fn check_precision(precision: Precision, preferences: &[BackendKind]) -> Result<()> {
+    let cpu_only = preferences.iter().all(|k| *k == BackendKind::Cpu);
+    match precision {
+        Precision::F32 => Ok(()),
+        Precision::BF16 if cpu_only => Ok(()),
+        other => Err(Error::Unsupported(format!(
+            "generation computes in f32, or bf16 on the cpu backend alone (asked: {other} on {})",
+            preferences
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ))),
+    }
 }
 
 fn tokenizer_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -164,8 +186,9 @@ impl TextGenerator {
     /// task type takes them: the first usable of `options.backends` (`None`: the default
     /// preferences, `IPFS_ACCELERATE_BACKENDS` honoured), `offline`, and `quantization` applied
     /// while loading (each linear weight goes from the file to int8 / int4 blocks as it is read,
-    /// never a whole f32 copy of the model). Generation computes in f32:
-    /// another `precision` is an [`Error::Unsupported`].
+    /// never a whole f32 copy of the model). Generation computes in f32, or with bf16 linear
+    /// weights on the cpu backend (`Precision::BF16` with `backends: [Cpu]`); another precision
+    /// is an [`Error::Unsupported`].
     ///
     /// ```no_run
     /// use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
@@ -179,15 +202,10 @@ impl TextGenerator {
     /// # }
     /// ```
     pub fn load(model: &str, options: &crate::LoadOptions) -> Result<Self> {
-        if options.precision != Precision::F32 {
-            return Err(Error::Unsupported(format!(
-                "generation computes in f32 in this build (asked: {})",
-                options.precision
-            )));
-        }
         let (backends, offline) = (options.backends.clone(), options.offline);
         let mut clock = Stopwatch::start();
         let preferences = resolve_preferences(backends, true)?;
+        check_precision(options.precision, &preferences)?;
         let path = Path::new(model);
         let (source, tokenizer, template, bos, eos) = if path.is_file()
             && path
@@ -253,7 +271,7 @@ impl TextGenerator {
         // The load scope quantizes each linear weight as it is read (a GGUF's blocks through
         // f32 one tensor at a time).
         let ((model_box, _), selection) =
-            load_on_first_usable(&preferences, Precision::F32, || crate::loaded::Scoped {
+            load_on_first_usable(&preferences, options.precision, || crate::loaded::Scoped {
                 work: LoadLlama { source: &source },
                 quantization: options.quantization,
                 share: options.share_weights,
