@@ -336,6 +336,27 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
             assert!(diff(a, b) < 1e-4);
         }
     }
+    // And on the browser's WebNN, when the build has it and the browser is installed.
+    if let Ok(webnn) = "webnn".parse::<ipfs_accelerate::BackendKind>() {
+        if ort
+            && matches!(
+                ipfs_accelerate::selector().probe(webnn),
+                ipfs_accelerate::Availability::Available(_)
+            )
+        {
+            let options = LoadOptions {
+                backends: Some(vec![webnn]),
+                ..Default::default()
+            };
+            let graph = ipfs_accelerate::vision::ZeroShotClassifier::load(c, &options).unwrap();
+            let on_webnn = graph.classify(&images, &texts, "{}").unwrap().value;
+            assert_eq!(on_webnn[0][0].label, direct[0][0].label, "webnn");
+            assert!(
+                (on_webnn[0][0].score - direct[0][0].score).abs() < 1e-3,
+                "webnn"
+            );
+        }
+    }
 
     let detr = fixture_copy(&shared, "detr", "object_detection");
     let drawn = tempfile::tempdir().unwrap();
