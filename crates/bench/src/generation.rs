@@ -14,7 +14,6 @@
 //! token, LLaVA's the text tokens around one image's tokens.
 
 use std::ops::ControlFlow;
-use std::path::Path;
 use std::time::Instant;
 
 use indicatif::ProgressBar;
@@ -58,31 +57,46 @@ const FILE_TYPES: &[(u64, &str)] = &[
     (32, "BF16"),
 ];
 
-/// The precision label of a GGUF file: its `general.file_type` (`Q4_K_M`, `Q4_1`, ...), else the
-/// block type of most of its weight elements, or `gguf` when the file cannot be read.
-pub fn gguf_dtype(path: &Path) -> String {
-    let Ok(file) = ipfs_accelerate_io::gguf::GgufFile::open(path) else {
-        return "gguf".into();
-    };
-    let named = file
-        .get("general.file_type")
-        .and_then(|v| v.as_u64())
-        .and_then(|t| FILE_TYPES.iter().find(|(id, _)| *id == t));
-    if let Some((_, name)) = named {
-        return name.to_string();
+/// What the benchmark reads of a GGUF file, once: its precision label and its vocabulary size
+/// (the prompt ids of a peer on the same file are drawn from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufInfo {
+    /// `general.file_type` (`Q4_K_M`, `Q4_1`, ...), else the block type of most of the weight
+    /// elements, else `gguf`.
+    pub dtype: String,
+    /// Entries of `tokenizer.ggml.tokens`, when the file has a vocabulary.
+    pub vocab: Option<usize>,
+}
+
+impl GgufInfo {
+    /// Reads them from an open file.
+    pub fn of(file: &ipfs_accelerate_io::gguf::GgufFile) -> GgufInfo {
+        let vocab = file
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array().map(<[_]>::len));
+        let named = file
+            .get("general.file_type")
+            .and_then(|v| v.as_u64())
+            .and_then(|t| FILE_TYPES.iter().find(|(id, _)| *id == t));
+        let dtype = match named {
+            Some((_, name)) => name.to_string(),
+            None => {
+                let mut totals: Vec<(String, usize)> = Vec::new();
+                for info in file.tensor_infos().iter().filter(|t| t.shape.len() == 2) {
+                    let name = info.ggml_type.name().to_string();
+                    match totals.iter_mut().find(|(n, _)| *n == name) {
+                        Some((_, count)) => *count += info.n_elements(),
+                        None => totals.push((name, info.n_elements())),
+                    }
+                }
+                totals
+                    .into_iter()
+                    .max_by_key(|(_, count)| *count)
+                    .map_or_else(|| "gguf".into(), |(name, _)| name.to_uppercase())
+            }
+        };
+        GgufInfo { dtype, vocab }
     }
-    let mut totals: Vec<(String, usize)> = Vec::new();
-    for info in file.tensor_infos().iter().filter(|t| t.shape.len() == 2) {
-        let name = info.ggml_type.name().to_string();
-        match totals.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, count)) => *count += info.n_elements(),
-            None => totals.push((name, info.n_elements())),
-        }
-    }
-    totals
-        .into_iter()
-        .max_by_key(|(_, count)| *count)
-        .map_or_else(|| "gguf".into(), |(name, _)| name.to_uppercase())
 }
 
 /// What one generation point asks for.

@@ -183,6 +183,9 @@ pub struct PeerPoint<'a> {
     pub model_dir: Option<&'a Path>,
     /// New tokens per generation for a generation point (`bench --new`); `None`: a forward pass.
     pub new_tokens: Option<usize>,
+    /// The vocabulary size our prompt ids were drawn from, for a GGUF file (a peer on the same
+    /// file gets the same ids, [`crate::generation::prompt_ids`]).
+    pub vocab: Option<usize>,
     /// Threads our backend ran on.
     pub threads: u32,
     /// The peer's device (`cpu`, `cuda`), or why the backend has no peer device.
@@ -394,28 +397,15 @@ fn invoke_llamacpp(point: &PeerPoint<'_>, _device: &str) -> Result<String, Strin
     let (Some(model), Some(new)) = (point.model_dir, point.new_tokens) else {
         return Err("llama.cpp is measured on generation points of a GGUF file".into());
     };
-    let vocab = ipfs_accelerate_io::gguf::GgufFile::open(model)
-        .ok()
-        .and_then(|f| {
-            f.get("tokenizer.ggml.tokens")
-                .and_then(|v| v.as_array().map(<[_]>::len))
-        })
-        .ok_or_else(|| {
-            format!(
-                "{}: no tokenizer.ggml.tokens to size the prompt",
-                model.display()
-            )
-        })?;
+    let vocab = point.vocab.ok_or_else(|| {
+        format!(
+            "{}: no tokenizer.ggml.tokens to size the prompt",
+            model.display()
+        )
+    })?;
     let ids = crate::generation::prompt_ids(point.ours.seq as usize, vocab);
     let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
-    let mut script = tempfile::Builder::new()
-        .prefix("llamacpp_bench")
-        .suffix(".mjs")
-        .tempfile()
-        .map_err(|e| format!("cannot write the llama.cpp script to a temporary file: {e}"))?;
-    script
-        .write_all(LLAMACPP_SCRIPT.as_bytes())
-        .map_err(|e| format!("cannot write the llama.cpp script to a temporary file: {e}"))?;
+    let script = script_file("llamacpp_bench", ".mjs", LLAMACPP_SCRIPT)?;
     let out = Command::new("node")
         .arg(script.path())
         .arg(model)
@@ -452,17 +442,24 @@ fn tail(text: &str, n: usize) -> String {
     flat[start..].to_string()
 }
 
+/// A peer script written to a temporary file (removed when dropped).
+fn script_file(prefix: &str, suffix: &str, text: &str) -> Result<tempfile::NamedTempFile, String> {
+    let cannot = |e: std::io::Error| {
+        format!("cannot write the peer script {prefix}{suffix} to a temporary file: {e}")
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(suffix)
+        .tempfile()
+        .map_err(cannot)?;
+    file.write_all(text.as_bytes()).map_err(cannot)?;
+    Ok(file)
+}
+
 /// Runs the script; its stdout, or why the interpreter could not run it.
 fn invoke(peer: &Peer, point: &PeerPoint<'_>, device: &str) -> Result<String, String> {
     let python = &point.python;
-    let mut script = tempfile::Builder::new()
-        .prefix("peer_bench")
-        .suffix(".py")
-        .tempfile()
-        .map_err(|e| format!("cannot write the peer script to a temporary file: {e}"))?;
-    script
-        .write_all(SCRIPT.as_bytes())
-        .map_err(|e| format!("cannot write the peer script to a temporary file: {e}"))?;
+    let script = script_file("peer_bench", ".py", SCRIPT)?;
     let ours = point.ours;
     let mut cmd = Command::new(python);
     cmd.arg(script.path())
@@ -552,6 +549,7 @@ mod tests {
             config_file: Path::new("/nonexistent/config.json"),
             model_dir: None,
             new_tokens: None,
+            vocab: None,
             threads: 1,
             device: Ok("cpu"),
             warmup: 0,

@@ -141,8 +141,9 @@ struct ModelPlan {
     fixture_inputs: Option<TensorMap>,
     /// Whether the weights are random (a named configuration or a config.json), not a checkpoint's.
     random_weights: bool,
-    /// Whether `dir` is a llama.cpp `.gguf` file (config and weights in one file).
-    gguf: bool,
+    /// What was read of `dir` when it is a llama.cpp `.gguf` file (config and weights in one
+    /// file); `None` for a checkpoint folder.
+    gguf: Option<crate::generation::GgufInfo>,
     /// Keeps the folder of a random-weight configuration alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -218,7 +219,7 @@ fn gguf_plan(spec: &BenchSpec, path: &Path) -> Result<ModelPlan, BenchError> {
         config: Value::Null,
         fixture_inputs: None,
         random_weights: false,
-        gguf: true,
+        gguf: Some(crate::generation::GgufInfo::of(&file)),
         _temp: None,
     })
 }
@@ -312,7 +313,7 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
         config,
         fixture_inputs,
         random_weights,
-        gguf: false,
+        gguf: None,
         _temp: temp,
     })
 }
@@ -461,7 +462,7 @@ fn grid_of_fixture(plan: &ModelPlan) -> Grid {
 
 /// Whether `spec` on `plan` measures generation rather than a forward pass.
 fn generation_mode(spec: &BenchSpec, plan: &ModelPlan) -> bool {
-    spec.new_tokens.is_some() || plan.gguf
+    spec.new_tokens.is_some() || plan.gguf.is_some()
 }
 
 /// Runs the benchmark described by `spec`, handing every measurement to `sink` as soon as it is
@@ -507,7 +508,7 @@ pub fn run_benchmark(
     let generation = generation_mode(spec, &plan);
     let new_tokens = spec.new_tokens.unwrap_or(128);
     // A GGUF file computes in f32 on its own blocks: its points are labelled with the file's type.
-    let gguf_label = plan.gguf.then(|| crate::generation::gguf_dtype(&plan.dir));
+    let gguf_label = plan.gguf.as_ref().map(|g| g.dtype.clone());
     let variants: usize = spec.backends.iter().map(|&b| fusions(b).len()).sum();
     let total =
         (variants * dtypes.len() * points.len() * spec.rounds.max(1) * (spec.warmup + spec.iters))
@@ -675,6 +676,7 @@ pub fn run_benchmark(
                                     config_file: &config_file,
                                     model_dir: (!plan.random_weights).then_some(plan.dir.as_path()),
                                     new_tokens: generation.then_some(new_tokens),
+                                    vocab: plan.gguf.as_ref().and_then(|g| g.vocab),
                                     threads: run.cores,
                                     device: crate::peers::peer_device(label),
                                     warmup: spec.warmup,
@@ -806,16 +808,8 @@ fn measure_generation(
 /// generation points: f32 compute, or `int8` / `int4` linear weights. The process's peak RSS is
 /// reset first, so the generation rows' peak covers loading too (as a peer's process does).
 fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
-    let (quantization, precision) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
-        Ok(q) => (q, Precision::F32),
-        Err(_) if dtype == "bf16" => (ipfs_accelerate::WeightQuantization::None, Precision::BF16),
-        Err(_) => {
-            return Err(format!(
-                "generation computes in f32 (int8 / int4 keep the linear weights quantized, bf16 \
-                 keeps them as bf16 on the cpu); `{dtype}` is not benchmarked for generation"
-            ))
-        }
-    };
+    // The facade refuses the precisions generation does not compute in, with the reason.
+    let (precision, quantization) = variant(dtype)?;
     sysinfo::reset_peak_rss();
     let start = Instant::now();
     let mut decoder = ipfs_accelerate::text::load_decoder(&plan.dir, backend, precision)
@@ -832,13 +826,7 @@ fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
 /// `f16`, `bf16`) or `int8` / `int4` (f32 compute, linear weights kept quantized as
 /// `--quantize` does). Returns the runner and the load time in ms, or why it failed.
 fn load_variant(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
-    let (precision, quantization) = match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
-        Ok(q) if q != ipfs_accelerate::WeightQuantization::None => (Precision::F32, q),
-        _ => (
-            dtype.parse::<Precision>().map_err(|e| e.to_string())?,
-            ipfs_accelerate::WeightQuantization::None,
-        ),
-    };
+    let (precision, quantization) = variant(dtype)?;
     let start = Instant::now();
     let settings = ipfs_accelerate::weights::LoadSettings::default().quantize(quantization);
     let (loaded, _) = ipfs_accelerate::weights::load_scope(settings, || {
@@ -847,6 +835,18 @@ fn load_variant(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
     loaded
         .map(|r| (Model::Forward(r), start.elapsed().as_secs_f64() * 1e3))
         .map_err(|e| format!("load failed: {e}"))
+}
+
+/// The compute precision and weight quantization of a variant name: `int8` / `int4` (f32
+/// compute, quantized linear weights) or a precision (`f32`, `f16`, `bf16`).
+fn variant(dtype: &str) -> Result<(Precision, ipfs_accelerate::WeightQuantization), String> {
+    Ok(match dtype.parse::<ipfs_accelerate::WeightQuantization>() {
+        Ok(q) if q != ipfs_accelerate::WeightQuantization::None => (Precision::F32, q),
+        _ => (
+            dtype.parse::<Precision>().map_err(|e| e.to_string())?,
+            ipfs_accelerate::WeightQuantization::None,
+        ),
+    })
 }
 
 /// Warms up and times one grid point.
