@@ -150,13 +150,26 @@ pub(crate) fn is_graph_backend(kind: BackendKind) -> bool {
     matches!(kind, BackendKind::Onnx(_) | BackendKind::Browser(_))
 }
 
-/// The device of the graph backend `kind`, or why it cannot run here.
+/// The selection of the graph backend `kind` for a load asking for `quantization` and
+/// `precision`, or why it cannot take it: graph backends run the checkpoint's f32 export, and
+/// the backend must be usable here.
 #[allow(dead_code)] // used by the task types with a graph path
-pub(crate) fn graph_device(
+pub(crate) fn graph_selection(
     kind: BackendKind,
-) -> std::result::Result<ipfs_accelerate_core::DeviceInfo, String> {
+    quantization: ipfs_accelerate_nn::WeightQuantization,
+    precision: Precision,
+) -> std::result::Result<ipfs_accelerate_core::Selection, String> {
+    if quantization != ipfs_accelerate_nn::WeightQuantization::None || precision != Precision::F32 {
+        return Err(format!(
+            "{kind} runs the checkpoint's f32 ONNX export: quantization and precision apply to \
+             the native backends"
+        ));
+    }
     match selector().probe(kind) {
-        Availability::Available(info) => Ok(info),
+        Availability::Available(device) => Ok(ipfs_accelerate_core::Selection {
+            device,
+            skipped: Vec::new(),
+        }),
         other => Err(other.reason(kind).unwrap_or_else(|| "unavailable".into())),
     }
 }

@@ -288,24 +288,17 @@ impl<T: ?Sized> Loaded<T> {
             |kind| {
                 let graph = graph.ok_or_else(|| {
                     format!(
-                        "{kind} runs ONNX exports through the embedding / text pipeline (BERT) and \
-                         image classification (ViT) so far; this task runs on the native backends"
+                        "{kind} runs ONNX exports through the text pipeline (BERT), image \
+                         classification (ViT) and zero-shot (CLIP) so far; this task runs on the \
+                         native backends"
                     )
                 })?;
-                if options.quantization != WeightQuantization::None
-                    || options.precision != Precision::F32
-                {
-                    return Err(format!(
-                        "{kind} runs the checkpoint's f32 ONNX export: quantization and precision \
-                         apply to the native backends"
-                    ));
-                }
-                let device = crate::backends::graph_device(kind)?;
+                let selection = crate::backends::graph_selection(
+                    kind,
+                    options.quantization,
+                    options.precision,
+                )?;
                 let model = graph(kind, &dir).map_err(|e| e.to_string())?;
-                let selection = ipfs_accelerate_core::Selection {
-                    device,
-                    skipped: Vec::new(),
-                };
                 Ok(((model, LoadedWeights::default()), selection))
             },
         )?;

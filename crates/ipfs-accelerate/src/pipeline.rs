@@ -319,16 +319,13 @@ impl PipelineBuilder {
         assets: &Assets,
         config: &BertConfig,
     ) -> std::result::Result<(Loaded, Selection), String> {
-        if self.quantization != WeightQuantization::None
-            || self.calibration.is_some()
-            || self.precision != Precision::F32
-        {
+        if self.calibration.is_some() {
             return Err(format!(
-                "{kind} runs the checkpoint's f32 ONNX export: --quantize, --calibrate and \
-                 --precision apply to the native backends"
+                "{kind} runs the checkpoint's f32 ONNX export: calibration applies to the native \
+                 backends"
             ));
         }
-        let device = crate::backends::graph_device(kind)?;
+        let selection = crate::backends::graph_selection(kind, self.quantization, self.precision)?;
         let dir = assets.dir().ok_or_else(|| {
             format!(
                 "{} has no ONNX export (the embedded model is weights only)",
@@ -345,10 +342,6 @@ impl PipelineBuilder {
                 runner: crate::onnx::graph_runner("bert", kind, &dir).map_err(|e| e.to_string())?,
                 config: config.clone(),
             });
-            let selection = Selection {
-                device,
-                skipped: Vec::new(),
-            };
             Ok((((model, hal), LoadedWeights::default(), None), selection))
         }
         #[cfg(not(feature = "onnx"))]
