@@ -495,8 +495,7 @@ fn run(mut cli: Cli) -> anyhow::Result<()> {
 fn generate(cli: Cli) -> anyhow::Result<()> {
     use ipfs_accelerate::text::{GenerateOptions, Sampling, TextGenerator};
     use std::io::Write;
-    let backends = backend_list(&cli)?;
-    let quantization = quantization(&cli)?;
+    let options = tasks::options(&cli)?;
     let Command::Generate {
         prompt,
         max_new_tokens,
@@ -524,13 +523,6 @@ fn generate(cli: Cli) -> anyhow::Result<()> {
         text.trim_end_matches(['\n', '\r']).to_string()
     } else {
         prompt
-    };
-    let options = ipfs_accelerate::LoadOptions {
-        backends,
-        offline: cli.offline,
-        quantization,
-        share_weights: false,
-        precision: cli.precision,
     };
     let generator = TextGenerator::load(&cli.model, &options)
         .with_context(|| format!("loading {}", cli.model))?;

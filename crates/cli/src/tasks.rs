@@ -8,7 +8,8 @@ use ipfs_accelerate::{LoadOptions, Metrics};
 use crate::output::{emit, emit_output, Format, Native};
 use crate::{backend_list, print_metrics, quantization, Cli, Command};
 
-fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
+/// The load options of the global flags (backends, offline, quantization, precision).
+pub(crate) fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
     Ok(LoadOptions {
         backends: backend_list(cli)?,
         offline: cli.offline,
