@@ -40,7 +40,6 @@ pub struct GgmlWeight {
     data: Bytes,
     n: usize,
     k: usize,
-    row_bytes: usize,
 }
 
 impl GgmlWeight {
@@ -53,15 +52,13 @@ impl GgmlWeight {
             ))
         })?;
         let [n, k] = blocks.shape;
-        let view = GgmlBlocks::new(ty, &blocks.data, n, k)
+        GgmlBlocks::new(ty, &blocks.data, n, k)
             .map_err(|e| Error::InvalidInput(format!("tensor `{name}` ({ty}, [{n}, {k}]): {e}")))?;
-        let row_bytes = view.row_bytes();
         Ok(GgmlWeight {
             ty,
             data: blocks.data,
             n,
             k,
-            row_bytes,
         })
     }
 
@@ -99,8 +96,8 @@ impl GgmlWeight {
     /// Row `row` dequantized into `out` (`k` values); zeros for a row out of range.
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
         let bytes = self
-            .data
-            .get(row * self.row_bytes..(row + 1) * self.row_bytes);
+            .blocks()
+            .and_then(|b| b.rows(row, row.saturating_add(1)));
         match bytes {
             Some(b) if out.len() == self.k && dequantize_row(self.ty, b, out).is_ok() => {}
             _ => out.fill(0.0),
