@@ -119,11 +119,7 @@ fn store_err(e: crate::store::StoreError) -> BenchError {
 /// One line per measurement, for the terminal.
 pub fn summary_line(m: &Measurement) -> String {
     // A peer's rows say whose they are.
-    let backend = if m.is_ours() {
-        m.backend.clone()
-    } else {
-        format!("{} · {}", m.backend, m.engine)
-    };
+    let backend = m.series();
     let shape = match m.new_tokens {
         Some(new) => format!("b{}×{}+{new} {}", m.batch, m.seq, m.shape_kind),
         None => format!("b{}×{} {}", m.batch, m.seq, m.shape_kind),

@@ -182,4 +182,14 @@ impl Measurement {
     pub fn is_ours(&self) -> bool {
         self.engine.is_empty() || self.engine == OURS
     }
+
+    /// The series the point belongs to in tables and plots: its backend, and for a peer the
+    /// engine too (`cpu · torch`).
+    pub fn series(&self) -> String {
+        if self.is_ours() {
+            self.backend.clone()
+        } else {
+            format!("{} · {}", self.backend, self.engine)
+        }
+    }
 }

@@ -143,7 +143,7 @@ fn series_labels(runs: &[RunInfo], measurements: &[Measurement]) -> Vec<Measurem
         .map(|m| {
             let mut m = m.clone();
             if !m.is_ours() {
-                m.backend = format!("{} · {}", m.backend, m.engine);
+                m.backend = m.series();
             } else if let Some(Some(level)) = levels.get(m.run_id.as_str()) {
                 if !crate::build::is_optimized(level) {
                     m.backend = format!("{} · opt-level {level} {UNOPTIMIZED_MARK}", m.backend);
