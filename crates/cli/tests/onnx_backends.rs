@@ -253,3 +253,90 @@ fn vit_image_classification_on_onnx_runtime_matches_cpu() {
         );
     }
 }
+
+/// Whisper speech recognition on the checkpoint's `encoder.onnx` + `decoder.onnx` through
+/// `Transcriber` and the CLI's `transcribe` gives the native `cpu` backend's tokens (prompt,
+/// suppression and end of text are the same steps on both), on ONNX Runtime and WebNN.
+#[test]
+fn whisper_transcription_on_onnx_runtime_matches_cpu() {
+    let test = "whisper_transcription_on_onnx_runtime_matches_cpu";
+    let Some(shared) = shared_dir(test) else {
+        return;
+    };
+    let whisper = common::fixture_copy(&shared, "whisper", "base");
+    for name in ["encoder.onnx", "decoder.onnx"] {
+        std::fs::copy(
+            shared.join("fixtures/whisper/base").join(name),
+            whisper.path().join(name),
+        )
+        .unwrap();
+    }
+    let wav = whisper.path().join("sweep.wav");
+    common::sweep_wav(&wav);
+    let model = whisper.path().to_str().unwrap();
+    let load = |kind: BackendKind| {
+        let mut asr = ipfs_accelerate::speech::Transcriber::load(
+            model,
+            &ipfs_accelerate::LoadOptions {
+                backends: Some(vec![kind]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        asr.max_new_tokens = Some(6);
+        assert_eq!(asr.selection().device.kind, kind);
+        asr
+    };
+    let native = load(BackendKind::Cpu).transcribe_file(&wav).unwrap().value;
+    assert!(!native.tokens.is_empty());
+    let mut kinds: Vec<BackendKind> = [ExecutionProvider::Cpu, ExecutionProvider::OpenVino]
+        .into_iter()
+        .filter(|p| available(test, *p))
+        .map(BackendKind::Onnx)
+        .collect();
+    kinds.extend(webnn(test));
+    for kind in kinds {
+        let graph = load(kind).transcribe_file(&wav).unwrap().value;
+        assert_eq!(graph.tokens, native.tokens, "{kind}");
+        assert_eq!(graph.text, native.text, "{kind}");
+        if matches!(kind, BackendKind::Onnx(_)) {
+            let name = kind.to_string();
+            let out = run_ok(&[
+                "--backend",
+                &name,
+                "transcribe",
+                "--model",
+                model,
+                "--max-new-tokens",
+                "6",
+                "--format",
+                "json",
+                wav.to_str().unwrap(),
+            ]);
+            let printed: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(printed["backend"], name.as_str(), "{out}");
+            let tokens: Vec<i64> =
+                serde_json::from_value(printed["result"]["tokens"].clone()).unwrap();
+            assert_eq!(tokens, native.tokens, "CLI on {kind}");
+        }
+    }
+    // Without an export the ONNX backend is skipped with the reason, and cpu runs it.
+    std::fs::remove_file(whisper.path().join("encoder.onnx")).unwrap();
+    std::fs::remove_file(whisper.path().join("decoder.onnx")).unwrap();
+    if available(test, ExecutionProvider::Cpu) {
+        let asr = ipfs_accelerate::speech::Transcriber::load(
+            model,
+            &ipfs_accelerate::LoadOptions {
+                backends: Some(vec![
+                    BackendKind::Onnx(ExecutionProvider::Cpu),
+                    BackendKind::Cpu,
+                ]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(asr.selection().device.kind, BackendKind::Cpu);
+        let reason = format!("{:?}", asr.selection().skipped);
+        assert!(reason.contains("no ONNX export"), "{reason}");
+    }
+}

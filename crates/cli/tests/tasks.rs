@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixture_copy, fixture_copy_with, run_fails, run_ok, write_tokenizer};
+use common::{fixture_copy, fixture_copy_with, run_fails, run_ok, sweep_wav, write_tokenizer};
 
 use ipfs_accelerate::LoadOptions;
 use ipfs_accelerate_conformance::shared_dir;
@@ -75,25 +75,6 @@ const CLIP_SPECIALS: &[(&str, &str, u64)] = &[
     ("<|endoftext|>", "eos_token_id", 49407),
     ("<pad>", "pad_token_id", 1),
 ];
-
-/// A 1.5 s stereo 16-bit sine sweep at 22.05 kHz (the models want 16 kHz mono).
-fn sweep_wav(path: &Path) {
-    let spec = hound::WavSpec {
-        channels: 2,
-        sample_rate: 22_050,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).unwrap();
-    let n = 33_075;
-    for i in 0..n {
-        let t = i as f32 / 22_050.0;
-        let v = (2.0 * std::f32::consts::PI * (200.0 + 900.0 * t) * t).sin() * 0.5;
-        w.write_sample((v * 32_000.0) as i16).unwrap();
-        w.write_sample((v * 16_000.0) as i16).unwrap();
-    }
-    w.finalize().unwrap();
-}
 
 fn image_png(shared: &Path) -> PathBuf {
     shared.join("fixtures/image_processors/image.png")

@@ -229,6 +229,36 @@ impl OnnxRunner {
         }
     }
 
+    /// The decoder's inputs for `inputs`: the encoder's output joined to them (encoder-decoder
+    /// exports), or `inputs` as they are.
+    pub(crate) fn decoder_context(&self, inputs: &TensorMap) -> CoreResult<TensorMap> {
+        Ok(self.encode(inputs)?.1)
+    }
+
+    /// A decoder over the decoder graph whose rows start from `prompts` (fed as `key`, with
+    /// `context` as the other inputs), recomputing the whole sequence each step. Runs the
+    /// prompts once to learn the vocabulary; the first `prefill` returns those logits.
+    pub(crate) fn token_decoder(
+        &self,
+        context: TensorMap,
+        key: &'static str,
+        prompts: Vec<Vec<i64>>,
+    ) -> CoreResult<GraphDecoder<'_>> {
+        let batch = prompts.len();
+        let mut decoder = GraphDecoder {
+            graph: self.decoder_graph(),
+            key,
+            context,
+            seqs: prompts,
+            vocab: 0,
+            primed: None,
+        };
+        let first = decoder.last_logits()?;
+        decoder.vocab = first.len() / batch.max(1);
+        decoder.primed = Some(first);
+        Ok(decoder)
+    }
+
     fn decoder_graph(&self) -> &Graph {
         match &self.graphs {
             Graphs::Single(s) => s,
@@ -239,7 +269,7 @@ impl OnnxRunner {
     /// Greedy tokens for `steps` steps through the shared generation loop.
     fn greedy(&self, inputs: &TensorMap, steps: usize) -> CoreResult<HostTensor> {
         let (_, context) = self.encode(inputs)?;
-        let (key, prompts): (&str, Vec<Vec<i64>>) = match &self.graphs {
+        let (key, prompts): (&'static str, Vec<Vec<i64>>) = match &self.graphs {
             Graphs::Single(_) => {
                 let prompt = inputs
                     .get("greedy_prompt")
@@ -265,18 +295,7 @@ impl OnnxRunner {
             }
         };
         let batch = prompts.len();
-        let mut decoder = GraphDecoder {
-            graph: self.decoder_graph(),
-            key,
-            context,
-            seqs: prompts.clone(),
-            vocab: 0,
-            primed: None,
-        };
-        // The vocabulary size comes from the first run.
-        let first = decoder.last_logits()?;
-        decoder.vocab = first.len() / batch.max(1);
-        decoder.primed = Some(first);
+        let mut decoder = self.token_decoder(context, key, prompts.clone())?;
         let histories: Vec<Vec<u32>> = prompts
             .iter()
             .map(|r| r.iter().map(|&t| t.max(0) as u32).collect())
@@ -300,9 +319,9 @@ fn rows(t: &HostTensor) -> CoreResult<Vec<Vec<i64>>> {
 }
 
 /// A decoder graph run over the whole sequence each step.
-struct GraphDecoder<'a> {
+pub(crate) struct GraphDecoder<'a> {
     graph: &'a Graph,
-    key: &'a str,
+    key: &'static str,
     context: TensorMap,
     seqs: Vec<Vec<i64>>,
     vocab: usize,

@@ -21,7 +21,7 @@ use ipfs_accelerate_preprocess::audio::read_wav;
 /// audio needs no other crate).
 pub use ipfs_accelerate_preprocess::audio::Audio;
 
-use crate::loaded::{dir_loader, model_dir, model_type, LoadOptions, Loaded};
+use crate::loaded::{dir_loader, graph, model_dir, model_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
 #[cfg(feature = "wav2vec2")]
@@ -39,6 +39,104 @@ dir_loader!(
     /// Loads a Wav2Vec2 checkpoint folder.
     LoadWav2Vec2 => Wav2Vec2Tasks, Wav2Vec2Runner::from_dir
 );
+
+/// Whisper on a graph backend (ONNX Runtime, a browser): the checkpoint's `encoder.onnx` and
+/// `decoder.onnx`, transcribed by the same [`ipfs_accelerate_whisper::WhisperAssets`] steps
+/// (prompt, language detection, suppression, end of text) as the native path.
+#[cfg(all(feature = "whisper", feature = "onnx"))]
+mod graph_whisper {
+    use ipfs_accelerate_core::{HostTensor, Result, TensorMap};
+    use ipfs_accelerate_nn::generate::TokenDecoder;
+    use ipfs_accelerate_preprocess::audio::LogMel;
+    use ipfs_accelerate_whisper::{
+        TranscribeOptions, Transcription, WhisperAssets, WhisperConfig, WhisperExecutor,
+        WhisperTasks,
+    };
+
+    use crate::onnx::OnnxRunner;
+
+    /// The export's runner and the checkpoint's other files.
+    struct GraphWhisper {
+        runner: OnnxRunner,
+        assets: WhisperAssets,
+    }
+
+    crate::onnx::graph_model_runner!(GraphWhisper, "whisper");
+
+    impl WhisperExecutor for GraphWhisper {
+        /// The decoder's inputs with the encoder's output among them.
+        type Encoded = TensorMap;
+
+        fn encode(&self, features: &LogMel) -> Result<TensorMap> {
+            let mut inputs = TensorMap::new();
+            inputs.insert(
+                "input_features".into(),
+                HostTensor::from_f32(vec![1, features.mels, features.frames], &features.data)?,
+            );
+            let context = self.runner.decoder_context(&inputs)?;
+            if let Some(hidden) = context.get("encoder_hidden_states") {
+                hidden.check_finite("the encoder's output")?;
+            }
+            Ok(context)
+        }
+
+        fn decoder<'a>(
+            &'a self,
+            encoded: &'a TensorMap,
+            prompts: &[Vec<u32>],
+            _use_cache: bool,
+        ) -> Result<Box<dyn TokenDecoder + 'a>> {
+            let rows = prompts
+                .iter()
+                .map(|p| p.iter().map(|&t| i64::from(t)).collect())
+                .collect();
+            let decoder = self
+                .runner
+                .token_decoder(encoded.clone(), "decoder_input_ids", rows)?;
+            let vocab = self.assets.config.vocab_size;
+            if decoder.vocab() != vocab {
+                return Err(ipfs_accelerate_core::Error::Compute(format!(
+                    "the decoder export gives {} logits per token, config.json's vocab_size is {vocab}",
+                    decoder.vocab()
+                )));
+            }
+            Ok(Box::new(decoder))
+        }
+    }
+
+    impl WhisperTasks for GraphWhisper {
+        fn config(&self) -> &WhisperConfig {
+            &self.assets.config
+        }
+
+        fn transcribe_with(
+            &self,
+            samples: &[f32],
+            sample_rate: u32,
+            options: &TranscribeOptions,
+        ) -> Result<Transcription> {
+            self.assets.transcribe(self, samples, sample_rate, options)
+        }
+
+        fn transcribe_features(
+            &self,
+            features: &LogMel,
+            options: &TranscribeOptions,
+        ) -> Result<Transcription> {
+            self.assets.transcribe_features(self, features, options)
+        }
+    }
+
+    /// Whisper from the export in `dir` on the graph backend `kind`.
+    pub(super) fn load(
+        kind: ipfs_accelerate_core::BackendKind,
+        dir: &std::path::Path,
+    ) -> crate::Result<Box<dyn WhisperTasks>> {
+        let assets = WhisperAssets::from_dir(dir)?;
+        let runner = crate::onnx::graph_runner("whisper", kind, dir)?;
+        Ok(Box::new(GraphWhisper { runner, assets }))
+    }
+}
 
 /// A transcription.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -84,7 +182,17 @@ impl Transcriber {
         let dir = model_dir(model, options.offline, &extra)?;
         let model = match model_type(&dir)?.as_str() {
             #[cfg(feature = "whisper")]
-            "whisper" => Model::Whisper(Loaded::from_dir(dir, options, clock, LoadWhisper, None)?),
+            "whisper" => {
+                #[cfg(feature = "onnx")]
+                let whisper_graph = graph_whisper::load;
+                Model::Whisper(Loaded::from_dir(
+                    dir,
+                    options,
+                    clock,
+                    LoadWhisper,
+                    graph!(whisper_graph),
+                )?)
+            }
             #[cfg(feature = "wav2vec2")]
             "wav2vec2" => {
                 Model::Wav2Vec2(Loaded::from_dir(dir, options, clock, LoadWav2Vec2, None)?)

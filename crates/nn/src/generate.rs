@@ -21,6 +21,22 @@ pub trait TokenDecoder {
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
 }
 
+/// A boxed decoder (an executor chosen at run time) is a decoder.
+impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
+    fn batch(&self) -> usize {
+        (**self).batch()
+    }
+    fn vocab(&self) -> usize {
+        (**self).vocab()
+    }
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        (**self).prefill()
+    }
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        (**self).step(tokens)
+    }
+}
+
 /// How the next token is chosen from the logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampling {

@@ -126,3 +126,22 @@ pub fn write_tokenizer(
     });
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
 }
+
+/// A 1.5 s stereo 16-bit sine sweep at 22.05 kHz (the models want 16 kHz mono).
+pub fn sweep_wav(path: &Path) {
+    let spec = hound::WavSpec {
+        channels: 2,
+        sample_rate: 22_050,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    let n = 33_075;
+    for i in 0..n {
+        let t = i as f32 / 22_050.0;
+        let v = (2.0 * std::f32::consts::PI * (200.0 + 900.0 * t) * t).sin() * 0.5;
+        w.write_sample((v * 32_000.0) as i16).unwrap();
+        w.write_sample((v * 16_000.0) as i16).unwrap();
+    }
+    w.finalize().unwrap();
+}

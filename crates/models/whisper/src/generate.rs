@@ -22,6 +22,134 @@ pub struct Suppression {
     pub at_begin: Vec<u32>,
 }
 
+impl Suppression {
+    /// Checks that every suppressed token is inside a vocabulary of `vocab`.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
+        match self
+            .always
+            .iter()
+            .chain(&self.at_begin)
+            .find(|t| **t as usize >= vocab)
+        {
+            Some(bad) => Err(Error::InvalidInput(format!(
+                "suppressed token {bad} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets the banned logits of every `vocab`-wide row to −∞ (`first`: the first generated token).
+    fn apply(&self, logits: &mut [f32], vocab: usize, first: bool) {
+        for row in logits.chunks_mut(vocab) {
+            let banned = self
+                .always
+                .iter()
+                .chain(self.at_begin.iter().filter(|_| first));
+            for &t in banned {
+                if let Some(l) = row.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// Any Whisper decoder (burn modules, an ONNX export) with [`Suppression`] applied to its logits.
+pub struct Suppressed<D> {
+    inner: D,
+    suppression: Suppression,
+    generated: usize,
+}
+
+impl<D: TokenDecoder> Suppressed<D> {
+    /// `inner` with `suppression` (checked against its vocabulary).
+    pub fn new(inner: D, suppression: Suppression) -> Result<Self> {
+        suppression.validate(inner.vocab())?;
+        Ok(Suppressed {
+            inner,
+            suppression,
+            generated: 0,
+        })
+    }
+
+    fn suppress(&mut self, mut logits: Vec<f32>) -> Vec<f32> {
+        self.suppression
+            .apply(&mut logits, self.inner.vocab().max(1), self.generated == 0);
+        self.generated += 1;
+        logits
+    }
+}
+
+impl<D: TokenDecoder> TokenDecoder for Suppressed<D> {
+    fn batch(&self) -> usize {
+        self.inner.batch()
+    }
+
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        self.generated = 0;
+        let logits = self.inner.prefill()?;
+        Ok(self.suppress(logits))
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let logits = self.inner.step(tokens)?;
+        Ok(self.suppress(logits))
+    }
+}
+
+/// The checks every Whisper decoder makes on its prompts: `batch` non-empty rows of equal length.
+pub(crate) fn check_prompts(prompts: &[Vec<u32>], batch: usize) -> Result<()> {
+    let len = prompts.first().map_or(0, Vec::len);
+    if prompts.len() != batch || len == 0 || prompts.iter().any(|p| p.len() != len) {
+        return Err(Error::InvalidInput(format!(
+            "decoder prompts must be {batch} non-empty rows of equal length, got lengths {:?}",
+            prompts.iter().map(Vec::len).collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a prompt of `prompt_len` tokens plus `config.max_new_tokens` fit the decoder's
+/// `positions` (the last generated token is never fed back, so prompt + new − 1 positions).
+pub(crate) fn check_positions(
+    prompt_len: usize,
+    config: &GenerationConfig,
+    positions: usize,
+) -> Result<()> {
+    config.validate()?;
+    if prompt_len + config.max_new_tokens.saturating_sub(1) > positions {
+        return Err(Error::InvalidInput(format!(
+            "a prompt of {prompt_len} tokens plus {} new tokens exceeds the decoder's {positions} positions",
+            config.max_new_tokens
+        )));
+    }
+    Ok(())
+}
+
+/// The most likely of `language_tokens` in each `vocab`-wide row of `logits` (HF's language
+/// detection, on the logits after `<|startoftranscript|>`).
+pub fn pick_language(logits: &[f32], vocab: usize, language_tokens: &[u32]) -> Result<Vec<u32>> {
+    if language_tokens.is_empty() {
+        return Err(Error::InvalidInput(
+            "no language tokens to choose from".into(),
+        ));
+    }
+    logits
+        .chunks(vocab.max(1))
+        .map(|row| {
+            let scores: Vec<f32> = language_tokens
+                .iter()
+                .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY))
+                .collect();
+            Ok(language_tokens[argmax(&scores) as usize])
+        })
+        .collect()
+}
+
 /// Whisper's decoder over one encoded batch. With a KV cache each step feeds only the new token
 /// and reuses the cross-attention keys computed once; without one every step recomputes the whole
 /// decoder (HF's `use_cache=False`), the reference the cached path must match.
@@ -32,8 +160,6 @@ pub struct WhisperTokenDecoder<'a, B: Backend> {
     use_cache: bool,
     cache: Option<DecoderCache<B>>,
     tokens: Vec<Vec<i64>>,
-    suppression: Suppression,
-    generated: usize,
 }
 
 impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
@@ -43,28 +169,10 @@ impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
         model: &'a Whisper<B>,
         encoder: Tensor<B, 3>,
         prompts: &[Vec<u32>],
-        suppression: Suppression,
         use_cache: bool,
     ) -> Result<Self> {
         let [batch, _, _] = encoder.dims();
-        let len = prompts.first().map_or(0, Vec::len);
-        if prompts.len() != batch || len == 0 || prompts.iter().any(|p| p.len() != len) {
-            return Err(Error::InvalidInput(format!(
-                "decoder prompts must be {batch} non-empty rows of equal length, got lengths {:?}",
-                prompts.iter().map(Vec::len).collect::<Vec<_>>()
-            )));
-        }
-        let vocab = model.config().vocab_size;
-        if let Some(bad) = suppression
-            .always
-            .iter()
-            .chain(&suppression.at_begin)
-            .find(|t| **t as usize >= vocab)
-        {
-            return Err(Error::InvalidInput(format!(
-                "suppressed token {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
+        check_prompts(prompts, batch)?;
         Ok(WhisperTokenDecoder {
             model,
             encoder,
@@ -75,8 +183,6 @@ impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
             use_cache,
             cache: None,
             tokens: Vec::new(),
-            suppression,
-            generated: 0,
         })
     }
 
@@ -85,8 +191,8 @@ impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
         &self.tokens
     }
 
-    /// Runs the decoder on `fed` (row-major, `len` per row) and returns the suppressed logits of
-    /// each row's last position, `[batch, vocab]`.
+    /// Runs the decoder on `fed` (row-major, `len` per row) and returns the logits of each row's
+    /// last position, `[batch, vocab]`.
     fn logits_after(&mut self, fed: &[i64], len: usize) -> Result<Vec<f32>> {
         let batch = self.tokens.len();
         let mut fresh;
@@ -100,21 +206,7 @@ impl<'a, B: Backend> WhisperTokenDecoder<'a, B> {
         let hidden = self.model.decode(fed, len, cache, None)?;
         let d = self.model.config().d_model;
         let last: Tensor<B, 3> = hidden.narrow(1, len - 1, 1).reshape([batch, 1, d]);
-        let mut logits = float_to_vec(self.model.logits(last))?;
-        let vocab = self.model.config().vocab_size;
-        let begin = self.generated == 0;
-        for row in logits.chunks_mut(vocab) {
-            let banned = self
-                .suppression
-                .always
-                .iter()
-                .chain(self.suppression.at_begin.iter().filter(|_| begin));
-            for &t in banned {
-                row[t as usize] = f32::NEG_INFINITY;
-            }
-        }
-        self.generated += 1;
-        Ok(logits)
+        float_to_vec(self.model.logits(last))
     }
 }
 
@@ -129,7 +221,6 @@ impl<B: Backend> TokenDecoder for WhisperTokenDecoder<'_, B> {
 
     fn prefill(&mut self) -> Result<Vec<f32>> {
         self.tokens = self.prompts.clone();
-        self.generated = 0;
         self.cache = self.use_cache.then(|| self.model.new_cache(&self.encoder));
         let len = self.prompts[0].len();
         let fed = self.tokens.concat();
@@ -177,18 +268,15 @@ impl<B: Backend> Whisper<B> {
         use_cache: bool,
         on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
-        config.validate()?;
         let prompt_len = prompts.first().map_or(0, Vec::len);
-        let positions = self.config().max_target_positions;
-        // The last generated token is never fed back, so prompt + max_new_tokens - 1 positions.
-        if prompt_len + config.max_new_tokens.saturating_sub(1) > positions {
-            return Err(Error::InvalidInput(format!(
-                "a prompt of {prompt_len} tokens plus {} new tokens exceeds the decoder's {positions} positions",
-                config.max_new_tokens
-            )));
-        }
-        let mut decoder = WhisperTokenDecoder::new(self, encoder, prompts, suppression, use_cache)?;
-        generate(&mut decoder, prompts, config, on_token)
+        check_positions(prompt_len, config, self.config().max_target_positions)?;
+        let decoder = WhisperTokenDecoder::new(self, encoder, prompts, use_cache)?;
+        generate(
+            &mut Suppressed::new(decoder, suppression)?,
+            prompts,
+            config,
+            on_token,
+        )
     }
 
     /// HF's language detection: the most likely of `language_tokens` after
@@ -198,25 +286,10 @@ impl<B: Backend> Whisper<B> {
         encoder: &Tensor<B, 3>,
         language_tokens: &[u32],
     ) -> Result<Vec<u32>> {
-        if language_tokens.is_empty() {
-            return Err(Error::InvalidInput(
-                "no language tokens to choose from".into(),
-            ));
-        }
         let [batch, _, _] = encoder.dims();
         let start = vec![i64::from(self.config().decoder_start_token_id); batch];
         let mut cache = self.new_cache(encoder);
         let logits = float_to_vec(self.logits(self.decode(&start, 1, &mut cache, None)?))?;
-        let vocab = self.config().vocab_size;
-        logits
-            .chunks(vocab)
-            .map(|row| {
-                let scores: Vec<f32> = language_tokens
-                    .iter()
-                    .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY))
-                    .collect();
-                Ok(language_tokens[argmax(&scores) as usize])
-            })
-            .collect()
+        pick_language(&logits, self.config().vocab_size, language_tokens)
     }
 }

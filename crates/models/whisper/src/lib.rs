@@ -15,6 +15,9 @@ mod model;
 mod runner;
 
 pub use config::{WhisperConfig, WhisperGenerationConfig, LAYER_NORM_EPS};
-pub use generate::{Suppression, WhisperTokenDecoder};
+pub use generate::{pick_language, Suppressed, Suppression, WhisperTokenDecoder};
 pub use model::{DecoderCache, Whisper, WhisperDecoder, WhisperEncoder};
-pub use runner::{TranscribeOptions, Transcription, WhisperFamily, WhisperRunner, WhisperTasks};
+pub use runner::{
+    TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor, WhisperFamily, WhisperRunner,
+    WhisperTasks,
+};

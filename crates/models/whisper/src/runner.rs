@@ -11,14 +11,15 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::{
     convert::{float_from_host, float_to_host},
-    generate::GenerationConfig,
+    generate::{generate, GenerationConfig, TokenDecoder},
 };
 use ipfs_accelerate_preprocess::{
     audio::{LogMel, WhisperFeatureConfig, WhisperFeatureExtractor},
     TextTokenizer,
 };
 
-use crate::{Suppression, Whisper, WhisperConfig, WhisperGenerationConfig};
+use crate::generate::{check_positions, pick_language, Suppressed};
+use crate::{Suppression, Whisper, WhisperConfig, WhisperGenerationConfig, WhisperTokenDecoder};
 
 /// The Whisper family: loads a checkpoint folder as a [`WhisperRunner`].
 pub struct WhisperFamily;
@@ -75,24 +76,41 @@ pub struct Transcription {
     pub truncated: bool,
 }
 
-/// A loaded Whisper checkpoint on one backend, with its feature extractor, generation config
-/// and (optional) tokenizer.
-pub struct WhisperRunner<B: Backend> {
-    model: Whisper<B>,
-    features: WhisperFeatureExtractor,
-    generation: WhisperGenerationConfig,
-    tokenizer: Option<TextTokenizer>,
-    device: B::Device,
-    kind: BackendKind,
+/// Everything of a Whisper checkpoint but its weights: the configuration, the feature extractor,
+/// the generation config and the (optional) tokenizer. Transcription is described here once,
+/// for any [`WhisperExecutor`] (the burn modules, an ONNX export).
+pub struct WhisperAssets {
+    /// The model configuration.
+    pub config: WhisperConfig,
+    /// The log-mel front end.
+    pub features: WhisperFeatureExtractor,
+    /// Prompt tokens, suppression and limits.
+    pub generation: WhisperGenerationConfig,
+    /// Decodes tokens to text, when the checkpoint has a `tokenizer.json`.
+    pub tokenizer: Option<TextTokenizer>,
 }
 
-impl<B: Backend> WhisperRunner<B> {
-    /// Loads `config.json`, the weights, and when present `generation_config.json`,
+/// What transcription needs from an executor of Whisper's encoder and decoder.
+pub trait WhisperExecutor {
+    /// The encoder's output as the executor keeps it.
+    type Encoded;
+    /// Encodes one log-mel spectrogram (already checked against the model's shape).
+    fn encode(&self, features: &LogMel) -> Result<Self::Encoded>;
+    /// A decoder over `encoded` whose rows start from `prompts` (KV-cached when `use_cache` and
+    /// the executor has a cache).
+    fn decoder<'a>(
+        &'a self,
+        encoded: &'a Self::Encoded,
+        prompts: &[Vec<u32>],
+        use_cache: bool,
+    ) -> Result<Box<dyn TokenDecoder + 'a>>;
+}
+
+impl WhisperAssets {
+    /// Reads `config.json` and, when present, `generation_config.json`,
     /// `preprocessor_config.json` (else features sized for the model) and `tokenizer.json`.
-    pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+    pub fn from_dir(dir: &Path) -> Result<Self> {
         let config = WhisperConfig::from_file(&dir.join("config.json"))?;
-        let weights = ipfs_accelerate_io::open_weights(dir)?;
-        let generation = WhisperGenerationConfig::from_dir(dir)?;
         let pre = dir.join("preprocessor_config.json");
         let features = if pre.is_file() {
             WhisperFeatureConfig::from_file(&pre)?
@@ -105,22 +123,17 @@ impl<B: Backend> WhisperRunner<B> {
         } else {
             None
         };
-        let mut runner = Self::load(weights, &config, features, device, kind)?;
+        let generation = WhisperGenerationConfig::from_dir(dir)?;
         generation.validate(config.vocab_size, &dir.join("generation_config.json"))?;
-        runner.generation = generation;
-        runner.tokenizer = tokenizer;
-        Ok(runner)
+        let mut assets = Self::new(config, features)?;
+        assets.generation = generation;
+        assets.tokenizer = tokenizer;
+        Ok(assets)
     }
 
-    /// Loads the model from a weight source with a feature extractor config (which must produce
-    /// the model's mel bins and input frames); no tokenizer, default generation config.
-    pub fn load(
-        source: Arc<dyn TensorSource>,
-        config: &WhisperConfig,
-        features: WhisperFeatureConfig,
-        device: &B::Device,
-        kind: BackendKind,
-    ) -> Result<Self> {
+    /// The configuration with a feature extractor config (which must produce the model's mel
+    /// bins and input frames); no tokenizer, default generation config.
+    pub fn new(config: WhisperConfig, features: WhisperFeatureConfig) -> Result<Self> {
         if features.feature_size != config.num_mel_bins
             || features.num_frames() != config.input_frames()
         {
@@ -135,33 +148,17 @@ impl<B: Backend> WhisperRunner<B> {
                 ),
             ));
         }
-        Ok(WhisperRunner {
-            model: Whisper::load(source, config, device)?,
+        Ok(WhisperAssets {
+            config,
             features: WhisperFeatureExtractor::new(features)?,
             generation: WhisperGenerationConfig::default(),
             tokenizer: None,
-            device: device.clone(),
-            kind,
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &Whisper<B> {
-        &self.model
-    }
-
-    /// The feature extractor.
-    pub fn feature_extractor(&self) -> &WhisperFeatureExtractor {
-        &self.features
-    }
-
-    /// The generation config.
-    pub fn generation_config(&self) -> &WhisperGenerationConfig {
-        &self.generation
-    }
-
-    fn features_tensor(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
-        let c = self.model.config();
+    /// Checks that `features` has the model's mel bins and frames.
+    pub fn check_features(&self, features: &LogMel) -> Result<()> {
+        let c = &self.config;
         if features.mels != c.num_mel_bins
             || features.frames != c.input_frames()
             || features.data.len() != features.mels * features.frames
@@ -175,17 +172,19 @@ impl<B: Backend> WhisperRunner<B> {
                 c.input_frames()
             )));
         }
-        Ok(Tensor::from_data(
-            TensorData::new(features.data.clone(), [1, features.mels, features.frames]),
-            &self.device,
-        ))
+        Ok(())
     }
 
     /// The decoder prompt for `options`: `<|startoftranscript|>`, then for checkpoints that have
-    /// them the language (given or detected), the task and `<|notimestamps|>`.
-    fn prompt(&self, encoder: &Tensor<B, 3>, options: &TranscribeOptions) -> Result<Vec<u32>> {
+    /// them the language (given, or detected with `detect` over the language tokens), the task and
+    /// `<|notimestamps|>`.
+    fn prompt(
+        &self,
+        options: &TranscribeOptions,
+        detect: impl FnOnce(&[u32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
         let g = &self.generation;
-        let mut prompt = vec![self.model.config().decoder_start_token_id];
+        let mut prompt = vec![self.config.decoder_start_token_id];
         if g.multilingual() && !g.lang_to_id.is_empty() {
             let lang = match &options.language {
                 Some(l) => {
@@ -198,10 +197,7 @@ impl<B: Backend> WhisperRunner<B> {
                         Error::InvalidInput(format!("unknown language `{l}` for this checkpoint"))
                     })?
                 }
-                None => {
-                    let ids: Vec<u32> = g.lang_to_id.values().copied().collect();
-                    self.model.detect_language(encoder, &ids)?[0]
-                }
+                None => detect(&g.lang_to_id.values().copied().collect::<Vec<u32>>())?,
             };
             prompt.push(lang);
         }
@@ -221,15 +217,23 @@ impl<B: Backend> WhisperRunner<B> {
         Ok(prompt)
     }
 
-    /// Transcribes log-mel features of one waveform.
-    pub fn transcribe_features(
+    /// Transcribes log-mel features of one waveform on `executor`: encoder, prompt (language
+    /// detected from the decoder's first logits when not given), greedy decoding with the
+    /// generation config's suppression and end of text, then the tokenizer.
+    pub fn transcribe_features<E: WhisperExecutor + ?Sized>(
         &self,
+        executor: &E,
         features: &LogMel,
         options: &TranscribeOptions,
     ) -> Result<Transcription> {
-        let encoder = self.model.encode(self.features_tensor(features)?)?;
-        let prompt = self.prompt(&encoder, options)?;
-        let c = self.model.config();
+        self.check_features(features)?;
+        let encoded = executor.encode(features)?;
+        let c = &self.config;
+        let prompt = self.prompt(options, |languages| {
+            let mut first = executor.decoder(&encoded, &[vec![c.decoder_start_token_id]], true)?;
+            let vocab = first.vocab();
+            Ok(pick_language(&first.prefill()?, vocab, languages)?[0])
+        })?;
         let max_length = self
             .generation
             .max_length
@@ -244,23 +248,22 @@ impl<B: Backend> WhisperRunner<B> {
             stop_tokens: eos.into_iter().collect(),
             ..Default::default()
         };
+        check_positions(prompt.len(), &config, c.max_target_positions)?;
         let suppression = Suppression {
             always: self.generation.suppress_tokens.clone(),
             at_begin: self.generation.begin_suppress_tokens.clone(),
         };
-        let tokens = self
-            .model
-            .generate_from_encoder(
-                encoder,
-                std::slice::from_ref(&prompt),
-                &config,
-                suppression,
-                options.use_cache,
-                |_, _| ControlFlow::Continue(()),
-            )?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let prompts = std::slice::from_ref(&prompt);
+        let decoder = executor.decoder(&encoded, prompts, options.use_cache)?;
+        let tokens = generate(
+            &mut Suppressed::new(decoder, suppression)?,
+            prompts,
+            &config,
+            |_, _| ControlFlow::Continue(()),
+        )?
+        .into_iter()
+        .next()
+        .unwrap_or_default();
         let text = match &self.tokenizer {
             Some(t) => Some(t.decode(&tokens)?),
             None => None,
@@ -274,10 +277,11 @@ impl<B: Backend> WhisperRunner<B> {
     }
 
     /// Transcribes mono `samples` at `sample_rate` Hz (resampled to the feature extractor's rate
-    /// when `options.resample`): log-mel → encoder → greedy decoding with the KV cache, timestamps
-    /// off.
-    pub fn transcribe_with(
+    /// when `options.resample`) on `executor`: log-mel, then
+    /// [`transcribe_features`](Self::transcribe_features).
+    pub fn transcribe<E: WhisperExecutor + ?Sized>(
         &self,
+        executor: &E,
         samples: &[f32],
         sample_rate: u32,
         options: &TranscribeOptions,
@@ -286,7 +290,115 @@ impl<B: Backend> WhisperRunner<B> {
         let features = self
             .features
             .extract_any_rate(samples, sample_rate, options.resample)?;
-        self.transcribe_features(&features, options)
+        self.transcribe_features(executor, &features, options)
+    }
+}
+
+/// A loaded Whisper checkpoint on one backend, with its feature extractor, generation config
+/// and (optional) tokenizer.
+pub struct WhisperRunner<B: Backend> {
+    model: Whisper<B>,
+    assets: WhisperAssets,
+    device: B::Device,
+    kind: BackendKind,
+}
+
+impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
+    type Encoded = Tensor<B, 3>;
+
+    fn encode(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
+        let x = Tensor::from_data(
+            TensorData::new(features.data.clone(), [1, features.mels, features.frames]),
+            &self.device,
+        );
+        self.model.encode(x)
+    }
+
+    fn decoder<'a>(
+        &'a self,
+        encoded: &'a Tensor<B, 3>,
+        prompts: &[Vec<u32>],
+        use_cache: bool,
+    ) -> Result<Box<dyn TokenDecoder + 'a>> {
+        Ok(Box::new(WhisperTokenDecoder::new(
+            &self.model,
+            encoded.clone(),
+            prompts,
+            use_cache,
+        )?))
+    }
+}
+
+impl<B: Backend> WhisperRunner<B> {
+    /// Loads the weights and the [`WhisperAssets`] of a checkpoint folder.
+    pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        let assets = WhisperAssets::from_dir(dir)?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        Ok(WhisperRunner {
+            model: Whisper::load(weights, &assets.config, device)?,
+            assets,
+            device: device.clone(),
+            kind,
+        })
+    }
+
+    /// Loads the model from a weight source with a feature extractor config (which must produce
+    /// the model's mel bins and input frames); no tokenizer, default generation config.
+    pub fn load(
+        source: Arc<dyn TensorSource>,
+        config: &WhisperConfig,
+        features: WhisperFeatureConfig,
+        device: &B::Device,
+        kind: BackendKind,
+    ) -> Result<Self> {
+        let assets = WhisperAssets::new(config.clone(), features)?;
+        Ok(WhisperRunner {
+            model: Whisper::load(source, config, device)?,
+            assets,
+            device: device.clone(),
+            kind,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Whisper<B> {
+        &self.model
+    }
+
+    /// The configuration, feature extractor, generation config and tokenizer.
+    pub fn assets(&self) -> &WhisperAssets {
+        &self.assets
+    }
+
+    /// The feature extractor.
+    pub fn feature_extractor(&self) -> &WhisperFeatureExtractor {
+        &self.assets.features
+    }
+
+    /// The generation config.
+    pub fn generation_config(&self) -> &WhisperGenerationConfig {
+        &self.assets.generation
+    }
+
+    /// Transcribes log-mel features of one waveform.
+    pub fn transcribe_features(
+        &self,
+        features: &LogMel,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        self.assets.transcribe_features(self, features, options)
+    }
+
+    /// Transcribes mono `samples` at `sample_rate` Hz (resampled to the feature extractor's rate
+    /// when `options.resample`): log-mel → encoder → greedy decoding with the KV cache, timestamps
+    /// off.
+    pub fn transcribe_with(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        options: &TranscribeOptions,
+    ) -> Result<Transcription> {
+        self.assets.transcribe(self, samples, sample_rate, options)
     }
 
     /// [`WhisperRunner::transcribe_with`] with the default options.
