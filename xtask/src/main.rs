@@ -14,6 +14,8 @@
 //!   same, alternating ours and the peers, with a side-by-side table; `report --db FILE --out
 //!   FILE.html` renders the results; `compare-backends --db FILE --family F` ranks the backends.
 //! - `fetch-peers [--only torch,ort]`: install the peers (PyPI) into target/peers/venv.
+//! - `check-features [-p CRATE]`: `cargo check` the crate with no features, then each feature
+//!   alone; `package [-p CRATE]`: `cargo package` it with the workspace crates it depends on.
 
 mod bench;
 mod compact;
@@ -21,6 +23,7 @@ mod fetch_browser;
 mod fetch_duckdb;
 mod fetch_ort;
 mod fetch_peers;
+mod release;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +59,10 @@ enum Command {
     Report(ipfs_accelerate_bench::cli::ReportArgs),
     /// Rank the backends measured for one family (and model) by latency.
     CompareBackends(ipfs_accelerate_bench::cli::CompareArgs),
+    /// `cargo check` a crate (the facade by default) with no features, then with each alone.
+    CheckFeatures(release::FeatureArgs),
+    /// `cargo package` a crate (the facade by default) with the workspace crates it depends on.
+    Package(release::PackageArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +78,8 @@ fn main() -> std::process::ExitCode {
         Command::Compare(a) => bench::compare_peers(a),
         Command::Report(a) => bench::report(a),
         Command::CompareBackends(a) => bench::compare(a),
+        Command::CheckFeatures(a) => release::check_features(a),
+        Command::Package(a) => release::package_crates(a),
     };
     match result {
         Ok(code) => code,

@@ -12,9 +12,15 @@ use crate::Result;
 /// The model spec that selects the embedded default model.
 pub const EMBEDDED_SPEC: &str = "embedded";
 
+/// The hub repository the embedded default is made from, fetched (once, then cached) in builds
+/// from the published crate, which leaves the 23 MB of weights out (crates.io takes 10 MB).
+pub const EMBEDDED_HUB_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
 /// The embedded default model: all-MiniLM-L6-v2 with int8 block-quantised weights (Apache-2.0,
 /// sentence-transformers), dequantised at load. ~23 MB inside the binary, no network needed.
-#[cfg(feature = "embedded-default")]
+/// Compiled in with feature `embedded-default` when the crate's `assets/` folder is there (a
+/// clone of the repository; the published crate leaves it out and fetches [`EMBEDDED_HUB_ID`]).
+#[cfg(embedded_assets)]
 pub mod embedded {
     /// A readable name.
     pub const NAME: &str = "all-MiniLM-L6-v2 (embedded, int8 blocks + f16 scales)";
@@ -33,15 +39,17 @@ pub mod embedded {
 /// A resolved model.
 pub(crate) enum Assets {
     Files(ModelFiles),
-    #[cfg(feature = "embedded-default")]
+    #[cfg(embedded_assets)]
     Embedded,
 }
 
 impl Assets {
     pub(crate) fn resolve(spec: &str, options: ResolveOptions) -> Result<Assets> {
         if spec == EMBEDDED_SPEC {
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             return Ok(Assets::Embedded);
+            #[cfg(all(feature = "embedded-default", not(embedded_assets)))]
+            return Ok(Assets::Files(resolve(EMBEDDED_HUB_ID, options)?));
             #[cfg(not(feature = "embedded-default"))]
             return Err(crate::Error::Unsupported(
                 "this build has no embedded default model (feature `embedded-default`)".into(),
@@ -58,7 +66,7 @@ impl Assets {
                 .get("config.json")
                 .ok()
                 .and_then(|c| c.parent().map(std::path::Path::to_path_buf)),
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => None,
         }
     }
@@ -66,7 +74,7 @@ impl Assets {
     pub(crate) fn name(&self) -> String {
         match self {
             Assets::Files(f) => f.display_name(),
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => embedded::NAME.to_string(),
         }
     }
@@ -80,7 +88,7 @@ impl Assets {
                     .map_err(|e| ipfs_accelerate_core::Error::io(&p, e))?;
                 Ok((text, p))
             }
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => Ok((
                 embedded::CONFIG.to_string(),
                 PathBuf::from("embedded config.json"),
@@ -91,7 +99,7 @@ impl Assets {
     pub(crate) fn weights(&self) -> Result<Arc<dyn TensorSource>> {
         match self {
             Assets::Files(f) => Ok(WeightStore::open(&f.weight_files()?)?.into_source()),
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => Ok(Arc::new(ipfs_accelerate_io::SafeTensorsFile::from_bytes(
                 "embedded model.safetensors",
                 bytes_static(embedded::WEIGHTS),
@@ -106,7 +114,7 @@ impl Assets {
                 Some(p) => Ok(Some(TextTokenizer::from_file(&p, max_len)?)),
                 None => Ok(None),
             },
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => Ok(Some(TextTokenizer::from_bytes(
                 embedded::TOKENIZER,
                 max_len,
@@ -125,7 +133,7 @@ impl Assets {
                 }
                 None => Ok(None),
             },
-            #[cfg(feature = "embedded-default")]
+            #[cfg(embedded_assets)]
             Assets::Embedded => Ok(match file {
                 "1_Pooling/config.json" => {
                     Some((embedded::POOLING.to_string(), PathBuf::from(file)))
@@ -140,7 +148,7 @@ impl Assets {
     }
 }
 
-#[cfg(feature = "embedded-default")]
+#[cfg(embedded_assets)]
 fn bytes_static(b: &'static [u8]) -> bytes::Bytes {
     bytes::Bytes::from_static(b)
 }

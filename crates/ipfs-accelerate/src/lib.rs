@@ -25,14 +25,16 @@
 //! Features pick what is compiled in: backends (`cpu`, `onnx` — ONNX Runtime with the OpenVINO
 //! provider —, `webnn`, `cuda`, `rocm`, `metal`, `wgpu`), the 13 families (`bert`, `llama`,
 //! `qwen2`, `t5`, `whisper`, `wav2vec2`, `vit`, `clip`, `detr`, `clap`, `xclip`, `llava`,
-//! `llava_next`), `hub` (downloads) and `embedded-default` (the built-in MiniLM). On docs.rs each
-//! item says which feature it needs.
+//! `llava_next`, or `all-families`), `hub` (downloads) and `embedded-default` (the built-in
+//! MiniLM). The default is lean: `cpu`, `onnx`, `bert`, `hub`, `embedded-default`; `full` is
+//! every family and every backend that builds without a GPU SDK. On docs.rs each item says which
+//! feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// A build with some families leaves helpers of the others unused; the default build (linted
+// A build with some families leaves helpers of the others unused; the workspace's build (linted
 // with -D warnings) has them all.
 #![cfg_attr(
-    not(feature = "default"),
-    allow(dead_code, unused_imports, unused_variables)
+    not(all(feature = "default", feature = "all-families")),
+    allow(dead_code, unused_imports, unused_variables, unused_macros)
 )]
 
 mod assets;
@@ -55,9 +57,9 @@ pub mod text2text;
 #[cfg(any(feature = "vit", feature = "clip", feature = "detr"))]
 pub mod vision;
 
-#[cfg(feature = "embedded-default")]
+#[cfg(embedded_assets)]
 pub use assets::embedded;
-pub use assets::EMBEDDED_SPEC;
+pub use assets::{EMBEDDED_HUB_ID, EMBEDDED_SPEC};
 pub use backends::{
     compiled_backends, compiled_preferences, cublas_encoder, default_preferences, devices,
     kernel_fusion, parse_switch, selector, set_kernel_fusion, CUBLAS_ENV, FUSION_ENV, TF32_ENV,
@@ -88,6 +90,6 @@ pub mod prelude {
 
 /// The README's Rust examples, compiled as doctests (`cargo test --doc`) so they stay in step
 /// with the API.
-#[cfg(all(doctest, feature = "default"))]
+#[cfg(all(doctest, feature = "default", feature = "all-families"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
