@@ -299,26 +299,23 @@ fn whisper_transcription_on_onnx_runtime_matches_cpu() {
         let graph = load(kind).transcribe_file(&wav).unwrap().value;
         assert_eq!(graph.tokens, native.tokens, "{kind}");
         assert_eq!(graph.text, native.text, "{kind}");
-        if matches!(kind, BackendKind::Onnx(_)) {
-            let name = kind.to_string();
-            let out = run_ok(&[
-                "--backend",
-                &name,
-                "transcribe",
-                "--model",
-                model,
-                "--max-new-tokens",
-                "6",
-                "--format",
-                "json",
-                wav.to_str().unwrap(),
-            ]);
-            let printed: serde_json::Value = serde_json::from_str(&out).unwrap();
-            assert_eq!(printed["backend"], name.as_str(), "{out}");
-            let tokens: Vec<i64> =
-                serde_json::from_value(printed["result"]["tokens"].clone()).unwrap();
-            assert_eq!(tokens, native.tokens, "CLI on {kind}");
-        }
+        let name = kind.to_string();
+        let out = run_ok(&[
+            "--backend",
+            &name,
+            "transcribe",
+            "--model",
+            model,
+            "--max-new-tokens",
+            "6",
+            "--format",
+            "json",
+            wav.to_str().unwrap(),
+        ]);
+        let printed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(printed["backend"], name.as_str(), "{out}");
+        let tokens: Vec<i64> = serde_json::from_value(printed["result"]["tokens"].clone()).unwrap();
+        assert_eq!(tokens, native.tokens, "CLI on {kind}");
     }
     // Without an export the ONNX backend is skipped with the reason, and cpu runs it.
     std::fs::remove_file(whisper.path().join("encoder.onnx")).unwrap();
