@@ -141,7 +141,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(llava.weights());
             let stdout = std::io::stdout();
             let stream = cli.format != Format::Json;
-            let out = llava.describe(&files, &prompt, max_new_tokens, |piece| {
+            let out = llava.describe_files(&files, &prompt, max_new_tokens, |piece| {
                 if stream {
                     let mut lock = stdout.lock();
                     let _ = lock.write_all(piece.as_bytes());
@@ -163,7 +163,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             report_skipped(xclip.selection());
             weights = Some(xclip.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-            let out = xclip.classify(&frames, &refs, &template)?;
+            let out = xclip.classify_files(&frames, &refs, &template)?;
             emit_output(cli.format, Native::PrettyJson, &model, out)?
         }
         Command::ClassifyAudio {
@@ -177,7 +177,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             weights = Some(clap.weights());
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
             let out = clap
-                .classify(&file, &refs, &template)
+                .classify_file(&file, &refs, &template)
                 .with_context(|| format!("classifying {}", file.display()))?;
             emit_output(cli.format, Native::PrettyJson, &model, out)?
         }

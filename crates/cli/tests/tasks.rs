@@ -424,10 +424,14 @@ fn describe_image_classify_video_and_classify_audio() {
     ]);
     let describer = ipfs_accelerate::multimodal::ImageDescriber::load(l, &opts).unwrap();
     let direct = describer
-        .describe(&[&image], "w5 w6", 4, |_| {})
+        .describe_files(&[&image], "w5 w6", 4, |_| {})
         .unwrap()
         .value;
     assert_eq!(direct.token_ids.len(), 4);
+    // In memory, the same tokens.
+    let decoded = ipfs_accelerate::vision::load_images(&[&image]).unwrap();
+    let in_memory = describer.describe(&decoded, "w5 w6", 4, |_| {}).unwrap();
+    assert_eq!(in_memory.value.token_ids, direct.token_ids);
     assert_eq!(printed.trim_end_matches('\n'), direct.text);
     run_fails(
         &["describe-image", "--model", l, "--prompt", " ", img],
@@ -472,9 +476,16 @@ fn describe_image_classify_video_and_classify_audio() {
         .unwrap_or(8);
     assert_eq!(classifier.frames_per_video() as u64, frames_wanted);
     let direct = classifier
-        .classify(&frames, &["w3 w4", "w9", "w60 w61 w62"], "{}")
+        .classify_files(&frames, &["w3 w4", "w9", "w60 w61 w62"], "{}")
         .unwrap()
         .value;
+    // Decoded frames give the same probabilities as the files.
+    let decoded = ipfs_accelerate::vision::load_images(&frames).unwrap();
+    let in_memory = classifier
+        .classify(&decoded, &["w3 w4", "w9", "w60 w61 w62"], "{}")
+        .unwrap()
+        .value;
+    assert_eq!(in_memory, direct);
     assert_eq!(out.as_array().unwrap().len(), 3);
     assert_eq!(out[0]["label"], direct[0].label);
     assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
@@ -515,13 +526,20 @@ fn describe_image_classify_video_and_classify_audio() {
     .unwrap();
     let classifier = ipfs_accelerate::multimodal::AudioClassifier::load(c, &opts).unwrap();
     let direct = classifier
-        .classify(&wav, &["w10", "w11 w12"], "w5 {}")
+        .classify_file(&wav, &["w10", "w11 w12"], "w5 {}")
         .unwrap()
         .value;
+    let pcm = ipfs_accelerate::load_audio(&wav).unwrap();
+    let in_memory = classifier
+        .classify(&pcm, &["w10", "w11 w12"], "w5 {}")
+        .unwrap()
+        .value;
+    assert_eq!(in_memory, direct);
     assert_eq!(out[0]["label"], direct[0].label);
     assert!((out[0]["score"].as_f64().unwrap() - f64::from(direct[0].score)).abs() < 1e-6);
     // CLAP's embeddings: the label zero-shot ranks first has the larger cosine with the audio.
-    let audio = classifier.embed_audio(&wav).unwrap().value;
+    let audio = classifier.embed_audio_file(&wav).unwrap().value;
+    assert_eq!(classifier.embed_audio(&pcm).unwrap().value, audio);
     let texts = classifier
         .embed_texts(&["w5 w10", "w5 w11 w12"])
         .unwrap()

@@ -12,7 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clap = AudioClassifier::load(&args.model, &args.options)?;
     let labels = common::refs(&args.labels);
     for file in &args.inputs {
-        let out = clap.classify(file, &labels, "This is a sound of {}.")?;
+        let out = clap.classify_file(file, &labels, "This is a sound of {}.")?;
         println!("{file}: {} ({:.3})", out.value[0].label, out.value[0].score);
     }
     Ok(())

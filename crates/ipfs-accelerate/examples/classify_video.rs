@@ -10,7 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None,
     )?;
     let xclip = VideoClassifier::load(&args.model, &args.options)?;
-    let out = xclip.classify(&args.inputs, &common::refs(&args.labels), "{}")?;
+    let out = xclip.classify_files(&args.inputs, &common::refs(&args.labels), "{}")?;
     for label in &out.value {
         println!("{} {:.3}", label.label, label.score);
     }

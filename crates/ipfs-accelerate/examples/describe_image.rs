@@ -9,7 +9,7 @@ use ipfs_accelerate::multimodal::ImageDescriber;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = common::args("describe_image --model M IMAGE [--backend B]", None)?;
     let llava = ImageDescriber::load(&args.model, &args.options)?;
-    llava.describe(&args.inputs, "Describe this image.", 32, |piece| {
+    llava.describe_files(&args.inputs, "Describe this image.", 32, |piece| {
         print!("{piece}");
         let _ = std::io::stdout().flush();
     })?;

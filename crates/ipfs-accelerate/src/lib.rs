@@ -78,6 +78,20 @@ pub use ipfs_accelerate_core::{
 };
 pub use ipfs_accelerate_nn::{gptq, weights, WeightQuantization};
 
+/// Mono PCM at a sample rate: what the audio tasks take ([`speech::Transcriber`],
+/// [`multimodal::AudioClassifier`]).
+#[cfg(any(feature = "whisper", feature = "wav2vec2", feature = "clap"))]
+pub use ipfs_accelerate_preprocess::audio::Audio;
+
+/// Decodes a WAV file (8/16/24/32-bit PCM or float, any channel count and rate) as mono
+/// [`Audio`] at its own rate; the tasks resample it.
+#[cfg(any(feature = "whisper", feature = "wav2vec2", feature = "clap"))]
+pub fn load_audio(path: impl AsRef<std::path::Path>) -> Result<Audio> {
+    let path = path.as_ref();
+    Ok(ipfs_accelerate_preprocess::audio::read_wav(path)
+        .map_err(ipfs_accelerate_core::Error::from)?)
+}
+
 /// The environment variable that overrides the backend preference list (`cuda,wgpu,cpu`).
 pub const BACKENDS_ENV: &str = "IPFS_ACCELERATE_BACKENDS";
 

@@ -1,5 +1,6 @@
-//! Multimodal tasks: describing images with LLaVA / LLaVA-NeXT, classifying videos (frame files)
-//! with X-CLIP, and classifying audio with CLAP.
+//! Multimodal tasks: describing images with LLaVA / LLaVA-NeXT, classifying videos (frames) with
+//! X-CLIP, and classifying audio with CLAP. Each takes decoded inputs ([`RgbImage`], [`Audio`])
+//! and has a `_file(s)` helper for paths.
 //!
 //! ```no_run
 //! use ipfs_accelerate::multimodal::ImageDescriber;
@@ -7,7 +8,7 @@
 //!
 //! # fn main() -> ipfs_accelerate::Result<()> {
 //! let llava = ImageDescriber::load("llava-hf/llava-1.5-7b-hf", &LoadOptions::default())?;
-//! let out = llava.describe(&["cat.jpg"], "What is in this picture?", 64, |piece| print!("{piece}"))?;
+//! let out = llava.describe_files(&["cat.jpg"], "What is in this picture?", 64, |piece| print!("{piece}"))?;
 //! println!("\n{} tokens", out.value.token_ids.len());
 //! # Ok(())
 //! # }
@@ -21,6 +22,13 @@ use crate::loaded::{encode_labels, rank_labels, Label};
 use crate::{Error, Output, Result};
 #[allow(unused_imports)]
 use std::path::Path;
+
+/// Mono PCM at a sample rate (re-exported: in-memory inputs need no other crate).
+#[cfg(feature = "clap")]
+pub use ipfs_accelerate_preprocess::audio::Audio;
+/// The decoded image type (re-exported: in-memory inputs need no other crate).
+#[cfg(any(feature = "llava", feature = "xclip"))]
+pub use ipfs_accelerate_preprocess::image::RgbImage;
 
 #[cfg(feature = "llava")]
 pub use describe::{Description, ImageDescriber};
@@ -91,11 +99,11 @@ mod describe {
             Ok(ImageDescriber { inner, processor })
         }
 
-        /// Answers `question` about the images (files) with up to `max_new_tokens` greedy
-        /// tokens, streaming the text through `on_text`.
-        pub fn describe<P: AsRef<Path>>(
+        /// Answers `question` about the images with up to `max_new_tokens` greedy tokens,
+        /// streaming the text through `on_text`.
+        pub fn describe(
             &self,
-            images: &[P],
+            images: &[RgbImage],
             question: &str,
             max_new_tokens: usize,
             mut on_text: impl FnMut(&str),
@@ -105,14 +113,14 @@ mod describe {
                     "empty prompt".into(),
                 )));
             }
-            let decoded = crate::vision::load_images(images)?;
+            let decoded = images;
             self.inner.timed(
                 images.len(),
                 || {
                     let prompt = self.processor.chat_prompt(question, decoded.len())?;
                     Ok(self
                         .processor
-                        .prepare(self.inner.model.as_ref(), &decoded, &prompt)?)
+                        .prepare(self.inner.model.as_ref(), decoded, &prompt)?)
                 },
                 |m, inputs| {
                     let mut config = m.default_generation_config();
@@ -143,6 +151,18 @@ mod describe {
                 },
             )
         }
+
+        /// [`describe`](Self::describe) of image files.
+        pub fn describe_files<P: AsRef<Path>>(
+            &self,
+            paths: &[P],
+            question: &str,
+            max_new_tokens: usize,
+            on_text: impl FnMut(&str),
+        ) -> Result<Output<Description>> {
+            let images = crate::vision::load_images(paths)?;
+            self.describe(&images, question, max_new_tokens, on_text)
+        }
     }
 }
 
@@ -152,7 +172,7 @@ pub use video::VideoClassifier;
 #[cfg(feature = "xclip")]
 mod video {
     use ipfs_accelerate_preprocess::image::ProcessorKind;
-    use ipfs_accelerate_preprocess::video::load_sampled_frames;
+    use ipfs_accelerate_preprocess::video::{frames_to_pixels, load_sampled_frames, sample_frames};
     use ipfs_accelerate_preprocess::TextTokenizer;
     use ipfs_accelerate_xclip::{XclipRunner, XclipTasks};
 
@@ -204,22 +224,55 @@ mod video {
             self.inner.model.config().vision_config.num_frames
         }
 
-        /// The probability of each label for the video whose frames (image files, in order) are
+        /// The probability of each label for the video whose frames (decoded, in order) are
         /// `frames`; `template` wraps each label (`{}`).
-        pub fn classify<P: AsRef<Path>>(
+        pub fn classify(
+            &self,
+            frames: &[RgbImage],
+            labels: &[&str],
+            template: &str,
+        ) -> Result<Output<Vec<Label>>> {
+            self.classify_with(labels, template, || {
+                if frames.is_empty() {
+                    return Err(ipfs_accelerate_core::Error::InvalidInput(
+                        "a video needs at least one frame".into(),
+                    ));
+                }
+                let chosen: Vec<RgbImage> = sample_frames(frames.len(), self.frames_per_video())
+                    .into_iter()
+                    .map(|i| frames[i].clone())
+                    .collect();
+                Ok(frames_to_pixels(&chosen, &self.processor)?)
+            })
+        }
+
+        /// [`classify`](Self::classify) of a video given as frame files in order (only the
+        /// sampled frames are decoded).
+        pub fn classify_files<P: AsRef<Path>>(
             &self,
             frames: &[P],
             labels: &[&str],
             template: &str,
         ) -> Result<Output<Vec<Label>>> {
+            self.classify_with(labels, template, || {
+                Ok(
+                    load_sampled_frames(frames, self.frames_per_video(), &self.processor)
+                        .map_err(ipfs_accelerate_core::Error::from)?,
+                )
+            })
+        }
+
+        fn classify_with(
+            &self,
+            labels: &[&str],
+            template: &str,
+            pixels: impl FnOnce() -> ipfs_accelerate_core::Result<ipfs_accelerate_core::HostTensor>,
+        ) -> Result<Output<Vec<Label>>> {
             self.inner.timed(
                 1,
                 || {
-                    let pixels =
-                        load_sampled_frames(frames, self.frames_per_video(), &self.processor)
-                            .map_err(ipfs_accelerate_core::Error::from)?;
                     let text = clip_text(encode_labels(&self.tokenizer, labels, template)?);
-                    Ok((pixels, text))
+                    Ok((pixels()?, text))
                 },
                 |m, (pixels, text)| Ok(m.classify_video(&pixels, &text)?),
                 |probs| Ok(rank_labels(labels, probs).pop().unwrap_or_default()),
@@ -264,18 +317,21 @@ mod audio {
             Ok(AudioClassifier { inner, tokenizer })
         }
 
-        /// The probability of each label for a WAV file (any rate, channels mixed down; the
-        /// first window of a long file); `template` wraps each label (`{}`).
+        /// The probability of each label for mono `audio` (any rate; the first window of a long
+        /// clip); `template` wraps each label (`{}`).
         pub fn classify(
             &self,
-            wav: impl AsRef<Path>,
+            audio: &Audio,
             labels: &[&str],
             template: &str,
         ) -> Result<Output<Vec<Label>>> {
             self.inner.timed(
                 1,
                 || {
-                    let features = self.inner.model.wav_features(wav.as_ref())?;
+                    let features = self
+                        .inner
+                        .model
+                        .waveform_features(&audio.samples, audio.sample_rate)?;
                     let text = encode_labels(&self.tokenizer, labels, template)?;
                     Ok((features, text))
                 },
@@ -284,15 +340,36 @@ mod audio {
             )
         }
 
-        /// CLAP's audio embedding of a WAV file (HF `ClapModel`'s `audio_embeds`: projected and
-        /// L2-normalised; the first window of a long file).
-        pub fn embed_audio(&self, wav: impl AsRef<Path>) -> Result<Output<Vec<f32>>> {
+        /// [`classify`](Self::classify) of a WAV file (8/16/24/32-bit PCM or float, channels
+        /// mixed down).
+        pub fn classify_file(
+            &self,
+            wav: impl AsRef<Path>,
+            labels: &[&str],
+            template: &str,
+        ) -> Result<Output<Vec<Label>>> {
+            self.classify(&crate::load_audio(wav)?, labels, template)
+        }
+
+        /// CLAP's audio embedding of mono `audio` (HF `ClapModel`'s `audio_embeds`: projected and
+        /// L2-normalised; the first window of a long clip).
+        pub fn embed_audio(&self, audio: &Audio) -> Result<Output<Vec<f32>>> {
             self.inner.timed(
                 1,
-                || Ok(self.inner.model.wav_features(wav.as_ref())?),
+                || {
+                    Ok(self
+                        .inner
+                        .model
+                        .waveform_features(&audio.samples, audio.sample_rate)?)
+                },
                 |m, features| Ok(m.audio_embeds(&features)?),
                 |mut rows| Ok(rows.pop().unwrap_or_default()),
             )
+        }
+
+        /// [`embed_audio`](Self::embed_audio) of a WAV file.
+        pub fn embed_audio_file(&self, wav: impl AsRef<Path>) -> Result<Output<Vec<f32>>> {
+            self.embed_audio(&crate::load_audio(wav)?)
         }
 
         /// CLAP's text embeddings, one per text (HF `ClapModel`'s `text_embeds`: projected and

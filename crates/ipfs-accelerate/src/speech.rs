@@ -16,7 +16,6 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{Selection, Stopwatch};
-use ipfs_accelerate_preprocess::audio::read_wav;
 /// Mono PCM at a sample rate: what [`Transcriber::transcribe`] takes (re-exported: in-memory
 /// audio needs no other crate).
 pub use ipfs_accelerate_preprocess::audio::Audio;
@@ -276,7 +275,6 @@ impl Transcriber {
     /// [`transcribe`](Self::transcribe) of a WAV file (8/16/24/32-bit PCM or float, any channel
     /// count, any rate).
     pub fn transcribe_file(&self, path: impl AsRef<Path>) -> Result<Output<Transcript>> {
-        let audio = read_wav(path.as_ref()).map_err(ipfs_accelerate_core::Error::from)?;
-        self.transcribe(&audio)
+        self.transcribe(&crate::load_audio(path)?)
     }
 }
