@@ -201,10 +201,12 @@ impl PipelineBuilder {
             .and_then(|v| v.as_str())
             .unwrap_or_default()
             .to_string();
-        if model_type != "bert" {
+        if !ipfs_accelerate_bert::BERT_LIKE_MODEL_TYPES.contains(&model_type.as_str()) {
             return Err(Error::Unsupported(format!(
-                "model_type `{model_type}` of {} (this build runs: bert)",
-                assets.name()
+                "model_type `{model_type}` of {}: the pipeline runs the BERT-architecture \
+                 encoders ({})",
+                assets.name(),
+                ipfs_accelerate_bert::BERT_LIKE_MODEL_TYPES.join(", ")
             )));
         }
         let config = BertConfig::from_json(&config_text, &config_path)?;
@@ -218,8 +220,8 @@ impl PipelineBuilder {
         let max_len = self
             .max_length
             .or(st_max)
-            .unwrap_or(config.max_position_embeddings)
-            .min(config.max_position_embeddings);
+            .unwrap_or(config.max_sequence_length())
+            .min(config.max_sequence_length());
         let tokenizer = assets.tokenizer(max_len)?.ok_or_else(|| {
             Error::Unsupported(format!("{} has no tokenizer.json", assets.name()))
         })?;

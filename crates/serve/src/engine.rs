@@ -40,7 +40,7 @@ impl ModelKind {
         }
         let model_type = ipfs_accelerate::checkpoint_model_type(source, offline)?;
         Ok(match model_type.as_str() {
-            "bert" => ModelKind::Encoder,
+            "bert" | "roberta" | "xlm-roberta" | "camembert" => ModelKind::Encoder,
             "llama" | "qwen2" | "mistral" => ModelKind::Generator,
             "whisper" | "wav2vec2" => ModelKind::Speech,
             "vit" => ModelKind::ImageClassifier,

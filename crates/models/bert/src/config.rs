@@ -10,6 +10,9 @@ use ipfs_accelerate_nn::Activation;
 /// The fields of HF's `BertConfig` this port uses.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct BertConfig {
+    /// `bert`, or one of the BERT-architecture encoders in [`BERT_LIKE_MODEL_TYPES`].
+    #[serde(default)]
+    pub model_type: Option<String>,
     /// Vocabulary size.
     pub vocab_size: usize,
     /// Hidden size.
@@ -61,6 +64,11 @@ fn default_pos_type() -> String {
     "absolute".into()
 }
 
+/// The `model_type`s with BERT's architecture that this crate loads: BERT itself, and the
+/// RoBERTa family (RoBERTa, XLM-RoBERTa, CamemBERT: BERT's layers with positions counted from
+/// `pad_token_id + 1` and the tensors under `roberta.`).
+pub const BERT_LIKE_MODEL_TYPES: [&str; 4] = ["bert", "roberta", "xlm-roberta", "camembert"];
+
 /// Which head a checkpoint carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BertHead {
@@ -110,15 +118,53 @@ impl BertConfig {
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps >= 0.0) {
             return bad(format!("layer_norm_eps {} is invalid", self.layer_norm_eps));
         }
+        if let Some(t) = &self.model_type {
+            if !BERT_LIKE_MODEL_TYPES.contains(&t.as_str()) {
+                return bad(format!(
+                    "model_type `{t}` is not a BERT-architecture encoder ({})",
+                    BERT_LIKE_MODEL_TYPES.join(", ")
+                ));
+            }
+        }
+        if let Some(pad) = self.position_padding_idx() {
+            if pad < 0 || pad as usize + 1 >= self.max_position_embeddings {
+                return bad(format!(
+                    "pad_token_id {pad} leaves no positions of the {} (RoBERTa counts them from \
+                     pad_token_id + 1)",
+                    self.max_position_embeddings
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// RoBERTa-family encoders number positions from `pad_token_id + 1` (padding keeps
+    /// `pad_token_id`): the padding index, or `None` for BERT's `0..seq`.
+    pub fn position_padding_idx(&self) -> Option<i64> {
+        match self.model_type.as_deref() {
+            Some("roberta" | "xlm-roberta" | "camembert") => Some(self.pad_token_id.unwrap_or(1)),
+            _ => None,
+        }
+    }
+
+    /// The longest input in tokens: the position table, less RoBERTa's offset.
+    pub fn max_sequence_length(&self) -> usize {
+        match self.position_padding_idx() {
+            Some(pad) => self
+                .max_position_embeddings
+                .saturating_sub(pad.max(0) as usize + 1),
+            None => self.max_position_embeddings,
+        }
     }
 
     /// The head named by `architectures` (the bare model when none is named).
     pub fn head(&self) -> BertHead {
-        match self.architectures.first().map(String::as_str) {
-            Some("BertForSequenceClassification") => BertHead::SequenceClassification,
-            Some("BertForTokenClassification") => BertHead::TokenClassification,
-            Some("BertForQuestionAnswering") => BertHead::QuestionAnswering,
+        // BertFor..., RobertaFor..., XLMRobertaFor..., CamembertFor...
+        let arch = self.architectures.first().map(String::as_str).unwrap_or("");
+        match arch.split_once("For").map(|(_, task)| task) {
+            Some("SequenceClassification") => BertHead::SequenceClassification,
+            Some("TokenClassification") => BertHead::TokenClassification,
+            Some("QuestionAnswering") => BertHead::QuestionAnswering,
             _ => BertHead::Base,
         }
     }

@@ -17,6 +17,13 @@ use crate::{names, BertConfig, BertHead};
 /// name for, is an [`Error::InvalidInput`] saying so (those run on the burn model).
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = BertConfig::from_file(&dir.join("config.json"))?;
+    if config.position_padding_idx().is_some() {
+        return Err(Error::InvalidInput(
+            "the encoder spec numbers positions 0..seq (BERT); RoBERTa-family checkpoints run on \
+             the burn modules"
+                .into(),
+        ));
+    }
     if config.head() != BertHead::Base {
         return Err(Error::InvalidInput(format!(
             "the encoder spec covers bare BertModel checkpoints, not the {:?} head",

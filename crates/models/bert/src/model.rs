@@ -147,10 +147,10 @@ impl<B: Backend> BertModel<B> {
         if seq == 0 || ids.is_empty() {
             return Err(Error::InvalidInput("empty input: no tokens".into()));
         }
-        if seq > self.config.max_position_embeddings {
+        if seq > self.config.max_sequence_length() {
             return Err(Error::InvalidInput(format!(
                 "sequence of {seq} tokens is longer than the model's {} positions (truncate it)",
-                self.config.max_position_embeddings
+                self.config.max_sequence_length()
             )));
         }
         self.embeddings.word.check_ids("input_ids", ids)?;
@@ -161,7 +161,9 @@ impl<B: Backend> BertModel<B> {
     }
 
     /// Runs the encoder. Inputs are `[batch, seq]`; `attention_mask` (row-major, on the host) is
-    /// 1 for tokens and 0 for padding.
+    /// 1 for tokens and 0 for padding. Positions are `0..seq`, or for the RoBERTa family counted
+    /// over the unmasked tokens from `pad_token_id + 1` (padding keeps `pad_token_id`), as HF's
+    /// `create_position_ids_from_input_ids` does for the padding its tokenizer adds.
     pub fn forward(
         &self,
         input_ids: Tensor<B, 2, Int>,
@@ -169,7 +171,19 @@ impl<B: Backend> BertModel<B> {
         token_type_ids: Tensor<B, 2, Int>,
     ) -> BertOutput<B> {
         let [batch, seq] = input_ids.dims();
-        let positions: Vec<i64> = (0..batch).flat_map(|_| 0..seq as i64).collect();
+        let positions: Vec<i64> = match self.config.position_padding_idx() {
+            Some(pad) if attention_mask.len() == batch * seq => {
+                let marks: Vec<i64> = attention_mask
+                    .iter()
+                    .map(|&m| if m == 0 { pad } else { pad + 1 })
+                    .collect();
+                roberta_position_ids(&marks, seq, pad)
+            }
+            Some(pad) => (0..batch)
+                .flat_map(|_| (pad + 1)..(pad + 1 + seq as i64))
+                .collect(),
+            None => (0..batch).flat_map(|_| 0..seq as i64).collect(),
+        };
         let positions = int_tensor::<B, 2>(positions, [batch, seq], &self.device);
         self.forward_with_positions(input_ids, attention_mask, token_type_ids, positions)
     }
@@ -268,10 +282,11 @@ impl<B: Backend> Bert<B> {
         };
         if head == BertHead::SequenceClassification && model.pooler.is_none() {
             return Err(Error::MissingTensor {
-                name: format!(
-                    "{}pooler.dense.weight",
-                    if prefix.is_empty() { "" } else { "bert." }
-                ),
+                name: if prefix.is_empty() {
+                    "pooler.dense.weight".into()
+                } else {
+                    format!("{prefix}.pooler.dense.weight")
+                },
                 source_name: "the sequence-classification checkpoint".into(),
             });
         }

@@ -11,21 +11,37 @@ pub const LEGACY_SUFFIXES: &[(&str, &str)] = &[
     ("LayerNorm.bias", "LayerNorm.beta"),
 ];
 
-/// The prefix under which the encoder's tensors are stored: `bert` for the task heads
-/// (`bert.embeddings...`), empty for a bare `BertModel` checkpoint.
+/// The prefix under which the encoder's tensors are stored: `bert` / `roberta` for the task
+/// heads (`bert.embeddings...`), empty for a bare `BertModel` / `RobertaModel` checkpoint.
 pub fn encoder_prefix(source: &dyn TensorSource) -> &'static str {
-    if source.contains("bert.embeddings.word_embeddings.weight") {
-        "bert"
-    } else {
-        ""
-    }
+    ["bert", "roberta"]
+        .into_iter()
+        .find(|p| source.contains(&format!("{p}.embeddings.word_embeddings.weight")))
+        .unwrap_or("")
 }
 
-/// The weight source seen through BERT's name table.
+/// The weight source seen through BERT's name table. RoBERTa's sequence-classification head
+/// (`classifier.dense`, tanh, `classifier.out_proj` on the first token) is BERT's pooler and
+/// classifier under other names, and is read as them.
 pub fn bert_names(source: Arc<dyn TensorSource>) -> Arc<dyn TensorSource> {
-    let map = LEGACY_SUFFIXES
+    let mut map = LEGACY_SUFFIXES
         .iter()
-        .fold(NameMap::new(source), |m, (w, s)| m.alias(w, s));
+        .fold(NameMap::new(source.clone()), |m, (w, s)| m.alias(w, s));
+    if source.contains("classifier.out_proj.weight") {
+        map = map
+            .layout(
+                "roberta.pooler.dense.",
+                &["roberta.pooler.dense.", "classifier.dense."],
+            )
+            .layout(
+                "classifier.weight",
+                &["classifier.weight", "classifier.out_proj.weight"],
+            )
+            .layout(
+                "classifier.bias",
+                &["classifier.bias", "classifier.out_proj.bias"],
+            );
+    }
     Arc::new(map)
 }
 

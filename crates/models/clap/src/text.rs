@@ -20,6 +20,8 @@ impl ClapTextConfig {
     /// The same encoder as a [`BertConfig`] (absolute positions, the bare model).
     pub fn bert_config(&self) -> BertConfig {
         BertConfig {
+            // Positions come from the caller (`roberta_position_ids`), not from the model type.
+            model_type: None,
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
             num_hidden_layers: self.num_hidden_layers,
