@@ -30,6 +30,31 @@ pub struct LoadOptions {
     /// The float type to compute in (default f32; f16 / bf16 where the device computes in them,
     /// fixed per device and process: see [`Precision`]).
     pub precision: Precision,
+    /// The hub revision (branch, tag or commit) of a hub id that names none (`org/name@rev`
+    /// names it in the id); default `main`.
+    pub revision: Option<String>,
+    /// The longest text input in tokens, for the text tasks ([`crate::Pipeline`]): longer
+    /// texts are truncated (default: the checkpoint's limit).
+    pub max_length: Option<usize>,
+    /// Inputs per forward pass where a call takes many ([`crate::Pipeline`]'s texts; default
+    /// 32).
+    pub batch_size: Option<usize>,
+}
+
+impl LoadOptions {
+    /// `spec` with [`revision`](Self::revision) appended when it is a hub id without one.
+    pub(crate) fn spec_with_revision(&self, spec: &str) -> String {
+        match &self.revision {
+            Some(rev)
+                if spec != crate::EMBEDDED_SPEC
+                    && !spec.contains('@')
+                    && !Path::new(spec).exists() =>
+            {
+                format!("{spec}@{rev}")
+            }
+            _ => spec.to_string(),
+        }
+    }
 }
 
 /// Loads with `work` inside a weight load scope ([`load_scope`]) set up for the backend it runs
@@ -247,7 +272,11 @@ impl<T: ?Sized> Loaded<T> {
         work: impl FnMut(PathBuf) -> W,
     ) -> Result<Self> {
         let clock = Stopwatch::start();
-        let dir = model_dir(spec, options.offline, optional_files)?;
+        let dir = model_dir(
+            &options.spec_with_revision(spec),
+            options.offline,
+            optional_files,
+        )?;
         Self::from_dir(dir, options, clock, work, None)
     }
 
@@ -262,7 +291,11 @@ impl<T: ?Sized> Loaded<T> {
         graph: Option<&GraphLoader<T>>,
     ) -> Result<Self> {
         let clock = Stopwatch::start();
-        let dir = model_dir(spec, options.offline, optional_files)?;
+        let dir = model_dir(
+            &options.spec_with_revision(spec),
+            options.offline,
+            optional_files,
+        )?;
         Self::from_dir(dir, options, clock, work, graph)
     }
 

@@ -89,7 +89,11 @@ mod describe {
                 "generation_config.json",
             ];
             let clock = ipfs_accelerate_core::Stopwatch::start();
-            let dir = crate::loaded::model_dir(model, options.offline, &extra)?;
+            let dir = crate::loaded::model_dir(
+                &options.spec_with_revision(model),
+                options.offline,
+                &extra,
+            )?;
             let variant = match crate::loaded::model_type(&dir)?.as_str() {
                 "llava_next" => LlavaVariant::LlavaNext,
                 _ => LlavaVariant::Llava,

@@ -22,7 +22,7 @@ pub use ipfs_accelerate_bert::tasks::Pooling;
 
 use crate::assets::Assets;
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
-use crate::loaded::{Calibrated, Label, Output, Scoped};
+use crate::loaded::{Calibrated, Label, LoadOptions, Output, Scoped};
 use crate::{Error, Result};
 
 /// The built-in calibration corpus ([`PipelineBuilder::calibrate_default`]): 146 short English
@@ -578,6 +578,38 @@ impl Pipeline {
             precision: Precision::F32,
             batch_size: DEFAULT_BATCH_SIZE,
         }
+    }
+
+    /// Loads `model` for `task` with the options every task type takes (the builder's
+    /// equivalent: backends, offline, revision, quantization, precision, weight sharing, max
+    /// length, batch size).
+    ///
+    /// ```no_run
+    /// use ipfs_accelerate::{LoadOptions, Pipeline, Task};
+    ///
+    /// # fn main() -> ipfs_accelerate::Result<()> {
+    /// let pipe = Pipeline::load("sentence-transformers/all-MiniLM-L6-v2", Task::Embed, &LoadOptions::default())?;
+    /// let out = pipe.embed(&["Hello, world!"], true)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn load(model: &str, task: Task, options: &LoadOptions) -> Result<Pipeline> {
+        let mut builder = Pipeline::builder(options.spec_with_revision(model))
+            .task(task)
+            .offline(options.offline)
+            .quantize(options.quantization)
+            .precision(options.precision)
+            .share_weights(options.share_weights);
+        if let Some(backends) = &options.backends {
+            builder = builder.backends(backends.iter().copied());
+        }
+        if let Some(n) = options.max_length {
+            builder = builder.max_length(n);
+        }
+        if let Some(n) = options.batch_size {
+            builder = builder.batch_size(n);
+        }
+        builder.build()
     }
 
     /// What calibrating the int4 weights took, when the builder asked for it

@@ -178,7 +178,7 @@ impl Transcriber {
             "tokenizer_config.json",
         ];
         let clock = Stopwatch::start();
-        let dir = model_dir(model, options.offline, &extra)?;
+        let dir = model_dir(&options.spec_with_revision(model), options.offline, &extra)?;
         let model = match model_type(&dir)?.as_str() {
             #[cfg(feature = "whisper")]
             "whisper" => {

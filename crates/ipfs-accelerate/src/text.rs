@@ -227,7 +227,7 @@ impl TextGenerator {
             )
         } else {
             let files = ipfs_accelerate_io::resolve(
-                model,
+                &options.spec_with_revision(model),
                 ResolveOptions {
                     offline,
                     ..Default::default()

@@ -119,3 +119,44 @@ fn pipeline_embeds_with_a_roberta_checkpoint() {
         assert!(diff < 1e-5, "{text}: {diff}");
     }
 }
+
+/// `Pipeline::load` takes the options every task type takes, and gives what the builder gives.
+#[test]
+fn pipeline_load_takes_load_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = fixtures().join("bert/roberta_base");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(source.join(name), dir.path().join(name)).unwrap();
+    }
+    write_roberta_tokenizer(dir.path());
+    let model = dir.path().to_str().unwrap();
+    let options = ipfs_accelerate::LoadOptions {
+        backends: Some(vec![BackendKind::Cpu]),
+        max_length: Some(4),
+        batch_size: Some(1),
+        revision: Some("v1".into()), // a folder has no revision: ignored
+        ..Default::default()
+    };
+    let loaded = Pipeline::load(model, Task::Embed, &options).unwrap();
+    let built = Pipeline::builder(model)
+        .task(Task::Embed)
+        .backends([BackendKind::Cpu])
+        .max_length(4)
+        .batch_size(1)
+        .build()
+        .unwrap();
+    let texts = ["w5 w6 w7 w8 w9", "w10"];
+    let a = loaded.embed(&texts, true).unwrap();
+    assert_eq!(a.value, built.embed(&texts, true).unwrap().value);
+    // max_length 4 truncated the first text: it differs from the untruncated embedding.
+    let full = Pipeline::load(
+        model,
+        Task::Embed,
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_ne!(full.embed(&texts[..1], true).unwrap().value, a.value[..1]);
+}
