@@ -259,10 +259,8 @@ mod video {
             template: &str,
         ) -> Result<Output<Vec<Label>>> {
             self.classify_with(labels, template, || {
-                Ok(
-                    load_sampled_frames(frames, self.frames_per_video(), &self.processor)
-                        .map_err(ipfs_accelerate_core::Error::from)?,
-                )
+                load_sampled_frames(frames, self.frames_per_video(), &self.processor)
+                    .map_err(ipfs_accelerate_core::Error::from)
             })
         }
 
