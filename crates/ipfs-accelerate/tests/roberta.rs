@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use ipfs_accelerate::conformance::verify_fixture;
-use ipfs_accelerate::core::{HostTensor, ModelRunner, TensorMap};
+use ipfs_accelerate::core::{HostTensor, TensorMap};
 use ipfs_accelerate::{BackendKind, Pipeline, Task};
 use ipfs_accelerate_conformance::{assert_checks, discover};
 
