@@ -441,6 +441,36 @@ pub trait ModelRunner: Send + Sync {
     }
 }
 
+/// A boxed runner (an engine chosen at load time) is a runner: every method is forwarded.
+impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
+    fn family(&self) -> &str {
+        (**self).family()
+    }
+    fn backend(&self) -> crate::BackendKind {
+        (**self).backend()
+    }
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        (**self).run(inputs)
+    }
+    fn placement(&self) -> Option<String> {
+        (**self).placement()
+    }
+    fn engine(&self) -> Option<&str> {
+        (**self).engine()
+    }
+    fn device_memory_in_use(&self) -> Option<u64> {
+        (**self).device_memory_in_use()
+    }
+    fn generate_ids(
+        &self,
+        inputs: &TensorMap,
+        max_new_tokens: usize,
+        on_token: &mut dyn FnMut(u32) -> std::ops::ControlFlow<()>,
+    ) -> Result<Vec<u32>> {
+        (**self).generate_ids(inputs, max_new_tokens, on_token)
+    }
+}
+
 /// A model family that can load a checkpoint folder (HF `config.json` plus weights) as a
 /// [`ModelRunner`] on any burn backend. Each family crate implements it once on a unit struct; the
 /// facade's conformance and benchmark runners dispatch to it by [`Family::NAME`].

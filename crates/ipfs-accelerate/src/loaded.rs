@@ -454,3 +454,57 @@ pub struct Output<T> {
     /// Measured timings.
     pub metrics: ipfs_accelerate_core::Metrics,
 }
+
+/// Implements `ModelRunner` for a task model `$ty` that runs through its `runner` field (an ONNX
+/// export's `OnnxRunner`, or an engine's boxed runner): the graph backends' and engines' versions
+/// of the task traits.
+#[allow(unused_macros)] // unused in builds without a task type with another engine
+macro_rules! graph_model_runner {
+    ($ty:ty, $family:literal) => {
+        impl ipfs_accelerate_core::ModelRunner for $ty {
+            fn family(&self) -> &str {
+                $family
+            }
+
+            fn backend(&self) -> ipfs_accelerate_core::BackendKind {
+                ipfs_accelerate_core::ModelRunner::backend(&self.runner)
+            }
+
+            fn run(
+                &self,
+                inputs: &ipfs_accelerate_core::TensorMap,
+            ) -> ipfs_accelerate_core::Result<ipfs_accelerate_core::TensorMap> {
+                ipfs_accelerate_core::ModelRunner::run(&self.runner, inputs)
+            }
+
+            fn placement(&self) -> Option<String> {
+                ipfs_accelerate_core::ModelRunner::placement(&self.runner)
+            }
+
+            fn engine(&self) -> Option<&str> {
+                ipfs_accelerate_core::ModelRunner::engine(&self.runner)
+            }
+
+            fn device_memory_in_use(&self) -> Option<u64> {
+                ipfs_accelerate_core::ModelRunner::device_memory_in_use(&self.runner)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use graph_model_runner;
+
+/// The `name` output of an ONNX export's run as f32 values, or an error naming the outputs
+/// there are.
+#[allow(dead_code)] // used by the task types with another engine
+pub(crate) fn output_f32(out: &ipfs_accelerate_core::TensorMap, name: &str) -> ipfs_accelerate_core::Result<Vec<f32>> {
+    Ok(out
+        .get(name)
+        .ok_or_else(|| {
+            ipfs_accelerate_core::Error::InvalidInput(format!(
+                "the ONNX export has no output `{name}` (outputs: {})",
+                out.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?
+        .to_f32_vec())
+}

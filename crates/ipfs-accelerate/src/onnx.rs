@@ -487,48 +487,6 @@ pub(crate) fn graph_runner(family: &str, kind: BackendKind, dir: &Path) -> Resul
     }
 }
 
-/// Implements `ModelRunner` for a task model `$ty` that runs an ONNX export through its
-/// `runner: OnnxRunner` field (the graph backends' versions of the task traits).
-macro_rules! graph_model_runner {
-    ($ty:ty, $family:literal) => {
-        impl ipfs_accelerate_core::ModelRunner for $ty {
-            fn family(&self) -> &str {
-                $family
-            }
-
-            fn backend(&self) -> ipfs_accelerate_core::BackendKind {
-                ipfs_accelerate_core::ModelRunner::backend(&self.runner)
-            }
-
-            fn run(
-                &self,
-                inputs: &ipfs_accelerate_core::TensorMap,
-            ) -> ipfs_accelerate_core::Result<ipfs_accelerate_core::TensorMap> {
-                ipfs_accelerate_core::ModelRunner::run(&self.runner, inputs)
-            }
-
-            fn placement(&self) -> Option<String> {
-                ipfs_accelerate_core::ModelRunner::placement(&self.runner)
-            }
-        }
-    };
-}
-pub(crate) use graph_model_runner;
-
-/// The `name` output of an ONNX export's run as f32 values, or an error naming the outputs
-/// there are.
-pub(crate) fn output_f32(out: &TensorMap, name: &str) -> ipfs_accelerate_core::Result<Vec<f32>> {
-    Ok(out
-        .get(name)
-        .ok_or_else(|| {
-            ipfs_accelerate_core::Error::InvalidInput(format!(
-                "the ONNX export has no output `{name}` (outputs: {})",
-                out.keys().cloned().collect::<Vec<_>>().join(", ")
-            ))
-        })?
-        .to_f32_vec())
-}
-
 /// The task model of `family` on the graph backend `kind` from the export in `dir`: its config
 /// (`C`, read from config.json) and runner handed to `make`.
 pub(crate) fn graph_model<C: ipfs_accelerate_core::JsonConfig, T: ?Sized>(

@@ -239,7 +239,20 @@ impl PipelineBuilder {
         // load the weights. Tried in the order given, each failure recorded.
         let (((model, hal), loaded, calibration), selection) = crate::backends::load_in_order(
             &preferences,
-            |kinds| self.load_native(kinds, &work, &tokenizer, task, pooling),
+            |kinds| {
+                #[cfg(feature = "cuda")]
+                if kinds.first() == Some(&BackendKind::Cuda) {
+                    match self.load_cublas(&assets, &config, task) {
+                        Ok(found) => return Ok(found),
+                        Err(reason) => tracing::info!(
+                            "{}: the cuBLAS encoder does not run it ({reason}); burn's CubeCL \
+                             kernels do",
+                            assets.name()
+                        ),
+                    }
+                }
+                self.load_native(kinds, &work, &tokenizer, task, pooling)
+            },
             |kind| self.load_graph(kind, &assets, &config),
         )?;
         Ok(Pipeline {
@@ -312,6 +325,56 @@ impl PipelineBuilder {
         })
     }
 
+    /// Embeddings on `cuda` through the cuBLAS encoder (f32 or f16 GEMMs on cuBLAS, fused NVRTC
+    /// kernels), with the same tokenizer and pooling; why not, when it cannot take the model (a
+    /// task head, quantized weights, bf16, calibration, a missing library, no GPU).
+    #[cfg(feature = "cuda")]
+    fn load_cublas(
+        &self,
+        assets: &Assets,
+        config: &BertConfig,
+        task: Task,
+    ) -> std::result::Result<(Loaded, Selection), String> {
+        if !crate::cublas_encoder() {
+            return Err(format!("{} is off", crate::CUBLAS_ENV));
+        }
+        if task != Task::Embed {
+            return Err("it runs the bare encoder (embeddings), not task heads".into());
+        }
+        if self.calibration.is_some() || self.quantization != WeightQuantization::None {
+            return Err("it keeps float weights (no quantization)".into());
+        }
+        let device = match crate::selector().probe(BackendKind::Cuda) {
+            ipfs_accelerate_core::Availability::Available(device) => device,
+            other => {
+                return Err(other
+                    .reason(BackendKind::Cuda)
+                    .unwrap_or_else(|| "cuda is unavailable".into()))
+            }
+        };
+        if !matches!(self.precision, Precision::F32 | Precision::F16) {
+            return Err(format!("it runs f32 and f16, not {}", self.precision));
+        }
+        let weights = assets.weights().map_err(|e| e.to_string())?;
+        let spec =
+            ipfs_accelerate_bert::encoder_spec_from(config, weights).map_err(|e| e.to_string())?;
+        let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, self.precision)
+            .map_err(|e| e.to_string())?;
+        let hal = crate::compiled_backends()
+            .into_iter()
+            .find(|b| b.kind() == BackendKind::Cuda)
+            .ok_or_else(|| "cuda is not compiled in".to_string())?;
+        let model: Box<dyn BertTasks> = Box::new(graph::GraphBert {
+            runner: Box::new(runner),
+            config: config.clone(),
+        });
+        let selection = Selection {
+            device,
+            skipped: Vec::new(),
+        };
+        Ok((((model, hal), LoadedWeights::default(), None), selection))
+    }
+
     /// Loads the checkpoint's ONNX export on the graph backend `kind` (ONNX Runtime with its
     /// provider, or a browser); why not, when it cannot.
     #[allow(unused_variables)]
@@ -341,7 +404,9 @@ impl PipelineBuilder {
         #[cfg(feature = "onnx")]
         {
             let model: Box<dyn BertTasks> = Box::new(graph::GraphBert {
-                runner: crate::onnx::graph_runner("bert", kind, &dir).map_err(|e| e.to_string())?,
+                runner: Box::new(
+                    crate::onnx::graph_runner("bert", kind, &dir).map_err(|e| e.to_string())?,
+                ),
                 config: config.clone(),
             });
             Ok((((model, hal), LoadedWeights::default(), None), selection))
@@ -358,21 +423,20 @@ type Loaded = (
     Option<CalibrationReport>,
 );
 
-/// BERT on a graph backend (ONNX Runtime, a browser): the checkpoint's ONNX export.
-#[cfg(feature = "onnx")]
+/// BERT on a runner outside burn: the checkpoint's ONNX export on a graph backend (ONNX Runtime,
+/// a browser), or the cuBLAS encoder on `cuda`.
+#[cfg(any(feature = "onnx", feature = "cuda"))]
 mod graph {
     use ipfs_accelerate_bert::{
         tasks::Pooling, BertConfig, BertHead, BertInputs, BertTasks, HostLogits,
     };
     use ipfs_accelerate_core::{HostTensor, ModelRunner, TensorMap};
 
-    use crate::onnx::OnnxRunner;
-
-    /// BERT through an ONNX graph (ONNX Runtime or a browser) on the checkpoint's export: the same
-    /// tokenizer, pooling ([`Pooling::pool_host`]) and head post-processing as the native path; the
-    /// export's outputs carry HF's names (`last_hidden_state`, `logits`, `start_logits`).
+    /// BERT through a runner with HF's input and output names (`last_hidden_state`, `logits`,
+    /// `start_logits`): an ONNX graph (ONNX Runtime or a browser) or an engine (cuBLAS). The same
+    /// tokenizer, pooling ([`Pooling::pool_host`]) and head post-processing as the burn path.
     pub(super) struct GraphBert {
-        pub(super) runner: OnnxRunner,
+        pub(super) runner: Box<dyn ModelRunner>,
         pub(super) config: BertConfig,
     }
 
@@ -392,7 +456,7 @@ mod graph {
         }
     }
 
-    crate::onnx::graph_model_runner!(GraphBert, "bert");
+    crate::loaded::graph_model_runner!(GraphBert, "bert");
 
     impl BertTasks for GraphBert {
         fn config(&self) -> &BertConfig {
@@ -409,7 +473,7 @@ mod graph {
             pooling: Pooling,
             normalize: bool,
         ) -> ipfs_accelerate_core::Result<Vec<Vec<f32>>> {
-            let hidden = crate::onnx::output_f32(&self.outputs(inputs)?, "last_hidden_state")?;
+            let hidden = crate::loaded::output_f32(&self.outputs(inputs)?, "last_hidden_state")?;
             Ok(pooling.pool_host(
                 &hidden,
                 &inputs.attention_mask,
@@ -425,15 +489,15 @@ mod graph {
             Ok(match self.config.head() {
                 BertHead::SequenceClassification => HostLogits::Sequence {
                     labels,
-                    data: crate::onnx::output_f32(&out, "logits")?,
+                    data: crate::loaded::output_f32(&out, "logits")?,
                 },
                 BertHead::TokenClassification => HostLogits::Token {
                     labels,
-                    data: crate::onnx::output_f32(&out, "logits")?,
+                    data: crate::loaded::output_f32(&out, "logits")?,
                 },
                 BertHead::QuestionAnswering => HostLogits::Span {
-                    start: crate::onnx::output_f32(&out, "start_logits")?,
-                    end: crate::onnx::output_f32(&out, "end_logits")?,
+                    start: crate::loaded::output_f32(&out, "start_logits")?,
+                    end: crate::loaded::output_f32(&out, "end_logits")?,
                 },
                 BertHead::Base => {
                     return Err(ipfs_accelerate_core::Error::InvalidInput(

@@ -60,7 +60,7 @@ mod graph_whisper {
         assets: WhisperAssets,
     }
 
-    crate::onnx::graph_model_runner!(GraphWhisper, "whisper");
+    crate::loaded::graph_model_runner!(GraphWhisper, "whisper");
 
     impl WhisperExecutor for GraphWhisper {
         /// The decoder's inputs with the encoder's output among them.

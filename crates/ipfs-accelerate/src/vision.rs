@@ -117,7 +117,7 @@ mod classify {
     }
 
     #[cfg(feature = "onnx")]
-    crate::onnx::graph_model_runner!(GraphVit, "vit");
+    crate::loaded::graph_model_runner!(GraphVit, "vit");
 
     #[cfg(feature = "onnx")]
     impl VitTasks for GraphVit {
@@ -133,7 +133,7 @@ mod classify {
             let mut inputs = ipfs_accelerate_core::TensorMap::new();
             inputs.insert("pixel_values".into(), pixel_values.clone());
             use ipfs_accelerate_core::ModelRunner;
-            let logits = crate::onnx::output_f32(&self.runner.run(&inputs)?, "logits")?;
+            let logits = crate::loaded::output_f32(&self.runner.run(&inputs)?, "logits")?;
             let labels = self.config.num_labels().max(1);
             let probs: Vec<f32> = logits
                 .chunks(labels)
@@ -238,7 +238,7 @@ mod zero_shot {
     }
 
     #[cfg(feature = "onnx")]
-    crate::onnx::graph_model_runner!(GraphClip, "clip");
+    crate::loaded::graph_model_runner!(GraphClip, "clip");
 
     #[cfg(feature = "onnx")]
     impl GraphClip {
@@ -281,7 +281,7 @@ mod zero_shot {
                 "logits_per_image" => text.map_or(1, |t| t.batch),
                 _ => self.config.projection_dim,
             };
-            Ok(crate::onnx::output_f32(&out, name)?
+            Ok(crate::loaded::output_f32(&out, name)?
                 .chunks(rows.max(1))
                 .map(<[f32]>::to_vec)
                 .collect())

@@ -272,6 +272,7 @@ impl Server {
                     quantization: options.quantization,
                     share_weights: true,
                     precision: options.precision,
+                    ..Default::default()
                 };
                 tracing::info!(model = %spec.name, source = %spec.source, replica = %label, "loading");
                 match Engine::load(kind, &spec.source, &load) {

@@ -17,6 +17,15 @@ use crate::{names, BertConfig, BertHead};
 /// name for, is an [`Error::InvalidInput`] saying so (those run on the burn model).
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = BertConfig::from_file(&dir.join("config.json"))?;
+    encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
+}
+
+/// [`encoder_spec`] of a configuration and a weight source (a folder's files, or weights held in
+/// memory such as the embedded model's).
+pub fn encoder_spec_from(
+    config: &BertConfig,
+    source: std::sync::Arc<dyn TensorSource>,
+) -> Result<EncoderSpec> {
     if config.position_padding_idx().is_some() {
         return Err(Error::InvalidInput(
             "the encoder spec numbers positions 0..seq (BERT); RoBERTa-family checkpoints run on \
@@ -40,7 +49,6 @@ pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
             )))
         }
     };
-    let source = ipfs_accelerate_io::open_weights(dir)?;
     let prefix = names::encoder_prefix(source.as_ref());
     let source = names::bert_names(source);
     let reader = Reader {

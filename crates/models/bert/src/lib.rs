@@ -16,6 +16,6 @@ mod runner;
 pub mod tasks;
 
 pub use config::{preset, BertConfig, BertHead, BERT_LIKE_MODEL_TYPES};
-pub use encoder_spec::encoder_spec;
+pub use encoder_spec::{encoder_spec, encoder_spec_from};
 pub use model::{roberta_position_ids, Bert, BertModel, BertOutput, HeadLogits};
 pub use runner::{BertFamily, BertInputs, BertRunner, BertTasks, HostLogits};
