@@ -16,6 +16,7 @@ pub(crate) fn options(cli: &Cli) -> anyhow::Result<LoadOptions> {
         quantization: quantization(cli)?,
         share_weights: false,
         precision: cli.precision,
+        ..Default::default()
     })
 }
 
