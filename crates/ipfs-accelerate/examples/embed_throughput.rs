@@ -17,7 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut file, mut model, mut rounds) = (None, "embedded".to_string(), 10usize);
     let mut options = LoadOptions::default();
     while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value\n{usage}"));
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value\n{usage}"))
+        };
         match arg.as_str() {
             "--file" => file = Some(value()?),
             "--model" => model = value()?,
@@ -45,10 +48,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clock = Instant::now();
     let first = pipe.embed(&texts, true)?;
     let first_ms = clock.elapsed().as_secs_f64() * 1e3;
+    let mut last = first.metrics.clone();
     let mut times: Vec<f64> = (0..rounds)
         .map(|_| {
             let clock = Instant::now();
-            pipe.embed(&texts, true).map(|_| clock.elapsed().as_secs_f64() * 1e3)
+            pipe.embed(&texts, true).map(|out| {
+                last = out.metrics;
+                clock.elapsed().as_secs_f64() * 1e3
+            })
         })
         .collect::<Result<_, _>>()?;
     times.sort_by(f64::total_cmp);
@@ -67,6 +74,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "min_ms": times[0],
             "max_ms": times[times.len() - 1],
             "sentences_per_s": texts.len() as f64 / median * 1e3,
+            // The last round's phases: tokenizing, the model (batches of `--batch`), pooling.
+            "last_preprocess_ms": last.preprocess.as_secs_f64() * 1e3,
+            "last_inference_ms": last.inference.as_secs_f64() * 1e3,
+            "last_postprocess_ms": last.postprocess.as_secs_f64() * 1e3,
         })
     );
     Ok(())

@@ -497,7 +497,10 @@ pub(crate) use graph_model_runner;
 /// The `name` output of an ONNX export's run as f32 values, or an error naming the outputs
 /// there are.
 #[allow(dead_code)] // used by the task types with another engine
-pub(crate) fn output_f32(out: &ipfs_accelerate_core::TensorMap, name: &str) -> ipfs_accelerate_core::Result<Vec<f32>> {
+pub(crate) fn output_f32(
+    out: &ipfs_accelerate_core::TensorMap,
+    name: &str,
+) -> ipfs_accelerate_core::Result<Vec<f32>> {
     Ok(out
         .get(name)
         .ok_or_else(|| {

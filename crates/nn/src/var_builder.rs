@@ -146,8 +146,9 @@ impl<B: Backend> VarBuilder<B> {
                 return Ok(w);
             }
         }
-        let q = if asked.fits(in_dim) {
-            asked
+        let fitted = asked.fitted(in_dim);
+        let q = if fitted.fits(in_dim) {
+            fitted
         } else {
             WeightQuantization::None
         };
@@ -161,7 +162,7 @@ impl<B: Backend> VarBuilder<B> {
         let kind = Kind::Linear {
             name: full.clone(),
             f32_bytes,
-            kept_float: q != asked,
+            kept_float: q == WeightQuantization::None && asked != WeightQuantization::None,
         };
         self.load.fetch::<B, LinearWeight<B>>(
             self.source.as_ref(),
