@@ -251,6 +251,16 @@ fn vit_image_classification_on_onnx_runtime_matches_cpu() {
             (graph[0][0].score - native[0][0].score).abs() < 1e-3,
             "{kind}"
         );
+        let name = kind.to_string();
+        let out = run_ok(&[
+            "--backend",
+            &name,
+            "classify-image",
+            "--model",
+            model,
+            image.to_str().unwrap(),
+        ]);
+        assert!(out.contains(&native[0][0].label), "CLI on {kind}: {out}");
     }
 }
 
