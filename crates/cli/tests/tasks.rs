@@ -209,17 +209,14 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
         &[],
     );
     let c = clip.path().to_str().unwrap();
-    let out: Value = serde_json::from_str(&run_ok(&[
-        "zero-shot",
-        "--model",
-        c,
-        "--labels",
-        "w4,w9 w10,w20",
-        "--template",
-        "{}",
-        img,
-    ]))
-    .unwrap();
+    // The CLI's zero-shot on the global `--backend` list given first (none: the default).
+    let zero_shot_cli = |backend: &[&str]| -> Value {
+        let mut args = backend.to_vec();
+        args.extend(["zero-shot", "--model", c, "--labels", "w4,w9 w10,w20"]);
+        args.extend(["--template", "{}", img]);
+        serde_json::from_str(&run_ok(&args)).unwrap()
+    };
+    let out = zero_shot_cli(&[]);
     let labels = out[0].as_array().unwrap();
     assert_eq!(labels.len(), 3);
     let total: f64 = labels.iter().map(|l| l["score"].as_f64().unwrap()).sum();
@@ -343,19 +340,7 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
                 assert!(diff(a, b) < bar, "{kind}");
             }
             let name = kind.to_string();
-            let cli: Value = serde_json::from_str(&run_ok(&[
-                "--backend",
-                &name,
-                "zero-shot",
-                "--model",
-                c,
-                "--labels",
-                "w4,w9 w10,w20",
-                "--template",
-                "{}",
-                img,
-            ]))
-            .unwrap();
+            let cli = zero_shot_cli(&["--backend", &name]);
             assert_eq!(cli[0][0]["label"], direct[0][0].label, "CLI on {kind}");
         }
     }

@@ -47,10 +47,7 @@ mod graph_whisper {
     use ipfs_accelerate_core::{HostTensor, Result, TensorMap};
     use ipfs_accelerate_nn::generate::TokenDecoder;
     use ipfs_accelerate_preprocess::audio::LogMel;
-    use ipfs_accelerate_whisper::{
-        TranscribeOptions, Transcription, WhisperAssets, WhisperConfig, WhisperExecutor,
-        WhisperTasks,
-    };
+    use ipfs_accelerate_whisper::{WhisperAssets, WhisperExecutor, WhisperTasks};
 
     use crate::onnx::OnnxRunner;
 
@@ -65,6 +62,10 @@ mod graph_whisper {
     impl WhisperExecutor for GraphWhisper {
         /// The decoder's inputs with the encoder's output among them.
         type Encoded = TensorMap;
+
+        fn assets(&self) -> &WhisperAssets {
+            &self.assets
+        }
 
         fn encode(&self, features: &LogMel) -> Result<TensorMap> {
             let mut inputs = TensorMap::new();
@@ -100,29 +101,6 @@ mod graph_whisper {
                 )));
             }
             Ok(Box::new(decoder))
-        }
-    }
-
-    impl WhisperTasks for GraphWhisper {
-        fn config(&self) -> &WhisperConfig {
-            &self.assets.config
-        }
-
-        fn transcribe_with(
-            &self,
-            samples: &[f32],
-            sample_rate: u32,
-            options: &TranscribeOptions,
-        ) -> Result<Transcription> {
-            self.assets.transcribe(self, samples, sample_rate, options)
-        }
-
-        fn transcribe_features(
-            &self,
-            features: &LogMel,
-            options: &TranscribeOptions,
-        ) -> Result<Transcription> {
-            self.assets.transcribe_features(self, features, options)
         }
     }
 

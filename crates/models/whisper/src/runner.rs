@@ -90,8 +90,11 @@ pub struct WhisperAssets {
     pub tokenizer: Option<TextTokenizer>,
 }
 
-/// What transcription needs from an executor of Whisper's encoder and decoder.
+/// What transcription needs from an executor of Whisper's encoder and decoder. Every executor
+/// that is also a [`ModelRunner`] is a [`WhisperTasks`].
 pub trait WhisperExecutor {
+    /// The checkpoint's configuration, feature extractor, generation config and tokenizer.
+    fn assets(&self) -> &WhisperAssets;
     /// The encoder's output as the executor keeps it.
     type Encoded;
     /// Encodes one log-mel spectrogram (already checked against the model's shape).
@@ -305,6 +308,10 @@ pub struct WhisperRunner<B: Backend> {
 
 impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
     type Encoded = Tensor<B, 3>;
+
+    fn assets(&self) -> &WhisperAssets {
+        &self.assets
+    }
 
     fn encode(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
         let x = Tensor::from_data(
@@ -546,9 +553,9 @@ pub trait WhisperTasks: ModelRunner {
     ) -> Result<Transcription>;
 }
 
-impl<B: Backend> WhisperTasks for WhisperRunner<B> {
+impl<E: WhisperExecutor + ModelRunner> WhisperTasks for E {
     fn config(&self) -> &WhisperConfig {
-        self.model.config()
+        &self.assets().config
     }
 
     fn transcribe_with(
@@ -557,7 +564,8 @@ impl<B: Backend> WhisperTasks for WhisperRunner<B> {
         sample_rate: u32,
         options: &TranscribeOptions,
     ) -> Result<Transcription> {
-        WhisperRunner::transcribe_with(self, samples, sample_rate, options)
+        self.assets()
+            .transcribe(self, samples, sample_rate, options)
     }
 
     fn transcribe_features(
@@ -565,6 +573,6 @@ impl<B: Backend> WhisperTasks for WhisperRunner<B> {
         features: &LogMel,
         options: &TranscribeOptions,
     ) -> Result<Transcription> {
-        WhisperRunner::transcribe_features(self, features, options)
+        self.assets().transcribe_features(self, features, options)
     }
 }
