@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
 
-use common::{cli, fixture_copy, write_tokenizer};
+use common::{cli, fixture_copy, write_bert_tokenizer};
 use ipfs_accelerate_conformance::shared_dir;
 use serde_json::{json, Value};
 
@@ -17,13 +17,7 @@ use serde_json::{json, Value};
 /// 99-token vocabulary (`w4 w5 ...` are words).
 fn tiny_bert(shared: &Path) -> tempfile::TempDir {
     let dir = fixture_copy(shared, "bert", "base");
-    write_tokenizer(
-        dir.path(),
-        99,
-        &[("[UNK]", 1), ("[PAD]", 0), ("[CLS]", 2), ("[SEP]", 3)],
-        &["[CLS]"],
-        &["[SEP]"],
-    );
+    write_bert_tokenizer(dir.path());
     dir
 }
 

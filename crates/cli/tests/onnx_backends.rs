@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{fixture_copy, run_ok, write_tokenizer};
+use common::{fixture_copy, run_ok, write_bert_tokenizer};
 use ipfs_accelerate::{Availability, BackendKind, ExecutionProvider, Pipeline, Task};
 use ipfs_accelerate_conformance::shared_dir;
 
@@ -60,13 +60,7 @@ fn bert(shared: &std::path::Path, variant: &str) -> tempfile::TempDir {
         .join(variant)
         .join("model.onnx");
     std::fs::copy(&export, dir.path().join("model.onnx")).unwrap();
-    write_tokenizer(
-        dir.path(),
-        99,
-        &[("[UNK]", 1), ("[PAD]", 0), ("[CLS]", 2), ("[SEP]", 3)],
-        &["[CLS]"],
-        &["[SEP]"],
-    );
+    write_bert_tokenizer(dir.path());
     dir
 }
 
@@ -109,12 +103,7 @@ fn bert_embeddings_and_classification_on_onnx_runtime_match_cpu() {
         .value;
     // ONNX Runtime's providers, then WebNN in headless Chromium, through the same Pipeline.
     for kind in graph_backends(test) {
-        // WebNN computes in its own order: a looser bar there.
-        let bar = if matches!(kind, BackendKind::Onnx(_)) {
-            1e-4
-        } else {
-            1e-3
-        };
+        let bar = common::graph_bar(kind);
         let pipe = load(&base, Task::Embed, kind);
         assert_eq!(pipe.backend(), kind);
         let out = pipe.embed(&texts, true).unwrap();
@@ -223,12 +212,7 @@ fn vit_image_classification_on_onnx_runtime_matches_cpu() {
         .unwrap()
         .value;
     for kind in graph_backends(test) {
-        // WebNN computes in its own order: a looser bar there.
-        let bar = if matches!(kind, BackendKind::Onnx(_)) {
-            1e-4
-        } else {
-            1e-3
-        };
+        let bar = common::graph_bar(kind);
         let classifier = load(kind);
         assert_eq!(classifier.selection().device.kind, kind);
         let graph = classifier.classify_files(&[&image], 3).unwrap().value;

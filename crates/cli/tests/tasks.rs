@@ -311,12 +311,7 @@ fn classify_image_zero_shot_and_detect_on_an_image_file() {
                 .fold(0f32, f32::max)
         };
         for kind in kinds {
-            // WebNN computes attention's softmax in its own order: a looser bar there.
-            let bar = if matches!(kind, ipfs_accelerate::BackendKind::Onnx(_)) {
-                1e-4
-            } else {
-                1e-3
-            };
+            let bar = common::graph_bar(kind);
             let options = LoadOptions {
                 backends: Some(vec![kind]),
                 ..Default::default()

@@ -165,6 +165,13 @@ pub(crate) fn graph_selection(
              the native backends"
         ));
     }
+    usable_selection(kind)
+}
+
+/// The selection of `kind` with nothing skipped when it is usable here, else why not.
+pub(crate) fn usable_selection(
+    kind: BackendKind,
+) -> std::result::Result<ipfs_accelerate_core::Selection, String> {
     match selector().probe(kind) {
         Availability::Available(device) => Ok(ipfs_accelerate_core::Selection {
             device,
@@ -279,10 +286,26 @@ pub(crate) fn cublas_bert(
     dir: &std::path::Path,
     precision: Precision,
 ) -> std::result::Result<Box<dyn ipfs_accelerate_core::ModelRunner>, String> {
+    use ipfs_accelerate_core::JsonConfig;
+    let config = ipfs_accelerate_bert::BertConfig::from_file(&dir.join("config.json"))
+        .map_err(|e| e.to_string())?;
+    let weights = ipfs_accelerate_io::open_weights(dir).map_err(|e| e.to_string())?;
+    cublas_bert_from(&config, weights, precision)
+}
+
+/// [`cublas_bert`] of a configuration and any weight source (a folder's files, the embedded
+/// model's bytes).
+#[cfg(all(feature = "cuda", feature = "bert"))]
+pub(crate) fn cublas_bert_from(
+    config: &ipfs_accelerate_bert::BertConfig,
+    weights: std::sync::Arc<dyn ipfs_accelerate_core::TensorSource>,
+    precision: Precision,
+) -> std::result::Result<Box<dyn ipfs_accelerate_core::ModelRunner>, String> {
     if !matches!(precision, Precision::F32 | Precision::F16) {
         return Err(format!("it runs f32 and f16, not {precision}"));
     }
-    let spec = ipfs_accelerate_bert::encoder_spec(dir).map_err(|e| e.to_string())?;
+    let spec =
+        ipfs_accelerate_bert::encoder_spec_from(config, weights).map_err(|e| e.to_string())?;
     let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
         .map_err(|e| e.to_string())?;
     Ok(Box::new(runner))

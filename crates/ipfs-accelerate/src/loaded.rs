@@ -55,6 +55,12 @@ impl LoadOptions {
             _ => spec.to_string(),
         }
     }
+
+    /// Resolves `spec` at these options' revision, offline or not, with the `optional` files it
+    /// has (see [`model_dir`]); returns the folder.
+    pub(crate) fn model_dir(&self, spec: &str, optional: &[&str]) -> Result<PathBuf> {
+        model_dir(&self.spec_with_revision(spec), self.offline, optional)
+    }
 }
 
 /// Loads with `work` inside a weight load scope ([`load_scope`]) set up for the backend it runs
@@ -271,13 +277,7 @@ impl<T: ?Sized> Loaded<T> {
         optional_files: &[&str],
         work: impl FnMut(PathBuf) -> W,
     ) -> Result<Self> {
-        let clock = Stopwatch::start();
-        let dir = model_dir(
-            &options.spec_with_revision(spec),
-            options.offline,
-            optional_files,
-        )?;
-        Self::from_dir(dir, options, clock, work, None)
+        Self::load_with_graph(spec, options, optional_files, work, None)
     }
 
     /// [`load`](Self::load) for a task type that also runs the checkpoint's ONNX export on the
@@ -291,11 +291,7 @@ impl<T: ?Sized> Loaded<T> {
         graph: Option<&GraphLoader<T>>,
     ) -> Result<Self> {
         let clock = Stopwatch::start();
-        let dir = model_dir(
-            &options.spec_with_revision(spec),
-            options.offline,
-            optional_files,
-        )?;
+        let dir = options.model_dir(spec, optional_files)?;
         Self::from_dir(dir, options, clock, work, graph)
     }
 

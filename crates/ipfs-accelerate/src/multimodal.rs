@@ -89,11 +89,7 @@ mod describe {
                 "generation_config.json",
             ];
             let clock = ipfs_accelerate_core::Stopwatch::start();
-            let dir = crate::loaded::model_dir(
-                &options.spec_with_revision(model),
-                options.offline,
-                &extra,
-            )?;
+            let dir = options.model_dir(model, &extra)?;
             let variant = match crate::loaded::model_type(&dir)?.as_str() {
                 "llava_next" => LlavaVariant::LlavaNext,
                 _ => LlavaVariant::Llava,

@@ -344,34 +344,17 @@ impl PipelineBuilder {
         if self.calibration.is_some() || self.quantization != WeightQuantization::None {
             return Err("it keeps float weights (no quantization)".into());
         }
-        let device = match crate::selector().probe(BackendKind::Cuda) {
-            ipfs_accelerate_core::Availability::Available(device) => device,
-            other => {
-                return Err(other
-                    .reason(BackendKind::Cuda)
-                    .unwrap_or_else(|| "cuda is unavailable".into()))
-            }
-        };
-        if !matches!(self.precision, Precision::F32 | Precision::F16) {
-            return Err(format!("it runs f32 and f16, not {}", self.precision));
-        }
+        let selection = crate::backends::usable_selection(BackendKind::Cuda)?;
         let weights = assets.weights().map_err(|e| e.to_string())?;
-        let spec =
-            ipfs_accelerate_bert::encoder_spec_from(config, weights).map_err(|e| e.to_string())?;
-        let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, self.precision)
-            .map_err(|e| e.to_string())?;
+        let runner = crate::backends::cublas_bert_from(config, weights, self.precision)?;
         let hal = crate::compiled_backends()
             .into_iter()
             .find(|b| b.kind() == BackendKind::Cuda)
             .ok_or_else(|| "cuda is not compiled in".to_string())?;
         let model: Box<dyn BertTasks> = Box::new(graph::GraphBert {
-            runner: Box::new(runner),
+            runner,
             config: config.clone(),
         });
-        let selection = Selection {
-            device,
-            skipped: Vec::new(),
-        };
         Ok((((model, hal), LoadedWeights::default(), None), selection))
     }
 

@@ -20,7 +20,7 @@ use ipfs_accelerate_core::{Selection, Stopwatch};
 /// audio needs no other crate).
 pub use ipfs_accelerate_preprocess::audio::Audio;
 
-use crate::loaded::{dir_loader, graph, model_dir, model_type, LoadOptions, Loaded};
+use crate::loaded::{dir_loader, graph, model_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
 #[cfg(feature = "wav2vec2")]
@@ -156,7 +156,7 @@ impl Transcriber {
             "tokenizer_config.json",
         ];
         let clock = Stopwatch::start();
-        let dir = model_dir(&options.spec_with_revision(model), options.offline, &extra)?;
+        let dir = options.model_dir(model, &extra)?;
         let model = match model_type(&dir)?.as_str() {
             #[cfg(feature = "whisper")]
             "whisper" => {

@@ -145,3 +145,25 @@ pub fn sweep_wav(path: &Path) {
     }
     w.finalize().unwrap();
 }
+
+/// The word-level tokenizer of the BERT fixtures' 99 ids: `[PAD]` 0, `[UNK]` 1, `[CLS]` 2,
+/// `[SEP]` 3, then `w4 w5 ...`; one text becomes `[CLS] words [SEP]`.
+pub fn write_bert_tokenizer(dir: &Path) {
+    write_tokenizer(
+        dir,
+        99,
+        &[("[UNK]", 1), ("[PAD]", 0), ("[CLS]", 2), ("[SEP]", 3)],
+        &["[CLS]"],
+        &["[SEP]"],
+    );
+}
+
+/// How close a graph backend's output must be to the native `cpu` backend's: ONNX Runtime
+/// computes in cpu's order (1e-4); the browser's WebNN in its own (1e-3).
+pub fn graph_bar(kind: ipfs_accelerate::BackendKind) -> f32 {
+    if matches!(kind, ipfs_accelerate::BackendKind::Onnx(_)) {
+        1e-4
+    } else {
+        1e-3
+    }
+}

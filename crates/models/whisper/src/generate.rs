@@ -278,18 +278,4 @@ impl<B: Backend> Whisper<B> {
             on_token,
         )
     }
-
-    /// HF's language detection: the most likely of `language_tokens` after
-    /// `<|startoftranscript|>` (`decoder_start_token_id`), per row of the encoder output.
-    pub fn detect_language(
-        &self,
-        encoder: &Tensor<B, 3>,
-        language_tokens: &[u32],
-    ) -> Result<Vec<u32>> {
-        let [batch, _, _] = encoder.dims();
-        let start = vec![i64::from(self.config().decoder_start_token_id); batch];
-        let mut cache = self.new_cache(encoder);
-        let logits = float_to_vec(self.logits(self.decode(&start, 1, &mut cache, None)?))?;
-        pick_language(&logits, self.config().vocab_size, language_tokens)
-    }
 }
