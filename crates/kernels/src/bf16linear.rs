@@ -26,7 +26,7 @@
 use rayon::prelude::*;
 
 use crate::linear::{finish_rows, Epilogue};
-use crate::qlinear::{finish_tile, OutPtr};
+use crate::qlinear::{finish_tile, OutPtr, TileEpilogue};
 
 /// Outputs per packed panel (two 512-bit registers of f32 sums).
 const PANEL: usize = 32;
@@ -318,6 +318,9 @@ struct Tile<'a> {
     out: *mut f32,
     ldc: usize,
     width: usize,
+    /// The epilogue the AVX-512 kernels apply in registers as they store; `None` leaves it to
+    /// [`finish_tile`].
+    fused: Option<TileEpilogue>,
 }
 
 impl Tile<'_> {
@@ -398,6 +401,10 @@ mod x86 {
     #[inline(always)]
     unsafe fn store_rows<const MR: usize>(t: &Tile<'_>, acc: &[[__m512; 2]; MR]) {
         let (m0, m1) = masks(t.width);
+        let mut acc = *acc;
+        if let Some(e) = t.fused {
+            crate::qlinear::x86::finish_in_registers(&mut acc, e, t.ldc, (m0, m1));
+        }
         for (r, a) in acc.iter().enumerate() {
             let o = t.out.add(r * t.ldc);
             _mm512_mask_storeu_ps(o, m0, a[0]);
@@ -609,6 +616,9 @@ pub fn linear_bf16(
         return Some(out);
     }
     let isa = w.isa;
+    // The AVX-512 kernels apply the epilogue in registers as they store a tile; the others leave
+    // it to `finish_tile` (one pass over the tile while it is in cache).
+    let in_kernel = fused && matches!(isa, Bf16Isa::Avx512 | Bf16Isa::Avx512Bf16);
     let kp = k.div_ceil(2) * 2;
     let panels = n.div_ceil(PANEL);
     let mr = isa.tile_rows();
@@ -671,11 +681,18 @@ pub fn linear_bf16(
                     out: unsafe { out_ptr.at(r * n + c0) },
                     ldc: n,
                     width,
+                    fused: in_kernel.then(|| TileEpilogue {
+                        // SAFETY: column c0 and row r, column c0 lie within the bias and the
+                        // residual (their lengths were checked above).
+                        bias: bias.map(|b| unsafe { b.as_ptr().add(c0) }),
+                        residual: residual.map(|res| unsafe { res.as_ptr().add(r * n + c0) }),
+                        activation,
+                    }),
                 };
                 // SAFETY: rows r .. r + tile_rows ≤ rows, columns c0 .. c0 + width ≤ n lie in
                 // this task's rectangle, which no other task accesses.
                 unsafe { run_tile(isa, &tile) };
-                if fused {
+                if fused && !in_kernel {
                     // SAFETY: as above; the kernel has just written these values.
                     unsafe { finish_tile(out_ptr, r..r + tile_rows, n, c0, width, &epilogue) };
                 }

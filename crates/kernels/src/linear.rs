@@ -35,6 +35,20 @@ pub enum EpilogueActivation {
     Relu,
 }
 
+/// `activation` over one panel of 32 values, for kernels that apply their epilogue in registers:
+/// inlined into the caller's `target_feature` context, the fixed-length loops vectorise there.
+#[inline(always)]
+pub(crate) fn activate_panel(v: &mut [f32; 32], activation: EpilogueActivation) {
+    match activation {
+        EpilogueActivation::Identity => {}
+        EpilogueActivation::GeluErf => v.iter_mut().for_each(|x| *x = gelu_erf_one(*x)),
+        EpilogueActivation::GeluTanh => v.iter_mut().for_each(|x| *x = gelu_tanh_one(*x)),
+        EpilogueActivation::Silu => v.iter_mut().for_each(|x| *x = sigmoid_mul_one(*x, 1.0)),
+        EpilogueActivation::QuickGelu => v.iter_mut().for_each(|x| *x = sigmoid_mul_one(*x, 1.702)),
+        EpilogueActivation::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+    }
+}
+
 multiversion! {
     /// `activation(out + residual + bias)` in place over rows of `n` values.
     pub(crate) fn finish_rows(

@@ -490,6 +490,18 @@ struct Tile<'a> {
     out: *mut f32,
     ldc: usize,
     width: usize,
+    /// The epilogue the kernel applies in registers as it stores the last blocks' sums, when it
+    /// can (the VNNI kernel); `None` leaves it to [`finish_tile`].
+    fused: Option<TileEpilogue>,
+}
+
+/// A linear layer's epilogue for one tile, applied in registers by the kernels that can: the
+/// bias at the tile's first column, the residual at its first row and column (stride `ldc`).
+#[derive(Clone, Copy)]
+pub(crate) struct TileEpilogue {
+    pub(crate) bias: Option<*const f32>,
+    pub(crate) residual: Option<*const f32>,
+    pub(crate) activation: crate::EpilogueActivation,
 }
 
 impl Tile<'_> {
@@ -556,7 +568,7 @@ unsafe fn tile_scalar(t: &Tile<'_>) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{Tile, GROUP, MAX_TILE_ROWS, PANEL, VNNI_PANEL};
     use std::arch::x86_64::*;
 
@@ -871,10 +883,53 @@ mod x86 {
                 a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), _mm512_mul_ps(sc1, xs), a[1]);
             }
         }
+        if let (Some(e), true) = (t.fused, t.b1 == t.blocks) {
+            finish_in_registers(&mut acc, e, t.ldc, (m0, m1));
+        }
         for (r, a) in acc.iter().enumerate() {
             let o = t.out.add(r * t.ldc);
             _mm512_mask_storeu_ps(o, m0, a[0]);
             _mm512_mask_storeu_ps(o.add(16), m1, a[1]);
+        }
+    }
+
+    /// `activation(sums + residual + bias)` (in `finish_rows`' order, so the results are the same
+    /// to the bit) over `MR` rows × 32 outputs held in registers (the
+    /// columns beyond the masks are never stored, so what they hold does not matter). Shared
+    /// with the AVX-512 bf16 kernels.
+    #[inline(always)]
+    pub(crate) unsafe fn finish_in_registers<const MR: usize>(
+        acc: &mut [[__m512; 2]; MR],
+        e: super::TileEpilogue,
+        ldc: usize,
+        (m0, m1): (__mmask16, __mmask16),
+    ) {
+        if let Some(res) = e.residual {
+            for (r, a) in acc.iter_mut().enumerate() {
+                let p = res.add(r * ldc);
+                a[0] = _mm512_add_ps(a[0], _mm512_maskz_loadu_ps(m0, p));
+                a[1] = _mm512_add_ps(a[1], _mm512_maskz_loadu_ps(m1, p.add(16)));
+            }
+        }
+        if let Some(b) = e.bias {
+            let (b0, b1) = (
+                _mm512_maskz_loadu_ps(m0, b),
+                _mm512_maskz_loadu_ps(m1, b.add(16)),
+            );
+            for a in acc.iter_mut() {
+                a[0] = _mm512_add_ps(a[0], b0);
+                a[1] = _mm512_add_ps(a[1], b1);
+            }
+        }
+        if e.activation != crate::EpilogueActivation::Identity {
+            let mut v = [0f32; 32];
+            for a in acc.iter_mut() {
+                _mm512_storeu_ps(v.as_mut_ptr(), a[0]);
+                _mm512_storeu_ps(v.as_mut_ptr().add(16), a[1]);
+                crate::linear::activate_panel(&mut v, e.activation);
+                a[0] = _mm512_loadu_ps(v.as_ptr());
+                a[1] = _mm512_loadu_ps(v.as_ptr().add(16));
+            }
         }
     }
 
@@ -1009,6 +1064,9 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
         return out;
     }
     let isa = w.isa;
+    // The VNNI kernel applies the epilogue in registers as it stores a tile's last sums; the
+    // others leave it to `finish_tile` (one pass over the tile while it is in cache).
+    let in_kernel = fused && isa == Int8Isa::Avx512Vnni;
     let group = isa.group();
     let groups = k.div_ceil(group);
     let kp = groups * group;
@@ -1092,11 +1150,18 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                         out: unsafe { out_ptr.at(r * n + c0) },
                         ldc: n,
                         width,
+                        fused: in_kernel.then(|| TileEpilogue {
+                            // SAFETY: column c0 and row r, column c0 lie within the bias and
+                            // the residual (their lengths were checked above).
+                            bias: bias.map(|b| unsafe { b.as_ptr().add(c0) }),
+                            residual: residual.map(|res| unsafe { res.as_ptr().add(r * n + c0) }),
+                            activation,
+                        }),
                     };
                     // SAFETY: rows r .. r + tile_rows ≤ rows, columns c0 .. c0 + width ≤ n lie
                     // in this task's rectangle, which no other task accesses.
                     unsafe { run_tile(isa, &tile) };
-                    if fused && b1 == blocks {
+                    if fused && !in_kernel && b1 == blocks {
                         // SAFETY: the kernel has just written these values, in this task's
                         // rectangle.
                         unsafe { finish_tile(out_ptr, r..r + tile_rows, n, c0, width, &epilogue) };
@@ -1260,6 +1325,24 @@ mod tests {
                 ..epi
             };
             let relu = linear_int8(&x, rows, &packed, relu);
+            // Every activation, applied in the kernel's registers or after it, as `finish_rows`
+            // applies it to the plain product.
+            for activation in [
+                EpilogueActivation::GeluErf,
+                EpilogueActivation::GeluTanh,
+                EpilogueActivation::Silu,
+                EpilogueActivation::QuickGelu,
+            ] {
+                let fused = linear_int8(&x, rows, &packed, Epilogue { activation, ..epi });
+                let mut want = plain.clone();
+                finish_rows(&mut want, n, Some(&bias), Some(&res), activation);
+                for (i, (g, w)) in fused.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                        "{isa:?} {activation:?} [{i}]: {g} vs {w}"
+                    );
+                }
+            }
             for r in 0..rows {
                 let xr = &x[r * k..(r + 1) * k];
                 // Each block of the row has its own scale.
