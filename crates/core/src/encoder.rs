@@ -1,8 +1,10 @@
-//! A backend-neutral description of a BERT-style transformer encoder (embeddings, post-norm
-//! layers, optional pooler) as host weights in HF's layouts. Model crates build it from their
-//! checkpoints (`ipfs_accelerate_bert::encoder_spec`); engines that do not run through burn (the
-//! cuBLAS encoder of the `cuda` feature) consume it, so the weight-name table stays in the model
-//! crate and the math of the block is written once in the engine.
+//! A backend-neutral description of a transformer encoder trunk as host weights in HF's layouts:
+//! token embeddings (BERT) or patch embeddings with a class token (ViT), post-norm or pre-norm
+//! layers, an optional final norm, pooler and classifier. Model crates build it from their
+//! checkpoints (`ipfs_accelerate_bert::encoder_spec`, `ipfs_accelerate_vit::encoder_spec`);
+//! engines that do not run through burn (the cuBLAS encoder of the `cuda` feature) consume it, so
+//! the weight-name table stays in the model crate and the math of the block is written once in
+//! the engine.
 
 use crate::{Error, Result};
 
@@ -68,7 +70,8 @@ pub struct NormWeights {
     pub beta: Vec<f32>,
 }
 
-/// One post-norm encoder layer: self-attention, add & norm, feed-forward, add & norm.
+/// One encoder layer: self-attention and a feed-forward block, each with a residual connection
+/// and a layer norm, placed as [`EncoderSpec::norm`] says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncoderLayerWeights {
     /// Query projection.
@@ -79,21 +82,92 @@ pub struct EncoderLayerWeights {
     pub value: DenseWeights,
     /// Attention output projection.
     pub attention_output: DenseWeights,
-    /// Norm after the attention residual.
+    /// Post-norm: the norm after the attention residual. Pre-norm: the norm before attention
+    /// (ViT's `layernorm_before`).
     pub attention_norm: NormWeights,
     /// Feed-forward up projection.
     pub intermediate: DenseWeights,
     /// Feed-forward down projection.
     pub output: DenseWeights,
-    /// Norm after the feed-forward residual.
+    /// Post-norm: the norm after the feed-forward residual. Pre-norm: the norm before the
+    /// feed-forward block (ViT's `layernorm_after`).
     pub output_norm: NormWeights,
 }
 
-/// A BERT-style encoder: word + absolute position + token type embeddings, layer norm, post-norm
-/// layers, and an optional `tanh(dense(h[:, 0]))` pooler.
+/// Where a layer's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// `x = norm(x + block(x))` (BERT).
+    Post,
+    /// `x = x + block(norm(x))` (ViT, CLIP, Whisper's encoder).
+    Pre,
+}
+
+/// Word + absolute position + token type embeddings (BERT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEmbeddings {
+    /// Vocabulary size (rows of `word`).
+    pub vocab: usize,
+    /// Longest sequence (rows of `position`).
+    pub max_positions: usize,
+    /// Segment types (rows of `token_type`).
+    pub type_vocab: usize,
+    /// `[vocab, hidden]`.
+    pub word: Vec<f32>,
+    /// `[max_positions, hidden]`.
+    pub position: Vec<f32>,
+    /// `[type_vocab, hidden]`.
+    pub token_type: Vec<f32>,
+}
+
+/// Non-overlapping square patches of an image projected to the hidden size (a convolution with
+/// stride = kernel = `patch`, run as one matrix product), a class token in front, and learned
+/// position embeddings (ViT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchEmbeddings {
+    /// Input channels.
+    pub channels: usize,
+    /// Patch side in pixels.
+    pub patch: usize,
+    /// Image `(height, width)` the position embeddings were trained for; inputs must match it.
+    pub image: (usize, usize),
+    /// The projection as `[hidden, channels · patch · patch]` (the convolution's
+    /// `[hidden, channels, patch, patch]` weight) and its bias.
+    pub projection: DenseWeights,
+    /// `[hidden]`: the class token.
+    pub class: Vec<f32>,
+    /// `[1 + patches, hidden]`: position embeddings, the class token's first.
+    pub position: Vec<f32>,
+}
+
+impl PatchEmbeddings {
+    /// Patches per image: `(height / patch) · (width / patch)`.
+    pub fn patches(&self) -> usize {
+        let p = self.patch.max(1);
+        (self.image.0 / p) * (self.image.1 / p)
+    }
+
+    /// Tokens per image: the class token and the patches.
+    pub fn tokens(&self) -> usize {
+        1 + self.patches()
+    }
+}
+
+/// What the encoder reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EncoderInput {
+    /// Token ids (`input_ids`, `token_type_ids`, `attention_mask`).
+    Tokens(TokenEmbeddings),
+    /// Images (`pixel_values`, `[batch, channels, height, width]`).
+    Patches(PatchEmbeddings),
+}
+
+/// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
+/// layers, an optional final norm, an optional `tanh(dense(h[:, 0]))` pooler and an optional
+/// classifier over the first token of the final hidden states.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncoderSpec {
-    /// The family it came from (`bert`), for runners and messages.
+    /// The family it came from (`bert`, `vit`), for runners and messages.
     pub family: String,
     /// Hidden size.
     pub hidden: usize,
@@ -105,24 +179,21 @@ pub struct EncoderSpec {
     pub eps: f32,
     /// Feed-forward activation.
     pub activation: EncoderActivation,
-    /// Vocabulary size (rows of `word_embeddings`).
-    pub vocab: usize,
-    /// Longest sequence (rows of `position_embeddings`).
-    pub max_positions: usize,
-    /// Segment types (rows of `token_type_embeddings`).
-    pub type_vocab: usize,
-    /// `[vocab, hidden]`.
-    pub word_embeddings: Vec<f32>,
-    /// `[max_positions, hidden]`.
-    pub position_embeddings: Vec<f32>,
-    /// `[type_vocab, hidden]`.
-    pub token_type_embeddings: Vec<f32>,
-    /// Norm after the embeddings.
-    pub embedding_norm: NormWeights,
+    /// The embeddings.
+    pub input: EncoderInput,
+    /// Norm after the embeddings (BERT's `embeddings.LayerNorm`).
+    pub embedding_norm: Option<NormWeights>,
+    /// Where each layer's norms sit.
+    pub norm: NormPlacement,
     /// The layers, in order.
     pub layers: Vec<EncoderLayerWeights>,
-    /// The pooler's dense layer, when the checkpoint has one.
+    /// Norm over the last layer's output (ViT's `layernorm`).
+    pub final_norm: Option<NormWeights>,
+    /// The pooler's dense layer (tanh), when the checkpoint has one.
     pub pooler: Option<DenseWeights>,
+    /// A classification head over the first token of the final hidden states (ViT's
+    /// `classifier`): `logits = dense(h[:, 0])`.
+    pub classifier: Option<DenseWeights>,
 }
 
 impl EncoderSpec {
@@ -135,40 +206,14 @@ impl EncoderSpec {
                 self.family
             )))
         };
-        if h == 0 || self.heads == 0 || i == 0 || self.vocab == 0 || self.max_positions == 0 {
-            return bad(
-                "hidden, heads, intermediate, vocabulary and positions must be positive".into(),
-            );
+        if h == 0 || self.heads == 0 || i == 0 {
+            return bad("hidden, heads and intermediate must be positive".into());
         }
         if !h.is_multiple_of(self.heads) {
             return bad(format!(
                 "hidden size {h} is not divisible by {} heads",
                 self.heads
             ));
-        }
-        if self.type_vocab == 0 {
-            return bad("type_vocab must be positive".into());
-        }
-        for (name, v, rows) in [
-            ("word_embeddings", &self.word_embeddings, self.vocab),
-            (
-                "position_embeddings",
-                &self.position_embeddings,
-                self.max_positions,
-            ),
-            (
-                "token_type_embeddings",
-                &self.token_type_embeddings,
-                self.type_vocab,
-            ),
-        ] {
-            if v.len() != rows * h {
-                return Err(Error::ShapeMismatch {
-                    name: format!("embeddings.{name}"),
-                    expected: vec![rows, h],
-                    actual: vec![v.len()],
-                });
-            }
         }
         let check_norm = |name: String, n: &NormWeights| {
             if n.gamma.len() != h || n.beta.len() != h {
@@ -180,7 +225,48 @@ impl EncoderSpec {
             }
             Ok(())
         };
-        check_norm("embeddings.LayerNorm".into(), &self.embedding_norm)?;
+        let check_rows = |name: &str, v: &Vec<f32>, rows: usize| {
+            if v.len() != rows * h {
+                return Err(Error::ShapeMismatch {
+                    name: format!("embeddings.{name}"),
+                    expected: vec![rows, h],
+                    actual: vec![v.len()],
+                });
+            }
+            Ok(())
+        };
+        match &self.input {
+            EncoderInput::Tokens(t) => {
+                if t.vocab == 0 || t.max_positions == 0 || t.type_vocab == 0 {
+                    return bad("vocabulary, positions and token types must be positive".into());
+                }
+                check_rows("word_embeddings", &t.word, t.vocab)?;
+                check_rows("position_embeddings", &t.position, t.max_positions)?;
+                check_rows("token_type_embeddings", &t.token_type, t.type_vocab)?;
+            }
+            EncoderInput::Patches(p) => {
+                let (ih, iw) = p.image;
+                if p.channels == 0 || p.patch == 0 || ih == 0 || iw == 0 {
+                    return bad("channels, patch and image sizes must be positive".into());
+                }
+                if !ih.is_multiple_of(p.patch) || !iw.is_multiple_of(p.patch) {
+                    return bad(format!(
+                        "image {ih}x{iw} is not a whole number of {} pixel patches",
+                        p.patch
+                    ));
+                }
+                p.projection.check(
+                    "embeddings.patch_embeddings.projection",
+                    h,
+                    p.channels * p.patch * p.patch,
+                )?;
+                check_rows("cls_token", &p.class, 1)?;
+                check_rows("position_embeddings", &p.position, p.tokens())?;
+            }
+        }
+        if let Some(n) = &self.embedding_norm {
+            check_norm("embeddings.LayerNorm".into(), n)?;
+        }
         for (n, l) in self.layers.iter().enumerate() {
             let p = format!("layer.{n}");
             l.query.check(&format!("{p}.query"), h, h)?;
@@ -193,8 +279,17 @@ impl EncoderSpec {
             check_norm(format!("{p}.attention.LayerNorm"), &l.attention_norm)?;
             check_norm(format!("{p}.output.LayerNorm"), &l.output_norm)?;
         }
+        if let Some(n) = &self.final_norm {
+            check_norm("layernorm".into(), n)?;
+        }
         if let Some(p) = &self.pooler {
             p.check("pooler.dense", h, h)?;
+        }
+        if let Some(c) = &self.classifier {
+            if c.out_features == 0 {
+                return bad("the classifier has no labels".into());
+            }
+            c.check("classifier", c.out_features, h)?;
         }
         Ok(())
     }
@@ -233,13 +328,16 @@ mod tests {
             intermediate: i,
             eps: 1e-12,
             activation: EncoderActivation::Gelu,
-            vocab: 5,
-            max_positions: 4,
-            type_vocab: 2,
-            word_embeddings: vec![0.0; 5 * h],
-            position_embeddings: vec![0.0; 4 * h],
-            token_type_embeddings: vec![0.0; 2 * h],
-            embedding_norm: norm(h),
+            input: EncoderInput::Tokens(TokenEmbeddings {
+                vocab: 5,
+                max_positions: 4,
+                type_vocab: 2,
+                word: vec![0.0; 5 * h],
+                position: vec![0.0; 4 * h],
+                token_type: vec![0.0; 2 * h],
+            }),
+            embedding_norm: Some(norm(h)),
+            norm: NormPlacement::Post,
             layers: vec![EncoderLayerWeights {
                 query: dense(h, h),
                 key: dense(h, h),
@@ -250,8 +348,60 @@ mod tests {
                 output: dense(h, i),
                 output_norm: norm(h),
             }],
+            final_norm: None,
             pooler: Some(dense(h, h)),
+            classifier: None,
         }
+    }
+
+    /// A ViT-shaped spec: 3 channels, 4-pixel patches of an 8 × 12 image (6 patches).
+    fn patch_spec(h: usize) -> EncoderSpec {
+        EncoderSpec {
+            family: "vit".into(),
+            input: EncoderInput::Patches(PatchEmbeddings {
+                channels: 3,
+                patch: 4,
+                image: (8, 12),
+                projection: dense(h, 48),
+                class: vec![0.0; h],
+                position: vec![0.0; 7 * h],
+            }),
+            embedding_norm: None,
+            norm: NormPlacement::Pre,
+            final_norm: Some(norm(h)),
+            classifier: Some(dense(3, h)),
+            ..spec(h, 2 * h)
+        }
+    }
+
+    #[test]
+    fn a_patch_spec_validates_and_counts_its_tokens() {
+        let s = patch_spec(8);
+        s.validate().unwrap();
+        let EncoderInput::Patches(p) = &s.input else {
+            unreachable!()
+        };
+        assert_eq!((p.patches(), p.tokens()), (6, 7));
+    }
+
+    #[test]
+    fn misshaped_patch_embeddings_are_named() {
+        let mut s = patch_spec(8);
+        if let EncoderInput::Patches(p) = &mut s.input {
+            p.position.truncate(6 * 8);
+        }
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("embeddings.position_embeddings"), "{e}");
+        let mut s = patch_spec(8);
+        if let EncoderInput::Patches(p) = &mut s.input {
+            p.image = (8, 10);
+        }
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("whole number"), "{e}");
+        let mut s = patch_spec(8);
+        s.classifier = Some(dense(3, 4));
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("classifier"), "{e}");
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub use backend::{
     DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, softmax, JsonConfig};
-pub use encoder::{DenseWeights, EncoderActivation, EncoderLayerWeights, EncoderSpec, NormWeights};
+pub use encoder::{
+    DenseWeights, EncoderActivation, EncoderInput, EncoderLayerWeights, EncoderSpec, NormPlacement,
+    NormWeights, PatchEmbeddings, TokenEmbeddings,
+};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};

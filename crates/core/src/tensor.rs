@@ -211,6 +211,15 @@ impl HostTensor {
         check_finite(&self.to_f32_vec(), name)
     }
 
+    /// The values as an f32 slice without a copy, when the tensor holds f32 (and the bytes are
+    /// aligned for it, on a little-endian machine); `None` otherwise ([`Self::to_f32_vec`] then).
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        if self.dtype != DType::F32 || cfg!(target_endian = "big") {
+            return None;
+        }
+        bytemuck::try_cast_slice(&self.data[..]).ok()
+    }
+
     /// Values converted to f32 (floats are rounded, integers cast).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let b = &self.data[..];

@@ -279,22 +279,9 @@ pub fn cublas_encoder() -> bool {
     env_switch(CUBLAS_ENV).unwrap_or(true)
 }
 
-/// BERT in `dir` on the cuBLAS encoder, or why it cannot run there (a task head, bf16, a missing
-/// library): the caller falls back to burn's CubeCL path and logs the reason.
-#[cfg(all(feature = "cuda", feature = "bert"))]
-pub(crate) fn cublas_bert(
-    dir: &std::path::Path,
-    precision: Precision,
-) -> std::result::Result<Box<dyn ipfs_accelerate_core::ModelRunner>, String> {
-    use ipfs_accelerate_core::JsonConfig;
-    let config = ipfs_accelerate_bert::BertConfig::from_file(&dir.join("config.json"))
-        .map_err(|e| e.to_string())?;
-    let weights = ipfs_accelerate_io::open_weights(dir).map_err(|e| e.to_string())?;
-    cublas_bert_from(&config, weights, precision)
-}
-
-/// [`cublas_bert`] of a configuration and any weight source (a folder's files, the embedded
-/// model's bytes).
+/// BERT on the cuBLAS encoder, from a configuration and any weight source (a folder's files, the
+/// embedded model's bytes), or why it cannot run there (a task head, bf16, a missing library): the
+/// caller falls back to burn's CubeCL path and logs the reason.
 #[cfg(all(feature = "cuda", feature = "bert"))]
 pub(crate) fn cublas_bert_from(
     config: &ipfs_accelerate_bert::BertConfig,
@@ -307,6 +294,52 @@ pub(crate) fn cublas_bert_from(
     let spec =
         ipfs_accelerate_bert::encoder_spec_from(config, weights).map_err(|e| e.to_string())?;
     let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(runner))
+}
+
+/// The [`ipfs_accelerate_core::EncoderSpec`] of the `family` checkpoint in `dir`, for the families
+/// the spec describes (BERT, ViT); `None` for the others.
+#[cfg(feature = "cuda")]
+pub(crate) fn encoder_spec_of(
+    family: &str,
+    dir: &std::path::Path,
+) -> Option<Result<ipfs_accelerate_core::EncoderSpec>> {
+    let _ = dir;
+    match family {
+        #[cfg(feature = "bert")]
+        "bert" => Some(ipfs_accelerate_bert::encoder_spec(dir).map_err(Into::into)),
+        #[cfg(feature = "vit")]
+        "vit" => Some(ipfs_accelerate_vit::encoder_spec(dir).map_err(Into::into)),
+        _ => None,
+    }
+}
+
+/// A checkpoint's [`ipfs_accelerate_core::EncoderSpec`] (from `spec`) on the cuBLAS encoder, for
+/// a task type loading on `kind`: why not when `kind` is not `cuda`, the encoder is switched off,
+/// the options ask for quantized weights or another precision than f32 / f16, the spec cannot
+/// describe the checkpoint, or a library is missing.
+#[cfg(feature = "cuda")]
+pub(crate) fn cublas_encoder_for(
+    kind: BackendKind,
+    options: &crate::LoadOptions,
+    spec: impl FnOnce() -> ipfs_accelerate_core::Result<ipfs_accelerate_core::EncoderSpec>,
+) -> std::result::Result<Box<dyn ipfs_accelerate_core::ModelRunner>, String> {
+    if kind != BackendKind::Cuda {
+        return Err(format!("the cuBLAS encoder runs on cuda, not {kind}"));
+    }
+    if !cublas_encoder() {
+        return Err(format!("{CUBLAS_ENV} is off"));
+    }
+    if options.quantization != ipfs_accelerate_nn::WeightQuantization::None {
+        return Err("it keeps float weights (no quantization)".into());
+    }
+    if !matches!(options.precision, Precision::F32 | Precision::F16) {
+        return Err(format!("it runs f32 and f16, not {}", options.precision));
+    }
+    usable_selection(kind)?;
+    let spec = spec().map_err(|e| e.to_string())?;
+    let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, options.precision)
         .map_err(|e| e.to_string())?;
     Ok(Box::new(runner))
 }

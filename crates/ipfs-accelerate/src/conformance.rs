@@ -105,15 +105,22 @@ pub fn load_family_in(
             family, dir, provider, &options,
         )?));
     }
-    // BERT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's CubeCL path.
-    #[cfg(all(feature = "cuda", feature = "bert"))]
-    if backend == BackendKind::Cuda && family == "bert" && crate::cublas_encoder() {
-        match crate::backends::cublas_bert(dir, precision) {
-            Ok(runner) => return Ok(runner),
-            Err(reason) => tracing::info!(
-                "bert on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
-                dir.display()
-            ),
+    // BERT and ViT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's
+    // CubeCL path.
+    #[cfg(feature = "cuda")]
+    if backend == BackendKind::Cuda && crate::cublas_encoder() {
+        if let Some(spec) = crate::backends::encoder_spec_of(family, dir) {
+            let loaded = spec.map_err(|e| e.to_string()).and_then(|spec| {
+                ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
+                    .map_err(|e| e.to_string())
+            });
+            match loaded {
+                Ok(runner) => return Ok(Box::new(runner)),
+                Err(reason) => tracing::info!(
+                    "{family} on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
+                    dir.display()
+                ),
+            }
         }
     }
     macro_rules! dispatch {

@@ -254,6 +254,12 @@ pub(crate) struct Loaded<T: ?Sized> {
 /// Builds a task's model from the checkpoint's ONNX export in a folder on a graph backend.
 pub(crate) type GraphLoader<T> = dyn Fn(BackendKind, &std::path::Path) -> Result<Box<T>>;
 
+/// Loads a checkpoint folder on an engine that is not burn (the cuBLAS encoder on `cuda`), or
+/// says why it cannot; the native backends then load it and the reason is logged.
+#[allow(dead_code)] // unused in builds without an engine
+pub(crate) type EngineLoader<T> =
+    dyn Fn(BackendKind, &std::path::Path, &LoadOptions) -> std::result::Result<Box<T>, String>;
+
 /// `Some(&$loader)` as a [`GraphLoader`] in builds with ONNX Runtime (feature `onnx`), `None`
 /// without: the task type then runs on the native backends only.
 #[allow(unused_macros)] // unused in builds without a task type with a graph path
@@ -290,9 +296,22 @@ impl<T: ?Sized> Loaded<T> {
         work: impl FnMut(PathBuf) -> W,
         graph: Option<&GraphLoader<T>>,
     ) -> Result<Self> {
+        Self::load_with_engines(spec, options, optional_files, work, graph, None)
+    }
+
+    /// [`Self::load_with_graph`], trying `engine` first for each native backend it may take (the
+    /// cuBLAS encoder on `cuda`).
+    pub(crate) fn load_with_engines<W: WithBackend<Output = Box<T>>>(
+        spec: &str,
+        options: &LoadOptions,
+        optional_files: &[&str],
+        work: impl FnMut(PathBuf) -> W,
+        graph: Option<&GraphLoader<T>>,
+        engine: Option<&EngineLoader<T>>,
+    ) -> Result<Self> {
         let clock = Stopwatch::start();
         let dir = options.model_dir(spec, optional_files)?;
-        Self::from_dir(dir, options, clock, work, graph)
+        Self::from_dir(dir, options, clock, work, graph, engine)
     }
 
     /// Loads a model already resolved to `dir` with `work` (made fresh per backend attempt);
@@ -303,11 +322,25 @@ impl<T: ?Sized> Loaded<T> {
         mut clock: Stopwatch,
         mut work: impl FnMut(PathBuf) -> W,
         graph: Option<&GraphLoader<T>>,
+        engine: Option<&EngineLoader<T>>,
     ) -> Result<Self> {
         let preferences = resolve_preferences(options.backends.clone(), true)?;
         let ((model, weights), selection) = crate::backends::load_in_order(
             &preferences,
             |kinds| {
+                if let (Some(engine), Some(&kind)) = (engine, kinds.first()) {
+                    match engine(kind, &dir, options).and_then(|model| {
+                        Ok(((model, LoadedWeights::default()), {
+                            crate::backends::usable_selection(kind)?
+                        }))
+                    }) {
+                        Ok(found) => return Ok(found),
+                        Err(reason) => tracing::info!(
+                            "{}: {kind}'s engine does not run it ({reason}); burn does",
+                            dir.display()
+                        ),
+                    }
+                }
                 load_on_first_usable(kinds, options.precision, || Scoped {
                     work: work(dir.clone()),
                     quantization: options.quantization,

@@ -94,7 +94,8 @@ mod describe {
                 "llava_next" => LlavaVariant::LlavaNext,
                 _ => LlavaVariant::Llava,
             };
-            let inner = Loaded::from_dir(dir, options, clock, |d| LoadLlava(d, variant), None)?;
+            let inner =
+                Loaded::from_dir(dir, options, clock, |d| LoadLlava(d, variant), None, None)?;
             let processor = LlavaProcessor::from_dir(&inner.dir)?;
             Ok(ImageDescriber { inner, processor })
         }

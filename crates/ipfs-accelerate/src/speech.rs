@@ -168,12 +168,18 @@ impl Transcriber {
                     clock,
                     LoadWhisper,
                     graph!(whisper_graph),
+                    None,
                 )?)
             }
             #[cfg(feature = "wav2vec2")]
-            "wav2vec2" => {
-                Model::Wav2Vec2(Loaded::from_dir(dir, options, clock, LoadWav2Vec2, None)?)
-            }
+            "wav2vec2" => Model::Wav2Vec2(Loaded::from_dir(
+                dir,
+                options,
+                clock,
+                LoadWav2Vec2,
+                None,
+                None,
+            )?),
             other => {
                 return Err(Error::Unsupported(format!(
                 "{model}: model_type `{other}` is not a speech-recognition family of this build \

@@ -105,22 +105,43 @@ mod classify {
     #[cfg(feature = "onnx")]
     fn graph_vit(kind: ipfs_accelerate_core::BackendKind, dir: &Path) -> Result<Box<dyn VitTasks>> {
         crate::onnx::graph_model("vit", kind, dir, |runner, config| -> Box<dyn VitTasks> {
-            Box::new(GraphVit { runner, config })
+            Box::new(RunnerVit {
+                runner: Box::new(runner),
+                config,
+            })
         })
     }
 
-    /// ViT through an ONNX export; its `logits` output is `[batch, labels]`.
-    #[cfg(feature = "onnx")]
-    struct GraphVit {
-        runner: crate::onnx::OnnxRunner,
+    /// ViT on the cuBLAS encoder on `cuda` (f32 / f16 float weights), from the checkpoint's
+    /// [`ipfs_accelerate_vit::encoder_spec`]; why not, otherwise.
+    #[cfg(feature = "cuda")]
+    fn engine_vit(
+        kind: ipfs_accelerate_core::BackendKind,
+        dir: &Path,
+        options: &LoadOptions,
+    ) -> std::result::Result<Box<dyn VitTasks>, String> {
+        use ipfs_accelerate_core::JsonConfig;
+        let config = ipfs_accelerate_vit::VitConfig::from_file(&dir.join("config.json"))
+            .map_err(|e| e.to_string())?;
+        let runner = crate::backends::cublas_encoder_for(kind, options, || {
+            ipfs_accelerate_vit::encoder_spec(dir)
+        })?;
+        Ok(Box::new(RunnerVit { runner, config }))
+    }
+
+    /// ViT through a runner that is not burn's (an ONNX export, the cuBLAS encoder): its
+    /// `logits` output is `[batch, labels]`.
+    #[cfg(any(feature = "onnx", feature = "cuda"))]
+    struct RunnerVit {
+        runner: Box<dyn ipfs_accelerate_core::ModelRunner>,
         config: ipfs_accelerate_vit::VitConfig,
     }
 
-    #[cfg(feature = "onnx")]
-    crate::loaded::graph_model_runner!(GraphVit, "vit");
+    #[cfg(any(feature = "onnx", feature = "cuda"))]
+    crate::loaded::graph_model_runner!(RunnerVit, "vit");
 
-    #[cfg(feature = "onnx")]
-    impl VitTasks for GraphVit {
+    #[cfg(any(feature = "onnx", feature = "cuda"))]
+    impl VitTasks for RunnerVit {
         fn config(&self) -> &ipfs_accelerate_vit::VitConfig {
             &self.config
         }
@@ -152,12 +173,17 @@ mod classify {
         /// Loads `model` (folder, `$IPFS_ACCELERATE_MODELS` name or hub id) on the first usable
         /// backend.
         pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-            let inner = Loaded::load_with_graph(
+            #[cfg(feature = "cuda")]
+            let engine: Option<&crate::loaded::EngineLoader<dyn VitTasks>> = Some(&engine_vit);
+            #[cfg(not(feature = "cuda"))]
+            let engine = None;
+            let inner = Loaded::load_with_engines(
                 model,
                 options,
                 &[PREPROCESSOR],
                 LoadVit,
                 graph!(graph_vit),
+                engine,
             )?;
             let size = inner.model.config().image_size.hw();
             let processor = image_processor(&inner.dir, ProcessorKind::Vit, Some(size))?;

@@ -23,6 +23,7 @@ mod norm;
 pub mod position;
 pub mod quant;
 pub mod rope;
+pub mod spec;
 pub mod transformer;
 mod var_builder;
 pub mod vision;

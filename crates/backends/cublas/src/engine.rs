@@ -1,5 +1,6 @@
 //! The encoder on one CUDA stream: cuBLAS for every product, the NVRTC kernels of `kernels.cu`
-//! for embeddings, bias + activation, head split / merge, masked softmax and add + layer norm.
+//! for embeddings (tokens, or image patches projected by one GEMM), bias + activation, head split
+//! / merge, masked softmax and add + layer norm, in post-norm (BERT) or pre-norm (ViT) layers.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,7 +12,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use ipfs_accelerate_core::{
-    DType, DenseWeights, EncoderActivation, EncoderSpec, HostTensor, NormWeights,
+    DType, DenseWeights, EncoderActivation, EncoderInput, EncoderSpec, HostTensor, NormPlacement,
+    NormWeights,
 };
 
 use crate::EngineError;
@@ -29,6 +31,8 @@ pub trait Elem:
     fn from_f32(v: f32) -> Self;
     /// Converts a slice from f32 (SIMD where the type has it).
     fn from_f32_slice(src: &[f32]) -> Vec<Self>;
+    /// Converts `src` into `dst` (of the same length).
+    fn convert_into(src: &[f32], dst: &mut [Self]);
 }
 
 impl Elem for f32 {
@@ -41,6 +45,9 @@ impl Elem for f32 {
     }
     fn from_f32_slice(src: &[f32]) -> Vec<Self> {
         src.to_vec()
+    }
+    fn convert_into(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -57,6 +64,10 @@ impl Elem for half::f16 {
         let mut out = vec![half::f16::ZERO; src.len()];
         out.convert_from_f32_slice(src);
         out
+    }
+    fn convert_into(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
     }
 }
 
@@ -80,6 +91,8 @@ enum Act {
     GeluTanh = 1,
     Relu = 2,
     Tanh = 3,
+    /// The bias alone.
+    None = 4,
 }
 
 impl From<EncoderActivation> for Act {
@@ -104,6 +117,12 @@ struct Kernels {
     bias_act_vec: CudaFunction,
     bias_residual_norm_vec: CudaFunction,
     masked_softmax_warp: CudaFunction,
+    add_norm_sum: CudaFunction,
+    add_norm_sum_vec: CudaFunction,
+    layer_norm: CudaFunction,
+    layer_norm_vec: CudaFunction,
+    patch_embeddings: CudaFunction,
+    patch_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -133,6 +152,12 @@ impl Kernels {
             bias_act_vec: f("bias_act_vec")?,
             bias_residual_norm_vec: f("bias_residual_norm_vec")?,
             masked_softmax_warp: f("masked_softmax_warp")?,
+            add_norm_sum: f("add_norm_sum")?,
+            add_norm_sum_vec: f("add_norm_sum_vec")?,
+            layer_norm: f("layer_norm")?,
+            layer_norm_vec: f("layer_norm_vec")?,
+            patch_embeddings: f("patch_embeddings")?,
+            patch_rows: f("patch_rows")?,
         })
     }
 }
@@ -166,6 +191,8 @@ pub struct EncoderOutput {
     pub last_hidden_state: HostTensor,
     /// `[batch, hidden]`, when the checkpoint has a pooler.
     pub pooler_output: Option<HostTensor>,
+    /// `[batch, labels]`, when the checkpoint has a classifier.
+    pub logits: Option<HostTensor>,
 }
 
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
@@ -205,6 +232,76 @@ pub struct Tokens<'a> {
     pub mask: &'a [i32],
 }
 
+/// Images, checked by the caller: `[batch, channels, height, width]` row-major, of the size the
+/// spec's patch embeddings were trained for.
+pub struct Pixels<'a> {
+    /// Images.
+    pub batch: usize,
+    /// The pixel values.
+    pub values: &'a [f32],
+}
+
+/// What one forward reads.
+pub enum Input<'a> {
+    /// Token ids (an encoder of [`EncoderInput::Tokens`]).
+    Tokens(Tokens<'a>),
+    /// Images (an encoder of [`EncoderInput::Patches`]).
+    Pixels(Pixels<'a>),
+}
+
+/// The embeddings on the device.
+enum DeviceInput<T> {
+    Tokens {
+        word: CudaSlice<T>,
+        position: CudaSlice<T>,
+        token_type: CudaSlice<T>,
+        /// BERT's embedding norm, fused into the embeddings kernel.
+        norm: Norm<T>,
+    },
+    Patches {
+        projection: Dense<T>,
+        class: CudaSlice<T>,
+        position: CudaSlice<T>,
+        channels: usize,
+        patch: usize,
+        image: (usize, usize),
+        /// The norm after the embeddings, when the spec has one.
+        norm: Option<Norm<T>>,
+    },
+}
+
+/// `[batch, channels, height, width]` images as `[batch · patches, channels · patch · patch]`
+/// rows, patch `(gy, gx)` at row `gy · (width / patch) + gx` of its image and its values in the
+/// projection's `(channel, y, x)` order: a convolution with stride = kernel = `patch` becomes one
+/// matrix product. The host reference of the device's `patch_rows` kernel (the same indexing).
+pub fn image_patches(
+    values: &[f32],
+    batch: usize,
+    channels: usize,
+    (height, width): (usize, usize),
+    patch: usize,
+) -> Vec<f32> {
+    let (gh, gw) = (height / patch, width / patch);
+    let row = channels * patch * patch;
+    let mut out = vec![0f32; batch * gh * gw * row];
+    for b in 0..batch {
+        for gy in 0..gh {
+            for gx in 0..gw {
+                let dst = &mut out[((b * gh + gy) * gw + gx) * row..][..row];
+                for c in 0..channels {
+                    for y in 0..patch {
+                        let src =
+                            ((b * channels + c) * height + gy * patch + y) * width + gx * patch;
+                        dst[(c * patch + y) * patch..][..patch]
+                            .copy_from_slice(&values[src..src + patch]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// An [`EncoderSpec`] resident on the GPU in `T`.
 pub struct Encoder<T: Elem> {
     stream: Arc<CudaStream>,
@@ -215,14 +312,16 @@ pub struct Encoder<T: Elem> {
     intermediate: usize,
     eps: f32,
     activation: Act,
-    word: CudaSlice<T>,
-    position: CudaSlice<T>,
-    token_type: CudaSlice<T>,
-    embedding_norm: Norm<T>,
+    input: DeviceInput<T>,
+    placement: NormPlacement,
     layers: Vec<Layer<T>>,
+    final_norm: Option<Norm<T>>,
     pooler: Option<Dense<T>>,
+    classifier: Option<Dense<T>>,
     /// Page-locked host memory the outputs are copied through (grown to the largest output).
     staging: Mutex<Option<PinnedHostSlice<T>>>,
+    /// Page-locked host memory image inputs go up through, in `T` (grown to the largest input).
+    input_staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// Per-stage device times on stderr after every call ([`PROFILE_ENV`]).
     profile: bool,
 }
@@ -264,6 +363,8 @@ fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
 /// the row length.
 struct AddNorm<'a> {
     kernel: &'a CudaFunction,
+    /// The pre-norm kernel that also adds into the residual stream (`add_norm_sum`).
+    sum_kernel: &'a CudaFunction,
     cfg: LaunchConfig,
     eps: f32,
     hidden: i32,
@@ -381,6 +482,25 @@ where
                 output_norm: norm(&l.output_norm)?,
             });
         }
+        let input = match &spec.input {
+            EncoderInput::Tokens(t) => DeviceInput::Tokens {
+                word: up(&t.word)?,
+                position: up(&t.position)?,
+                token_type: up(&t.token_type)?,
+                norm: norm(spec.embedding_norm.as_ref().ok_or_else(|| {
+                    EngineError::Spec("token embeddings need their layer norm".into())
+                })?)?,
+            },
+            EncoderInput::Patches(p) => DeviceInput::Patches {
+                projection: dense(&p.projection)?,
+                class: up(&p.class)?,
+                position: up(&p.position)?,
+                channels: p.channels,
+                patch: p.patch,
+                image: p.image,
+                norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
+            },
+        };
         let encoder = Encoder {
             blas,
             kernels,
@@ -389,14 +509,15 @@ where
             intermediate: spec.intermediate,
             eps: spec.eps,
             activation: spec.activation.into(),
-            word: up(&spec.word_embeddings)?,
-            position: up(&spec.position_embeddings)?,
-            token_type: up(&spec.token_type_embeddings)?,
-            embedding_norm: norm(&spec.embedding_norm)?,
+            input,
+            placement: spec.norm,
             layers,
+            final_norm: spec.final_norm.as_ref().map(norm).transpose()?,
             pooler: spec.pooler.as_ref().map(dense).transpose()?,
+            classifier: spec.classifier.as_ref().map(dense).transpose()?,
             stream,
             staging: Mutex::new(None),
+            input_staging: Mutex::new(None),
             profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
         };
         encoder.stream.synchronize()?;
@@ -465,22 +586,146 @@ where
         Ok(())
     }
 
-    /// Runs the encoder on `tokens`.
-    pub fn forward(&self, tokens: &Tokens<'_>) -> Result<EncoderOutput, EngineError> {
-        let (batch, seq) = (tokens.batch, tokens.seq);
+    /// Runs the encoder on `input` (tokens or images, as the spec's embeddings read).
+    pub fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
+        let (batch, seq) = match (input, &self.input) {
+            (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
+            (Input::Pixels(p), DeviceInput::Patches { image, patch, .. }) => {
+                (p.batch, 1 + (image.0 / patch) * (image.1 / patch))
+            }
+            (Input::Tokens(_), _) => {
+                return Err(EngineError::Spec(
+                    "this encoder reads images, not tokens".into(),
+                ))
+            }
+            (Input::Pixels(_), _) => {
+                return Err(EngineError::Spec(
+                    "this encoder reads tokens, not images".into(),
+                ))
+            }
+        };
         let (h, heads, inter) = (self.hidden, self.heads, self.intermediate);
         let dh = h / heads;
         let m = batch * seq;
         let s = &self.stream;
         s.context().bind_to_thread()?;
         let mut profile = Profile::new(self.profile.then_some(s))?;
-        let ids = s.clone_htod(tokens.ids)?;
-        let types = s.clone_htod(tokens.types)?;
-        let mask = s.clone_htod(tokens.mask)?;
         // SAFETY (allocations): every buffer is written in full before it is read.
         let alloc =
             |n: usize| -> Result<CudaSlice<T>, EngineError> { Ok(unsafe { s.alloc::<T>(n) }?) };
         let mut x = alloc(m * h)?;
+        let norm_cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: ((h + 32) * 4) as u32,
+        };
+        let (seq_i, h_i, heads_i, dh_i) = (seq as i32, h as i32, heads as i32, dh as i32);
+        let eps = self.eps;
+        let vec = vec_width::<T>();
+        let hidden_vec = h.is_multiple_of(vec);
+        let row_cfg = if hidden_vec {
+            let threads = (h / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
+            LaunchConfig {
+                block_dim: (threads, 1, 1),
+                ..norm_cfg
+            }
+        } else {
+            norm_cfg
+        };
+        let mask = match (input, &self.input) {
+            (
+                Input::Tokens(tokens),
+                DeviceInput::Tokens {
+                    word,
+                    position,
+                    token_type,
+                    norm,
+                },
+            ) => {
+                let ids = s.clone_htod(tokens.ids)?;
+                let types = s.clone_htod(tokens.types)?;
+                let mask = s.clone_htod(tokens.mask)?;
+                profile.mark("upload")?;
+                // SAFETY: `embeddings` as declared in kernels.cu; ids and types index inside the
+                // tables (checked by the runner).
+                unsafe {
+                    self.launch(&self.kernels.embeddings)
+                        .arg(&ids)
+                        .arg(&types)
+                        .arg(word)
+                        .arg(position)
+                        .arg(token_type)
+                        .arg(&norm.gamma)
+                        .arg(&norm.beta)
+                        .arg(&eps)
+                        .arg(&seq_i)
+                        .arg(&h_i)
+                        .arg(&mut x)
+                        .launch(norm_cfg)?;
+                }
+                mask
+            }
+            (
+                Input::Pixels(pixels),
+                DeviceInput::Patches {
+                    projection,
+                    class,
+                    position,
+                    channels,
+                    patch,
+                    image,
+                    norm,
+                },
+            ) => {
+                // The pixels go up in `T` through page-locked memory; the device gathers the
+                // patch rows (what [`image_patches`] does on the host).
+                let px = self.upload_converted(pixels.values)?;
+                let mask = s.clone_htod(&vec![1i32; m])?;
+                profile.mark("upload")?;
+                let rows = batch * (seq - 1);
+                let mut patches = alloc(rows * projection.in_features)?;
+                let (c_i, ph_i, pw_i, p_i) = (
+                    *channels as i32,
+                    image.0 as i32,
+                    image.1 as i32,
+                    *patch as i32,
+                );
+                // SAFETY: `patch_rows(px, channels, height, width, patch, out)` over `rows`
+                // rows of `channels · patch²` values; `px` holds `batch` images of that size
+                // (checked by the runner).
+                unsafe {
+                    self.launch(&self.kernels.patch_rows)
+                        .arg(&px)
+                        .arg(&c_i)
+                        .arg(&ph_i)
+                        .arg(&pw_i)
+                        .arg(&p_i)
+                        .arg(&mut patches)
+                        .launch(rows_by_columns(rows, projection.in_features))?;
+                }
+                let mut pe = alloc(rows * h)?;
+                self.linear(&patches, projection.in_features, rows, projection, &mut pe)?;
+                // SAFETY: `patch_embeddings(pe, bias, cls, pos, seq, hidden, out)` over
+                // `batch · seq` rows of `hidden`; `pe` holds `batch · (seq - 1)` of them.
+                unsafe {
+                    self.launch(&self.kernels.patch_embeddings)
+                        .arg(&pe)
+                        .arg(&projection.bias)
+                        .arg(class)
+                        .arg(position)
+                        .arg(&seq_i)
+                        .arg(&h_i)
+                        .arg(&mut x)
+                        .launch(rows_by_columns(m, h))?;
+                }
+                if let Some(n) = norm {
+                    let y = x.clone();
+                    self.layer_norm(&y, n, &mut x, row_cfg)?;
+                }
+                mask
+            }
+            _ => unreachable!("matched above"),
+        };
         let mut qkv = alloc(m * 3 * h)?;
         let (mut q, mut k, mut v) = (alloc(m * h)?, alloc(m * h)?, alloc(m * h)?);
         let mut scores = alloc(batch * heads * seq * seq)?;
@@ -489,16 +734,7 @@ where
         let mut y = alloc(m * h)?;
         let mut h1 = alloc(m * h)?;
         let mut ff = alloc(m * inter)?;
-        profile.mark("upload")?;
-
-        let norm_cfg = LaunchConfig {
-            grid_dim: (m as u32, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: ((h + 32) * 4) as u32,
-        };
-        let vec = vec_width::<T>();
         let heads_vec = dh.is_multiple_of(vec);
-        let hidden_vec = h.is_multiple_of(vec);
         let (split, merge, split_cols, merge_cols) = if heads_vec {
             let k = &self.kernels;
             (&k.split_heads_vec, &k.merge_heads_vec, 3 * h / vec, h / vec)
@@ -506,42 +742,21 @@ where
             let k = &self.kernels;
             (&k.split_heads, &k.merge_heads, 3 * h, h)
         };
-        let (add_norm, add_norm_cfg) = if hidden_vec {
-            let threads = (h / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
-            let cfg = LaunchConfig {
-                block_dim: (threads, 1, 1),
-                ..norm_cfg
-            };
-            (&self.kernels.bias_residual_norm_vec, cfg)
+        let (add_norm, add_norm_sum) = if hidden_vec {
+            (
+                &self.kernels.bias_residual_norm_vec,
+                &self.kernels.add_norm_sum_vec,
+            )
         } else {
-            (&self.kernels.bias_residual_norm, norm_cfg)
+            (&self.kernels.bias_residual_norm, &self.kernels.add_norm_sum)
         };
-        let (seq_i, h_i, heads_i, dh_i) = (seq as i32, h as i32, heads as i32, dh as i32);
-        let eps = self.eps;
         let add_norm = AddNorm {
             kernel: add_norm,
-            cfg: add_norm_cfg,
+            sum_kernel: add_norm_sum,
+            cfg: row_cfg,
             eps,
             hidden: h_i,
         };
-        // SAFETY (launches): argument lists match the kernel signatures in kernels.cu, and every
-        // index a kernel computes stays inside the buffers allocated above.
-        unsafe {
-            let e = &self.embedding_norm;
-            self.launch(&self.kernels.embeddings)
-                .arg(&ids)
-                .arg(&types)
-                .arg(&self.word)
-                .arg(&self.position)
-                .arg(&self.token_type)
-                .arg(&e.gamma)
-                .arg(&e.beta)
-                .arg(&eps)
-                .arg(&seq_i)
-                .arg(&h_i)
-                .arg(&mut x)
-                .launch(norm_cfg)?;
-        }
         profile.mark("embeddings")?;
         let scale = 1.0 / (dh as f32).sqrt();
         let score_rows = batch * heads * seq;
@@ -562,8 +777,21 @@ where
         };
         let score_rows_i = score_rows as i64;
         let per_head = (seq * dh) as i64;
-        for layer in &self.layers {
-            self.linear(&x, h, m, &layer.qkv, &mut qkv)?;
+        let pre = self.placement == NormPlacement::Pre;
+        // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
+        let next_norm = |l: usize| {
+            self.layers
+                .get(l)
+                .map(|layer| &layer.attention_norm)
+                .or(self.final_norm.as_ref())
+        };
+        if pre {
+            if let Some(n) = next_norm(0) {
+                self.layer_norm(&x, n, &mut h1, row_cfg)?;
+            }
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.linear(if pre { &h1 } else { &x }, h, m, &layer.qkv, &mut qkv)?;
             profile.mark("qkv gemm")?;
             unsafe {
                 self.launch(split)
@@ -651,14 +879,14 @@ where
             profile.mark("merge heads")?;
             self.linear(&merged, h, m, &layer.attention_output, &mut y)?;
             profile.mark("attention output gemm")?;
-            self.add_norm(
-                &add_norm,
-                &y,
-                &layer.attention_output,
-                &x,
-                &layer.attention_norm,
-                &mut h1,
-            )?;
+            if pre {
+                // x += y + bias; h1 = norm before the feed-forward block (x).
+                let n = &layer.output_norm;
+                self.add_norm_sum(&add_norm, &y, &layer.attention_output, &mut x, n, &mut h1)?;
+            } else {
+                let n = &layer.attention_norm;
+                self.add_norm(&add_norm, &y, &layer.attention_output, &x, n, &mut h1)?;
+            }
             profile.mark("add + norm")?;
             self.linear(&h1, h, m, &layer.intermediate, &mut ff)?;
             profile.mark("ffn up gemm")?;
@@ -666,33 +894,50 @@ where
             profile.mark("bias + activation")?;
             self.linear(&ff, inter, m, &layer.output, &mut y)?;
             profile.mark("ffn down gemm")?;
-            self.add_norm(
-                &add_norm,
-                &y,
-                &layer.output,
-                &h1,
-                &layer.output_norm,
-                &mut x,
-            )?;
+            if pre {
+                // x += y + bias; h1 = the next layer's first norm, or the final norm (x).
+                let n = next_norm(l + 1).ok_or_else(|| {
+                    EngineError::Spec("a pre-norm encoder needs a final norm".into())
+                })?;
+                self.add_norm_sum(&add_norm, &y, &layer.output, &mut x, n, &mut h1)?;
+            } else {
+                let n = &layer.output_norm;
+                self.add_norm(&add_norm, &y, &layer.output, &h1, n, &mut x)?;
+            }
             profile.mark("add + norm")?;
         }
-        let pooler_output = match &self.pooler {
-            Some(p) => {
-                // The first token of each row: row b of `x` at stride seq * hidden.
-                let mut pooled = alloc(batch * h)?;
-                self.linear(&x, seq * h, batch, p, &mut pooled)?;
-                self.bias_act(&mut pooled, &p.bias, batch, h, Act::Tanh)?;
-                profile.mark("pooler")?;
-                Some(self.to_host(&pooled, vec![batch, h])?)
-            }
-            None => None,
+        // The final hidden states: pre-norm, the final norm of the stream (in h1).
+        let out = if pre && next_norm(self.layers.len()).is_some() {
+            &h1
+        } else {
+            &x
         };
-        let last_hidden_state = self.to_host(&x, vec![batch, seq, h])?;
+        // The heads read the first token of each row: row b of `out` at stride seq * hidden.
+        let first_token = |dense: &Dense<T>, act: Act| -> Result<HostTensor, EngineError> {
+            let n = dense.out_features;
+            let mut y = alloc(batch * n)?;
+            self.linear(out, seq * h, batch, dense, &mut y)?;
+            self.bias_act(&mut y, &dense.bias, batch, n, act)?;
+            self.to_host(&y, vec![batch, n])
+        };
+        let pooler_output = self
+            .pooler
+            .as_ref()
+            .map(|p| first_token(p, Act::Tanh))
+            .transpose()?;
+        let logits = self
+            .classifier
+            .as_ref()
+            .map(|c| first_token(c, Act::None))
+            .transpose()?;
+        profile.mark("heads")?;
+        let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
         profile.mark("download")?;
         profile.report(batch, seq)?;
         Ok(EncoderOutput {
             last_hidden_state,
             pooler_output,
+            logits,
         })
     }
 
@@ -727,6 +972,63 @@ where
         Ok(())
     }
 
+    /// Pre-norm: `stream += y + dense.bias`, then `out = layer_norm(stream)`, row by row.
+    fn add_norm_sum(
+        &self,
+        op: &AddNorm<'_>,
+        y: &CudaSlice<T>,
+        dense: &Dense<T>,
+        stream: &mut CudaSlice<T>,
+        norm: &Norm<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        // SAFETY: `add_norm_sum[_vec](y, bias, stream, gamma, beta, eps, hidden, out)` over the
+        // rows of `op.cfg`'s grid, each `hidden` long in every buffer.
+        unsafe {
+            self.launch(op.sum_kernel)
+                .arg(y)
+                .arg(&dense.bias)
+                .arg(stream)
+                .arg(&norm.gamma)
+                .arg(&norm.beta)
+                .arg(&op.eps)
+                .arg(&op.hidden)
+                .arg(out)
+                .launch(op.cfg)?;
+        }
+        Ok(())
+    }
+
+    /// `out = layer_norm(x)`, row by row (`cfg`: one block per row, as [`AddNorm`]'s).
+    fn layer_norm(
+        &self,
+        x: &CudaSlice<T>,
+        norm: &Norm<T>,
+        out: &mut CudaSlice<T>,
+        cfg: LaunchConfig,
+    ) -> Result<(), EngineError> {
+        let h = self.hidden;
+        let kernel = if h.is_multiple_of(vec_width::<T>()) {
+            &self.kernels.layer_norm_vec
+        } else {
+            &self.kernels.layer_norm
+        };
+        let (eps, h_i) = (self.eps, h as i32);
+        // SAFETY: `layer_norm[_vec](x, gamma, beta, eps, hidden, out)` over the rows of `cfg`'s
+        // grid, each `hidden` long.
+        unsafe {
+            self.launch(kernel)
+                .arg(x)
+                .arg(&norm.gamma)
+                .arg(&norm.beta)
+                .arg(&eps)
+                .arg(&h_i)
+                .arg(out)
+                .launch(cfg)?;
+        }
+        Ok(())
+    }
+
     /// `y[r, c] = act(y[r, c] + bias[c])` over `rows × cols`.
     fn bias_act(
         &self,
@@ -756,6 +1058,35 @@ where
         Ok(())
     }
 
+    /// `values` converted to `T` (on rayon's threads) into the page-locked input buffer and
+    /// copied to a new device buffer: several times faster than a copy from pageable memory.
+    /// The copy is queued on the stream; the buffer is rewritten only by a later call, after this
+    /// one's outputs were read back (which waits for the stream).
+    fn upload_converted(&self, values: &[f32]) -> Result<CudaSlice<T>, EngineError> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16;
+        let n = values.len();
+        let mut staging = self
+            .input_staging
+            .lock()
+            .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
+        if staging.as_ref().is_none_or(|p| p.len() < n) {
+            // SAFETY: the buffer is written below before it is copied.
+            *staging = Some(unsafe { self.stream.context().alloc_pinned::<T>(n) }?);
+        }
+        let Some(pinned) = staging.as_mut() else {
+            unreachable!("allocated above")
+        };
+        let host = &mut pinned.as_mut_slice()?[..n];
+        host.par_chunks_mut(CHUNK)
+            .zip(values.par_chunks(CHUNK))
+            .for_each(|(d, s)| T::convert_into(s, d));
+        // SAFETY (allocation): written in full by the copy.
+        let mut device = unsafe { self.stream.alloc::<T>(n) }?;
+        self.stream.memcpy_htod(&*host, &mut device)?;
+        Ok(device)
+    }
+
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
     /// staging buffer.
     fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
@@ -783,6 +1114,46 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_patches_times_the_weight_is_the_strided_convolution() {
+        let (batch, ch, (hgt, wid), p, out) = (2, 3, (4, 6), 2, 5);
+        let px: Vec<f32> = (0..batch * ch * hgt * wid)
+            .map(|i| ((i * 37) % 11) as f32 - 5.0)
+            .collect();
+        let w: Vec<f32> = (0..out * ch * p * p)
+            .map(|i| ((i * 13) % 7) as f32 - 3.0)
+            .collect();
+        let rows = image_patches(&px, batch, ch, (hgt, wid), p);
+        let k = ch * p * p;
+        let (gh, gw) = (hgt / p, wid / p);
+        assert_eq!(rows.len(), batch * gh * gw * k);
+        for b in 0..batch {
+            for gy in 0..gh {
+                for gx in 0..gw {
+                    let r = &rows[((b * gh + gy) * gw + gx) * k..][..k];
+                    for o in 0..out {
+                        let got: f32 = r
+                            .iter()
+                            .zip(&w[o * k..(o + 1) * k])
+                            .map(|(a, b)| a * b)
+                            .sum();
+                        let mut want = 0f32;
+                        for c in 0..ch {
+                            for y in 0..p {
+                                for x in 0..p {
+                                    let v =
+                                        px[((b * ch + c) * hgt + gy * p + y) * wid + gx * p + x];
+                                    want += v * w[((o * ch + c) * p + y) * p + x];
+                                }
+                            }
+                        }
+                        assert_eq!(got, want, "image {b} patch ({gy}, {gx}) output {o}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {

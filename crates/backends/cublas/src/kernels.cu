@@ -64,12 +64,46 @@ extern "C" __global__ void embeddings(const int* ids, const int* types, const T*
     norm_row(row, hidden, gamma, beta, eps, out + m * hidden, red);
 }
 
+// `[batch, channels, height, width]` images as `[batch * patches, channels * patch * patch]`
+// rows in T: patch (gy, gx) of image b at row b * patches + gy * (width / patch) + gx, its values
+// in the projection's (channel, y, x) order, so the strided convolution is one GEMM. Grid
+// (batch * patches, blocks of ROW_THREADS columns).
+extern "C" __global__ void patch_rows(const T* px, int channels, int height, int width,
+                                      int patch, T* out) {
+    int cols = channels * patch * patch;
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    int gw = width / patch, n = (height / patch) * gw;
+    long long r = blockIdx.x;
+    long long b = r / n;
+    int i = (int)(r - b * n), gy = i / gw, gx = i - gy * gw;
+    int c = j / (patch * patch), yx = j - c * patch * patch, y = yx / patch, x = yx - y * patch;
+    out[r * cols + j] =
+        px[((b * channels + c) * height + gy * patch + y) * (long long)width + gx * patch + x];
+}
+
+// ViT's patch embeddings: token 0 of each image is the class token, token 1 + i the projected
+// patch i (`pe` `[batch * patches, hidden]`, without its bias) plus the bias; then the position
+// embedding of the token. Grid (batch * seq, blocks of ROW_THREADS columns).
+extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T* cls,
+                                            const T* pos, int seq, int hidden, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    long long m = blockIdx.x;
+    long long b = m / seq, s = m - b * seq;
+    float v = s == 0 ? ld(cls[c])
+                     : ld(pe[(b * (seq - 1) + s - 1) * hidden + c]) + ld(bias[c]);
+    out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
+}
+
 #define ACT_GELU 0
 #define ACT_GELU_TANH 1
 #define ACT_RELU 2
 #define ACT_TANH 3
+#define ACT_NONE 4
 
 __device__ __forceinline__ float activate(float v, int act) {
+    if (act == ACT_NONE) return v;
     if (act == ACT_GELU) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
     if (act == ACT_GELU_TANH)
         return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
@@ -96,25 +130,37 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<W>& x) {
     *reinterpret_cast<Pack<W>*>(p) = x;
 }
 
-// One block per row: out = layer_norm(y + bias + residual). Shared memory: (hidden + 32) floats.
+// One block per row: z = (y + bias) + residual, out = layer_norm(z). `bias` and `residual` may be
+// null (left out of the sum); when `sum` is not null, z is also written there (rounded to T, and
+// the norm then reads the rounded value, as a framework that stores the residual stream in T
+// does). `sum` may be `residual` and `out` may be `y` (each thread reads its values before any
+// write). Shared memory: (hidden + 32) floats.
 template <int W>
-__device__ void bias_residual_norm_impl(const T* y, const T* bias, const T* residual,
-                                        const T* gamma, const T* beta, float eps, int hidden,
-                                        T* out) {
+__device__ void add_norm_impl(const T* y, const T* bias, const T* residual, const T* gamma,
+                              const T* beta, float eps, int hidden, T* sum, T* out) {
     float* shared = shared_floats();
     float* row = shared;
     float* red = shared + hidden;
     size_t base = (size_t)blockIdx.x * hidden;
     float s = 0.f;
     for (int c = threadIdx.x * W; c < hidden; c += blockDim.x * W) {
-        Pack<W> a = load_pack<W>(y + base + c), bb = load_pack<W>(bias + c),
-                r = load_pack<W>(residual + base + c);
+        Pack<W> a = load_pack<W>(y + base + c), z;
+        Pack<W> bb, r;
+        if (bias) bb = load_pack<W>(bias + c);
+        if (residual) r = load_pack<W>(residual + base + c);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-            float x = (ld(a.v[e]) + ld(bb.v[e])) + ld(r.v[e]);
+            float x = ld(a.v[e]);
+            if (bias) x += ld(bb.v[e]);
+            if (residual) x += ld(r.v[e]);
+            if (sum) {
+                z.v[e] = st(x);
+                x = ld(z.v[e]);
+            }
             row[c + e] = x;
             s += x;
         }
+        if (sum) store_pack<W>(sum + base + c, z);
     }
     float mean = block_reduce(s, red, BLOCK_SUM) / hidden;
     float var = 0.f;
@@ -185,7 +231,16 @@ __device__ void merge_heads_impl(const T* ctx, int seq, int heads, int head_dim,
     extern "C" __global__ void bias_residual_norm##SUFFIX(                                      \
         const T* y, const T* bias, const T* residual, const T* gamma, const T* beta, float eps, \
         int hidden, T* out) {                                                                   \
-        bias_residual_norm_impl<W>(y, bias, residual, gamma, beta, eps, hidden, out);           \
+        add_norm_impl<W>(y, bias, residual, gamma, beta, eps, hidden, nullptr, out);            \
+    }                                                                                           \
+    extern "C" __global__ void add_norm_sum##SUFFIX(const T* y, const T* bias, T* stream,       \
+                                                    const T* gamma, const T* beta, float eps,   \
+                                                    int hidden, T* out) {                       \
+        add_norm_impl<W>(y, bias, stream, gamma, beta, eps, hidden, stream, out);               \
+    }                                                                                           \
+    extern "C" __global__ void layer_norm##SUFFIX(const T* x, const T* gamma, const T* beta,    \
+                                                  float eps, int hidden, T* out) {              \
+        add_norm_impl<W>(x, nullptr, nullptr, gamma, beta, eps, hidden, nullptr, out);          \
     }                                                                                           \
     extern "C" __global__ void bias_act##SUFFIX(T* y, const T* bias, int cols, int act) {       \
         bias_act_impl<W>(y, bias, cols, act);                                                   \

@@ -32,7 +32,7 @@
 mod engine;
 mod runner;
 
-pub use engine::{Elem, Encoder, EncoderOutput, Tokens};
+pub use engine::{image_patches, Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
 pub use runner::EncoderRunner;
 
 use ipfs_accelerate_core::EncoderSpec;
@@ -117,6 +117,18 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
+    if spec.norm == ipfs_accelerate_core::NormPlacement::Pre && spec.final_norm.is_none() {
+        return Err(EngineError::Spec(
+            "a pre-norm encoder without a final norm is not implemented".into(),
+        ));
+    }
+    if matches!(spec.input, ipfs_accelerate_core::EncoderInput::Tokens(_))
+        && spec.embedding_norm.is_none()
+    {
+        return Err(EngineError::Spec(
+            "token embeddings without their layer norm are not implemented".into(),
+        ));
+    }
     // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).
     if (spec.hidden + 32) * 4 > 48 * 1024 {
         return Err(EngineError::Spec(format!(

@@ -3,15 +3,16 @@
 
 use cudarc::cublas::{CudaBlas, Gemm};
 use ipfs_accelerate_core::{
-    BackendKind, EncoderSpec, Error, ModelRunner, Precision, Result, TensorMap, TokenBatch,
+    BackendKind, EncoderInput, EncoderSpec, Error, ModelRunner, Precision, Result, TensorMap,
+    TokenBatch,
 };
 
-use crate::engine::{Elem, Encoder, EncoderOutput, Tokens};
+use crate::engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
 use crate::{probe, EngineError};
 
 /// An encoder of either storage type.
 trait Forward: Send {
-    fn forward(&self, tokens: &Tokens<'_>) -> Result<EncoderOutput, EngineError>;
+    fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError>;
     fn memory_in_use(&self) -> Option<u64>;
 }
 
@@ -19,21 +20,34 @@ impl<T: Elem> Forward for Encoder<T>
 where
     CudaBlas: Gemm<T>,
 {
-    fn forward(&self, tokens: &Tokens<'_>) -> Result<EncoderOutput, EngineError> {
-        Encoder::forward(self, tokens)
+    fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
+        Encoder::forward(self, input)
     }
     fn memory_in_use(&self) -> Option<u64> {
         Encoder::memory_in_use(self)
     }
 }
 
-/// A BERT-style encoder loaded on CUDA device 0 through cuBLAS, run as a [`ModelRunner`]
-/// (`input_ids`, `attention_mask`, `token_type_ids` → `last_hidden_state`, `pooler_output`).
+/// What the runner checks its inputs against.
+enum Expects {
+    Tokens {
+        vocab: usize,
+        type_vocab: usize,
+        max_positions: usize,
+    },
+    Pixels {
+        channels: usize,
+        image: (usize, usize),
+    },
+}
+
+/// An [`EncoderSpec`] loaded on CUDA device 0 through cuBLAS, run as a [`ModelRunner`]: token
+/// encoders take `input_ids`, `attention_mask`, `token_type_ids`; image encoders `pixel_values`
+/// `[batch, channels, height, width]`. Outputs: `last_hidden_state`, and `pooler_output` /
+/// `logits` when the spec has a pooler / classifier.
 pub struct EncoderRunner {
     family: String,
-    vocab: usize,
-    type_vocab: usize,
-    max_positions: usize,
+    expects: Expects,
     precision: Precision,
     /// One call at a time: the engine's stream and scratch buffers are shared by its calls.
     engine: std::sync::Mutex<Box<dyn Forward>>,
@@ -49,11 +63,20 @@ impl EncoderRunner {
             Precision::F16 => Box::new(Encoder::<half::f16>::load(spec, 0)?),
             other => return Err(EngineError::Precision(other.name().into())),
         };
+        let expects = match &spec.input {
+            EncoderInput::Tokens(t) => Expects::Tokens {
+                vocab: t.vocab,
+                type_vocab: t.type_vocab,
+                max_positions: t.max_positions,
+            },
+            EncoderInput::Patches(p) => Expects::Pixels {
+                channels: p.channels,
+                image: p.image,
+            },
+        };
         Ok(EncoderRunner {
             family: spec.family.clone(),
-            vocab: spec.vocab,
-            type_vocab: spec.type_vocab,
-            max_positions: spec.max_positions,
+            expects,
             precision,
             engine: std::sync::Mutex::new(engine),
         })
@@ -99,53 +122,153 @@ impl ModelRunner for EncoderRunner {
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let t = TokenBatch::from_tensors(inputs)?;
-        if t.batch == 0 || t.seq == 0 {
-            return Err(Error::InvalidInput(format!(
-                "empty input: input_ids is [{}, {}]",
-                t.batch, t.seq
-            )));
-        }
-        if t.seq > crate::engine::MAX_KEYS {
-            return Err(Error::InvalidInput(format!(
-                "sequence of {} tokens exceeds the cuBLAS encoder's {} keys per attention row",
-                t.seq,
-                crate::engine::MAX_KEYS
-            )));
-        }
-        if t.seq > self.max_positions {
-            return Err(Error::InvalidInput(format!(
-                "sequence of {} tokens exceeds max_position_embeddings {}",
-                t.seq, self.max_positions
-            )));
-        }
-        let types = t.optional(inputs, "token_type_ids", 0)?;
-        let ids = checked_ids("input_ids", &t.input_ids, self.vocab)?;
-        let types = checked_ids("token_type_ids", &types, self.type_vocab)?;
-        let mask: Vec<i32> = t.attention_mask.iter().map(|&m| (m != 0) as i32).collect();
-        let engine = self
-            .engine
-            .lock()
-            .map_err(|_| Error::Compute("the cuBLAS encoder failed in another thread".into()))?;
-        let out = engine.forward(&Tokens {
-            batch: t.batch,
-            seq: t.seq,
-            ids: &ids,
-            types: &types,
-            mask: &mask,
-        })?;
+        let out = match self.expects {
+            Expects::Tokens {
+                vocab,
+                type_vocab,
+                max_positions,
+            } => {
+                let t = TokenBatch::from_tensors(inputs)?;
+                if t.batch == 0 || t.seq == 0 {
+                    return Err(Error::InvalidInput(format!(
+                        "empty input: input_ids is [{}, {}]",
+                        t.batch, t.seq
+                    )));
+                }
+                if t.seq > crate::engine::MAX_KEYS {
+                    return Err(Error::InvalidInput(format!(
+                        "sequence of {} tokens exceeds the cuBLAS encoder's {} keys per \
+                         attention row",
+                        t.seq,
+                        crate::engine::MAX_KEYS
+                    )));
+                }
+                if t.seq > max_positions {
+                    return Err(Error::InvalidInput(format!(
+                        "sequence of {} tokens exceeds max_position_embeddings {max_positions}",
+                        t.seq
+                    )));
+                }
+                let types = t.optional(inputs, "token_type_ids", 0)?;
+                let ids = checked_ids("input_ids", &t.input_ids, vocab)?;
+                let types = checked_ids("token_type_ids", &types, type_vocab)?;
+                let mask: Vec<i32> = t.attention_mask.iter().map(|&m| (m != 0) as i32).collect();
+                self.forward(&Input::Tokens(Tokens {
+                    batch: t.batch,
+                    seq: t.seq,
+                    ids: &ids,
+                    types: &types,
+                    mask: &mask,
+                }))?
+            }
+            Expects::Pixels { channels, image } => {
+                let (batch, values) = checked_pixels(inputs, channels, image)?;
+                self.forward(&Input::Pixels(Pixels {
+                    batch,
+                    values: &values,
+                }))?
+            }
+        };
         let mut map = TensorMap::new();
         map.insert("last_hidden_state".into(), out.last_hidden_state);
         if let Some(p) = out.pooler_output {
             map.insert("pooler_output".into(), p);
         }
+        if let Some(l) = out.logits {
+            map.insert("logits".into(), l);
+        }
         Ok(map)
     }
+}
+
+impl EncoderRunner {
+    fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput> {
+        let engine = self
+            .engine
+            .lock()
+            .map_err(|_| Error::Compute("the cuBLAS encoder failed in another thread".into()))?;
+        Ok(engine.forward(input)?)
+    }
+}
+
+/// `pixel_values` checked to be `[batch ≥ 1, channels, height, width]` of the trained image size
+/// with finite values: the batch and the values as f32 (borrowed when the tensor holds f32).
+fn checked_pixels(
+    inputs: &TensorMap,
+    channels: usize,
+    (height, width): (usize, usize),
+) -> Result<(usize, std::borrow::Cow<'_, [f32]>)> {
+    use rayon::prelude::*;
+    let t = inputs
+        .get("pixel_values")
+        .ok_or_else(|| Error::InvalidInput("missing input `pixel_values`".into()))?;
+    let &[batch, c, h, w] = t.shape() else {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values must be [batch, channels, height, width], got {:?}",
+            t.shape()
+        )));
+    };
+    if batch == 0 {
+        return Err(Error::InvalidInput("empty input: no images".into()));
+    }
+    if (c, h, w) != (channels, height, width) {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values is [{batch}, {c}, {h}, {w}]; the cuBLAS encoder takes \
+             [batch, {channels}, {height}, {width}] (the checkpoint's image size)"
+        )));
+    }
+    let values = match t.as_f32() {
+        Some(v) => std::borrow::Cow::Borrowed(v),
+        None => std::borrow::Cow::Owned(t.to_f32_vec()),
+    };
+    const CHUNK: usize = 1 << 16;
+    let bad = values
+        .par_chunks(CHUNK)
+        .enumerate()
+        .find_map_first(|(i, c)| c.iter().position(|v| !v.is_finite()).map(|j| i * CHUNK + j));
+    if let Some(i) = bad {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values holds {} at index {i}",
+            values[i]
+        )));
+    }
+    Ok((batch, values))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pixels_of_another_shape_or_not_finite_are_named_errors() {
+        let pixels = |shape: Vec<usize>, fill: f32| {
+            let n = shape.iter().product();
+            let mut map = TensorMap::new();
+            map.insert(
+                "pixel_values".into(),
+                ipfs_accelerate_core::HostTensor::from_f32(shape, &vec![fill; n]).unwrap(),
+            );
+            map
+        };
+        let ok = pixels(vec![2, 3, 4, 8], 0.5);
+        let (batch, values) = checked_pixels(&ok, 3, (4, 8)).unwrap();
+        assert_eq!((batch, values.len()), (2, 2 * 3 * 4 * 8));
+        assert!(
+            matches!(values, std::borrow::Cow::Borrowed(_)),
+            "f32 pixels are borrowed"
+        );
+        let e = checked_pixels(&pixels(vec![2, 3, 8, 8], 0.5), 3, (4, 8)).unwrap_err();
+        assert!(e.to_string().contains("[batch, 3, 4, 8]"), "{e}");
+        let e = checked_pixels(&pixels(vec![3, 4, 8], 0.5), 3, (4, 8)).unwrap_err();
+        assert!(
+            e.to_string().contains("[batch, channels, height, width]"),
+            "{e}"
+        );
+        let e = checked_pixels(&pixels(vec![1, 3, 4, 8], f32::NAN), 3, (4, 8)).unwrap_err();
+        assert!(e.to_string().contains("NaN at index 0"), "{e}");
+        let e = checked_pixels(&TensorMap::new(), 3, (4, 8)).unwrap_err();
+        assert!(e.to_string().contains("pixel_values"), "{e}");
+    }
 
     #[test]
     fn ids_outside_the_vocabulary_are_named_errors() {

@@ -5,10 +5,10 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    DenseWeights, EncoderActivation, EncoderLayerWeights, EncoderSpec, Error, JsonConfig,
-    NormWeights, Result, TensorSource,
+    EncoderInput, EncoderLayerWeights, EncoderSpec, Error, JsonConfig, NormPlacement, Result,
+    TensorSource, TokenEmbeddings,
 };
-use ipfs_accelerate_nn::Activation;
+use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
 
 use crate::{names, BertConfig, BertHead};
 
@@ -39,26 +39,10 @@ pub fn encoder_spec_from(
             config.head()
         )));
     }
-    let activation = match config.hidden_act {
-        Activation::Gelu => EncoderActivation::Gelu,
-        Activation::GeluTanh => EncoderActivation::GeluTanh,
-        Activation::Relu => EncoderActivation::Relu,
-        other => {
-            return Err(Error::InvalidInput(format!(
-                "the encoder spec has no activation {other:?}"
-            )))
-        }
-    };
+    let activation = encoder_activation(config.hidden_act)?;
     let prefix = names::encoder_prefix(source.as_ref());
     let source = names::bert_names(source);
-    let reader = Reader {
-        source: source.as_ref(),
-        prefix: if prefix.is_empty() {
-            String::new()
-        } else {
-            format!("{prefix}.")
-        },
-    };
+    let reader = SpecReader::new(source.as_ref(), prefix);
     let (h, i) = (config.hidden_size, config.intermediate_size);
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for n in 0..config.num_hidden_layers {
@@ -86,58 +70,29 @@ pub fn encoder_spec_from(
         intermediate: i,
         eps: config.layer_norm_eps as f32,
         activation,
-        vocab: config.vocab_size,
-        max_positions: config.max_position_embeddings,
-        type_vocab: config.type_vocab_size,
-        word_embeddings: reader
-            .read("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
-        position_embeddings: reader.read(
-            "embeddings.position_embeddings.weight",
-            &[config.max_position_embeddings, h],
-        )?,
-        token_type_embeddings: reader.read(
-            "embeddings.token_type_embeddings.weight",
-            &[config.type_vocab_size, h],
-        )?,
-        embedding_norm: reader.norm("embeddings.LayerNorm", h)?,
+        input: EncoderInput::Tokens(TokenEmbeddings {
+            vocab: config.vocab_size,
+            max_positions: config.max_position_embeddings,
+            type_vocab: config.type_vocab_size,
+            word: reader.read("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
+            position: reader.read(
+                "embeddings.position_embeddings.weight",
+                &[config.max_position_embeddings, h],
+            )?,
+            token_type: reader.read(
+                "embeddings.token_type_embeddings.weight",
+                &[config.type_vocab_size, h],
+            )?,
+        }),
+        embedding_norm: Some(reader.norm("embeddings.LayerNorm", h)?),
+        norm: NormPlacement::Post,
         layers,
+        final_norm: None,
         pooler,
+        classifier: None,
     };
     spec.validate()?;
     Ok(spec)
-}
-
-/// Reads f32 copies of the encoder's tensors under its prefix.
-struct Reader<'a> {
-    source: &'a dyn TensorSource,
-    prefix: String,
-}
-
-impl Reader<'_> {
-    fn has(&self, name: &str) -> bool {
-        self.source.contains(&format!("{}{name}", self.prefix))
-    }
-
-    fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let full = format!("{}{name}", self.prefix);
-        Ok(self.source.tensor_shaped(&full, shape)?.to_f32_vec())
-    }
-
-    fn dense(&self, name: &str, out: usize, inp: usize) -> Result<DenseWeights> {
-        Ok(DenseWeights {
-            out_features: out,
-            in_features: inp,
-            weight: self.read(&format!("{name}.weight"), &[out, inp])?,
-            bias: self.read(&format!("{name}.bias"), &[out])?,
-        })
-    }
-
-    fn norm(&self, name: &str, h: usize) -> Result<NormWeights> {
-        Ok(NormWeights {
-            gamma: self.read(&format!("{name}.weight"), &[h])?,
-            beta: self.read(&format!("{name}.bias"), &[h])?,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -164,7 +119,13 @@ mod tests {
             let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
             let last = config.num_hidden_layers - 1;
             for (name, got) in [
-                ("embeddings.word_embeddings.weight", &spec.word_embeddings),
+                (
+                    "embeddings.word_embeddings.weight",
+                    match &spec.input {
+                        EncoderInput::Tokens(t) => &t.word,
+                        EncoderInput::Patches(_) => unreachable!("BERT reads tokens"),
+                    },
+                ),
                 (
                     &format!("encoder.layer.{last}.output.dense.weight") as &str,
                     &spec.layers[last].output.weight,
@@ -195,8 +156,14 @@ mod tests {
         let spec = encoder_spec(&dir);
         std::fs::remove_dir_all(&dir).ok();
         let spec = spec.unwrap();
-        assert_eq!(spec.activation, EncoderActivation::GeluTanh);
+        assert_eq!(
+            spec.activation,
+            ipfs_accelerate_core::EncoderActivation::GeluTanh
+        );
         assert_eq!(spec.layers[1].intermediate.weight.len(), 32 * 16);
-        assert!(spec.word_embeddings.iter().any(|&v| v != 0.0));
+        let EncoderInput::Tokens(t) = &spec.input else {
+            unreachable!("BERT reads tokens")
+        };
+        assert!(t.word.iter().any(|&v| v != 0.0));
     }
 }

@@ -10,9 +10,11 @@
 //! with the `vit.` prefix of task heads) or in transformers 5's module layout (`layers.N`).
 
 mod config;
+mod encoder_spec;
 mod model;
 mod runner;
 
 pub use config::{Size2, VitConfig, VitHead};
+pub use encoder_spec::{encoder_spec, encoder_spec_from};
 pub use model::{Vit, VitLayout, VitModel, VitOutput};
 pub use runner::{top_predictions, Prediction, VitFamily, VitRunner, VitTasks};
