@@ -370,6 +370,12 @@ struct AddNorm<'a> {
     hidden: i32,
 }
 
+/// The residual of an add + norm: read, or updated in place with the sum (pre-norm).
+enum Residual<'a, T> {
+    Read(&'a CudaSlice<T>),
+    Update(&'a mut CudaSlice<T>),
+}
+
 /// Values of `T` in one 16-byte access of the `_vec` kernels (`VEC` in kernels.cu).
 fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
@@ -955,21 +961,7 @@ where
         norm: &Norm<T>,
         out: &mut CudaSlice<T>,
     ) -> Result<(), EngineError> {
-        // SAFETY: `bias_residual_norm[_vec](y, bias, residual, gamma, beta, eps, hidden, out)` over
-        // the rows of `op.cfg`'s grid, each `hidden` long in every buffer.
-        unsafe {
-            self.launch(op.kernel)
-                .arg(y)
-                .arg(&dense.bias)
-                .arg(residual)
-                .arg(&norm.gamma)
-                .arg(&norm.beta)
-                .arg(&op.eps)
-                .arg(&op.hidden)
-                .arg(out)
-                .launch(op.cfg)?;
-        }
-        Ok(())
+        self.add_norm_launch(op.kernel, op, y, dense, Residual::Read(residual), norm, out)
     }
 
     /// Pre-norm: `stream += y + dense.bias`, then `out = layer_norm(stream)`, row by row.
@@ -982,20 +974,44 @@ where
         norm: &Norm<T>,
         out: &mut CudaSlice<T>,
     ) -> Result<(), EngineError> {
-        // SAFETY: `add_norm_sum[_vec](y, bias, stream, gamma, beta, eps, hidden, out)` over the
-        // rows of `op.cfg`'s grid, each `hidden` long in every buffer.
-        unsafe {
-            self.launch(op.sum_kernel)
-                .arg(y)
-                .arg(&dense.bias)
-                .arg(stream)
-                .arg(&norm.gamma)
-                .arg(&norm.beta)
-                .arg(&op.eps)
-                .arg(&op.hidden)
-                .arg(out)
-                .launch(op.cfg)?;
-        }
+        self.add_norm_launch(
+            op.sum_kernel,
+            op,
+            y,
+            dense,
+            Residual::Update(stream),
+            norm,
+            out,
+        )
+    }
+
+    /// One launch of `bias_residual_norm` or `add_norm_sum` (both `(y, bias, residual, gamma,
+    /// beta, eps, hidden, out)`, the second updating the residual in place).
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_launch(
+        &self,
+        kernel: &CudaFunction,
+        op: &AddNorm<'_>,
+        y: &CudaSlice<T>,
+        dense: &Dense<T>,
+        residual: Residual<'_, T>,
+        norm: &Norm<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let mut args = self.launch(kernel);
+        args.arg(y).arg(&dense.bias);
+        match residual {
+            Residual::Read(r) => args.arg(r),
+            Residual::Update(r) => args.arg(r),
+        };
+        args.arg(&norm.gamma)
+            .arg(&norm.beta)
+            .arg(&op.eps)
+            .arg(&op.hidden)
+            .arg(out);
+        // SAFETY: the argument list matches both kernels' signatures in kernels.cu; they run over
+        // the rows of `op.cfg`'s grid, each `hidden` long in every buffer.
+        unsafe { args.launch(op.cfg) }?;
         Ok(())
     }
 
