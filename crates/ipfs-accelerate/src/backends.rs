@@ -298,27 +298,30 @@ pub(crate) fn cublas_bert_from(
     Ok(Box::new(runner))
 }
 
-/// The [`ipfs_accelerate_core::EncoderSpec`] of the `family` checkpoint in `dir`, for the families
-/// the spec describes (BERT, ViT); `None` for the others.
+/// The [`ipfs_accelerate_core::EncoderSpec`] of the `family` checkpoint in `dir`: an
+/// `InvalidInput` error for the families the spec does not describe (it describes BERT and
+/// ViT).
 #[cfg(feature = "cuda")]
 pub(crate) fn encoder_spec_of(
     family: &str,
     dir: &std::path::Path,
-) -> Option<Result<ipfs_accelerate_core::EncoderSpec>> {
+) -> ipfs_accelerate_core::Result<ipfs_accelerate_core::EncoderSpec> {
     let _ = dir;
     match family {
         #[cfg(feature = "bert")]
-        "bert" => Some(ipfs_accelerate_bert::encoder_spec(dir).map_err(Into::into)),
+        "bert" => ipfs_accelerate_bert::encoder_spec(dir),
         #[cfg(feature = "vit")]
-        "vit" => Some(ipfs_accelerate_vit::encoder_spec(dir).map_err(Into::into)),
-        _ => None,
+        "vit" => ipfs_accelerate_vit::encoder_spec(dir),
+        other => Err(ipfs_accelerate_core::Error::InvalidInput(format!(
+            "the encoder spec describes bert and vit, not {other}"
+        ))),
     }
 }
 
 /// A checkpoint's [`ipfs_accelerate_core::EncoderSpec`] (from `spec`) on the cuBLAS encoder, for
 /// a task type loading on `kind`: why not when `kind` is not `cuda`, the encoder is switched off,
 /// the options ask for quantized weights or another precision than f32 / f16, the spec cannot
-/// describe the checkpoint, or a library is missing.
+/// describe the checkpoint, or a library or the device is missing (the runner probes them).
 #[cfg(feature = "cuda")]
 pub(crate) fn cublas_encoder_for(
     kind: BackendKind,
@@ -337,7 +340,6 @@ pub(crate) fn cublas_encoder_for(
     if !matches!(options.precision, Precision::F32 | Precision::F16) {
         return Err(format!("it runs f32 and f16, not {}", options.precision));
     }
-    usable_selection(kind)?;
     let spec = spec().map_err(|e| e.to_string())?;
     let runner = ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, options.precision)
         .map_err(|e| e.to_string())?;

@@ -108,19 +108,19 @@ pub fn load_family_in(
     // BERT and ViT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's
     // CubeCL path.
     #[cfg(feature = "cuda")]
-    if backend == BackendKind::Cuda && crate::cublas_encoder() {
-        if let Some(spec) = crate::backends::encoder_spec_of(family, dir) {
-            let loaded = spec.map_err(|e| e.to_string()).and_then(|spec| {
-                ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
-                    .map_err(|e| e.to_string())
-            });
-            match loaded {
-                Ok(runner) => return Ok(Box::new(runner)),
-                Err(reason) => tracing::info!(
-                    "{family} on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
-                    dir.display()
-                ),
-            }
+    if backend == BackendKind::Cuda {
+        let options = crate::LoadOptions {
+            precision,
+            ..Default::default()
+        };
+        match crate::backends::cublas_encoder_for(backend, &options, || {
+            crate::backends::encoder_spec_of(family, dir)
+        }) {
+            Ok(runner) => return Ok(runner),
+            Err(reason) => tracing::info!(
+                "{family} on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
+                dir.display()
+            ),
         }
     }
     macro_rules! dispatch {

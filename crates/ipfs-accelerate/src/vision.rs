@@ -124,7 +124,7 @@ mod classify {
         let config = ipfs_accelerate_vit::VitConfig::from_file(&dir.join("config.json"))
             .map_err(|e| e.to_string())?;
         let runner = crate::backends::cublas_encoder_for(kind, options, || {
-            ipfs_accelerate_vit::encoder_spec(dir)
+            ipfs_accelerate_vit::encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
         })?;
         Ok(Box::new(RunnerVit { runner, config }))
     }

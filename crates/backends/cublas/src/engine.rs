@@ -265,41 +265,11 @@ enum DeviceInput<T> {
         channels: usize,
         patch: usize,
         image: (usize, usize),
+        /// Tokens per image: the class token and the patches.
+        tokens: usize,
         /// The norm after the embeddings, when the spec has one.
         norm: Option<Norm<T>>,
     },
-}
-
-/// `[batch, channels, height, width]` images as `[batch · patches, channels · patch · patch]`
-/// rows, patch `(gy, gx)` at row `gy · (width / patch) + gx` of its image and its values in the
-/// projection's `(channel, y, x)` order: a convolution with stride = kernel = `patch` becomes one
-/// matrix product. The host reference of the device's `patch_rows` kernel (the same indexing).
-pub fn image_patches(
-    values: &[f32],
-    batch: usize,
-    channels: usize,
-    (height, width): (usize, usize),
-    patch: usize,
-) -> Vec<f32> {
-    let (gh, gw) = (height / patch, width / patch);
-    let row = channels * patch * patch;
-    let mut out = vec![0f32; batch * gh * gw * row];
-    for b in 0..batch {
-        for gy in 0..gh {
-            for gx in 0..gw {
-                let dst = &mut out[((b * gh + gy) * gw + gx) * row..][..row];
-                for c in 0..channels {
-                    for y in 0..patch {
-                        let src =
-                            ((b * channels + c) * height + gy * patch + y) * width + gx * patch;
-                        dst[(c * patch + y) * patch..][..patch]
-                            .copy_from_slice(&values[src..src + patch]);
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 /// An [`EncoderSpec`] resident on the GPU in `T`.
@@ -365,6 +335,8 @@ struct AddNorm<'a> {
     kernel: &'a CudaFunction,
     /// The pre-norm kernel that also adds into the residual stream (`add_norm_sum`).
     sum_kernel: &'a CudaFunction,
+    /// The plain layer norm (`layer_norm`).
+    norm_kernel: &'a CudaFunction,
     cfg: LaunchConfig,
     eps: f32,
     hidden: i32,
@@ -504,6 +476,7 @@ where
                 channels: p.channels,
                 patch: p.patch,
                 image: p.image,
+                tokens: p.tokens(),
                 norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
             },
         };
@@ -596,9 +569,7 @@ where
     pub fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
         let (batch, seq) = match (input, &self.input) {
             (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
-            (Input::Pixels(p), DeviceInput::Patches { image, patch, .. }) => {
-                (p.batch, 1 + (image.0 / patch) * (image.1 / patch))
-            }
+            (Input::Pixels(p), DeviceInput::Patches { tokens, .. }) => (p.batch, *tokens),
             (Input::Tokens(_), _) => {
                 return Err(EngineError::Spec(
                     "this encoder reads images, not tokens".into(),
@@ -637,6 +608,26 @@ where
             }
         } else {
             norm_cfg
+        };
+        let kernels = &self.kernels;
+        let add_norm = if hidden_vec {
+            AddNorm {
+                kernel: &kernels.bias_residual_norm_vec,
+                sum_kernel: &kernels.add_norm_sum_vec,
+                norm_kernel: &kernels.layer_norm_vec,
+                cfg: row_cfg,
+                eps,
+                hidden: h_i,
+            }
+        } else {
+            AddNorm {
+                kernel: &kernels.bias_residual_norm,
+                sum_kernel: &kernels.add_norm_sum,
+                norm_kernel: &kernels.layer_norm,
+                cfg: row_cfg,
+                eps,
+                hidden: h_i,
+            }
         };
         let mask = match (input, &self.input) {
             (
@@ -681,10 +672,12 @@ where
                     patch,
                     image,
                     norm,
+                    ..
                 },
             ) => {
                 // The pixels go up in `T` through page-locked memory; the device gathers the
-                // patch rows (what [`image_patches`] does on the host).
+                // patch rows, each in the projection's (channel, y, x) order, so the strided
+                // convolution is one GEMM.
                 let px = self.upload_converted(pixels.values)?;
                 let mask = s.clone_htod(&vec![1i32; m])?;
                 profile.mark("upload")?;
@@ -726,7 +719,7 @@ where
                 }
                 if let Some(n) = norm {
                     let y = x.clone();
-                    self.layer_norm(&y, n, &mut x, row_cfg)?;
+                    self.layer_norm(&add_norm, &y, n, &mut x)?;
                 }
                 mask
             }
@@ -747,21 +740,6 @@ where
         } else {
             let k = &self.kernels;
             (&k.split_heads, &k.merge_heads, 3 * h, h)
-        };
-        let (add_norm, add_norm_sum) = if hidden_vec {
-            (
-                &self.kernels.bias_residual_norm_vec,
-                &self.kernels.add_norm_sum_vec,
-            )
-        } else {
-            (&self.kernels.bias_residual_norm, &self.kernels.add_norm_sum)
-        };
-        let add_norm = AddNorm {
-            kernel: add_norm,
-            sum_kernel: add_norm_sum,
-            cfg: row_cfg,
-            eps,
-            hidden: h_i,
         };
         profile.mark("embeddings")?;
         let scale = 1.0 / (dh as f32).sqrt();
@@ -793,7 +771,7 @@ where
         };
         if pre {
             if let Some(n) = next_norm(0) {
-                self.layer_norm(&x, n, &mut h1, row_cfg)?;
+                self.layer_norm(&add_norm, &x, n, &mut h1)?;
             }
         }
         for (l, layer) in self.layers.iter().enumerate() {
@@ -1015,32 +993,25 @@ where
         Ok(())
     }
 
-    /// `out = layer_norm(x)`, row by row (`cfg`: one block per row, as [`AddNorm`]'s).
+    /// `out = layer_norm(x)`, row by row (the kernel and grid of `op`).
     fn layer_norm(
         &self,
+        op: &AddNorm<'_>,
         x: &CudaSlice<T>,
         norm: &Norm<T>,
         out: &mut CudaSlice<T>,
-        cfg: LaunchConfig,
     ) -> Result<(), EngineError> {
-        let h = self.hidden;
-        let kernel = if h.is_multiple_of(vec_width::<T>()) {
-            &self.kernels.layer_norm_vec
-        } else {
-            &self.kernels.layer_norm
-        };
-        let (eps, h_i) = (self.eps, h as i32);
-        // SAFETY: `layer_norm[_vec](x, gamma, beta, eps, hidden, out)` over the rows of `cfg`'s
+        // SAFETY: `layer_norm[_vec](x, gamma, beta, eps, hidden, out)` over the rows of `op.cfg`'s
         // grid, each `hidden` long.
         unsafe {
-            self.launch(kernel)
+            self.launch(op.norm_kernel)
                 .arg(x)
                 .arg(&norm.gamma)
                 .arg(&norm.beta)
-                .arg(&eps)
-                .arg(&h_i)
+                .arg(&op.eps)
+                .arg(&op.hidden)
                 .arg(out)
-                .launch(cfg)?;
+                .launch(op.cfg)?;
         }
         Ok(())
     }
@@ -1130,46 +1101,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_patches_times_the_weight_is_the_strided_convolution() {
-        let (batch, ch, (hgt, wid), p, out) = (2, 3, (4, 6), 2, 5);
-        let px: Vec<f32> = (0..batch * ch * hgt * wid)
-            .map(|i| ((i * 37) % 11) as f32 - 5.0)
-            .collect();
-        let w: Vec<f32> = (0..out * ch * p * p)
-            .map(|i| ((i * 13) % 7) as f32 - 3.0)
-            .collect();
-        let rows = image_patches(&px, batch, ch, (hgt, wid), p);
-        let k = ch * p * p;
-        let (gh, gw) = (hgt / p, wid / p);
-        assert_eq!(rows.len(), batch * gh * gw * k);
-        for b in 0..batch {
-            for gy in 0..gh {
-                for gx in 0..gw {
-                    let r = &rows[((b * gh + gy) * gw + gx) * k..][..k];
-                    for o in 0..out {
-                        let got: f32 = r
-                            .iter()
-                            .zip(&w[o * k..(o + 1) * k])
-                            .map(|(a, b)| a * b)
-                            .sum();
-                        let mut want = 0f32;
-                        for c in 0..ch {
-                            for y in 0..p {
-                                for x in 0..p {
-                                    let v =
-                                        px[((b * ch + c) * hgt + gy * p + y) * wid + gx * p + x];
-                                    want += v * w[((o * ch + c) * p + y) * p + x];
-                                }
-                            }
-                        }
-                        assert_eq!(got, want, "image {b} patch ({gy}, {gx}) output {o}");
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {

@@ -32,7 +32,7 @@
 mod engine;
 mod runner;
 
-pub use engine::{image_patches, Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
+pub use engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
 pub use runner::EncoderRunner;
 
 use ipfs_accelerate_core::EncoderSpec;
