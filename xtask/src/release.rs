@@ -32,6 +32,38 @@ pub struct PackageArgs {
     no_verify: bool,
 }
 
+/// Verification unpacks the packaged crates from a temporary overlay registry into
+/// `$CARGO_HOME/registry/src/-<hash>/<name>-<version>`, and cargo skips the unpacking when that
+/// folder exists. The hash depends on the checkout's path, not on the sources, so a second
+/// checkout at the same path (CI's clean clone) would build today's crates against yesterday's
+/// unpacked dependencies. Removes those folders for the crates about to be packaged; the
+/// crates.io cache (`index.crates.io-*`) is never touched.
+fn forget_unpacked_overlays(versions: &BTreeMap<String, String>) -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry").join("src")) else {
+        return Ok(());
+    };
+    let Ok(registries) = std::fs::read_dir(&src) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        // Overlay registries have no host name: their folder is `-<hash>`.
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for (name, version) in versions {
+            let unpacked = registry.path().join(format!("{name}-{version}"));
+            if unpacked.is_dir() {
+                std::fs::remove_dir_all(&unpacked)
+                    .with_context(|| format!("removing the stale {}", unpacked.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `cargo metadata --no-deps` of the workspace, and of the path crates outside it.
 fn metadata() -> Result<Value> {
     let out = Command::new(cargo())
@@ -168,6 +200,14 @@ pub fn package_crates(args: PackageArgs) -> Result<ExitCode> {
             format!(" ({} resolved from their folders)", outside.join(", "))
         }
     );
+    let versions: BTreeMap<String, String> = std::iter::once(args.package.clone())
+        .chain(deps.keys().cloned())
+        .filter_map(|name| {
+            let version = package(&meta, &name).ok()?["version"].as_str()?.to_string();
+            Some((name, version))
+        })
+        .collect();
+    forget_unpacked_overlays(&versions)?;
     let clock = Instant::now();
     let status = command.status().context("running cargo package")?;
     if !status.success() {
