@@ -6,7 +6,13 @@
 //! is that of the f32 sums, at most `γ_k · Σ_i |x_i · w_i|` (`γ_k = k·u / (1 − k·u)`,
 //! `u = 2⁻²⁴`) whatever the order. Rounding is to nearest, ties to even; NaN stays NaN.
 //!
-//! Four kernels, the widest the CPU has chosen at run time:
+//! Five kernels, the widest the CPU has chosen at run time:
+//! - **AMX-BF16** (`tdpbf16ps`: a 16 × 16 tile of f32 sums takes the products of 16 rows × 32
+//!   in-features × 16 outputs per instruction), on tiles of 32 rows × 32 outputs (four tiles of
+//!   sums, two of activations, two of weights, every tile register); the weight's panels are
+//!   the tiles' operand layout as they are, read with a stride of a panel row, and the
+//!   activations are rounded as for AVX-512 BF16. Only where [`crate::amx_support`] says the OS
+//!   gave this process the tile state.
 //! - **AVX-512 BF16** (`vdpbf16ps`: each f32 lane adds the products of one pair of bf16 values,
 //!   32 products per instruction), on tiles of 8 rows × 32 outputs held in 16 registers; the
 //!   activations are rounded by `vcvtne2ps2bf16`. Like those instructions always do, it treats
@@ -44,15 +50,18 @@ pub enum Bf16Isa {
     Avx512,
     /// AVX-512 BF16 `vdpbf16ps` on bf16 pairs.
     Avx512Bf16,
+    /// AMX-BF16 `tdpbf16ps` on tiles of bf16 pairs.
+    Amx,
 }
 
 impl Bf16Isa {
     /// Every kernel, narrowest first.
-    pub const ALL: [Bf16Isa; 4] = [
+    pub const ALL: [Bf16Isa; 5] = [
         Bf16Isa::Scalar,
         Bf16Isa::Avx2,
         Bf16Isa::Avx512,
         Bf16Isa::Avx512Bf16,
+        Bf16Isa::Amx,
     ];
 
     /// Whether this CPU runs the kernel.
@@ -71,6 +80,7 @@ impl Bf16Isa {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bf16")
             }
+            Bf16Isa::Amx => crate::amx_support().bf16(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -80,7 +90,7 @@ impl Bf16Isa {
     /// kernel over `vdpbf16ps`. Measured on the GPU host's Xeon (AVX512_BF16 and AMX), one core,
     /// 1024 rows: `vdpbf16ps` reached 36–42 GMAC/s, half of f32 FMA through gemm and of the
     /// AVX-512F kernel (widened bf16, FMA), while Zen 4 runs it at twice f32's rate. (Intel's
-    /// fast bf16 path is AMX, which has no kernel here yet.)
+    /// fast bf16 path is AMX, chosen first where the OS allows it.)
     pub fn detect() -> Bf16Isa {
         let intel = cpu_vendor_is_intel();
         *Bf16Isa::ALL
@@ -98,6 +108,7 @@ impl Bf16Isa {
             Bf16Isa::Avx2 => "avx2",
             Bf16Isa::Avx512 => "avx512f",
             Bf16Isa::Avx512Bf16 => "avx512bf16",
+            Bf16Isa::Amx => "amx-bf16",
         }
     }
 
@@ -106,9 +117,29 @@ impl Bf16Isa {
         match self {
             Bf16Isa::Scalar | Bf16Isa::Avx2 => 4,
             Bf16Isa::Avx512 | Bf16Isa::Avx512Bf16 => 8,
+            Bf16Isa::Amx => AMX_ROWS,
         }
     }
+
+    /// In-feature pairs a packed panel holds for `k` in-features: `k / 2` rounded up, and for
+    /// AMX to whole tiles of 16 pairs (the padding is zero).
+    fn pairs(self, k: usize) -> usize {
+        match self {
+            Bf16Isa::Amx => k.div_ceil(2 * AMX_PAIRS) * AMX_PAIRS,
+            _ => k.div_ceil(2),
+        }
+    }
+
+    /// Whether the kernel reads bf16 bits (else bf16-rounded f32 values).
+    fn reads_bits(self) -> bool {
+        matches!(self, Bf16Isa::Avx512Bf16 | Bf16Isa::Amx)
+    }
 }
+
+/// Rows of the AMX kernel's tile (two tiles of 16 rows of activations).
+const AMX_ROWS: usize = 32;
+/// In-feature pairs per AMX tile of activations (16 rows of 64 bytes).
+const AMX_PAIRS: usize = 16;
 
 /// The bf16 bits of `v` rounded to nearest, ties to even (NaN stays a quiet NaN).
 #[inline(always)]
@@ -178,7 +209,7 @@ impl PackedBf16 {
             return None;
         }
         let panels = n.div_ceil(PANEL);
-        let pairs = k.div_ceil(2);
+        let pairs = isa.pairs(k);
         let len = panels.checked_mul(pairs)?.checked_mul(2 * PANEL)?;
         let mut data = vec![0u16; len];
         for (p, panel) in data
@@ -187,7 +218,7 @@ impl PackedBf16 {
         {
             let width = PANEL.min(n - p * PANEL);
             for (i, pair) in panel.chunks_exact_mut(2 * PANEL).enumerate() {
-                for l in 0..2.min(k - 2 * i) {
+                for l in 0..2.min(k.saturating_sub(2 * i)) {
                     for c in 0..width {
                         pair[2 * c + l] = bf16_bits(at(p * PANEL + c, 2 * i + l));
                     }
@@ -221,7 +252,7 @@ impl PackedBf16 {
     /// was packed from.
     pub fn unpack(&self) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
-        let pairs = k.div_ceil(2);
+        let pairs = self.isa.pairs(k);
         let mut w = vec![0f32; n * k];
         for j in 0..n {
             let (p, c) = (j / PANEL, j % PANEL);
@@ -268,7 +299,8 @@ multiversion! {
 
 /// The rounded activations, in the form the kernel reads.
 enum Activations {
-    /// bf16 bits (AVX-512 BF16), `[rows, kp]`.
+    /// bf16 bits (AVX-512 BF16, AMX), `[rows, kp]` (for AMX the rows rounded up to whole tiles,
+    /// the extra rows zero).
     Bits(Vec<u16>),
     /// bf16 values as f32 (the others), `[rows, kp]`.
     Floats(Vec<f32>),
@@ -280,8 +312,13 @@ impl Activations {
     fn round(isa: Bf16Isa, x: &[f32], k: usize, kp: usize, parallel: bool) -> Self {
         let rows = x.len() / k;
         let rows_per_task = (crate::PARALLEL_THRESHOLD / k).max(1);
-        if isa == Bf16Isa::Avx512Bf16 {
-            let mut b = vec![0u16; rows * kp];
+        if isa.reads_bits() {
+            let padded = if isa == Bf16Isa::Amx {
+                rows.next_multiple_of(AMX_ROWS)
+            } else {
+                rows
+            };
+            let mut b = vec![0u16; padded * kp];
             if !parallel || rows <= rows_per_task {
                 round_rows_bits(x, k, kp, &mut b);
             } else {
@@ -308,7 +345,8 @@ impl Activations {
 /// packed panel (`kp / 2` pairs × 32 outputs × 2); the kernel writes the first `width` of the
 /// 32 sums of each row `r` to `out + r · ldc`.
 struct Tile<'a> {
-    /// `rows × kp` bf16 bits (AVX-512 BF16), empty otherwise.
+    /// `rows × kp` bf16 bits (AVX-512 BF16; AMX: 32 rows, those past `rows` zero), empty
+    /// otherwise.
     bits: &'a [u16],
     /// `rows × kp` bf16 values as f32 (the other kernels), empty otherwise.
     floats: &'a [f32],
@@ -436,6 +474,88 @@ mod x86 {
         store_rows(t, &acc);
     }
 
+    /// Every tile register 16 rows of 64 bytes: sums `tmm0..tmm3` (rows 0..16 and 16..32 ×
+    /// outputs 0..16 and 16..32), activations `tmm4`, `tmm5`, weights `tmm6`, `tmm7`.
+    pub(super) const AMX_CONFIG: crate::amx::TileConfig = crate::amx::TileConfig::new()
+        .tile(0, 16, 64)
+        .tile(1, 16, 64)
+        .tile(2, 16, 64)
+        .tile(3, 16, 64)
+        .tile(4, 16, 64)
+        .tile(5, 16, 64)
+        .tile(6, 16, 64)
+        .tile(7, 16, 64);
+
+    /// The AMX-BF16 kernel on 16 (`TWO == false`) or 32 rows: per 32 in-features, one or two
+    /// tiles of activations times the panel's two tiles of weights (16 pairs × 16 outputs,
+    /// read with the stride of a panel row), into two or four tiles of sums; then the sums go
+    /// through memory to registers for the epilogue and the masked stores.
+    #[inline(always)]
+    unsafe fn tile_amx_rows<const TWO: bool>(t: &Tile<'_>) {
+        use crate::amx::tile;
+        const ROW: usize = 2 * PANEL * 2; // bytes per packed pair of 32 outputs
+        let a = t.bits.as_ptr() as *const u8;
+        let lda = t.kp * 2;
+        let w = t.panel.as_ptr() as *const u8;
+        tile::zero::<0>();
+        tile::zero::<1>();
+        if TWO {
+            tile::zero::<2>();
+            tile::zero::<3>();
+        }
+        for s in 0..t.kp / (2 * super::AMX_PAIRS) {
+            let wp = w.add(s * super::AMX_PAIRS * ROW);
+            tile::load::<6>(wp, ROW);
+            tile::load::<7>(wp.add(64), ROW);
+            tile::load::<4>(a.add(s * 64), lda);
+            tile::dpbf16ps::<0, 4, 6>();
+            tile::dpbf16ps::<1, 4, 7>();
+            if TWO {
+                tile::load::<5>(a.add(16 * lda + s * 64), lda);
+                tile::dpbf16ps::<2, 5, 6>();
+                tile::dpbf16ps::<3, 5, 7>();
+            }
+        }
+        #[repr(align(64))]
+        struct Sums([f32; super::AMX_ROWS * PANEL]);
+        let mut sums = Sums([0.0; super::AMX_ROWS * PANEL]);
+        let c = sums.0.as_mut_ptr();
+        let ldc = PANEL * 4;
+        tile::store::<0>(c as *mut u8, ldc);
+        tile::store::<1>(c.add(16) as *mut u8, ldc);
+        if TWO {
+            tile::store::<2>(c.add(16 * PANEL) as *mut u8, ldc);
+            tile::store::<3>(c.add(16 * PANEL + 16) as *mut u8, ldc);
+        }
+        let (m0, m1) = masks(t.width);
+        for r in 0..t.rows {
+            let s = c.add(r * PANEL);
+            let mut acc = [[_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16))]];
+            if let Some(mut e) = t.fused {
+                e.residual = e.residual.map(|p| p.add(r * t.ldc));
+                crate::qlinear::x86::finish_in_registers(&mut acc, e, t.ldc, (m0, m1));
+            }
+            let o = t.out.add(r * t.ldc);
+            _mm512_mask_storeu_ps(o, m0, acc[0][0]);
+            _mm512_mask_storeu_ps(o.add(16), m1, acc[0][1]);
+        }
+    }
+
+    /// The AMX-BF16 kernel over one tile (up to 32 rows).
+    ///
+    /// # Safety
+    /// [`crate::amx_support`] is ready for bf16 and this thread's tiles are configured as
+    /// [`AMX_CONFIG`]; `t.bits` holds 32 rows of `t.kp` values (a multiple of 32), `t.panel`
+    /// `t.kp × 32`; `t.width ≤ 32` and the output as [`Tile::store`] requires.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn tile_amx(t: &Tile<'_>) {
+        if t.rows > 16 {
+            tile_amx_rows::<true>(t)
+        } else {
+            tile_amx_rows::<false>(t)
+        }
+    }
+
     /// The AVX-512 BF16 kernel over one tile (up to 8 rows).
     ///
     /// # Safety
@@ -560,11 +680,17 @@ mod x86 {
 /// # Safety
 /// As [`Tile::store`].
 unsafe fn run_tile(isa: Bf16Isa, t: &Tile<'_>) {
+    let rows_read = if isa == Bf16Isa::Amx {
+        AMX_ROWS
+    } else {
+        t.rows
+    };
     assert!(
         t.rows <= isa.tile_rows()
             && t.width <= PANEL
             && t.panel.len() >= t.kp * PANEL
-            && t.bits.len().max(t.floats.len()) >= t.rows * t.kp
+            && t.bits.len().max(t.floats.len()) >= rows_read * t.kp
+            && (isa != Bf16Isa::Amx || t.kp.is_multiple_of(2 * AMX_PAIRS))
     );
     match isa {
         Bf16Isa::Scalar => tile_scalar(t),
@@ -577,6 +703,10 @@ unsafe fn run_tile(isa: Bf16Isa, t: &Tile<'_>) {
         Bf16Isa::Avx512 => x86::tile_avx512(t),
         #[cfg(target_arch = "x86_64")]
         Bf16Isa::Avx512Bf16 => x86::tile_bf16(t),
+        // SAFETY: as above, and `linear_bf16` configures the tiles for `x86::AMX_CONFIG` on
+        // each task that runs AMX tiles.
+        #[cfg(target_arch = "x86_64")]
+        Bf16Isa::Amx => x86::tile_amx(t),
         #[cfg(not(target_arch = "x86_64"))]
         _ => tile_scalar(t),
     }
@@ -618,8 +748,8 @@ pub fn linear_bf16(
     let isa = w.isa;
     // The AVX-512 kernels apply the epilogue in registers as they store a tile; the others leave
     // it to `finish_tile` (one pass over the tile while it is in cache).
-    let in_kernel = fused && matches!(isa, Bf16Isa::Avx512 | Bf16Isa::Avx512Bf16);
-    let kp = k.div_ceil(2) * 2;
+    let in_kernel = fused && matches!(isa, Bf16Isa::Avx512 | Bf16Isa::Avx512Bf16 | Bf16Isa::Amx);
+    let kp = isa.pairs(k) * 2;
     let panels = n.div_ceil(PANEL);
     let mr = isa.tile_rows();
 
@@ -659,6 +789,12 @@ pub fn linear_bf16(
                 (&local, r0)
             }
         };
+        // SAFETY: an AMX weight is only packed where `amx_support` is ready; nothing else runs
+        // on this thread until the task ends (no rayon call below).
+        #[cfg(target_arch = "x86_64")]
+        let _tiles = (isa == Bf16Isa::Amx)
+            .then(|| unsafe { crate::amx::TileScope::enter(&x86::AMX_CONFIG) });
+        let rows_read = if isa == Bf16Isa::Amx { AMX_ROWS } else { mr };
         for p in p0..p1 {
             let panel = &w.data[p * panel_len..(p + 1) * panel_len];
             let c0 = p * PANEL;
@@ -666,7 +802,13 @@ pub fn linear_bf16(
             let mut r = r0;
             while r < r1 {
                 let tile_rows = mr.min(r1 - r);
-                let rows = (r - first) * kp..(r - first + tile_rows) * kp;
+                // The AMX kernel reads whole tiles (the rows are padded to them).
+                let read = if isa == Bf16Isa::Amx {
+                    rows_read
+                } else {
+                    tile_rows
+                };
+                let rows = (r - first) * kp..(r - first + read) * kp;
                 let (bits, floats) = match xr {
                     Activations::Bits(b) => (&b[rows], &[][..]),
                     Activations::Floats(f) => (&[][..], &f[rows]),
@@ -807,6 +949,9 @@ mod tests {
             (11, 255, 100),
             (12, 384, 40),
             (13, 77, 130),
+            // AMX tiles of 16 and 32 rows with a short second tile.
+            (20, 96, 40),
+            (45, 700, 33),
             (70, 385, 97),
             (200, 384, 70),
             (600, 101, 20),
@@ -916,8 +1061,9 @@ mod tests {
             let b = PackedBf16::from_kn_with_isa(&t, k, n, isa).unwrap();
             assert_eq!(a.data, b.data);
             assert_eq!((b.n(), b.k(), b.isa()), (n, k, isa));
-            // Two panels of 32 outputs, 7 pairs each.
-            assert_eq!(b.bytes(), 2 * 2 * 7 * 32 * 2);
+            // Two panels of 32 outputs, 7 pairs each (AMX: one tile of 16).
+            let pairs = if isa == Bf16Isa::Amx { 16 } else { 7 };
+            assert_eq!(b.bytes(), 2 * 2 * pairs * 32 * 2);
         }
     }
 

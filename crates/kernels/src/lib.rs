@@ -55,6 +55,7 @@ macro_rules! multiversion {
     };
 }
 
+mod amx;
 mod attention;
 mod bf16linear;
 mod ggml;
@@ -62,6 +63,7 @@ mod linear;
 mod math;
 mod qlinear;
 
+pub use amx::{amx_support, AmxSupport};
 pub use attention::{attention, StridedView};
 pub use bf16linear::{linear_bf16, round_bf16, Bf16Isa, PackedBf16};
 pub use ggml::{

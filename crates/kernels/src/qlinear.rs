@@ -9,7 +9,16 @@
 //! precision only in its own block. The only error next to the dequantized f32 product is the
 //! rounding of the activations (at most `sx[r, b] / 2` per value).
 //!
-//! Three kernels, the widest the CPU has chosen at run time:
+//! Four kernels, the widest the CPU has chosen at run time:
+//! - **AMX-INT8** (`tdpbssd`: a 16 × 16 tile of i32 sums takes the products of 16 rows × 64
+//!   in-features × 16 outputs per instruction, s8 × s8), on tiles of 32 rows × 32 outputs (four
+//!   tiles of sums, two of activations, two of weights). Per block the tiles of sums start at
+//!   zero, take the block's in-features (up to 64 per instruction), and go through memory to
+//!   AVX-512 registers, which scale them and add them to the rows' f32 sums in the order the
+//!   VNNI kernel does (so the two give the same bits). The weight's panels are the VNNI layout
+//!   with signed codes, read as tiles with the stride of a panel row. Only for blocks of at
+//!   most 64 in-features or whole multiples of 64, and where [`crate::amx_support`] says the
+//!   OS gave this process the tile state.
 //! - **AVX-512 VNNI** (`vpdpbusd`, u8 × s8 → i32 four products at a time): the weight codes are
 //!   stored shifted to `qw + 128` (unsigned) and each block's accumulator starts at
 //!   `-128 · Σ qx`, which the activations' quantization sums, so the sum stays exact. Tiles of
@@ -52,6 +61,10 @@ const MAX_TILE_ROWS: usize = 8;
 /// In-features per interleaved group at most (the four bytes one 32-bit lane of `vpdpbusd`
 /// sums); every block size is a multiple of it.
 const GROUP: usize = 4;
+/// Rows of the AMX kernel's tile (two tiles of 16 rows of activations).
+const AMX_ROWS: usize = 32;
+/// In-features per `tdpbssd` at most (a tile row of 64 bytes).
+const AMX_STEP: usize = 64;
 
 /// Which integer instructions run an int8 linear layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,11 +75,18 @@ pub enum Int8Isa {
     Avx2,
     /// AVX-512 VNNI `vpdpbusd` on 512-bit registers.
     Avx512Vnni,
+    /// AMX-INT8 `tdpbssd` on tiles.
+    Amx,
 }
 
 impl Int8Isa {
     /// Every kernel, narrowest first.
-    pub const ALL: [Int8Isa; 3] = [Int8Isa::Scalar, Int8Isa::Avx2, Int8Isa::Avx512Vnni];
+    pub const ALL: [Int8Isa; 4] = [
+        Int8Isa::Scalar,
+        Int8Isa::Avx2,
+        Int8Isa::Avx512Vnni,
+        Int8Isa::Amx,
+    ];
 
     /// Whether this CPU runs the kernel.
     pub fn available(self) -> bool {
@@ -81,6 +101,7 @@ impl Int8Isa {
                     && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
+            Int8Isa::Amx => crate::amx_support().int8(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -95,12 +116,37 @@ impl Int8Isa {
             .unwrap_or(&Int8Isa::Scalar)
     }
 
+    /// The widest kernel this CPU runs for blocks of `block` in-features (AMX takes blocks of
+    /// at most 64 or whole multiples of 64).
+    pub fn detect_for_block(block: usize) -> Int8Isa {
+        *Int8Isa::ALL
+            .iter()
+            .rev()
+            .find(|isa| isa.available() && isa.takes_block(block))
+            .unwrap_or(&Int8Isa::Scalar)
+    }
+
+    /// Whether the kernel runs blocks of `block` in-features (a positive multiple of 4).
+    fn takes_block(self, block: usize) -> bool {
+        self != Int8Isa::Amx || block <= AMX_STEP || block.is_multiple_of(AMX_STEP)
+    }
+
+    /// In-features the packed codes and the quantized activations hold for `k`: `k` rounded
+    /// up to whole groups, and for AMX to whole blocks (the padding is zero).
+    fn padded_k(self, k: usize, block: usize) -> usize {
+        match self {
+            Int8Isa::Amx => k.div_ceil(block) * block,
+            _ => k.div_ceil(self.group()) * self.group(),
+        }
+    }
+
     /// A short name (`"scalar"`, `"avx2"`, `"avx512vnni"`).
     pub fn name(self) -> &'static str {
         match self {
             Int8Isa::Scalar => "scalar",
             Int8Isa::Avx2 => "avx2",
             Int8Isa::Avx512Vnni => "avx512vnni",
+            Int8Isa::Amx => "amx-int8",
         }
     }
 
@@ -110,13 +156,14 @@ impl Int8Isa {
             Int8Isa::Scalar => 4,
             Int8Isa::Avx2 => 6,
             Int8Isa::Avx512Vnni => 6,
+            Int8Isa::Amx => AMX_ROWS,
         }
     }
 
     /// Outputs per packed panel.
     fn panel(self) -> usize {
         match self {
-            Int8Isa::Avx512Vnni => VNNI_PANEL,
+            Int8Isa::Avx512Vnni | Int8Isa::Amx => VNNI_PANEL,
             Int8Isa::Scalar | Int8Isa::Avx2 => PANEL,
         }
     }
@@ -130,7 +177,7 @@ impl Int8Isa {
     fn group(self) -> usize {
         match self {
             Int8Isa::Avx2 => 2,
-            Int8Isa::Scalar | Int8Isa::Avx512Vnni => 4,
+            Int8Isa::Scalar | Int8Isa::Avx512Vnni | Int8Isa::Amx => 4,
         }
     }
 }
@@ -155,13 +202,14 @@ pub struct PackedInt8 {
 impl PackedInt8 {
     /// Packs row-major `[n, k]` `codes` with `scales` `[n, ceil(k / block)]` (the scale of
     /// `codes[j * k + i]` is `scales[j * blocks + i / block]`) for the widest kernel this CPU
-    /// runs. `None` when the lengths do not match the shape or `block` is not a positive
-    /// multiple of 4.
+    /// runs for `block`. `None` when the lengths do not match the shape or `block` is not a
+    /// positive multiple of 4.
     pub fn new(codes: &[i8], scales: &[f32], n: usize, k: usize, block: usize) -> Option<Self> {
-        Self::with_isa(codes, scales, n, k, block, Int8Isa::detect())
+        Self::with_isa(codes, scales, n, k, block, Int8Isa::detect_for_block(block))
     }
 
-    /// As [`PackedInt8::new`] for the kernel `isa` (`None` also when this CPU lacks it).
+    /// As [`PackedInt8::new`] for the kernel `isa` (`None` also when this CPU lacks it or it
+    /// does not take `block`).
     pub fn with_isa(
         codes: &[i8],
         scales: &[f32],
@@ -170,7 +218,8 @@ impl PackedInt8 {
         block: usize,
         isa: Int8Isa,
     ) -> Option<Self> {
-        if block == 0 || !block.is_multiple_of(GROUP) || !isa.available() {
+        if block == 0 || !block.is_multiple_of(GROUP) || !isa.available() || !isa.takes_block(block)
+        {
             return None;
         }
         let blocks = k.div_ceil(block);
@@ -180,7 +229,7 @@ impl PackedInt8 {
         let panel = isa.panel();
         let panels = n.div_ceil(panel);
         let group = isa.group();
-        let groups = k.div_ceil(group);
+        let groups = isa.padded_k(k, block) / group;
         let shift = if isa.unsigned_weights() { 128 } else { 0 };
         // The padding holds the code of 0.
         let mut packed = vec![shift as u8 as i8; panels * groups * panel * group];
@@ -237,7 +286,7 @@ impl PackedInt8 {
         let (n, k) = (self.n, self.k);
         let blocks = k.div_ceil(self.block);
         let group = self.isa.group();
-        let groups = k.div_ceil(group);
+        let groups = self.isa.padded_k(k, self.block) / group;
         let panel = self.isa.panel();
         let shift = if self.isa.unsigned_weights() { 128 } else { 0 };
         let mut codes = vec![0i8; n * k];
@@ -305,9 +354,10 @@ fn quantize_rows(
     offsets: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Int8Isa::Avx512Vnni {
-        // SAFETY: a VNNI weight is only packed on a CPU with AVX-512 F, BW, VL and VNNI
-        // (`Int8Isa::available`); the slices hold what `linear_int8` cuts them to.
+    if matches!(isa, Int8Isa::Avx512Vnni | Int8Isa::Amx) {
+        // SAFETY: a VNNI or AMX weight is only packed on a CPU with AVX-512 F, BW, VL (and VNNI
+        // or AMX: `Int8Isa::available`, `amx_support`); the slices hold what `linear_int8` cuts
+        // them to.
         return unsafe { x86::quantize_rows_vnni(x, k, kp, block, q, scales, offsets) };
     }
     quantize_rows_i8(x, k, kp, block, q, scales, offsets);
@@ -444,7 +494,13 @@ impl Activations {
             }
             Codes::I16(q)
         } else {
-            let mut q = vec![0i8; rows * kp];
+            // The AMX kernel reads whole tiles of rows (the extra rows are zero).
+            let padded = if isa == Int8Isa::Amx {
+                rows.next_multiple_of(AMX_ROWS)
+            } else {
+                rows
+            };
+            let mut q = vec![0i8; padded * kp];
             offsets = vec![0i32; rows * blocks];
             if parallel {
                 x.par_chunks(chunk * k)
@@ -469,7 +525,8 @@ impl Activations {
 /// panel of the weight, the rows' scales; the kernel writes the first `width` of the panel's
 /// outputs of each row `r` to `out + r · ldc`.
 struct Tile<'a> {
-    /// 8-bit codes (scalar, VNNI), `rows × kp`; empty for AVX2.
+    /// 8-bit codes (scalar, VNNI; AMX: 32 rows, those past `rows` zero), `rows × kp`; empty
+    /// for AVX2.
     x: &'a [i8],
     /// 16-bit codes (AVX2), `rows × kp`; empty otherwise.
     x16: &'a [i16],
@@ -933,6 +990,133 @@ pub(crate) mod x86 {
         }
     }
 
+    /// The AMX configuration for blocks of `block` in-features: sums `tmm0..tmm3` (16 rows ×
+    /// 16 i32), activations `tmm4`, `tmm5` (16 rows × one step of in-features, `min(block,
+    /// 64)`), weights `tmm6`, `tmm7` (a step's groups of 4 × 16 outputs × 4 bytes).
+    pub(super) fn amx_config(block: usize) -> crate::amx::TileConfig {
+        let step = block.min(super::AMX_STEP);
+        let (a, b) = (step as u16, (step / GROUP) as u8);
+        crate::amx::TileConfig::new()
+            .tile(0, 16, 64)
+            .tile(1, 16, 64)
+            .tile(2, 16, 64)
+            .tile(3, 16, 64)
+            .tile(4, 16, a)
+            .tile(5, 16, a)
+            .tile(6, b, 64)
+            .tile(7, b, 64)
+    }
+
+    /// The AMX-INT8 kernel on 16 (`TWO == false`) or 32 rows × 32 outputs: per block, the
+    /// tiles of sums start at 0 and take the block's steps (one or two tiles of activations
+    /// times the panel's two tiles of weights, read with the stride of a panel row); then they
+    /// go through memory to registers, where they are scaled and added to the rows' f32 sums
+    /// (kept in memory, 32 rows × 32) exactly as [`tile_vnni_rows`] adds them.
+    #[inline(always)]
+    unsafe fn tile_amx_rows<const TWO: bool>(t: &Tile<'_>) {
+        use crate::amx::tile;
+        const P: usize = VNNI_PANEL;
+        const ROWS: usize = super::AMX_ROWS;
+        // Bytes per packed group of 4 in-features of 32 outputs.
+        const ROW: usize = P * GROUP;
+        let rows = if TWO { ROWS } else { 16 };
+        let block = t.block_groups * GROUP;
+        let step = block.min(super::AMX_STEP);
+        let a = t.x.as_ptr() as *const u8;
+        let lda = t.kp;
+        let w = t.codes.as_ptr() as *const u8;
+        let (m0, m1) = lanes2(t.width);
+        #[repr(align(64))]
+        struct Buf<T>([T; ROWS * P]);
+        let mut acc = Buf([0f32; ROWS * P]);
+        let acc = acc.0.as_mut_ptr();
+        if t.b0 > 0 {
+            for r in 0..t.rows {
+                let o = t.out.add(r * t.ldc);
+                _mm512_storeu_ps(acc.add(r * P), _mm512_maskz_loadu_ps(m0, o));
+                _mm512_storeu_ps(acc.add(r * P + 16), _mm512_maskz_loadu_ps(m1, o.add(16)));
+            }
+        }
+        let mut sums = Buf([0i32; ROWS * P]);
+        let c = sums.0.as_mut_ptr();
+        let xs = t.row_scales.as_ptr();
+        for b in t.b0..t.b1 {
+            tile::zero::<0>();
+            tile::zero::<1>();
+            if TWO {
+                tile::zero::<2>();
+                tile::zero::<3>();
+            }
+            let mut i = b * block;
+            while i < (b + 1) * block {
+                let wp = w.add(i / GROUP * ROW);
+                tile::load::<6>(wp, ROW);
+                tile::load::<7>(wp.add(64), ROW);
+                tile::load::<4>(a.add(i), lda);
+                tile::dpbssd::<0, 4, 6>();
+                tile::dpbssd::<1, 4, 7>();
+                if TWO {
+                    tile::load::<5>(a.add(16 * lda + i), lda);
+                    tile::dpbssd::<2, 5, 6>();
+                    tile::dpbssd::<3, 5, 7>();
+                }
+                i += step;
+            }
+            tile::store::<0>(c as *mut u8, P * 4);
+            tile::store::<1>(c.add(16) as *mut u8, P * 4);
+            if TWO {
+                tile::store::<2>(c.add(16 * P) as *mut u8, P * 4);
+                tile::store::<3>(c.add(16 * P + 16) as *mut u8, P * 4);
+            }
+            let sc = t.scales.as_ptr().add(b * P);
+            let (sc0, sc1) = (_mm512_loadu_ps(sc), _mm512_loadu_ps(sc.add(16)));
+            for r in 0..rows.min(t.rows) {
+                let x = _mm512_set1_ps(*xs.add(r * t.blocks + b));
+                let (s, o) = (c.add(r * P), acc.add(r * P));
+                let s0 = _mm512_cvtepi32_ps(_mm512_loadu_si512(s as *const __m512i));
+                let s1 = _mm512_cvtepi32_ps(_mm512_loadu_si512(s.add(16) as *const __m512i));
+                let a0 = _mm512_fmadd_ps(s0, _mm512_mul_ps(sc0, x), _mm512_loadu_ps(o));
+                let a1 = _mm512_fmadd_ps(s1, _mm512_mul_ps(sc1, x), _mm512_loadu_ps(o.add(16)));
+                _mm512_storeu_ps(o, a0);
+                _mm512_storeu_ps(o.add(16), a1);
+            }
+        }
+        let fused = t.fused.filter(|_| t.b1 == t.blocks);
+        for r in 0..t.rows {
+            let s = acc.add(r * P);
+            let mut a = [[_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16))]];
+            if let Some(mut e) = fused {
+                e.residual = e.residual.map(|p| p.add(r * t.ldc));
+                finish_in_registers(&mut a, e, t.ldc, (m0, m1));
+            }
+            let o = t.out.add(r * t.ldc);
+            _mm512_mask_storeu_ps(o, m0, a[0][0]);
+            _mm512_mask_storeu_ps(o.add(16), m1, a[0][1]);
+        }
+    }
+
+    /// The masks of the first `width` (at most 32) lanes of two 16-lane registers.
+    #[inline(always)]
+    fn lanes2(width: usize) -> (__mmask16, __mmask16) {
+        (lanes(width), lanes(width.saturating_sub(16)))
+    }
+
+    /// The AMX-INT8 kernel over one tile (up to 32 rows).
+    ///
+    /// # Safety
+    /// [`crate::amx_support`] is ready for int8 and this thread's tiles are configured as
+    /// [`amx_config`] for the weight's block; `t.x` holds 32 rows of `t.kp` codes (whole
+    /// blocks), the panel `t.kp / 4` groups of 32 × 4 signed codes and `blocks × 32` scales;
+    /// the output as [`Tile::store`] requires.
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    pub(super) unsafe fn tile_amx(t: &Tile<'_>) {
+        if t.rows > 16 {
+            tile_amx_rows::<true>(t)
+        } else {
+            tile_amx_rows::<false>(t)
+        }
+    }
+
     /// [`tile_vnni_rows`] with the group loop unrolled for blocks of 32 in-features.
     #[inline(always)]
     unsafe fn tile_vnni_blocks<const MR: usize>(t: &Tile<'_>) {
@@ -979,6 +1163,10 @@ unsafe fn run_tile(isa: Int8Isa, t: &Tile<'_>) {
         Int8Isa::Avx2 => x86::tile_avx2(t),
         #[cfg(target_arch = "x86_64")]
         Int8Isa::Avx512Vnni => x86::tile_vnni(t),
+        // SAFETY: as above, and `linear_int8` configures the tiles with `x86::amx_config` for
+        // the weight's block on each task that runs AMX tiles.
+        #[cfg(target_arch = "x86_64")]
+        Int8Isa::Amx => x86::tile_amx(t),
         #[cfg(not(target_arch = "x86_64"))]
         _ => tile_scalar(t),
     }
@@ -1066,10 +1254,10 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
     let isa = w.isa;
     // The VNNI kernel applies the epilogue in registers as it stores a tile's last sums; the
     // others leave it to `finish_tile` (one pass over the tile while it is in cache).
-    let in_kernel = fused && isa == Int8Isa::Avx512Vnni;
+    let in_kernel = fused && matches!(isa, Int8Isa::Avx512Vnni | Int8Isa::Amx);
     let group = isa.group();
-    let groups = k.div_ceil(group);
-    let kp = groups * group;
+    let kp = isa.padded_k(k, w.block);
+    let groups = kp / group;
     let blocks = k.div_ceil(w.block);
     let panels = n.div_ceil(isa.panel());
     let mr = isa.tile_rows();
@@ -1117,6 +1305,11 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                 (&local, r0)
             }
         };
+        // SAFETY: an AMX weight is only packed where `amx_support` is ready; nothing else runs
+        // on this thread until the task ends (no rayon call below).
+        #[cfg(target_arch = "x86_64")]
+        let _tiles = (isa == Int8Isa::Amx)
+            .then(|| unsafe { crate::amx::TileScope::enter(&x86::amx_config(block)) });
         for b0 in (0..blocks).step_by(chunk_blocks) {
             let b1 = (b0 + chunk_blocks).min(blocks);
             for p in p0..p1 {
@@ -1127,7 +1320,9 @@ pub fn linear_int8(x: &[f32], rows: usize, w: &PackedInt8, epilogue: Epilogue<'_
                 let mut r = r0;
                 while r < r1 {
                     let tile_rows = mr.min(r1 - r);
-                    let rs = (r - first) * kp..(r - first + tile_rows) * kp;
+                    // The AMX kernel reads whole tiles (the rows are padded to them).
+                    let read = if isa == Int8Isa::Amx { mr } else { tile_rows };
+                    let rs = (r - first) * kp..(r - first + read) * kp;
                     let (x8, x16) = match &xq.codes {
                         Codes::I8(q) => (&q[rs], &[][..]),
                         Codes::I16(q) => (&[][..], &q[rs]),
@@ -1452,6 +1647,62 @@ mod tests {
         for o in &outs[1..] {
             assert_eq!(o, &outs[0]);
         }
+    }
+
+    #[test]
+    fn amx_gives_the_vnni_kernels_bits() {
+        // Both kernels sum each block's integers exactly and add them to the f32 sums in the
+        // same order, so they agree to the bit: every tile edge (rows 1..=33, outputs cut at
+        // 16 and 32), every block kind AMX takes (one short step, one full step, several
+        // steps), a last block cut short, and a product long enough for two chunks.
+        if !(Int8Isa::Amx.available() && Int8Isa::Avx512Vnni.available()) {
+            eprintln!("skipped: AMX-INT8 ({})", crate::amx_support().describe());
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let shapes = [
+            (1, 64, 17, 32),
+            (15, 96, 32, 8),
+            (16, 128, 33, 64),
+            (17, 384, 16, 128),
+            (31, 200, 47, 40),
+            (32, 256, 64, 256),
+            (33, 1536, 70, 128),
+            (100, 4200, 40, 64),
+            (7, 100, 5, 16),
+        ];
+        for &(rows, k, n, block) in &shapes {
+            let (codes, scales) = random_weight(&mut rng, n, k, block);
+            let x: Vec<f32> = (0..rows * k)
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let res: Vec<f32> = (0..rows * n)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let amx = PackedInt8::with_isa(&codes, &scales, n, k, block, Int8Isa::Amx).unwrap();
+            let vnni =
+                PackedInt8::with_isa(&codes, &scales, n, k, block, Int8Isa::Avx512Vnni).unwrap();
+            assert_eq!(amx.unpack(), (codes.clone(), scales.clone()));
+            for epi in [
+                Epilogue::default(),
+                Epilogue {
+                    bias: Some(&bias),
+                    residual: Some(&res),
+                    activation: EpilogueActivation::GeluErf,
+                },
+            ] {
+                let (a, v) = (
+                    linear_int8(&x, rows, &amx, epi),
+                    linear_int8(&x, rows, &vnni, epi),
+                );
+                assert_eq!(a, v, "{rows}x{k}x{n}/{block} {epi:?}");
+            }
+        }
+        // Blocks AMX does not take fall back to the next kernel.
+        assert!(PackedInt8::with_isa(&[0; 96], &[1.0], 1, 96, 96, Int8Isa::Amx).is_none());
+        let w = PackedInt8::new(&[0; 96], &[1.0], 1, 96, 96).unwrap();
+        assert_eq!(w.isa(), Int8Isa::Avx512Vnni);
     }
 
     #[test]

@@ -359,11 +359,29 @@ pub(crate) fn attention<B: Backend>(
 }
 
 /// The CPU kernels this machine runs, chosen at run time, for reports such as `devices`:
-/// `int8 avx512vnni, bf16 avx512bf16` (AMX is not used yet).
+/// `int8 avx512vnni, bf16 avx512bf16`, and where the CPU has AMX its state
+/// (`; AMX ready (bf16, int8)` or `; AMX refused: <reason>`).
 pub fn cpu_kernels() -> String {
+    let amx = match ipfs_accelerate_kernels::amx_support() {
+        ipfs_accelerate_kernels::AmxSupport::Absent => String::new(),
+        other => format!("; AMX {}", other.describe()),
+    };
     format!(
-        "int8 {}, bf16 {}",
+        "int8 {}, bf16 {}{amx}",
         ipfs_accelerate_kernels::Int8Isa::detect().name(),
         ipfs_accelerate_kernels::Bf16Isa::detect().name()
     )
+}
+
+/// Logs once, as a warning, why a CPU with AMX does not use it (the OS refused this process the
+/// tile state, or `IPFS_ACCELERATE_NO_AMX` is set); the AVX-512 kernels run instead.
+pub(crate) fn warn_if_amx_refused() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let ipfs_accelerate_kernels::AmxSupport::Refused(why) =
+            ipfs_accelerate_kernels::amx_support()
+        {
+            tracing::warn!(%why, "AMX unavailable; the AVX-512 int8 / bf16 kernels run instead");
+        }
+    });
 }

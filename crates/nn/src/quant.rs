@@ -377,6 +377,7 @@ impl<B: Backend> LinearWeight<B> {
                 q.block_size()
             )));
         }
+        crate::fast::warn_if_amx_refused();
         let store = match q {
             WeightQuantization::None if crate::fast::bf16_linears::<B>() => {
                 match PackedBf16::new(values, out_dim, in_dim) {

@@ -77,6 +77,8 @@ fn isa_available(isa: Int8Isa) -> bool {
     }
     match isa {
         Int8Isa::Scalar => true,
+        // No ggml block format has an AMX kernel: the VNNI ones run on AMX CPUs.
+        Int8Isa::Amx => false,
         #[cfg(target_arch = "x86_64")]
         Int8Isa::Avx2 | Int8Isa::Avx512Vnni => {
             std::arch::is_x86_feature_detected!("avx2")
@@ -109,7 +111,7 @@ fn dot_kernel(ty: BlockType, isa: Int8Isa) -> Option<(DotFn, usize)> {
         let pick = |avx2: DotFn, vnni: DotFn| match isa {
             Int8Isa::Avx512Vnni => Some(vnni),
             Int8Isa::Avx2 => Some(avx2),
-            Int8Isa::Scalar => None,
+            Int8Isa::Scalar | Int8Isa::Amx => None,
         };
         let simd = match ty {
             BlockType::Q4_0 => pick(x86::q4_0_avx2, x86::q4_0_vnni),
