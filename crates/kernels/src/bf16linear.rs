@@ -31,6 +31,7 @@
 
 use rayon::prelude::*;
 
+use crate::aligned::AlignedVec;
 use crate::linear::{finish_rows, Epilogue};
 use crate::qlinear::{finish_tile, OutPtr, TileEpilogue};
 
@@ -170,7 +171,7 @@ pub struct PackedBf16 {
     k: usize,
     isa: Bf16Isa,
     /// bf16 bits, `[panel][pair][output in panel][2]`.
-    data: Vec<u16>,
+    data: AlignedVec<u16>,
 }
 
 impl PackedBf16 {
@@ -211,7 +212,7 @@ impl PackedBf16 {
         let panels = n.div_ceil(PANEL);
         let pairs = isa.pairs(k);
         let len = panels.checked_mul(pairs)?.checked_mul(2 * PANEL)?;
-        let mut data = vec![0u16; len];
+        let mut data = AlignedVec::<u16>::zeroed(len);
         for (p, panel) in data
             .chunks_exact_mut((pairs * 2 * PANEL).max(1))
             .enumerate()
@@ -301,7 +302,7 @@ multiversion! {
 enum Activations {
     /// bf16 bits (AVX-512 BF16, AMX), `[rows, kp]` (for AMX the rows rounded up to whole tiles,
     /// the extra rows zero).
-    Bits(Vec<u16>),
+    Bits(AlignedVec<u16>),
     /// bf16 values as f32 (the others), `[rows, kp]`.
     Floats(Vec<f32>),
 }
@@ -318,7 +319,7 @@ impl Activations {
             } else {
                 rows
             };
-            let mut b = vec![0u16; padded * kp];
+            let mut b = AlignedVec::<u16>::zeroed(padded * kp);
             if !parallel || rows <= rows_per_task {
                 round_rows_bits(x, k, kp, &mut b);
             } else {

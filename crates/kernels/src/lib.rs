@@ -55,6 +55,7 @@ macro_rules! multiversion {
     };
 }
 
+mod aligned;
 mod amx;
 mod attention;
 mod bf16linear;

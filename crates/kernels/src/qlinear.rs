@@ -45,6 +45,7 @@
 
 use rayon::prelude::*;
 
+use crate::aligned::AlignedVec;
 use crate::linear::{finish_rows, Epilogue};
 
 /// In-features per chunk of the product (rounded down to whole blocks; the rows' f32 sums wait
@@ -194,7 +195,7 @@ pub struct PackedInt8 {
     block: usize,
     isa: Int8Isa,
     /// `[panel][group][output in panel][isa.group()]`.
-    codes: Vec<i8>,
+    codes: AlignedVec<i8>,
     /// `[panel][block][output in panel]`.
     scales: Vec<f32>,
 }
@@ -251,7 +252,7 @@ impl PackedInt8 {
             k,
             block,
             isa,
-            codes: packed,
+            codes: AlignedVec::from_slice(&packed),
             scales: packed_scales,
         })
     }
@@ -446,7 +447,7 @@ multiversion! {
 
 /// The quantized activations' codes, in the width the kernel reads.
 enum Codes {
-    I8(Vec<i8>),
+    I8(AlignedVec<i8>),
     I16(Vec<i16>),
 }
 
@@ -471,7 +472,7 @@ impl Activations {
     ) -> Self {
         if k == 0 {
             return Activations {
-                codes: Codes::I8(Vec::new()),
+                codes: Codes::I8(AlignedVec::zeroed(0)),
                 scales: Vec::new(),
                 offsets: Vec::new(),
             };
@@ -500,7 +501,7 @@ impl Activations {
             } else {
                 rows
             };
-            let mut q = vec![0i8; padded * kp];
+            let mut q = AlignedVec::<i8>::zeroed(padded * kp);
             offsets = vec![0i32; rows * blocks];
             if parallel {
                 x.par_chunks(chunk * k)
