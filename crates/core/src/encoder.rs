@@ -1,6 +1,6 @@
 //! A backend-neutral description of a transformer encoder trunk as host weights in HF's layouts:
 //! token embeddings (BERT) or patch embeddings with a class token (ViT), post-norm or pre-norm
-//! layers, an optional final norm, pooler and classifier. Model crates build it from their
+//! layers, an optional final norm, pooler and task head. Model crates build it from their
 //! checkpoints (`ipfs_accelerate_bert::encoder_spec`, `ipfs_accelerate_vit::encoder_spec`);
 //! engines that do not run through burn (the cuBLAS encoder of the `cuda` feature) consume it, so
 //! the weight-name table stays in the model crate and the math of the block is written once in
@@ -94,6 +94,33 @@ pub struct EncoderLayerWeights {
     pub output_norm: NormWeights,
 }
 
+/// A task head over the final hidden states: one dense layer, and what it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EncoderHead {
+    /// `logits = dense(h[:, 0])`, `[batch, labels]` (ViT's `classifier`).
+    FirstToken(DenseWeights),
+    /// `logits = dense(pooler_output)`, `[batch, labels]` (BERT's sequence classification;
+    /// needs the pooler).
+    Pooled(DenseWeights),
+    /// `logits = dense(h)` on every token, `[batch, seq, labels]` (token classification).
+    EveryToken(DenseWeights),
+    /// `dense(h)` on every token with two outputs, split into `start_logits` and `end_logits`,
+    /// `[batch, seq]` each (extractive question answering).
+    Span(DenseWeights),
+}
+
+impl EncoderHead {
+    /// The head's dense layer.
+    pub fn dense(&self) -> &DenseWeights {
+        match self {
+            EncoderHead::FirstToken(d)
+            | EncoderHead::Pooled(d)
+            | EncoderHead::EveryToken(d)
+            | EncoderHead::Span(d) => d,
+        }
+    }
+}
+
 /// Where a layer's norms sit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormPlacement {
@@ -163,8 +190,8 @@ pub enum EncoderInput {
 }
 
 /// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
-/// layers, an optional final norm, an optional `tanh(dense(h[:, 0]))` pooler and an optional
-/// classifier over the first token of the final hidden states.
+/// layers, an optional final norm, an optional `tanh(dense(h[:, 0]))` pooler and an optional task
+/// head ([`EncoderHead`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncoderSpec {
     /// The family it came from (`bert`, `vit`), for runners and messages.
@@ -191,9 +218,8 @@ pub struct EncoderSpec {
     pub final_norm: Option<NormWeights>,
     /// The pooler's dense layer (tanh), when the checkpoint has one.
     pub pooler: Option<DenseWeights>,
-    /// A classification head over the first token of the final hidden states (ViT's
-    /// `classifier`): `logits = dense(h[:, 0])`.
-    pub classifier: Option<DenseWeights>,
+    /// The task head, when the checkpoint has one.
+    pub head: Option<EncoderHead>,
 }
 
 impl EncoderSpec {
@@ -285,11 +311,24 @@ impl EncoderSpec {
         if let Some(p) = &self.pooler {
             p.check("pooler.dense", h, h)?;
         }
-        if let Some(c) = &self.classifier {
+        if let Some(head) = &self.head {
+            let c = head.dense();
             if c.out_features == 0 {
                 return bad("the classifier has no labels".into());
             }
             c.check("classifier", c.out_features, h)?;
+            match head {
+                EncoderHead::Pooled(_) if self.pooler.is_none() => {
+                    return bad("a head over the pooled output needs a pooler".into());
+                }
+                EncoderHead::Span(_) if c.out_features != 2 => {
+                    return bad(format!(
+                        "a span head has 2 outputs (start, end), not {}",
+                        c.out_features
+                    ));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -350,7 +389,7 @@ mod tests {
             }],
             final_norm: None,
             pooler: Some(dense(h, h)),
-            classifier: None,
+            head: None,
         }
     }
 
@@ -369,7 +408,7 @@ mod tests {
             embedding_norm: None,
             norm: NormPlacement::Pre,
             final_norm: Some(norm(h)),
-            classifier: Some(dense(3, h)),
+            head: Some(EncoderHead::FirstToken(dense(3, h))),
             ..spec(h, 2 * h)
         }
     }
@@ -399,9 +438,24 @@ mod tests {
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("whole number"), "{e}");
         let mut s = patch_spec(8);
-        s.classifier = Some(dense(3, 4));
+        s.head = Some(EncoderHead::FirstToken(dense(3, 4)));
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("classifier"), "{e}");
+    }
+
+    #[test]
+    fn heads_that_cannot_run_are_refused() {
+        let mut s = spec(8, 16);
+        s.head = Some(EncoderHead::Span(dense(3, 8)));
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("span head has 2 outputs"), "{e}");
+        s.head = Some(EncoderHead::Pooled(dense(3, 8)));
+        s.validate().unwrap();
+        s.pooler = None;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("needs a pooler"), "{e}");
+        s.head = Some(EncoderHead::EveryToken(dense(5, 8)));
+        s.validate().unwrap();
     }
 
     #[test]

@@ -26,8 +26,8 @@ pub use backend::{
 };
 pub use config::{label_count, label_name, softmax, JsonConfig};
 pub use encoder::{
-    DenseWeights, EncoderActivation, EncoderInput, EncoderLayerWeights, EncoderSpec, NormPlacement,
-    NormWeights, PatchEmbeddings, TokenEmbeddings,
+    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec,
+    NormPlacement, NormWeights, PatchEmbeddings, TokenEmbeddings,
 };
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};

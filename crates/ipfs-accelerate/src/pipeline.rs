@@ -242,7 +242,7 @@ impl PipelineBuilder {
             |kinds| {
                 #[cfg(feature = "cuda")]
                 if kinds.first() == Some(&BackendKind::Cuda) {
-                    match self.load_cublas(&assets, &config, task) {
+                    match self.load_cublas(&assets, &config) {
                         Ok(found) => return Ok(found),
                         Err(reason) => tracing::info!(
                             "{}: the cuBLAS encoder does not run it ({reason}); burn's CubeCL \
@@ -325,21 +325,18 @@ impl PipelineBuilder {
         })
     }
 
-    /// Embeddings on `cuda` through the cuBLAS encoder (f32 or f16 GEMMs on cuBLAS, fused NVRTC
-    /// kernels), with the same tokenizer and pooling; why not, when it cannot take the model (a
-    /// task head, quantized weights, bf16, calibration, a missing library, no GPU).
+    /// The model on `cuda` through the cuBLAS encoder (f32 or f16 GEMMs on cuBLAS, fused NVRTC
+    /// kernels; the task heads on the device too), with the same tokenizer, pooling and head
+    /// post-processing; why not, when it cannot take the model (RoBERTa-family positions,
+    /// quantized weights, bf16, calibration, a missing library, no GPU).
     #[cfg(feature = "cuda")]
     fn load_cublas(
         &self,
         assets: &Assets,
         config: &BertConfig,
-        task: Task,
     ) -> std::result::Result<(Loaded, Selection), String> {
         if !crate::cublas_encoder() {
             return Err(format!("{} is off", crate::CUBLAS_ENV));
-        }
-        if task != Task::Embed {
-            return Err("it runs the bare encoder (embeddings), not task heads".into());
         }
         if self.calibration.is_some() || self.quantization != WeightQuantization::None {
             return Err("it keeps float weights (no quantization)".into());

@@ -12,8 +12,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use ipfs_accelerate_core::{
-    DType, DenseWeights, EncoderActivation, EncoderInput, EncoderSpec, HostTensor, NormPlacement,
-    NormWeights,
+    DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, HostTensor,
+    NormPlacement, NormWeights,
 };
 
 use crate::EngineError;
@@ -191,8 +191,17 @@ pub struct EncoderOutput {
     pub last_hidden_state: HostTensor,
     /// `[batch, hidden]`, when the checkpoint has a pooler.
     pub pooler_output: Option<HostTensor>,
-    /// `[batch, labels]`, when the checkpoint has a classifier.
+    /// The task head's output, when the checkpoint has one: `[batch, labels]` for a head over the
+    /// first token or the pooled output, `[batch, seq, labels]` over every token (a span head's
+    /// two labels are its start and end logits).
     pub logits: Option<HostTensor>,
+}
+
+/// What a task head reads, on the device.
+enum DeviceHead<T> {
+    FirstToken(Dense<T>),
+    Pooled(Dense<T>),
+    EveryToken(Dense<T>),
 }
 
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
@@ -287,7 +296,7 @@ pub struct Encoder<T: Elem> {
     layers: Vec<Layer<T>>,
     final_norm: Option<Norm<T>>,
     pooler: Option<Dense<T>>,
-    classifier: Option<Dense<T>>,
+    head: Option<DeviceHead<T>>,
     /// Page-locked host memory the outputs are copied through (grown to the largest output).
     staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// Page-locked host memory image inputs go up through, in `T` (grown to the largest input).
@@ -493,7 +502,14 @@ where
             layers,
             final_norm: spec.final_norm.as_ref().map(norm).transpose()?,
             pooler: spec.pooler.as_ref().map(dense).transpose()?,
-            classifier: spec.classifier.as_ref().map(dense).transpose()?,
+            head: match &spec.head {
+                None => None,
+                Some(EncoderHead::FirstToken(d)) => Some(DeviceHead::FirstToken(dense(d)?)),
+                Some(EncoderHead::Pooled(d)) => Some(DeviceHead::Pooled(dense(d)?)),
+                Some(EncoderHead::EveryToken(d) | EncoderHead::Span(d)) => {
+                    Some(DeviceHead::EveryToken(dense(d)?))
+                }
+            },
             stream,
             staging: Mutex::new(None),
             input_staging: Mutex::new(None),
@@ -896,24 +912,47 @@ where
         } else {
             &x
         };
-        // The heads read the first token of each row: row b of `out` at stride seq * hidden.
-        let first_token = |dense: &Dense<T>, act: Act| -> Result<HostTensor, EngineError> {
+        // `dense` over `rows` rows of `x` (stride `stride`), its bias and `act`, on the device.
+        let dense_rows = |x: &CudaSlice<T>,
+                          stride: usize,
+                          rows: usize,
+                          dense: &Dense<T>,
+                          act: Act|
+         -> Result<CudaSlice<T>, EngineError> {
             let n = dense.out_features;
-            let mut y = alloc(batch * n)?;
-            self.linear(out, seq * h, batch, dense, &mut y)?;
-            self.bias_act(&mut y, &dense.bias, batch, n, act)?;
-            self.to_host(&y, vec![batch, n])
+            let mut y = alloc(rows * n)?;
+            self.linear(x, stride, rows, dense, &mut y)?;
+            self.bias_act(&mut y, &dense.bias, rows, n, act)?;
+            Ok(y)
         };
-        let pooler_output = self
+        // The pooler reads the first token of each row: row b of `out` at stride seq * hidden.
+        let pooled = self
             .pooler
             .as_ref()
-            .map(|p| first_token(p, Act::Tanh))
+            .map(|p| dense_rows(out, seq * h, batch, p, Act::Tanh))
             .transpose()?;
-        let logits = self
-            .classifier
+        let pooler_output = pooled
             .as_ref()
-            .map(|c| first_token(c, Act::None))
+            .map(|p| self.to_host(p, vec![batch, h]))
             .transpose()?;
+        let logits = match &self.head {
+            None => None,
+            Some(DeviceHead::FirstToken(d)) => {
+                let y = dense_rows(out, seq * h, batch, d, Act::None)?;
+                Some(self.to_host(&y, vec![batch, d.out_features])?)
+            }
+            Some(DeviceHead::Pooled(d)) => {
+                let p = pooled.as_ref().ok_or_else(|| {
+                    EngineError::Spec("a head over the pooled output needs a pooler".into())
+                })?;
+                let y = dense_rows(p, h, batch, d, Act::None)?;
+                Some(self.to_host(&y, vec![batch, d.out_features])?)
+            }
+            Some(DeviceHead::EveryToken(d)) => {
+                let y = dense_rows(out, h, batch * seq, d, Act::None)?;
+                Some(self.to_host(&y, vec![batch, seq, d.out_features])?)
+            }
+        };
         profile.mark("heads")?;
         let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
         profile.mark("download")?;

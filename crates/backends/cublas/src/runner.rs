@@ -3,8 +3,8 @@
 
 use cudarc::cublas::{CudaBlas, Gemm};
 use ipfs_accelerate_core::{
-    BackendKind, EncoderInput, EncoderSpec, Error, ModelRunner, Precision, Result, TensorMap,
-    TokenBatch,
+    BackendKind, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner, Precision, Result,
+    TensorMap, TokenBatch,
 };
 
 use crate::engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
@@ -43,12 +43,15 @@ enum Expects {
 
 /// An [`EncoderSpec`] loaded on CUDA device 0 through cuBLAS, run as a [`ModelRunner`]: token
 /// encoders take `input_ids`, `attention_mask`, `token_type_ids`; image encoders `pixel_values`
-/// `[batch, channels, height, width]`. Outputs: `last_hidden_state`, and `pooler_output` /
-/// `logits` when the spec has a pooler / classifier.
+/// `[batch, channels, height, width]`. Outputs (HF's names): `last_hidden_state`, and
+/// `pooler_output` when the spec has a pooler; the head's `logits`, or for a span head
+/// `start_logits` and `end_logits` (`[batch, seq]`, f32).
 pub struct EncoderRunner {
     family: String,
     expects: Expects,
     precision: Precision,
+    /// Whether the head's two outputs are start and end logits.
+    span: bool,
     /// One call at a time: the engine's stream and scratch buffers are shared by its calls.
     engine: std::sync::Mutex<Box<dyn Forward>>,
 }
@@ -78,6 +81,7 @@ impl EncoderRunner {
             family: spec.family.clone(),
             expects,
             precision,
+            span: matches!(spec.head, Some(ipfs_accelerate_core::EncoderHead::Span(_))),
             engine: std::sync::Mutex::new(engine),
         })
     }
@@ -174,8 +178,23 @@ impl ModelRunner for EncoderRunner {
         if let Some(p) = out.pooler_output {
             map.insert("pooler_output".into(), p);
         }
-        if let Some(l) = out.logits {
-            map.insert("logits".into(), l);
+        match out.logits {
+            Some(l) if self.span => {
+                // [batch, seq, 2] → start and end, [batch, seq] each.
+                let shape = l.shape()[..l.shape().len() - 1].to_vec();
+                let values = l.to_f32_vec();
+                let (start, end): (Vec<f32>, Vec<f32>) =
+                    values.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
+                map.insert(
+                    "start_logits".into(),
+                    HostTensor::from_f32(shape.clone(), &start)?,
+                );
+                map.insert("end_logits".into(), HostTensor::from_f32(shape, &end)?);
+            }
+            Some(l) => {
+                map.insert("logits".into(), l);
+            }
+            None => {}
         }
         Ok(map)
     }
@@ -246,7 +265,7 @@ mod tests {
             let mut map = TensorMap::new();
             map.insert(
                 "pixel_values".into(),
-                ipfs_accelerate_core::HostTensor::from_f32(shape, &vec![fill; n]).unwrap(),
+                HostTensor::from_f32(shape, &vec![fill; n]).unwrap(),
             );
             map
         };

@@ -5,16 +5,18 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    EncoderInput, EncoderLayerWeights, EncoderSpec, Error, JsonConfig, NormPlacement, Result,
-    TensorSource, TokenEmbeddings,
+    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, Error, JsonConfig, NormPlacement,
+    Result, TensorSource, TokenEmbeddings,
 };
 use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
 
 use crate::{names, BertConfig, BertHead};
 
-/// Reads the bare `BertModel` checkpoint in `dir` (config.json + safetensors, or a random-weight
-/// folder) as an [`EncoderSpec`]. A checkpoint with a task head, or an activation the spec has no
-/// name for, is an [`Error::InvalidInput`] saying so (those run on the burn model).
+/// Reads the BERT checkpoint in `dir` (config.json + safetensors, or a random-weight folder) as
+/// an [`EncoderSpec`], with its task head (sequence classification over the pooled output, token
+/// classification, question answering) when it has one. RoBERTa-family position numbering, or an
+/// activation the spec has no name for, is an [`Error::InvalidInput`] saying so (those run on
+/// the burn model).
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = BertConfig::from_file(&dir.join("config.json"))?;
     encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
@@ -33,16 +35,12 @@ pub fn encoder_spec_from(
                 .into(),
         ));
     }
-    if config.head() != BertHead::Base {
-        return Err(Error::InvalidInput(format!(
-            "the encoder spec covers bare BertModel checkpoints, not the {:?} head",
-            config.head()
-        )));
-    }
     let activation = encoder_activation(config.hidden_act)?;
     let prefix = names::encoder_prefix(source.as_ref());
     let source = names::bert_names(source);
     let reader = SpecReader::new(source.as_ref(), prefix);
+    // The heads sit beside the encoder (`classifier.`, `qa_outputs.`), as `Bert::load` reads them.
+    let root = SpecReader::new(source.as_ref(), "");
     let (h, i) = (config.hidden_size, config.intermediate_size);
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for n in 0..config.num_hidden_layers {
@@ -62,6 +60,19 @@ pub fn encoder_spec_from(
         Some(reader.dense("pooler.dense", h, h)?)
     } else {
         None
+    };
+    let labels = config.num_labels();
+    let head = match config.head() {
+        BertHead::Base => None,
+        BertHead::SequenceClassification => {
+            Some(EncoderHead::Pooled(root.dense("classifier", labels, h)?))
+        }
+        BertHead::TokenClassification => Some(EncoderHead::EveryToken(root.dense(
+            "classifier",
+            labels,
+            h,
+        )?)),
+        BertHead::QuestionAnswering => Some(EncoderHead::Span(root.dense("qa_outputs", 2, h)?)),
     };
     let spec = EncoderSpec {
         family: "bert".into(),
@@ -89,7 +100,7 @@ pub fn encoder_spec_from(
         layers,
         final_norm: None,
         pooler,
-        classifier: None,
+        head,
     };
     spec.validate()?;
     Ok(spec)
@@ -104,19 +115,32 @@ mod tests {
         let fixtures = ipfs_accelerate_conformance::family_fixtures("encoder_spec", "bert");
         for fixture in fixtures {
             let config = BertConfig::from_file(&fixture.dir.join("config.json")).unwrap();
-            let result = encoder_spec(&fixture.dir);
-            if config.head() != BertHead::Base {
-                let e = result.unwrap_err().to_string();
-                assert!(e.contains("bare BertModel"), "{}: {e}", fixture.variant);
-                continue;
+            let spec = encoder_spec(&fixture.dir).unwrap();
+            let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
+            let head_name = match (&spec.head, config.head()) {
+                (None, BertHead::Base) => None,
+                (Some(EncoderHead::Pooled(_)), BertHead::SequenceClassification)
+                | (Some(EncoderHead::EveryToken(_)), BertHead::TokenClassification) => {
+                    Some("classifier.weight")
+                }
+                (Some(EncoderHead::Span(_)), BertHead::QuestionAnswering) => {
+                    Some("qa_outputs.weight")
+                }
+                (got, want) => panic!("{}: head {got:?} for {want:?}", fixture.variant),
+            };
+            if let (Some(name), Some(head)) = (head_name, &spec.head) {
+                assert_eq!(
+                    &weights.tensor(name).unwrap().to_f32_vec(),
+                    &head.dense().weight,
+                    "{}",
+                    fixture.variant
+                );
             }
-            let spec = result.unwrap();
             assert_eq!(spec.layers.len(), config.num_hidden_layers);
             assert_eq!(
                 (spec.hidden, spec.heads),
                 (config.hidden_size, config.num_attention_heads)
             );
-            let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
             let last = config.num_hidden_layers - 1;
             for (name, got) in [
                 (
@@ -135,7 +159,12 @@ mod tests {
                     &spec.layers[last].value.bias,
                 ),
             ] {
-                assert_eq!(&weights.tensor(name).unwrap().to_f32_vec(), got, "{name}");
+                // A checkpoint with a head keeps the encoder under `bert.`.
+                let name = match names::encoder_prefix(weights.as_ref()) {
+                    "" => name.to_string(),
+                    p => format!("{p}.{name}"),
+                };
+                assert_eq!(&weights.tensor(&name).unwrap().to_f32_vec(), got, "{name}");
             }
         }
     }

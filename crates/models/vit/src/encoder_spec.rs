@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    DenseWeights, EncoderInput, EncoderSpec, Error, JsonConfig, NormPlacement, PatchEmbeddings,
-    Result, TensorSource,
+    DenseWeights, EncoderHead, EncoderInput, EncoderSpec, Error, JsonConfig, NormPlacement,
+    PatchEmbeddings, Result, TensorSource,
 };
 use ipfs_accelerate_nn::{
     spec::{encoder_activation, SpecReader},
@@ -84,7 +84,11 @@ pub fn encoder_spec_from(
         VitHead::ImageClassification if c.num_labels() == 0 => {
             return unsupported("a classification head without labels".into())
         }
-        VitHead::ImageClassification => Some(root.dense("classifier", c.num_labels(), h)?),
+        VitHead::ImageClassification => Some(EncoderHead::FirstToken(root.dense(
+            "classifier",
+            c.num_labels(),
+            h,
+        )?)),
         VitHead::Base => None,
     };
     let spec = EncoderSpec {
@@ -100,7 +104,7 @@ pub fn encoder_spec_from(
         layers,
         final_norm: Some(vit.norm("layernorm", h)?),
         pooler,
-        classifier,
+        head: classifier,
     };
     spec.validate()?;
     Ok(spec)
@@ -118,7 +122,7 @@ mod tests {
             assert_eq!(spec.layers.len(), config.num_hidden_layers);
             assert_eq!(spec.norm, NormPlacement::Pre);
             assert_eq!(
-                spec.classifier.as_ref().map(|c| c.out_features),
+                spec.head.as_ref().map(|c| c.dense().out_features),
                 (config.head() == VitHead::ImageClassification).then(|| config.num_labels())
             );
             let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
