@@ -76,7 +76,17 @@ fn fake_browser(dir: &Path, body: &str) -> PathBuf {
         "#!/bin/sh\necho $$ > {}\nsleep 600 &\n{body}\n",
         pidfile.display()
     );
-    std::fs::write(&path, script).unwrap();
+    // The executable is written by a `cp` child, never opened for writing in this process:
+    // a write handle here could be inherited by another test thread's fork for an instant and
+    // make our exec fail with ETXTBSY ("Text file busy").
+    let source = dir.join("fake-chromium.sh");
+    std::fs::write(&source, script).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg(&source)
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp {} failed", source.display());
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
