@@ -505,11 +505,16 @@ mod x86 {
             tile::zero::<3>();
         }
         for s in 0..t.kp / (2 * super::AMX_PAIRS) {
+            // Each load comes right before its first use and as late after the previous step's
+            // last reader of its register as it can: tiles are not renamed, so a load waits
+            // for the instructions still reading its register (loading both weight tiles first
+            // made every step wait for the whole previous one; 53 % of the bf16 forward sat
+            // in this loop on the Xeon).
             let wp = w.add(s * super::AMX_PAIRS * ROW);
-            tile::load::<6>(wp, ROW);
-            tile::load::<7>(wp.add(64), ROW);
             tile::load::<4>(a.add(s * 64), lda);
+            tile::load::<6>(wp, ROW);
             tile::dpbf16ps::<0, 4, 6>();
+            tile::load::<7>(wp.add(64), ROW);
             tile::dpbf16ps::<1, 4, 7>();
             if TWO {
                 tile::load::<5>(a.add(16 * lda + s * 64), lda);
