@@ -533,18 +533,8 @@ mod x86 {
             tile::store::<2>(c.add(16 * PANEL) as *mut u8, ldc);
             tile::store::<3>(c.add(16 * PANEL + 16) as *mut u8, ldc);
         }
-        let (m0, m1) = masks(t.width);
-        for r in 0..t.rows {
-            let s = c.add(r * PANEL);
-            let mut acc = [[_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16))]];
-            if let Some(mut e) = t.fused {
-                e.residual = e.residual.map(|p| p.add(r * t.ldc));
-                crate::qlinear::x86::finish_in_registers(&mut acc, e, t.ldc, (m0, m1));
-            }
-            let o = t.out.add(r * t.ldc);
-            _mm512_mask_storeu_ps(o, m0, acc[0][0]);
-            _mm512_mask_storeu_ps(o.add(16), m1, acc[0][1]);
-        }
+        let masks = masks(t.width);
+        crate::qlinear::x86::finish_and_store_rows(c, t.rows, t.fused, t.out, t.ldc, masks);
     }
 
     /// The AMX-BF16 kernel over one tile (up to 32 rows).

@@ -1084,14 +1084,29 @@ pub(crate) mod x86 {
             }
         }
         let fused = t.fused.filter(|_| t.b1 == t.blocks);
-        for r in 0..t.rows {
-            let s = acc.add(r * P);
+        finish_and_store_rows(acc, t.rows, fused, t.out, t.ldc, (m0, m1));
+    }
+
+    /// Stores `rows` rows of 32 f32 sums at `sums` (32 apart) to `out + r · ldc`, the lanes
+    /// the masks keep, through the epilogue `fused` (its residual at row `r`, column 0) when
+    /// there is one. The AMX kernels' last step, after their tiles of sums went to memory.
+    #[inline(always)]
+    pub(crate) unsafe fn finish_and_store_rows(
+        sums: *const f32,
+        rows: usize,
+        fused: Option<super::TileEpilogue>,
+        out: *mut f32,
+        ldc: usize,
+        (m0, m1): (__mmask16, __mmask16),
+    ) {
+        for r in 0..rows {
+            let s = sums.add(r * VNNI_PANEL);
             let mut a = [[_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16))]];
             if let Some(mut e) = fused {
-                e.residual = e.residual.map(|p| p.add(r * t.ldc));
-                finish_in_registers(&mut a, e, t.ldc, (m0, m1));
+                e.residual = e.residual.map(|p| p.add(r * ldc));
+                finish_in_registers(&mut a, e, ldc, (m0, m1));
             }
-            let o = t.out.add(r * t.ldc);
+            let o = out.add(r * ldc);
             _mm512_mask_storeu_ps(o, m0, a[0][0]);
             _mm512_mask_storeu_ps(o.add(16), m1, a[0][1]);
         }
