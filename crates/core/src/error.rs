@@ -85,6 +85,16 @@ pub enum Error {
     /// A backend computation failed.
     #[error("backend computation failed: {0}")]
     Compute(String),
+    /// A device could not allocate what a request needs; smaller requests may still run.
+    #[error("out of memory on {device}: {what} needs {bytes} bytes ({mib:.1} MiB); try a smaller batch or shorter inputs", mib = *.bytes as f64 / 1048576.0)]
+    OutOfMemory {
+        /// The device (`cuda:0`).
+        device: String,
+        /// What was being allocated, with the request's shape.
+        what: String,
+        /// The allocation's size.
+        bytes: u64,
+    },
     /// A model output holds NaN or infinite values (typically NaN / infinite weights in the
     /// checkpoint, or an overflow in a reduced precision): reported instead of returning them.
     #[error("the model produced {count} non-finite (NaN or infinite) values of {total} in {output}; check the checkpoint's weights for NaN / inf, or run in a wider precision")]

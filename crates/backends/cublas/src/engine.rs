@@ -603,9 +603,23 @@ where
         let s = &self.stream;
         s.context().bind_to_thread()?;
         let mut profile = Profile::new(self.profile.then_some(s))?;
-        // SAFETY (allocations): every buffer is written in full before it is read.
-        let alloc =
-            |n: usize| -> Result<CudaSlice<T>, EngineError> { Ok(unsafe { s.alloc::<T>(n) }?) };
+        // SAFETY (allocations): every buffer is written in full before it is read. A buffer the
+        // device cannot hold is a typed error naming its size and the request; the buffers of
+        // this call are freed as the error returns, so later (smaller) calls still run.
+        let alloc = |n: usize| -> Result<CudaSlice<T>, EngineError> {
+            unsafe { s.alloc::<T>(n) }.map_err(|e| {
+                if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    EngineError::OutOfMemory {
+                        what: format!(
+                            "a buffer of {n} values for {batch} input(s) of {seq} tokens"
+                        ),
+                        bytes: (n * std::mem::size_of::<T>()) as u64,
+                    }
+                } else {
+                    EngineError::Driver(e)
+                }
+            })
+        };
         let mut x = alloc(m * h)?;
         let norm_cfg = LaunchConfig {
             grid_dim: (m as u32, 1, 1),

@@ -58,6 +58,14 @@ pub enum EngineError {
     /// The precision is not one the engine runs.
     #[error("the cuBLAS encoder runs f32 and f16, not {0}")]
     Precision(String),
+    /// The device could not allocate a buffer of a request.
+    #[error("out of device memory: {what} needs {bytes} bytes")]
+    OutOfMemory {
+        /// What was being allocated, with the request's shape.
+        what: String,
+        /// The allocation's size.
+        bytes: u64,
+    },
 }
 
 impl From<EngineError> for ipfs_accelerate_core::Error {
@@ -66,6 +74,11 @@ impl From<EngineError> for ipfs_accelerate_core::Error {
             EngineError::Unavailable(reason) => ipfs_accelerate_core::Error::BackendUnavailable {
                 kind: "cuda (cuBLAS encoder)".into(),
                 reason,
+            },
+            EngineError::OutOfMemory { what, bytes } => ipfs_accelerate_core::Error::OutOfMemory {
+                device: "cuda:0".into(),
+                what,
+                bytes,
             },
             other => ipfs_accelerate_core::Error::Compute(other.to_string()),
         }
