@@ -31,13 +31,6 @@ impl<T: Plain> AlignedVec<T> {
             _t: PhantomData,
         }
     }
-
-    /// `values`, copied.
-    pub(crate) fn from_slice(values: &[T]) -> Self {
-        let mut v = Self::zeroed(values.len());
-        v.copy_from_slice(values);
-        v
-    }
 }
 
 impl<T: Plain> std::ops::Deref for AlignedVec<T> {

@@ -790,7 +790,6 @@ pub fn linear_bf16(
         #[cfg(target_arch = "x86_64")]
         let _tiles = (isa == Bf16Isa::Amx)
             .then(|| unsafe { crate::amx::TileScope::enter(&x86::AMX_CONFIG) });
-        let rows_read = if isa == Bf16Isa::Amx { AMX_ROWS } else { mr };
         for p in p0..p1 {
             let panel = &w.data[p * panel_len..(p + 1) * panel_len];
             let c0 = p * PANEL;
@@ -799,11 +798,7 @@ pub fn linear_bf16(
             while r < r1 {
                 let tile_rows = mr.min(r1 - r);
                 // The AMX kernel reads whole tiles (the rows are padded to them).
-                let read = if isa == Bf16Isa::Amx {
-                    rows_read
-                } else {
-                    tile_rows
-                };
+                let read = if isa == Bf16Isa::Amx { mr } else { tile_rows };
                 let rows = (r - first) * kp..(r - first + read) * kp;
                 let (bits, floats) = match xr {
                     Activations::Bits(b) => (&b[rows], &[][..]),

@@ -233,7 +233,8 @@ impl PackedInt8 {
         let groups = isa.padded_k(k, block) / group;
         let shift = if isa.unsigned_weights() { 128 } else { 0 };
         // The padding holds the code of 0.
-        let mut packed = vec![shift as u8 as i8; panels * groups * panel * group];
+        let mut packed = AlignedVec::<i8>::zeroed(panels * groups * panel * group);
+        packed.fill(shift as u8 as i8);
         let mut packed_scales = vec![0f32; panels * blocks * panel];
         for j in 0..n {
             let (p, c) = (j / panel, j % panel);
@@ -252,7 +253,7 @@ impl PackedInt8 {
             k,
             block,
             isa,
-            codes: AlignedVec::from_slice(&packed),
+            codes: packed,
             scales: packed_scales,
         })
     }

@@ -603,22 +603,14 @@ where
         let s = &self.stream;
         s.context().bind_to_thread()?;
         let mut profile = Profile::new(self.profile.then_some(s))?;
-        // SAFETY (allocations): every buffer is written in full before it is read. A buffer the
-        // device cannot hold is a typed error naming its size and the request; the buffers of
-        // this call are freed as the error returns, so later (smaller) calls still run.
+        // SAFETY (allocations): every buffer is written in full before it is read. The buffers
+        // of this call are freed as an error returns, so later (smaller) calls still run.
         let alloc = |n: usize| -> Result<CudaSlice<T>, EngineError> {
-            unsafe { s.alloc::<T>(n) }.map_err(|e| {
-                if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                    EngineError::OutOfMemory {
-                        what: format!(
-                            "a buffer of {n} values for {batch} input(s) of {seq} tokens"
-                        ),
-                        bytes: (n * std::mem::size_of::<T>()) as u64,
-                    }
-                } else {
-                    EngineError::Driver(e)
-                }
-            })
+            unsafe {
+                self.device_buffer(n, || {
+                    format!("a buffer of {n} values for {batch} input(s) of {seq} tokens")
+                })
+            }
         };
         let mut x = alloc(m * h)?;
         let norm_cfg = LaunchConfig {
@@ -1110,21 +1102,56 @@ where
             .input_staging
             .lock()
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
-        if staging.as_ref().is_none_or(|p| p.len() < n) {
-            // SAFETY: the buffer is written below before it is copied.
-            *staging = Some(unsafe { self.stream.context().alloc_pinned::<T>(n) }?);
-        }
-        let Some(pinned) = staging.as_mut() else {
-            unreachable!("allocated above")
-        };
-        let host = &mut pinned.as_mut_slice()?[..n];
+        // SAFETY: written in full below before it is copied.
+        let host = unsafe { self.pinned(&mut staging, n) }?;
         host.par_chunks_mut(CHUNK)
             .zip(values.par_chunks(CHUNK))
             .for_each(|(d, s)| T::convert_into(s, d));
         // SAFETY (allocation): written in full by the copy.
-        let mut device = unsafe { self.stream.alloc::<T>(n) }?;
+        let mut device = unsafe { self.device_buffer(n, || format!("the {n} input values")) }?;
         self.stream.memcpy_htod(&*host, &mut device)?;
         Ok(device)
+    }
+
+    /// The first `n` values of the page-locked buffer in `slot`, grown (reallocated) when it
+    /// holds fewer. Its contents are unspecified.
+    ///
+    /// # Safety
+    /// The caller writes the values before it reads them.
+    unsafe fn pinned<'a>(
+        &self,
+        slot: &'a mut Option<PinnedHostSlice<T>>,
+        n: usize,
+    ) -> Result<&'a mut [T], EngineError> {
+        if slot.as_ref().is_none_or(|p| p.len() < n) {
+            *slot = Some(self.stream.context().alloc_pinned::<T>(n)?);
+        }
+        let Some(pinned) = slot.as_mut() else {
+            unreachable!("allocated above")
+        };
+        Ok(&mut pinned.as_mut_slice()?[..n])
+    }
+
+    /// `n` values of `T` on the device, in stream order, uninitialised. A buffer the device
+    /// cannot hold is [`EngineError::OutOfMemory`] naming its size and `what` it is for.
+    ///
+    /// # Safety
+    /// The caller writes the values before it reads them.
+    unsafe fn device_buffer(
+        &self,
+        n: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<CudaSlice<T>, EngineError> {
+        self.stream.alloc::<T>(n).map_err(|e| {
+            if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                EngineError::OutOfMemory {
+                    what: what(),
+                    bytes: (n * std::mem::size_of::<T>()) as u64,
+                }
+            } else {
+                EngineError::Driver(e)
+            }
+        })
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
@@ -1135,15 +1162,9 @@ where
             .staging
             .lock()
             .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
-        if staging.as_ref().is_none_or(|p| p.len() < n) {
-            // SAFETY: the buffer is written by the copy below before it is read.
-            *staging = Some(unsafe { self.stream.context().alloc_pinned::<T>(n) }?);
-        }
-        let Some(pinned) = staging.as_mut() else {
-            unreachable!("allocated above")
-        };
         // Exactly `n` values: cudarc copies as many bytes as the destination slice holds.
-        let dst = &mut pinned.as_mut_slice()?[..n];
+        // SAFETY: written by the copy below before it is read.
+        let dst = unsafe { self.pinned(&mut staging, n) }?;
         self.stream.memcpy_dtoh(x, dst)?;
         self.stream.synchronize()?;
         HostTensor::from_vec(shape, T::DTYPE, parallel_copy(dst))
