@@ -13,6 +13,7 @@
 
 mod backend;
 mod config;
+pub mod decoder;
 pub mod encoder;
 mod error;
 mod metrics;
@@ -25,6 +26,7 @@ pub use backend::{
     DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, softmax, JsonConfig};
+pub use decoder::{DecoderLayerWeights, DecoderSpec, GatedActivation, RotarySpec};
 pub use encoder::{
     DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec,
     NormPlacement, NormWeights, PatchEmbeddings, TokenEmbeddings,

@@ -7,7 +7,10 @@ use std::io::Write;
 use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = common::args("generate --model M PROMPT [--backend B]", None)?;
+    let args = common::args(
+        "generate --model M PROMPT [--backend B] [--precision f32|f16|bf16]",
+        None,
+    )?;
     let generator = TextGenerator::load(&args.model, &args.options)?;
     let options = GenerateOptions {
         max_new_tokens: 32,

@@ -371,6 +371,17 @@ fn env_switch(name: &str) -> Option<bool> {
 pub(crate) trait WithBackend {
     type Output;
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output>;
+
+    /// The work done on `kind` by an engine that needs no burn device (the cuBLAS decoder on
+    /// cuda), before the device is set up: `Ok` is the answer, `Err` hands the work back to run
+    /// on burn's device (whose precision is then fixed for the process).
+    fn without_device(self, kind: BackendKind) -> std::result::Result<Result<Self::Output>, Self>
+    where
+        Self: Sized,
+    {
+        let _ = kind;
+        Err(self)
+    }
 }
 
 /// Runs `work` on the backend `kind` in `precision`, if it is compiled in.
@@ -379,6 +390,10 @@ pub(crate) fn with_backend<W: WithBackend>(
     precision: Precision,
     work: W,
 ) -> Result<W::Output> {
+    let work = match work.without_device(kind) {
+        Ok(out) => return out,
+        Err(work) => work,
+    };
     match kind {
         #[cfg(feature = "cpu")]
         BackendKind::Cpu => run_in(&ipfs_accelerate_backend_cpu::CpuBackend, precision, work),

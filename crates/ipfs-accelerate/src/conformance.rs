@@ -105,6 +105,33 @@ pub fn load_family_in(
             family, dir, provider, &options,
         )?));
     }
+    // LLaMA and Qwen2 on cuda: the cuBLAS decoder when it can take the checkpoint, else burn's
+    // CubeCL path (f32).
+    #[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
+    if backend == BackendKind::Cuda && matches!(family, "llama" | "qwen2") {
+        let loaded = ipfs_accelerate_llama::decoder_spec(dir)
+            .map_err(|e| e.to_string())
+            .and_then(|spec| {
+                let config = ipfs_accelerate_llama::LlamaConfig::from_file(
+                    &dir.join("config.json"),
+                    ipfs_accelerate_llama::Architecture::Llama,
+                )
+                .map_err(|e| e.to_string())?;
+                crate::cuda_decoder::CudaDecoder::load(&spec, &config, None, precision)
+            });
+        match loaded {
+            Ok(runner) => return Ok(Box::new(runner)),
+            Err(reason) if precision != Precision::F32 => {
+                return Err(Error::Unsupported(format!(
+                    "{family} in {precision} on cuda runs on the cuBLAS decoder: {reason}"
+                )))
+            }
+            Err(reason) => tracing::info!(
+                "{family} on cuda: the cuBLAS decoder cannot run {} ({reason}); using CubeCL",
+                dir.display()
+            ),
+        }
+    }
     // BERT and ViT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's
     // CubeCL path.
     #[cfg(feature = "cuda")]

@@ -40,6 +40,8 @@
 mod assets;
 mod backends;
 pub mod conformance;
+#[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
+mod cuda_decoder;
 mod error;
 mod loaded;
 #[cfg(any(feature = "llava", feature = "xclip", feature = "clap"))]

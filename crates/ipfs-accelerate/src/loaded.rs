@@ -92,6 +92,22 @@ impl<W: WithBackend> WithBackend for Scoped<W> {
         let (out, weights) = load_scope(settings, || self.work.run(hal));
         Ok((out?, weights))
     }
+
+    fn without_device(self, kind: BackendKind) -> std::result::Result<Result<Self::Output>, Self> {
+        let Scoped {
+            work,
+            quantization,
+            share,
+        } = self;
+        match work.without_device(kind) {
+            Ok(out) => Ok(out.map(|o| (o, LoadedWeights::default()))),
+            Err(work) => Err(Scoped {
+                work,
+                quantization,
+                share,
+            }),
+        }
+    }
 }
 
 /// Like [`Scoped`], with the int4 weights calibrated first ([`calibrate`], GPTQ): loads the model

@@ -85,6 +85,11 @@ pub struct TextGenerator {
 
 struct LoadLlama<'a> {
     source: &'a LoadSource,
+    /// What the cuBLAS decoder is asked for (burn's path gets them from the load scope).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    precision: Precision,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    quantization: WeightQuantization,
 }
 
 enum LoadSource {
@@ -112,6 +117,59 @@ impl WithBackend for LoadLlama<'_> {
                 hal.kind(),
             )?),
         })
+    }
+
+    fn without_device(self, kind: BackendKind) -> std::result::Result<Result<Self::Output>, Self> {
+        #[cfg(feature = "cuda")]
+        if kind == BackendKind::Cuda {
+            return match self.on_cuda_decoder() {
+                Ok(model) => Ok(Ok(model)),
+                Err(reason) if self.precision != Precision::F32 => {
+                    Ok(Err(Error::Unsupported(format!(
+                        "{} generation on cuda runs on the cuBLAS decoder, which cannot take \
+                         this model: {reason}",
+                        self.precision
+                    ))))
+                }
+                Err(reason) => {
+                    tracing::info!(
+                        "the cuBLAS decoder does not run it ({reason}); burn's CubeCL kernels \
+                         do (f32)"
+                    );
+                    Err(self)
+                }
+            };
+        }
+        let _ = kind;
+        Err(self)
+    }
+}
+
+impl LoadLlama<'_> {
+    /// The model on the cuBLAS engine's decoder, or why not.
+    #[cfg(feature = "cuda")]
+    fn on_cuda_decoder(&self) -> std::result::Result<Box<dyn TextGeneration>, String> {
+        if self.quantization != WeightQuantization::None {
+            return Err("it keeps float weights (no quantization)".into());
+        }
+        let (spec, config, template) = match self.source {
+            LoadSource::Gguf(path) => {
+                let file = std::sync::Arc::new(GgufFile::open(path).map_err(|e| e.to_string())?);
+                let config = LlamaConfig::from_gguf(&file).map_err(|e| e.to_string())?;
+                let weights = ipfs_accelerate_llama::GgufWeights::new(file.clone(), &config);
+                let spec = ipfs_accelerate_llama::decoder_spec_from(&config, &weights)
+                    .map_err(|e| e.to_string())?;
+                (spec, config, file.chat_template().map(str::to_string))
+            }
+            LoadSource::Dir { weights, config } => {
+                let spec = ipfs_accelerate_llama::decoder_spec_from(config, weights.as_ref())
+                    .map_err(|e| e.to_string())?;
+                (spec, (**config).clone(), None)
+            }
+        };
+        let model =
+            crate::cuda_decoder::CudaDecoder::load(&spec, &config, template, self.precision)?;
+        Ok(Box::new(model))
     }
 }
 
@@ -152,20 +210,26 @@ pub fn load_decoder(
         }
     };
     let preferences = resolve_preferences(Some(vec![backend]), false)?;
-    let (model, _) =
-        load_on_first_usable(&preferences, precision, || LoadLlama { source: &source })?;
+    let (model, _) = load_on_first_usable(&preferences, precision, || LoadLlama {
+        source: &source,
+        precision,
+        quantization: WeightQuantization::None,
+    })?;
     Ok(model)
 }
 
-/// Generation computes in f32, or with bf16 linear weights on the CPU (`--precision bf16`: the
-/// AVX-512 BF16 kernels; a GGUF's blocks stay as they are).
+/// Generation computes in f32, with bf16 linear weights on the CPU (`--precision bf16`: the
+/// AVX-512 BF16 kernels; a GGUF's blocks stay as they are), or in f16 on the cuBLAS decoder of
+/// `cuda`.
 fn check_precision(precision: Precision, preferences: &[BackendKind]) -> Result<()> {
-    let cpu_only = preferences.iter().all(|k| *k == BackendKind::Cpu);
+    let only = |kind: BackendKind| preferences.iter().all(|k| *k == kind);
     match precision {
         Precision::F32 => Ok(()),
-        Precision::BF16 if cpu_only => Ok(()),
+        Precision::BF16 if only(BackendKind::Cpu) => Ok(()),
+        Precision::F16 if cfg!(feature = "cuda") && only(BackendKind::Cuda) => Ok(()),
         other => Err(Error::Unsupported(format!(
-            "generation computes in f32, or bf16 on the cpu backend alone (asked: {other} on {})",
+            "generation computes in f32, bf16 on the cpu backend alone or f16 on cuda alone \
+             (asked: {other} on {})",
             preferences
                 .iter()
                 .map(ToString::to_string)
@@ -272,7 +336,11 @@ impl TextGenerator {
         // f32 one tensor at a time).
         let ((model_box, _), selection) =
             load_on_first_usable(&preferences, options.precision, || crate::loaded::Scoped {
-                work: LoadLlama { source: &source },
+                work: LoadLlama {
+                    source: &source,
+                    precision: options.precision,
+                    quantization: options.quantization,
+                },
                 quantization: options.quantization,
                 share: options.share_weights,
             })?;

@@ -15,6 +15,9 @@ pub struct GatedMlp<B: Backend> {
     act: Activation,
 }
 
+/// The three projections' names under a gated MLP's prefix: gate, up, down.
+pub const GATED_MLP_NAMES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
 impl<B: Backend> GatedMlp<B> {
     /// Quantizes the three projections (see [`Linear::quantize`]).
     pub fn quantize(&mut self, q: crate::WeightQuantization) -> Result<()> {
@@ -40,10 +43,11 @@ impl<B: Backend> GatedMlp<B> {
         bias: bool,
         act: Activation,
     ) -> Result<Self> {
+        let [gate, up, down] = GATED_MLP_NAMES;
         Ok(GatedMlp {
-            gate: Linear::load(&vb.pp("gate_proj"), hidden, intermediate, bias)?,
-            up: Linear::load(&vb.pp("up_proj"), hidden, intermediate, bias)?,
-            down: Linear::load(&vb.pp("down_proj"), intermediate, hidden, bias)?,
+            gate: Linear::load(&vb.pp(gate), hidden, intermediate, bias)?,
+            up: Linear::load(&vb.pp(up), hidden, intermediate, bias)?,
+            down: Linear::load(&vb.pp(down), intermediate, hidden, bias)?,
             act,
         })
     }

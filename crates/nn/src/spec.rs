@@ -3,7 +3,8 @@
 //! a family's names are written once for both executors.
 
 use ipfs_accelerate_core::{
-    DenseWeights, EncoderActivation, EncoderLayerWeights, Error, NormWeights, Result, TensorSource,
+    DenseWeights, EncoderActivation, EncoderLayerWeights, Error, GatedActivation, NormWeights,
+    Result, TensorSource,
 };
 
 use crate::{transformer::PreLnNames, Activation};
@@ -71,6 +72,11 @@ impl<'a> SpecReader<'a> {
         self.dense_with(name, out, inp, true)
     }
 
+    /// The vector `name.weight` of width `h` (an RMSNorm's scale).
+    pub fn scale(&self, name: &str, h: usize) -> Result<Vec<f32>> {
+        self.read(&format!("{name}.weight"), &[h])
+    }
+
     /// The layer norm `name` of width `h`.
     pub fn norm(&self, name: &str, h: usize) -> Result<NormWeights> {
         Ok(NormWeights {
@@ -113,6 +119,21 @@ pub fn encoder_activation(act: Activation) -> Result<EncoderActivation> {
         other => {
             return Err(Error::InvalidInput(format!(
                 "the encoder spec has no activation {other:?}"
+            )))
+        }
+    })
+}
+
+/// The decoder spec's name for a gated MLP's activation, or an [`Error::InvalidInput`] naming one
+/// it has none for.
+pub fn gated_activation(act: Activation) -> Result<GatedActivation> {
+    Ok(match act {
+        Activation::Silu => GatedActivation::Silu,
+        Activation::GeluTanh => GatedActivation::GeluTanh,
+        Activation::Gelu => GatedActivation::Gelu,
+        other => {
+            return Err(Error::InvalidInput(format!(
+                "the decoder spec has no gated activation {other:?}"
             )))
         }
     })

@@ -33,6 +33,8 @@ pub trait Elem:
     fn from_f32_slice(src: &[f32]) -> Vec<Self>;
     /// Converts `src` into `dst` (of the same length).
     fn convert_into(src: &[f32], dst: &mut [Self]);
+    /// Converts a slice to f32.
+    fn to_f32_vec(src: &[Self]) -> Vec<f32>;
 }
 
 impl Elem for f32 {
@@ -48,6 +50,9 @@ impl Elem for f32 {
     }
     fn convert_into(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
+    }
+    fn to_f32_vec(src: &[Self]) -> Vec<f32> {
+        src.to_vec()
     }
 }
 
@@ -69,11 +74,16 @@ impl Elem for half::f16 {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
     }
+    fn to_f32_vec(src: &[Self]) -> Vec<f32> {
+        use half::slice::HalfFloatSliceExt;
+        src.to_f32_vec()
+    }
 }
 
 const KERNELS: &str = include_str!("kernels.cu");
+const DECODER_KERNELS: &str = include_str!("decoder.cu");
 /// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
-const ROW_THREADS: u32 = 256;
+pub(crate) const ROW_THREADS: u32 = 256;
 /// Keys one softmax thread holds in registers (`SOFTMAX_PER_THREAD` in kernels.cu).
 const SOFTMAX_PER_THREAD: usize = 8;
 /// The longest key row the softmax kernel takes (1024 threads × [`SOFTMAX_PER_THREAD`]).
@@ -125,20 +135,43 @@ struct Kernels {
     patch_rows: CudaFunction,
 }
 
+/// Compiles the engine's kernels (`kernels.cu` and `decoder.cu`) for `T` on `ctx`'s device.
+pub(crate) fn compile_module<T: Elem>(
+    ctx: &Arc<CudaContext>,
+) -> Result<Arc<cudarc::driver::CudaModule>, EngineError> {
+    let (major, minor) = ctx.compute_capability()?;
+    let options = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(kernel_source::<T>(), options)
+        .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
+    Ok(ctx.load_module(ptx)?)
+}
+
+/// The CUDA source of every kernel of the engine for storage type `T`.
+pub(crate) fn kernel_source<T: Elem>() -> String {
+    format!(
+        "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{DECODER_KERNELS}",
+        T::PREFIX
+    )
+}
+
+/// A context on device `ordinal` with one stream (cudarc's cross-stream events off: every buffer
+/// of an engine is used on this stream alone), freed memory kept in the pool, and cuBLAS on it.
+pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas), EngineError> {
+    let ctx = CudaContext::new(ordinal)?;
+    // SAFETY: every buffer of the engine is used on the one stream created below.
+    unsafe { ctx.disable_event_tracking() };
+    keep_freed_memory_pooled(&ctx);
+    let stream = ctx.new_stream()?;
+    let blas = CudaBlas::new(stream.clone())?;
+    Ok((stream, blas))
+}
+
 impl Kernels {
     fn compile<T: Elem>(ctx: &Arc<CudaContext>) -> Result<Kernels, EngineError> {
-        let (major, minor) = ctx.compute_capability()?;
-        let options = CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            ..Default::default()
-        };
-        let source = format!(
-            "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}",
-            T::PREFIX
-        );
-        let ptx = compile_ptx_with_opts(source, options)
-            .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
-        let module = ctx.load_module(ptx)?;
+        let module = compile_module::<T>(ctx)?;
         let f = |name: &str| module.load_function(name);
         Ok(Kernels {
             embeddings: f("embeddings")?,
@@ -206,7 +239,7 @@ enum DeviceHead<T> {
 
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
 /// staging buffer several times faster than one `memcpy`).
-fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
+pub(crate) fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
     if src.len() <= CHUNK {
@@ -328,9 +361,50 @@ fn keep_freed_memory_pooled(ctx: &CudaContext) {
     }
 }
 
+/// The first `n` values of the page-locked buffer in `slot`, grown (reallocated) when it holds
+/// fewer. Its contents are unspecified.
+///
+/// # Safety
+/// The caller writes the values before it reads them.
+pub(crate) unsafe fn pinned<'a, T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<PinnedHostSlice<T>>,
+    n: usize,
+) -> Result<&'a mut [T], EngineError> {
+    if slot.as_ref().is_none_or(|p| p.len() < n) {
+        *slot = Some(stream.context().alloc_pinned::<T>(n)?);
+    }
+    let Some(pinned) = slot.as_mut() else {
+        unreachable!("allocated above")
+    };
+    Ok(&mut pinned.as_mut_slice()?[..n])
+}
+
+/// `n` values of `T` on the device, in stream order, uninitialised. A buffer the device cannot
+/// hold is [`EngineError::OutOfMemory`] naming its size and `what` it is for.
+///
+/// # Safety
+/// The caller writes the values before it reads them.
+pub(crate) unsafe fn device_buffer<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    n: usize,
+    what: impl FnOnce() -> String,
+) -> Result<CudaSlice<T>, EngineError> {
+    stream.alloc::<T>(n).map_err(|e| {
+        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            EngineError::OutOfMemory {
+                what: what(),
+                bytes: (n * std::mem::size_of::<T>()) as u64,
+            }
+        } else {
+            EngineError::Driver(e)
+        }
+    })
+}
+
 /// A launch over `rows × cols` values: one block row per matrix row, blocks of [`ROW_THREADS`]
 /// along the columns.
-fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
+pub(crate) fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, cols.div_ceil(ROW_THREADS as usize) as u32, 1),
         block_dim: (ROW_THREADS, 1, 1),
@@ -358,7 +432,7 @@ enum Residual<'a, T> {
 }
 
 /// Values of `T` in one 16-byte access of the `_vec` kernels (`VEC` in kernels.cu).
-fn vec_width<T>() -> usize {
+pub(crate) fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
 }
 
@@ -368,13 +442,13 @@ const WARP_SOFTMAX_KEYS: usize = 32 * 8;
 const WARP_SOFTMAX_ROWS: u32 = 4;
 
 /// Device time per stage, from events recorded after each stage ([`PROFILE_ENV`]).
-struct Profile<'a> {
+pub(crate) struct Profile<'a> {
     stream: Option<&'a Arc<CudaStream>>,
     marks: Vec<(&'static str, CudaEvent)>,
 }
 
 impl<'a> Profile<'a> {
-    fn new(stream: Option<&'a Arc<CudaStream>>) -> Result<Self, EngineError> {
+    pub(crate) fn new(stream: Option<&'a Arc<CudaStream>>) -> Result<Self, EngineError> {
         let mut p = Profile {
             stream,
             marks: Vec::new(),
@@ -383,7 +457,7 @@ impl<'a> Profile<'a> {
         Ok(p)
     }
 
-    fn mark(&mut self, stage: &'static str) -> Result<(), EngineError> {
+    pub(crate) fn mark(&mut self, stage: &'static str) -> Result<(), EngineError> {
         if let Some(s) = self.stream {
             let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
             self.marks.push((stage, s.record_event(Some(flags))?));
@@ -392,7 +466,7 @@ impl<'a> Profile<'a> {
     }
 
     /// Prints the summed time of each stage, in first-seen order.
-    fn report(self, batch: usize, seq: usize) -> Result<(), EngineError> {
+    pub(crate) fn report(self, what: &str, batch: usize, seq: usize) -> Result<(), EngineError> {
         let mut totals: Vec<(&str, f32)> = Vec::new();
         for pair in self.marks.windows(2) {
             let ms = pair[0].1.elapsed_ms(&pair[1].1)?;
@@ -405,7 +479,7 @@ impl<'a> Profile<'a> {
             let sum: f32 = totals.iter().map(|(_, t)| t).sum();
             let parts: Vec<String> = totals.iter().map(|(n, t)| format!("{n} {t:.3}")).collect();
             eprintln!(
-                "cublas encoder b{batch}×{seq}: {sum:.3} ms on the device = {}",
+                "cublas {what} b{batch}×{seq}: {sum:.3} ms on the device = {}",
                 parts.join(", ")
             );
         }
@@ -421,14 +495,8 @@ where
     /// `ordinal`.
     pub fn load(spec: &EncoderSpec, ordinal: usize) -> Result<Self, EngineError> {
         crate::check_spec(spec)?;
-        let ctx = CudaContext::new(ordinal)?;
-        // One stream: cudarc's cross-stream events would only add work.
-        // SAFETY: every buffer of this engine is used on `stream` alone.
-        unsafe { ctx.disable_event_tracking() };
-        keep_freed_memory_pooled(&ctx);
-        let stream = ctx.new_stream()?;
-        let blas = CudaBlas::new(stream.clone())?;
-        let kernels = Kernels::compile::<T>(&ctx)?;
+        let (stream, blas) = open_stream(ordinal)?;
+        let kernels = Kernels::compile::<T>(stream.context())?;
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
             Ok(stream.clone_htod(&T::from_f32_slice(v))?)
         };
@@ -962,7 +1030,7 @@ where
         profile.mark("heads")?;
         let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
         profile.mark("download")?;
-        profile.report(batch, seq)?;
+        profile.report("encoder", batch, seq)?;
         Ok(EncoderOutput {
             last_hidden_state,
             pooler_output,
@@ -1113,8 +1181,7 @@ where
         Ok(device)
     }
 
-    /// The first `n` values of the page-locked buffer in `slot`, grown (reallocated) when it
-    /// holds fewer. Its contents are unspecified.
+    /// [`pinned`] on this engine's context.
     ///
     /// # Safety
     /// The caller writes the values before it reads them.
@@ -1123,17 +1190,10 @@ where
         slot: &'a mut Option<PinnedHostSlice<T>>,
         n: usize,
     ) -> Result<&'a mut [T], EngineError> {
-        if slot.as_ref().is_none_or(|p| p.len() < n) {
-            *slot = Some(self.stream.context().alloc_pinned::<T>(n)?);
-        }
-        let Some(pinned) = slot.as_mut() else {
-            unreachable!("allocated above")
-        };
-        Ok(&mut pinned.as_mut_slice()?[..n])
+        pinned(&self.stream, slot, n)
     }
 
-    /// `n` values of `T` on the device, in stream order, uninitialised. A buffer the device
-    /// cannot hold is [`EngineError::OutOfMemory`] naming its size and `what` it is for.
+    /// [`device_buffer`] on this engine's stream.
     ///
     /// # Safety
     /// The caller writes the values before it reads them.
@@ -1142,16 +1202,7 @@ where
         n: usize,
         what: impl FnOnce() -> String,
     ) -> Result<CudaSlice<T>, EngineError> {
-        self.stream.alloc::<T>(n).map_err(|e| {
-            if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                EngineError::OutOfMemory {
-                    what: what(),
-                    bytes: (n * std::mem::size_of::<T>()) as u64,
-                }
-            } else {
-                EngineError::Driver(e)
-            }
-        })
+        device_buffer(&self.stream, n, what)
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
@@ -1175,6 +1226,34 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernels compile with NVRTC (for Hopper) in both storage types, on any machine where
+    /// NVRTC loads (no device needed); where it does not, the test says it is skipped unless
+    /// `IPFS_ACCELERATE_REQUIRE_NVRTC=1`.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        // SAFETY: loading the library runs its initialisers only.
+        let found = cudarc::get_lib_name_candidates("nvrtc")
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+        if !found {
+            assert!(
+                std::env::var("IPFS_ACCELERATE_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "NVRTC not found on the library path (IPFS_ACCELERATE_REQUIRE_NVRTC=1)"
+            );
+            eprintln!("skipped kernels_compile_with_nvrtc: NVRTC is not on the library path");
+            return;
+        }
+        let compile = |source: String| {
+            let options = CompileOptions {
+                options: vec!["--gpu-architecture=compute_90".into()],
+                ..Default::default()
+            };
+            compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))
+        };
+        compile(kernel_source::<f32>()).expect("f32 kernels");
+        compile(kernel_source::<half::f16>()).expect("f16 kernels");
+    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {

@@ -101,6 +101,7 @@ extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T*
 #define ACT_RELU 2
 #define ACT_TANH 3
 #define ACT_NONE 4
+#define ACT_SILU 5
 
 __device__ __forceinline__ float activate(float v, int act) {
     if (act == ACT_NONE) return v;
@@ -108,6 +109,7 @@ __device__ __forceinline__ float activate(float v, int act) {
     if (act == ACT_GELU_TANH)
         return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     if (act == ACT_RELU) return fmaxf(v, 0.f);
+    if (act == ACT_SILU) return v / (1.f + expf(-v));
     return tanhf(v);
 }
 

@@ -1,12 +1,20 @@
 //! # ipfs-accelerate-backend-cublas
 //!
-//! A transformer-encoder engine for NVIDIA GPUs that runs every matrix product through cuBLAS
-//! (tensor cores in f16, exact f32 SGEMM in f32) and the rest through a handful of NVRTC-compiled
-//! kernels: embeddings + layer norm, bias + activation, head split / merge, masked softmax, and
-//! bias + residual + layer norm in one pass. It runs a backend-neutral [`EncoderSpec`] (BERT-style
-//! post-norm encoders; `ipfs_accelerate_bert::encoder_spec` builds one from a checkpoint), which
-//! is how the `cuda` backend runs BERT: burn's CubeCL kernels stay the path for every other family
-//! and for what the spec does not cover (task heads, bf16).
+//! A transformer engine for NVIDIA GPUs that runs every matrix product through cuBLAS (tensor
+//! cores in f16, exact f32 SGEMM in f32) and the rest through a handful of NVRTC-compiled kernels.
+//!
+//! - [`EncoderRunner`] runs a backend-neutral [`EncoderSpec`] (BERT-style post-norm and ViT-style
+//!   pre-norm encoders with their heads; `ipfs_accelerate_bert::encoder_spec` builds one):
+//!   embeddings + layer norm, bias + activation, head split / merge, masked softmax, and bias +
+//!   residual + layer norm in one pass.
+//! - [`DecoderEngine`] runs a [`DecoderSpec`](ipfs_accelerate_core::DecoderSpec) (LLaMA, Qwen2;
+//!   `ipfs_accelerate_llama::decoder_spec`) with a device-resident KV cache: fused RoPE + cache
+//!   write, causal grouped-query attention over the cache, RMSNorm fused with the residual add,
+//!   a GEMV kernel for the decoding step's few rows, and each one-token step replayed as a CUDA
+//!   graph.
+//!
+//! burn's CubeCL kernels stay the path for the other families and for what the specs do not
+//! cover (bf16, quantized weights).
 //!
 //! Why a second engine: burn 0.21's CubeCL CUDA matmul reaches about 46 TFLOP/s on an H100 in f16
 //! (cuBLAS several times that) and CubeCL does not expose its CUDA stream, so cuBLAS cannot be
@@ -29,9 +37,11 @@
 //! # Ok(()) }
 //! ```
 
+mod decoder;
 mod engine;
 mod runner;
 
+pub use decoder::{check_decoder_spec, Columns, DecodeSession, DecoderEngine, LogitsOf};
 pub use engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
 pub use runner::EncoderRunner;
 
@@ -55,6 +65,10 @@ pub enum EngineError {
     /// The spec is inconsistent.
     #[error("invalid encoder spec: {0}")]
     Spec(String),
+    /// A request's inputs are not what the model takes (a token outside the vocabulary, more
+    /// columns than the cache holds).
+    #[error("{0}")]
+    Input(String),
     /// The precision is not one the engine runs.
     #[error("the cuBLAS encoder runs f32 and f16, not {0}")]
     Precision(String),
@@ -80,6 +94,7 @@ impl From<EngineError> for ipfs_accelerate_core::Error {
                 what,
                 bytes,
             },
+            EngineError::Input(reason) => ipfs_accelerate_core::Error::InvalidInput(reason),
             other => ipfs_accelerate_core::Error::Compute(other.to_string()),
         }
     }

@@ -26,6 +26,7 @@ pub fn args(usage: &str, default_model: Option<&str>) -> Result<Args, Box<dyn st
         std::process::exit(2)
     };
     let (mut model, mut backends, mut labels, mut inputs) = (None, None, Vec::new(), Vec::new());
+    let mut precision = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || {
@@ -35,6 +36,7 @@ pub fn args(usage: &str, default_model: Option<&str>) -> Result<Args, Box<dyn st
         match arg.as_str() {
             "--model" => model = Some(value()),
             "--backend" => backends = Some(BackendKind::parse_list(&value())?),
+            "--precision" => precision = Some(value().parse()?),
             "--labels" => labels = value().split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
                 println!("usage: {usage}");
@@ -53,6 +55,7 @@ pub fn args(usage: &str, default_model: Option<&str>) -> Result<Args, Box<dyn st
         model,
         options: LoadOptions {
             backends,
+            precision: precision.unwrap_or_default(),
             ..Default::default()
         },
         labels,

@@ -293,6 +293,22 @@ impl LlamaConfig {
         sliding.then_some(window)
     }
 
+    /// Bytes the weights take as f32, as a float load holds them (a tied head as its own
+    /// transposed copy).
+    pub fn float_weight_bytes(&self) -> usize {
+        let stored: usize = self
+            .weight_shapes()
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum();
+        let tied = if self.tie_word_embeddings {
+            self.vocab_size * self.hidden_size
+        } else {
+            0
+        };
+        4 * (stored + tied)
+    }
+
     /// Biases of the q, k, v, o projections.
     pub fn attention_biases(&self) -> ipfs_accelerate_nn::attention::ProjectionBias {
         use ipfs_accelerate_nn::attention::ProjectionBias;

@@ -15,6 +15,7 @@ mod decoder;
 pub mod gguf;
 mod model;
 mod runner;
+mod spec;
 
 pub use config::{Architecture, LlamaConfig, TokenIds};
 pub use decoder::{DecodeMode, LlamaDecoder};
@@ -24,3 +25,4 @@ pub use runner::{
     check_vocab, greedy_steps, greedy_tokens, read_chat_template, same_shape_ids, token_matrix,
     LlamaFamily, LlamaRunner, Qwen2Family, TextGeneration,
 };
+pub use spec::{decoder_spec, decoder_spec_from};

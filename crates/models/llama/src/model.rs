@@ -217,18 +217,7 @@ impl<B: Backend> LlamaModel<B> {
     /// Bytes the weights take as f32, as a float load holds them (a tied head as its own
     /// transposed copy): what [`weight_bytes`](Self::weight_bytes) compares with.
     pub fn float_weight_bytes(&self) -> usize {
-        let c = &self.config;
-        let stored: usize = c
-            .weight_shapes()
-            .iter()
-            .map(|(_, shape)| shape.iter().product::<usize>())
-            .sum();
-        let tied = if c.tie_word_embeddings {
-            c.vocab_size * c.hidden_size
-        } else {
-            0
-        };
-        4 * (stored + tied)
+        self.config.float_weight_bytes()
     }
 
     /// An empty KV cache sized for this model.

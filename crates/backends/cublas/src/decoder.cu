@@ -1,0 +1,217 @@
+// The decoder kernels of the cuBLAS engine (LLaMA-style causal LMs), compiled after kernels.cu
+// (`T`, `ld`, `st`, `block_reduce`, `shared_floats`, `Pack`, `activate`). Every kernel reads the
+// number of columns already in the KV cache from device memory (`past[0]`), so one decoding step
+// is the same launches every time (and can be replayed as a CUDA graph).
+//
+// Rounding follows HF in half precision: values a framework keeps in `T` between operations are
+// rounded to `T` here too (the residual stream, the normalised activations, cos / sin tables).
+
+__device__ __forceinline__ float round_t(float x) { return ld(st(x)); }
+
+// Rows of the token embedding: out[r] = table[ids[r]]; grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    long long r = blockIdx.x;
+    out[r * hidden + c] = table[(long long)ids[r] * hidden + c];
+}
+
+// mask[b, past + j] = fresh[b, j] for the call's new columns; grid (batch), block (any).
+extern "C" __global__ void append_mask(const int* fresh, const int* past, int n_new, int cap,
+                                       int* mask) {
+    int b = blockIdx.x;
+    for (int j = threadIdx.x; j < n_new; j += blockDim.x)
+        mask[(long long)b * cap + past[0] + j] = fresh[b * n_new + j];
+}
+
+// One block per row: when `y` is not null, x = x + y (+ bias) rounded to T (the residual
+// stream); then out = gamma * (x / rms(x)) as HF's RMSNorm (normalised in f32, rounded to T,
+// then scaled). Shared memory: (hidden + 32) floats.
+extern "C" __global__ void residual_rms_norm(const T* y, const T* bias, T* x, const T* gamma,
+                                             float eps, int hidden, T* out) {
+    float* row = shared_floats();
+    float* red = row + hidden;
+    size_t base = (size_t)blockIdx.x * hidden;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+        float v = ld(x[base + c]);
+        if (y) {
+            v += ld(y[base + c]);
+            if (bias) v += ld(bias[c]);
+            v = round_t(v);
+            x[base + c] = st(v);
+        }
+        row[c] = v;
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_reduce(ss, red, BLOCK_SUM) / hidden + eps);
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x)
+        out[base + c] = st(ld(gamma[c]) * round_t(row[c] * inv));
+}
+
+// The gated MLP's middle: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
+// gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise.
+// Grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void gated_act(const T* gu, const T* bias, int inter, int act, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= inter) return;
+    size_t r = blockIdx.x;
+    float g = ld(gu[r * 2 * inter + c]), u = ld(gu[r * 2 * inter + inter + c]);
+    if (bias) {
+        g = round_t(g + ld(bias[c]));
+        u = round_t(u + ld(bias[inter + c]));
+    }
+    out[r * inter + c] = st(round_t(activate(g, act)) * u);
+}
+
+// Splits the fused q / k / v projection (row r = b * n_new + i, `heads` query heads, then
+// `kv_heads` key heads, then `kv_heads` value heads, each `head_dim` wide) plus its bias: rotates
+// q and k at position `positions[r]` (HF's rotate_half: feature d pairs with d + head_dim / 2),
+// writes q to `q` `[rows, heads * head_dim]` and k, v into the caches `[batch, kv_heads, cap,
+// head_dim]` at column past + i. Grid (rows, heads + 2 * kv_heads), block head_dim / 2.
+extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* positions,
+                                      const float* inv_freq, const int* past, int heads,
+                                      int kv_heads, int head_dim, int n_new, int cap, T* q,
+                                      T* k_cache, T* v_cache) {
+    int r = blockIdx.x, slot = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+    int b = r / n_new, s = r - b * n_new;
+    size_t width = (size_t)(heads + 2 * kv_heads) * head_dim;
+    const T* src = qkv + r * width + (size_t)slot * head_dim;
+    const T* bs = bias + (size_t)slot * head_dim;
+    float x1 = round_t(ld(src[i]) + ld(bs[i]));
+    float x2 = round_t(ld(src[i + half]) + ld(bs[i + half]));
+    if (slot < heads + kv_heads) {
+        float a = (float)positions[r] * inv_freq[i];
+        float c = round_t(cosf(a)), sn = round_t(sinf(a));
+        float y1 = x1 * c - x2 * sn, y2 = x2 * c + x1 * sn;
+        x1 = y1;
+        x2 = y2;
+    }
+    T* dst;
+    if (slot < heads) {
+        dst = q + (size_t)r * heads * head_dim + (size_t)slot * head_dim;
+    } else {
+        int kvh = slot < heads + kv_heads ? slot - heads : slot - heads - kv_heads;
+        T* cache = slot < heads + kv_heads ? k_cache : v_cache;
+        dst = cache + (((size_t)b * kv_heads + kvh) * cap + past[0] + s) * head_dim;
+    }
+    dst[i] = st(x1);
+    dst[i + half] = st(x2);
+}
+
+// Causal attention of the call's queries over the KV cache: query i of row b sits at column
+// past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
+// j > past + i - window). Softmax is online over chunks of blockDim keys (no limit on the
+// context): one thread scores one key of the chunk, then every thread adds VEC features of the
+// values of a strided subset of the chunk's keys (16-byte loads, independent across keys). A query
+// that sees no key gets zeros (PyTorch SDPA's answer for a fully masked row).
+// q and out `[batch * n_new, heads * head_dim]`; caches `[batch, kv_heads, cap, head_dim]`;
+// head_dim a multiple of VEC. Grid (n_new, heads, batch), block a multiple of 32 and at least
+// head_dim; shared memory (head_dim + blockDim * (1 + VEC) + 32) floats.
+extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const T* v_cache,
+                                            const int* mask, const int* past, int heads,
+                                            int kv_heads, int head_dim, int n_new, int cap,
+                                            int window, float scale, T* out) {
+    float* qs = shared_floats();
+    float* ps = qs + head_dim;
+    float* accs = ps + blockDim.x;
+    float* red = accs + blockDim.x * VEC;
+    int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+    int kvh = h / (heads / kv_heads);
+    int col = past[0] + i;
+    size_t row = (size_t)b * n_new + i;
+    const T* qr = q + row * heads * head_dim + (size_t)h * head_dim;
+    for (int d = t; d < head_dim; d += blockDim.x) qs[d] = ld(qr[d]) * scale;
+    __syncthreads();
+    const T* kb = k_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
+    const T* vb = v_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
+    const int* mrow = mask + (size_t)b * cap;
+    // Value accumulation: thread t adds features [pk * VEC, pk * VEC + VEC) of keys kg, kg +
+    // groups, ... of each chunk.
+    int packs = head_dim / (int)VEC, groups = blockDim.x / packs;
+    int pk = t % packs, kg = t / packs;
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < (int)VEC; ++e) acc[e] = 0.f;
+    int first = window > 0 ? max(0, col - window + 1) : 0;
+    float m = NEG_INF, l = 0.f;
+    for (int c0 = first; c0 <= col; c0 += blockDim.x) {
+        int j = c0 + t;
+        bool on = j <= col && mrow[j] != 0;
+        float s = NEG_INF;
+        if (on) {
+            const T* kr = kb + (size_t)j * head_dim;
+            s = 0.f;
+            for (int e = 0; e < head_dim; e += VEC) {
+                Pack<VEC> kp = load_pack<VEC>(kr + e);
+#pragma unroll
+                for (int u = 0; u < (int)VEC; ++u) s += qs[e + u] * ld(kp.v[u]);
+            }
+        }
+        float m_new = fmaxf(m, block_reduce(s, red, BLOCK_MAX));
+        if (m_new == NEG_INF) continue;  // nothing visible yet (uniform over the block)
+        float p = on ? expf(s - m_new) : 0.f;
+        ps[t] = p;
+        float alpha = m == NEG_INF ? 0.f : expf(m - m_new);
+        l = l * alpha + block_reduce(p, red, BLOCK_SUM);  // its barriers publish ps
+        m = m_new;
+        if (kg < groups) {
+#pragma unroll
+            for (int e = 0; e < (int)VEC; ++e) acc[e] *= alpha;
+            int n = min((int)blockDim.x, col + 1 - c0);
+            const T* vc = vb + (size_t)c0 * head_dim + pk * VEC;
+#pragma unroll 4
+            for (int jj = kg; jj < n; jj += groups) {
+                float pj = ps[jj];  // 0 for a masked key, whose (finite) values add nothing
+                Pack<VEC> vp = load_pack<VEC>(vc + (size_t)jj * head_dim);
+#pragma unroll
+                for (int e = 0; e < (int)VEC; ++e) acc[e] += pj * ld(vp.v[e]);
+            }
+        }
+        __syncthreads();  // ps is rewritten by the next chunk
+    }
+    if (kg < groups) {
+#pragma unroll
+        for (int e = 0; e < (int)VEC; ++e) accs[kg * head_dim + pk * VEC + e] = acc[e];
+    }
+    __syncthreads();
+    if (t < head_dim) {
+        float o = 0.f;
+        for (int gg = 0; gg < groups; ++gg) o += accs[gg * head_dim + t];
+        out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
+    }
+}
+
+// y[r, o] = sum_c w[o, c] * x[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
+// one warp per output feature, 16-byte loads of its weight row and of the rows of x (which every
+// warp reads, so they stay in L1 / L2); f32 sums. k and x_stride are multiples of VEC.
+// Grid (out / warps per block), block (32 * warps per block).
+#define GEMV_ROWS 8
+extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int rows, int out,
+                                     int k, T* y) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (o >= out) return;
+    const T* wr = w + (size_t)o * k;
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.f;
+    for (int c = lane * (int)VEC; c < k; c += 32 * (int)VEC) {
+        Pack<VEC> p = load_pack<VEC>(wr + c);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) {
+            if (r < rows) {
+                Pack<VEC> xv = load_pack<VEC>(x + (size_t)r * x_stride + c);
+#pragma unroll
+                for (int e = 0; e < (int)VEC; ++e) acc[r] += ld(p.v[e]) * ld(xv.v[e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        if (r < rows) {
+            float v = warp_reduce(acc[r], BLOCK_SUM);
+            if (lane == 0) y[(size_t)r * out + o] = st(v);
+        }
+    }
+}
