@@ -14,7 +14,7 @@ use ipfs_accelerate_io::ResolveOptions;
 use ipfs_accelerate_nn::gptq::GptqOptions;
 use ipfs_accelerate_nn::weights::{LoadedWeights, WeightStats};
 use ipfs_accelerate_nn::WeightQuantization;
-use ipfs_accelerate_preprocess::{Encoded, PreprocessError, TextTokenizer};
+use ipfs_accelerate_preprocess::{plan_chunks, Encoded, PreprocessError, TextTokenizer};
 
 /// How token vectors become one sentence vector ([`Pipeline::pooling`]; read from
 /// sentence-transformers' `1_Pooling/config.json`).
@@ -89,6 +89,28 @@ pub struct PipelineBuilder {
 /// The default number of texts per forward of [`Pipeline::embed`] / [`Pipeline::classify`]
 /// (sentence-transformers' default).
 pub const DEFAULT_BATCH_SIZE: usize = 32;
+
+/// Texts tokenised at once by [`Pipeline::embed`] and [`Pipeline::classify`] before they are
+/// split into forward passes (bounds the padded token matrix of a huge input).
+const TOKENIZE_WINDOW: usize = 1024;
+
+/// What one more forward pass costs, in padded token positions (MiniLM on 2 Zen 4 cores: batch 1
+/// × 8 tokens takes 3.2 ms where batch 32 spends 0.15 ms per position, so a pass costs about
+/// 15 positions of work before its first token): a chunk is split off when the padding it saves
+/// is worth more.
+const FORWARD_OVERHEAD_TOKENS: usize = 16;
+
+/// Set to `off` to run each chunk of [`DEFAULT_BATCH_SIZE`] texts as one forward padded to its
+/// longest (the behaviour before length-planned chunks; for measuring them).
+pub const SPLIT_BATCHES_ENV: &str = "IPFS_ACCELERATE_SPLIT_BATCHES";
+
+/// [`FORWARD_OVERHEAD_TOKENS`], or a cost no padding outweighs when [`SPLIT_BATCHES_ENV`] is off.
+fn forward_overhead_tokens() -> usize {
+    match std::env::var(SPLIT_BATCHES_ENV).map(|v| crate::backends::parse_switch(&v)) {
+        Ok(Ok(false)) => 1 << 40,
+        _ => FORWARD_OVERHEAD_TOKENS,
+    }
+}
 
 impl PipelineBuilder {
     /// Texts per forward pass (default [`DEFAULT_BATCH_SIZE`]): [`Pipeline::embed`] and
@@ -763,9 +785,12 @@ impl Pipeline {
         })
     }
 
-    /// Runs `texts` through `forward` in chunks of the batch size, longest texts first (each
-    /// chunk padded to its own longest), and returns one result per text in the input's order
-    /// with the chunks' times and counts summed.
+    /// Runs `texts` through `forward` in chunks of at most the batch size and returns one result
+    /// per text in the input's order, with the chunks' times and counts summed. The texts are
+    /// tokenised in windows of [`TOKENIZE_WINDOW`] (longest characters first), sorted by tokens,
+    /// and split where the padding a chunk would carry costs more than one more forward pass
+    /// ([`plan_chunks`] with [`FORWARD_OVERHEAD_TOKENS`]): mixed lengths run in several
+    /// tightly padded forwards instead of one padded to the longest ([`SPLIT_BATCHES_ENV`]).
     fn chunked<T>(
         &self,
         texts: &[&str],
@@ -777,30 +802,40 @@ impl Pipeline {
             self.tokenizer.encode_batch(texts)?;
         }
         let mut order: Vec<usize> = (0..texts.len()).collect();
-        if texts.len() > self.batch_size {
+        if texts.len() > TOKENIZE_WINDOW {
             order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
         }
         let (mut pre, mut inf) = (Duration::ZERO, Duration::ZERO);
         let mut counts = Counts::default();
         let mut results: Vec<Option<T>> = (0..texts.len()).map(|_| None).collect();
-        for chunk in order.chunks(self.batch_size) {
-            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-            let enc = self.tokenizer.encode_batch(&batch)?;
+        for window in order.chunks(TOKENIZE_WINDOW) {
+            let batch: Vec<&str> = window.iter().map(|&i| texts[i]).collect();
+            let all = self.tokenizer.encode_batch(&batch)?;
+            let lengths = all.lengths();
+            // Rows of `all` (positions in `window`), most tokens first.
+            let mut rows: Vec<usize> = (0..window.len()).collect();
+            rows.sort_by_key(|&r| std::cmp::Reverse(lengths[r]));
+            let sorted: Vec<usize> = rows.iter().map(|&r| lengths[r]).collect();
             pre += clock.lap();
-            let out = forward(&enc)?;
-            inf += clock.lap();
-            counts.items += enc.batch;
-            counts.tokens += enc.batch * enc.seq;
-            counts.truncated += enc.truncated_count();
-            if out.len() != chunk.len() {
-                return Err(Error::Core(ipfs_accelerate_core::Error::Compute(format!(
-                    "{} results for a chunk of {} texts",
-                    out.len(),
-                    chunk.len()
-                ))));
-            }
-            for (&i, r) in chunk.iter().zip(out) {
-                results[i] = Some(r);
+            for range in plan_chunks(&sorted, self.batch_size, forward_overhead_tokens()) {
+                let chunk = &rows[range];
+                let enc = all.select(chunk);
+                pre += clock.lap();
+                let out = forward(&enc)?;
+                inf += clock.lap();
+                counts.items += enc.batch;
+                counts.tokens += enc.batch * enc.seq;
+                counts.truncated += enc.truncated_count();
+                if out.len() != chunk.len() {
+                    return Err(Error::Core(ipfs_accelerate_core::Error::Compute(format!(
+                        "{} results for a chunk of {} texts",
+                        out.len(),
+                        chunk.len()
+                    ))));
+                }
+                for (&r, value) in chunk.iter().zip(out) {
+                    results[window[r]] = Some(value);
+                }
             }
         }
         let value = results.into_iter().flatten().collect();

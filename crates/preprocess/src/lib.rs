@@ -49,4 +49,4 @@ mod text;
 pub mod video;
 
 pub use limits::{Limit, LimitExceeded, Limits, LimitsEnvError};
-pub use text::{Encoded, PreprocessError, TextTokenizer, DEFAULT_MAX_INPUT_BYTES};
+pub use text::{plan_chunks, Encoded, PreprocessError, TextTokenizer, DEFAULT_MAX_INPUT_BYTES};

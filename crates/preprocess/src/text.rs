@@ -61,6 +61,83 @@ impl Encoded {
     pub fn truncated_count(&self) -> usize {
         self.truncated.iter().filter(|t| **t).count()
     }
+
+    /// Tokens of each row (the ones of its attention mask).
+    pub fn lengths(&self) -> Vec<usize> {
+        self.attention_mask
+            .chunks(self.seq.max(1))
+            .take(self.batch)
+            .map(|row| row.iter().filter(|&&m| m != 0).count())
+            .collect()
+    }
+
+    /// The rows `rows` (in that order) cut to their own longest length: a batch padded no more
+    /// than it needs. Padding is on the right ([`TextTokenizer`]'s), so each row keeps every
+    /// token.
+    pub fn select(&self, rows: &[usize]) -> Encoded {
+        let lengths = self.lengths();
+        let seq = rows.iter().map(|&r| lengths[r]).max().unwrap_or(0);
+        let cut = |v: &[i64], r: usize| v[r * self.seq..r * self.seq + seq].to_vec();
+        Encoded {
+            batch: rows.len(),
+            seq,
+            input_ids: rows.iter().flat_map(|&r| cut(&self.input_ids, r)).collect(),
+            attention_mask: rows
+                .iter()
+                .flat_map(|&r| cut(&self.attention_mask, r))
+                .collect(),
+            token_type_ids: rows
+                .iter()
+                .flat_map(|&r| cut(&self.token_type_ids, r))
+                .collect(),
+            truncated: rows.iter().map(|&r| self.truncated[r]).collect(),
+            offsets: rows
+                .iter()
+                .map(|&r| self.offsets[r].iter().take(seq).copied().collect())
+                .collect(),
+            sequence_ids: rows
+                .iter()
+                .map(|&r| self.sequence_ids[r].iter().take(seq).copied().collect())
+                .collect(),
+        }
+    }
+}
+
+/// Splits rows sorted longest first (`lengths`, in tokens) into consecutive chunks of at most
+/// `max_rows` rows that minimise the padded positions the chunks run (each chunk padded to its
+/// first, longest row) plus `overhead` positions per chunk (what one more forward pass costs, in
+/// token positions). Text-embeddings-inference and vLLM batch by tokens for the same reason: a
+/// batch of mixed lengths padded to its longest wastes the difference.
+pub fn plan_chunks(
+    lengths: &[usize],
+    max_rows: usize,
+    overhead: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let n = lengths.len();
+    let max_rows = max_rows.max(1);
+    // best[i]: the least cost of the first i rows; from[i]: where the last chunk of it starts.
+    let mut best = vec![usize::MAX; n + 1];
+    let mut from = vec![0; n + 1];
+    best[0] = 0;
+    for end in 1..=n {
+        for start in end.saturating_sub(max_rows)..end {
+            let cost = best[start]
+                .saturating_add(overhead)
+                .saturating_add((end - start) * lengths[start]);
+            if cost < best[end] {
+                best[end] = cost;
+                from[end] = start;
+            }
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut end = n;
+    while end > 0 {
+        chunks.push(from[end]..end);
+        end = from[end];
+    }
+    chunks.reverse();
+    chunks
 }
 
 /// A `tokenizers` tokenizer configured for batched model input.
@@ -242,4 +319,78 @@ fn collect(encodings: &[tokenizers::Encoding]) -> Encoded {
         out.sequence_ids.push(e.get_sequence_ids());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cost `plan_chunks` minimises, of a given split.
+    fn cost(lengths: &[usize], chunks: &[std::ops::Range<usize>], overhead: usize) -> usize {
+        chunks
+            .iter()
+            .map(|c| overhead + c.len() * lengths[c.start])
+            .sum()
+    }
+
+    /// Every split of `n` rows into chunks of at most `max` rows.
+    fn splits(n: usize, max: usize) -> Vec<Vec<std::ops::Range<usize>>> {
+        if n == 0 {
+            return vec![vec![]];
+        }
+        let mut out = Vec::new();
+        for first in 1..=max.min(n) {
+            for mut rest in splits(n - first, max) {
+                rest.iter_mut().for_each(|r| *r = r.start + first..r.end + first);
+                rest.insert(0, 0..first);
+                out.push(rest);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn chunks_cover_the_rows_in_order_and_cost_least() {
+        let lengths = [40, 38, 21, 20, 20, 9, 8, 8, 7];
+        for (max, overhead) in [(4, 0), (4, 16), (9, 16), (2, 100), (9, 1000)] {
+            let plan = plan_chunks(&lengths, max, overhead);
+            assert_eq!(plan.first().unwrap().start, 0);
+            assert_eq!(plan.last().unwrap().end, lengths.len());
+            assert!(plan.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(plan.iter().all(|c| !c.is_empty() && c.len() <= max));
+            let least = splits(lengths.len(), max)
+                .iter()
+                .map(|s| cost(&lengths, s, overhead))
+                .min()
+                .unwrap();
+            assert_eq!(cost(&lengths, &plan, overhead), least, "max {max}, overhead {overhead}");
+        }
+        // Equal lengths: full chunks; a huge overhead: as few chunks as the cap allows.
+        assert_eq!(plan_chunks(&[5; 7], 3, 1).len(), 3);
+        assert_eq!(plan_chunks(&lengths, 9, 1000), vec![0..9]);
+        assert!(plan_chunks(&[], 4, 1).is_empty());
+    }
+
+    #[test]
+    fn selected_rows_keep_their_tokens_and_lose_padding() {
+        // Three right-padded rows of 3, 1 and 2 tokens.
+        let enc = Encoded {
+            batch: 3,
+            seq: 3,
+            input_ids: vec![1, 2, 3, 4, 0, 0, 5, 6, 0],
+            attention_mask: vec![1, 1, 1, 1, 0, 0, 1, 1, 0],
+            token_type_ids: vec![0; 9],
+            truncated: vec![false, true, false],
+            offsets: vec![vec![(0, 1); 3], vec![(0, 2), (0, 0), (0, 0)], vec![(0, 3); 3]],
+            sequence_ids: vec![vec![Some(0); 3]; 3],
+        };
+        assert_eq!(enc.lengths(), vec![3, 1, 2]);
+        let sub = enc.select(&[2, 1]);
+        assert_eq!((sub.batch, sub.seq), (2, 2));
+        assert_eq!(sub.input_ids, vec![5, 6, 4, 0]);
+        assert_eq!(sub.attention_mask, vec![1, 1, 1, 0]);
+        assert_eq!(sub.truncated, vec![false, true]);
+        assert_eq!(sub.offsets[1], vec![(0, 2), (0, 0)]);
+        assert_eq!(sub.sequence_ids[0].len(), 2);
+    }
 }
