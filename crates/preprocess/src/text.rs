@@ -341,7 +341,8 @@ mod tests {
         let mut out = Vec::new();
         for first in 1..=max.min(n) {
             for mut rest in splits(n - first, max) {
-                rest.iter_mut().for_each(|r| *r = r.start + first..r.end + first);
+                rest.iter_mut()
+                    .for_each(|r| *r = r.start + first..r.end + first);
                 rest.insert(0, 0..first);
                 out.push(rest);
             }
@@ -363,7 +364,11 @@ mod tests {
                 .map(|s| cost(&lengths, s, overhead))
                 .min()
                 .unwrap();
-            assert_eq!(cost(&lengths, &plan, overhead), least, "max {max}, overhead {overhead}");
+            assert_eq!(
+                cost(&lengths, &plan, overhead),
+                least,
+                "max {max}, overhead {overhead}"
+            );
         }
         // Equal lengths: full chunks; a huge overhead: as few chunks as the cap allows.
         assert_eq!(plan_chunks(&[5; 7], 3, 1).len(), 3);
@@ -381,7 +386,11 @@ mod tests {
             attention_mask: vec![1, 1, 1, 1, 0, 0, 1, 1, 0],
             token_type_ids: vec![0; 9],
             truncated: vec![false, true, false],
-            offsets: vec![vec![(0, 1); 3], vec![(0, 2), (0, 0), (0, 0)], vec![(0, 3); 3]],
+            offsets: vec![
+                vec![(0, 1); 3],
+                vec![(0, 2), (0, 0), (0, 0)],
+                vec![(0, 3); 3],
+            ],
             sequence_ids: vec![vec![Some(0); 3]; 3],
         };
         assert_eq!(enc.lengths(), vec![3, 1, 2]);

@@ -182,13 +182,31 @@ extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const 
     }
 }
 
-// y[r, o] = sum_c w[o, c] * x[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
+// y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
 // one warp per output feature, 16-byte loads of its weight row and of the rows of x (which every
 // warp reads, so they stay in L1 / L2); f32 sums. k and x_stride are multiples of VEC.
-// Grid (out / warps per block), block (32 * warps per block).
+// Prologue: with `gamma`, x' is x's RMSNorm (x / rms(x), rounded to T, times gamma, rounded, as
+// residual_rms_norm writes it), else x itself. Epilogue: the bias when given (rounded with the
+// product, as a linear layer's output), then with `residual` y = residual + that (the residual
+// stream; `residual` may be `y`). Grid (out / warps per block), block (32 * warps per block).
 #define GEMV_ROWS 8
 extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int rows, int out,
-                                     int k, T* y) {
+                                     int k, const T* gamma, float eps, const T* bias,
+                                     const T* residual, T* y) {
+    __shared__ float red[32];
+    __shared__ float inv[GEMV_ROWS];
+    if (gamma) {
+        for (int r = 0; r < rows; ++r) {
+            float ss = 0.f;
+            for (int c = threadIdx.x; c < k; c += blockDim.x) {
+                float v = ld(x[(size_t)r * x_stride + c]);
+                ss += v * v;
+            }
+            float total = block_reduce(ss, red, BLOCK_SUM);
+            if (threadIdx.x == 0) inv[r] = rsqrtf(total / k + eps);
+        }
+        __syncthreads();
+    }
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o = blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= out) return;
@@ -198,12 +216,18 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.f;
     for (int c = lane * (int)VEC; c < k; c += 32 * (int)VEC) {
         Pack<VEC> p = load_pack<VEC>(wr + c);
+        Pack<VEC> g;
+        if (gamma) g = load_pack<VEC>(gamma + c);
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) {
             if (r < rows) {
                 Pack<VEC> xv = load_pack<VEC>(x + (size_t)r * x_stride + c);
 #pragma unroll
-                for (int e = 0; e < (int)VEC; ++e) acc[r] += ld(p.v[e]) * ld(xv.v[e]);
+                for (int e = 0; e < (int)VEC; ++e) {
+                    float xe = ld(xv.v[e]);
+                    if (gamma) xe = round_t(ld(g.v[e]) * round_t(xe * inv[r]));
+                    acc[r] += ld(p.v[e]) * xe;
+                }
             }
         }
     }
@@ -211,7 +235,12 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
     for (int r = 0; r < GEMV_ROWS; ++r) {
         if (r < rows) {
             float v = warp_reduce(acc[r], BLOCK_SUM);
-            if (lane == 0) y[(size_t)r * out + o] = st(v);
+            if (lane == 0) {
+                size_t at = (size_t)r * out + o;
+                if (bias) v = round_t(v + ld(bias[o]));
+                if (residual) v = ld(residual[at]) + round_t(v);
+                y[at] = st(v);
+            }
         }
     }
 }

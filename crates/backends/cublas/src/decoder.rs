@@ -54,6 +54,27 @@ const GEMV_ROWS: usize = 8;
 /// Warps per block of `gemv_rows` (one output feature each).
 const GEMV_WARPS: u32 = 8;
 
+/// What `gemv_rows` does around its product.
+#[derive(Clone, Copy)]
+struct Epilogue<'a, T> {
+    /// RMSNorm the input rows with this scale first.
+    gamma: Option<&'a CudaSlice<T>>,
+    /// Add this bias to the product.
+    bias: Option<&'a CudaSlice<T>>,
+    /// Add the product into the output (the residual stream) instead of overwriting it.
+    in_place: bool,
+}
+
+impl<T> Default for Epilogue<'_, T> {
+    fn default() -> Self {
+        Epilogue {
+            gamma: None,
+            bias: None,
+            in_place: false,
+        }
+    }
+}
+
 /// Set to `0` / `off` to run every product of the decoder on cuBLAS (the decoding step's
 /// few-row products otherwise run on the engine's own GEMV kernel).
 pub const GEMV_ENV: &str = "IPFS_ACCELERATE_CUDA_GEMV";
@@ -360,6 +381,65 @@ where
         })
     }
 
+    /// Whether a product of `rows` rows of `k` values (row stride `x_stride`) runs on the GEMV
+    /// kernel: it is on, the rows are few, and the rows are 16-byte aligned.
+    fn gemv_fits(&self, k: usize, x_stride: usize, rows: usize) -> bool {
+        let vec = crate::engine::vec_width::<T>();
+        self.gemv && rows <= GEMV_ROWS && k.is_multiple_of(vec) && x_stride.is_multiple_of(vec)
+    }
+
+    /// One `gemv_rows` launch: `y = [residual +] (x' · Wᵀ [+ bias])`, x' the RMSNorm of x with
+    /// `gamma` when given (see decoder.cu). `x` is a device pointer and row stride; `y` (and the
+    /// residual, which is `y` itself when `in_place`) a device pointer.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        w: &CudaSlice<T>,
+        out_features: usize,
+        in_features: usize,
+        (x, x_stride): (u64, usize),
+        rows: usize,
+        epilogue: Epilogue<'_, T>,
+        y: u64,
+    ) -> Result<(), EngineError> {
+        let (stride_i, rows_i) = (x_stride as i32, rows as i32);
+        let (out_i, k_i) = (out_features as i32, in_features as i32);
+        let null = 0u64;
+        let mut args = self.stream.launch_builder(&self.kernels.gemv_rows);
+        args.arg(w)
+            .arg(&x)
+            .arg(&stride_i)
+            .arg(&rows_i)
+            .arg(&out_i)
+            .arg(&k_i);
+        match epilogue.gamma {
+            Some(g) => args.arg(g),
+            None => args.arg(&null),
+        };
+        args.arg(&self.dims.eps);
+        match epilogue.bias {
+            Some(b) => args.arg(b),
+            None => args.arg(&null),
+        };
+        if epilogue.in_place {
+            args.arg(&y);
+        } else {
+            args.arg(&null);
+        }
+        args.arg(&y);
+        // SAFETY: `gemv_rows(w, x, x_stride, rows, out, k, gamma, eps, bias, residual, y)` reads
+        // `rows` rows of `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out`
+        // of the bias, and reads / writes `rows × out` values of `y`.
+        unsafe {
+            args.launch(LaunchConfig {
+                grid_dim: ((out_features as u32).div_ceil(GEMV_WARPS), 1, 1),
+                block_dim: (32 * GEMV_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
+    }
+
     /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), row `r` of `x` at `r * x_stride`: the
     /// engine's GEMV kernel for a decoding step's few rows, cuBLAS otherwise.
     #[allow(clippy::too_many_arguments)]
@@ -373,36 +453,18 @@ where
         rows: usize,
         y: &mut Y,
     ) -> Result<(), EngineError> {
-        let vec = crate::engine::vec_width::<T>();
-        if self.gemv
-            && rows <= GEMV_ROWS
-            && in_features.is_multiple_of(vec)
-            && x_stride.is_multiple_of(vec)
-        {
-            let (stride_i, rows_i) = (x_stride as i32, rows as i32);
-            let (out_i, k_i) = (out_features as i32, in_features as i32);
+        if self.gemv_fits(in_features, x_stride, rows) {
             let (x_ptr, _x_sync) = x.device_ptr(&self.stream);
             let (y_ptr, _y_sync) = y.device_ptr_mut(&self.stream);
-            // SAFETY: `gemv_rows(w, x, x_stride, rows, out, k, y)` reads `rows` rows of `k`
-            // values of `x` (16-byte aligned: the strides are multiples of 16 bytes) and writes
-            // `rows × out` values of `y`.
-            unsafe {
-                self.stream
-                    .launch_builder(&self.kernels.gemv_rows)
-                    .arg(w)
-                    .arg(&x_ptr)
-                    .arg(&stride_i)
-                    .arg(&rows_i)
-                    .arg(&out_i)
-                    .arg(&k_i)
-                    .arg(&y_ptr)
-                    .launch(LaunchConfig {
-                        grid_dim: ((out_features as u32).div_ceil(GEMV_WARPS), 1, 1),
-                        block_dim: (32 * GEMV_WARPS, 1, 1),
-                        shared_mem_bytes: 0,
-                    })?;
-            }
-            return Ok(());
+            return self.gemv(
+                w,
+                out_features,
+                in_features,
+                (x_ptr, x_stride),
+                rows,
+                Epilogue::default(),
+                y_ptr,
+            );
         }
         let cfg = GemmConfig {
             transa: CUBLAS_OP_T,
@@ -678,11 +740,42 @@ where
             unsafe { args.launch(norm_cfg) }?;
             Ok(())
         };
-        rms(None, None, &mut b.x, &self.layers[0].input_norm, &mut b.hb)?;
-        prof.mark("norm")?;
+        // A decoding step's few rows: every RMSNorm runs inside the GEMV that reads it and every
+        // residual add inside the GEMV that produces it (6 launches a layer instead of 9).
+        let (out_rows, first, stride) = match of {
+            LogitsOf::Last => (batch, (new - 1) * h, new * h),
+            LogitsOf::Every => (rows, 0, h),
+        };
+        let fused = self.gemv_fits(h, h, rows)
+            && self.gemv_fits(q_width, q_width, rows)
+            && self.gemv_fits(d.intermediate, d.intermediate, rows)
+            && self.gemv_fits(h, stride, out_rows);
+        let ptr = |buf: &mut CudaSlice<T>| buf.device_ptr_mut(s).0;
+        let (x_ptr, ctx_ptr, act_ptr) = (ptr(&mut b.x), ptr(&mut b.ctx), ptr(&mut b.act));
+        let (qkv_ptr, gu_ptr, logits_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.logits));
+        if !fused {
+            rms(None, None, &mut b.x, &self.layers[0].input_norm, &mut b.hb)?;
+            prof.mark("norm")?;
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             let w = &layer.qkv;
-            self.linear(&w.weight, w.out_features, h, &b.hb, h, rows, &mut b.qkv)?;
+            if fused {
+                let norm = Epilogue {
+                    gamma: Some(&layer.input_norm),
+                    ..Epilogue::default()
+                };
+                self.gemv(
+                    &w.weight,
+                    w.out_features,
+                    h,
+                    (x_ptr, h),
+                    rows,
+                    norm,
+                    qkv_ptr,
+                )?;
+            } else {
+                self.linear(&w.weight, w.out_features, h, &b.hb, h, rows, &mut b.qkv)?;
+            }
             prof.mark("qkv")?;
             let qkv_bias = w
                 .bias
@@ -726,26 +819,30 @@ where
             }
             prof.mark("attention")?;
             let o = &layer.output;
-            self.linear(&o.weight, h, q_width, &b.ctx, q_width, rows, &mut b.y)?;
-            prof.mark("o")?;
-            rms(
-                Some(&b.y),
-                o.bias.as_ref(),
-                &mut b.x,
-                &layer.post_norm,
-                &mut b.hb,
-            )?;
-            prof.mark("norm")?;
             let gup = &layer.gate_up;
-            self.linear(
-                &gup.weight,
-                2 * d.intermediate,
-                h,
-                &b.hb,
-                h,
-                rows,
-                &mut b.gu,
-            )?;
+            if fused {
+                let add = Epilogue {
+                    bias: o.bias.as_ref(),
+                    in_place: true,
+                    ..Epilogue::default()
+                };
+                self.gemv(&o.weight, h, q_width, (ctx_ptr, q_width), rows, add, x_ptr)?;
+                prof.mark("o")?;
+                let norm = Epilogue {
+                    gamma: Some(&layer.post_norm),
+                    ..Epilogue::default()
+                };
+                let width = 2 * d.intermediate;
+                self.gemv(&gup.weight, width, h, (x_ptr, h), rows, norm, gu_ptr)?;
+            } else {
+                self.linear(&o.weight, h, q_width, &b.ctx, q_width, rows, &mut b.y)?;
+                prof.mark("o")?;
+                let (y, bias) = (Some(&b.y), o.bias.as_ref());
+                rms(y, bias, &mut b.x, &layer.post_norm, &mut b.hb)?;
+                prof.mark("norm")?;
+                let width = 2 * d.intermediate;
+                self.linear(&gup.weight, width, h, &b.hb, h, rows, &mut b.gu)?;
+            }
             prof.mark("gate_up")?;
             unsafe {
                 let mut args = s.launch_builder(&self.kernels.gated_act);
@@ -761,30 +858,38 @@ where
             }
             prof.mark("act")?;
             let dn = &layer.down;
-            self.linear(
-                &dn.weight,
-                h,
-                d.intermediate,
-                &b.act,
-                d.intermediate,
-                rows,
-                &mut b.y,
-            )?;
-            prof.mark("down")?;
-            let next = self
-                .layers
-                .get(l + 1)
-                .map_or(&self.final_norm, |n| &n.input_norm);
-            rms(Some(&b.y), dn.bias.as_ref(), &mut b.x, next, &mut b.hb)?;
-            prof.mark("norm")?;
+            let inter = d.intermediate;
+            if fused {
+                let add = Epilogue {
+                    bias: dn.bias.as_ref(),
+                    in_place: true,
+                    ..Epilogue::default()
+                };
+                self.gemv(&dn.weight, h, inter, (act_ptr, inter), rows, add, x_ptr)?;
+                prof.mark("down")?;
+            } else {
+                self.linear(&dn.weight, h, inter, &b.act, inter, rows, &mut b.y)?;
+                prof.mark("down")?;
+                let next = self
+                    .layers
+                    .get(l + 1)
+                    .map_or(&self.final_norm, |n| &n.input_norm);
+                rms(Some(&b.y), dn.bias.as_ref(), &mut b.x, next, &mut b.hb)?;
+                prof.mark("norm")?;
+            }
         }
-        let (out_rows, first, stride) = match of {
-            LogitsOf::Last => (batch, (new - 1) * h, new * h),
-            LogitsOf::Every => (rows, 0, h),
-        };
         let head = self.lm_head.as_ref().map_or(&self.embed, |w| &w.weight);
-        let last = b.hb.slice(first..);
-        self.linear(head, d.vocab, h, &last, stride, out_rows, &mut b.logits)?;
+        if fused {
+            let norm = Epilogue {
+                gamma: Some(&self.final_norm),
+                ..Epilogue::default()
+            };
+            let last = x_ptr + (first * std::mem::size_of::<T>()) as u64;
+            self.gemv(head, d.vocab, h, (last, stride), out_rows, norm, logits_ptr)?;
+        } else {
+            let last = b.hb.slice(first..);
+            self.linear(head, d.vocab, h, &last, stride, out_rows, &mut b.logits)?;
+        }
         prof.mark("lm_head")?;
         if profile {
             s.synchronize()?;
