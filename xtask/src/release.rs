@@ -3,7 +3,7 @@
 //! crates it depends on packages as crates.io would take them (`package`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -60,6 +60,44 @@ fn forget_unpacked_overlays(versions: &BTreeMap<String, String>) -> Result<()> {
                     .with_context(|| format!("removing the stale {}", unpacked.display()))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Removes what an earlier `xtask package` compiled from the overlay registry (in the target
+/// folder's `debug`): cargo takes a registry crate of the same name and version as unchanged, so
+/// it would link the previous run's build of, say, `core` into this run's `nn`. Found by the
+/// dep-info files that name an overlay registry's unpacked sources.
+fn forget_overlay_builds(target: &Path) -> Result<()> {
+    let deps = target.join("debug").join("deps");
+    let Ok(entries) = std::fs::read_dir(&deps) else {
+        return Ok(());
+    };
+    let mut stale = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "d")
+            && std::fs::read_to_string(&path).is_ok_and(|t| t.contains("/registry/src/-"))
+        {
+            if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
+                stale.push(stem.to_string());
+            }
+        }
+    }
+    for stem in stale {
+        // `<crate>-<hash>`: its dep-info, rlib / rmeta and fingerprint folder.
+        for name in [
+            format!("{stem}.d"),
+            format!("lib{stem}.rlib"),
+            format!("lib{stem}.rmeta"),
+        ] {
+            let _ = std::fs::remove_file(deps.join(name));
+        }
+        let fingerprint = target
+            .join("debug")
+            .join(".fingerprint")
+            .join(stem.replace('_', "-"));
+        let _ = std::fs::remove_dir_all(fingerprint);
     }
     Ok(())
 }
@@ -208,17 +246,18 @@ pub fn package_crates(args: PackageArgs) -> Result<ExitCode> {
         })
         .collect();
     forget_unpacked_overlays(&versions)?;
+    let target = PathBuf::from(
+        meta["target_directory"]
+            .as_str()
+            .context("cargo metadata has no target_directory")?,
+    );
+    forget_overlay_builds(&target)?;
     let clock = Instant::now();
     let status = command.status().context("running cargo package")?;
     if !status.success() {
         bail!("cargo package failed");
     }
-    let dir = PathBuf::from(
-        meta["target_directory"]
-            .as_str()
-            .context("cargo metadata has no target_directory")?,
-    )
-    .join("package");
+    let dir = target.join("package");
     let mut biggest = (String::new(), 0u64);
     for entry in std::fs::read_dir(&dir)?.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();

@@ -75,6 +75,25 @@ impl<T> Default for Epilogue<'_, T> {
     }
 }
 
+impl<'a, T> Epilogue<'a, T> {
+    /// The product of the input's RMSNorm (scale `gamma`).
+    fn norm(gamma: &'a CudaSlice<T>) -> Self {
+        Epilogue {
+            gamma: Some(gamma),
+            ..Epilogue::default()
+        }
+    }
+
+    /// The product plus `bias`, added into the output (the residual stream).
+    fn add_into(bias: Option<&'a CudaSlice<T>>) -> Self {
+        Epilogue {
+            bias,
+            in_place: true,
+            ..Epilogue::default()
+        }
+    }
+}
+
 /// Set to `0` / `off` to run every product of the decoder on cuBLAS (the decoding step's
 /// few-row products otherwise run on the engine's own GEMV kernel).
 pub const GEMV_ENV: &str = "IPFS_ACCELERATE_CUDA_GEMV";
@@ -821,17 +840,10 @@ where
             let o = &layer.output;
             let gup = &layer.gate_up;
             if fused {
-                let add = Epilogue {
-                    bias: o.bias.as_ref(),
-                    in_place: true,
-                    ..Epilogue::default()
-                };
+                let add = Epilogue::add_into(o.bias.as_ref());
                 self.gemv(&o.weight, h, q_width, (ctx_ptr, q_width), rows, add, x_ptr)?;
                 prof.mark("o")?;
-                let norm = Epilogue {
-                    gamma: Some(&layer.post_norm),
-                    ..Epilogue::default()
-                };
+                let norm = Epilogue::norm(&layer.post_norm);
                 let width = 2 * d.intermediate;
                 self.gemv(&gup.weight, width, h, (x_ptr, h), rows, norm, gu_ptr)?;
             } else {
@@ -860,11 +872,7 @@ where
             let dn = &layer.down;
             let inter = d.intermediate;
             if fused {
-                let add = Epilogue {
-                    bias: dn.bias.as_ref(),
-                    in_place: true,
-                    ..Epilogue::default()
-                };
+                let add = Epilogue::add_into(dn.bias.as_ref());
                 self.gemv(&dn.weight, h, inter, (act_ptr, inter), rows, add, x_ptr)?;
                 prof.mark("down")?;
             } else {
@@ -880,10 +888,7 @@ where
         }
         let head = self.lm_head.as_ref().map_or(&self.embed, |w| &w.weight);
         if fused {
-            let norm = Epilogue {
-                gamma: Some(&self.final_norm),
-                ..Epilogue::default()
-            };
+            let norm = Epilogue::norm(&self.final_norm);
             let last = x_ptr + (first * std::mem::size_of::<T>()) as u64;
             self.gemv(head, d.vocab, h, (last, stride), out_rows, norm, logits_ptr)?;
         } else {
