@@ -106,7 +106,7 @@ pub fn load_family_in(
         )?));
     }
     // LLaMA and Qwen2 on cuda: the cuBLAS decoder when it can take the checkpoint, else burn's
-    // CubeCL path (f32).
+    // CubeCL path.
     #[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
     if backend == BackendKind::Cuda && matches!(family, "llama" | "qwen2") {
         let loaded = ipfs_accelerate_llama::decoder_spec(dir)
@@ -121,11 +121,6 @@ pub fn load_family_in(
             });
         match loaded {
             Ok(runner) => return Ok(Box::new(runner)),
-            Err(reason) if precision != Precision::F32 => {
-                return Err(Error::Unsupported(format!(
-                    "{family} in {precision} on cuda runs on the cuBLAS decoder: {reason}"
-                )))
-            }
             Err(reason) => tracing::info!(
                 "{family} on cuda: the cuBLAS decoder cannot run {} ({reason}); using CubeCL",
                 dir.display()

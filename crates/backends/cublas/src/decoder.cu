@@ -102,20 +102,21 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
 // Causal attention of the call's queries over the KV cache: query i of row b sits at column
 // past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
 // j > past + i - window). Softmax is online over chunks of blockDim keys (no limit on the
-// context): one thread scores one key of the chunk, then every thread adds VEC features of the
-// values of a strided subset of the chunk's keys (16-byte loads, independent across keys). A query
+// context): one thread scores one key of the chunk, then every thread adds W features of the
+// values of a strided subset of the chunk's keys (W-wide loads, independent across keys). A query
 // that sees no key gets zeros (PyTorch SDPA's answer for a fully masked row).
 // q and out `[batch * n_new, heads * head_dim]`; caches `[batch, kv_heads, cap, head_dim]`;
-// head_dim a multiple of VEC. Grid (n_new, heads, batch), block a multiple of 32 and at least
-// head_dim; shared memory (head_dim + blockDim * (1 + VEC) + 32) floats.
-extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const T* v_cache,
-                                            const int* mask, const int* past, int heads,
-                                            int kv_heads, int head_dim, int n_new, int cap,
-                                            int window, float scale, T* out) {
+// values read in packs of W (head_dim a multiple of W). Grid (n_new, heads, batch), block a
+// multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) + 32) floats.
+template <int W>
+__device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_cache,
+                                      const int* mask, const int* past, int heads, int kv_heads,
+                                      int head_dim, int n_new, int cap, int window, float scale,
+                                      T* out) {
     float* qs = shared_floats();
     float* ps = qs + head_dim;
     float* accs = ps + blockDim.x;
-    float* red = accs + blockDim.x * VEC;
+    float* red = accs + blockDim.x * W;
     int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
     int kvh = h / (heads / kv_heads);
     int col = past[0] + i;
@@ -126,13 +127,13 @@ extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const 
     const T* kb = k_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
     const T* vb = v_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
     const int* mrow = mask + (size_t)b * cap;
-    // Value accumulation: thread t adds features [pk * VEC, pk * VEC + VEC) of keys kg, kg +
+    // Value accumulation: thread t adds features [pk * W, pk * W + W) of keys kg, kg +
     // groups, ... of each chunk.
-    int packs = head_dim / (int)VEC, groups = blockDim.x / packs;
+    int packs = head_dim / W, groups = blockDim.x / packs;
     int pk = t % packs, kg = t / packs;
-    float acc[VEC];
+    float acc[W];
 #pragma unroll
-    for (int e = 0; e < (int)VEC; ++e) acc[e] = 0.f;
+    for (int e = 0; e < W; ++e) acc[e] = 0.f;
     int first = window > 0 ? max(0, col - window + 1) : 0;
     float m = NEG_INF, l = 0.f;
     for (int c0 = first; c0 <= col; c0 += blockDim.x) {
@@ -142,10 +143,10 @@ extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const 
         if (on) {
             const T* kr = kb + (size_t)j * head_dim;
             s = 0.f;
-            for (int e = 0; e < head_dim; e += VEC) {
-                Pack<VEC> kp = load_pack<VEC>(kr + e);
+            for (int e = 0; e < head_dim; e += W) {
+                Pack<W> kp = load_pack<W>(kr + e);
 #pragma unroll
-                for (int u = 0; u < (int)VEC; ++u) s += qs[e + u] * ld(kp.v[u]);
+                for (int u = 0; u < W; ++u) s += qs[e + u] * ld(kp.v[u]);
             }
         }
         float m_new = fmaxf(m, block_reduce(s, red, BLOCK_MAX));
@@ -157,22 +158,22 @@ extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const 
         m = m_new;
         if (kg < groups) {
 #pragma unroll
-            for (int e = 0; e < (int)VEC; ++e) acc[e] *= alpha;
+            for (int e = 0; e < W; ++e) acc[e] *= alpha;
             int n = min((int)blockDim.x, col + 1 - c0);
-            const T* vc = vb + (size_t)c0 * head_dim + pk * VEC;
+            const T* vc = vb + (size_t)c0 * head_dim + pk * W;
 #pragma unroll 4
             for (int jj = kg; jj < n; jj += groups) {
                 float pj = ps[jj];  // 0 for a masked key, whose (finite) values add nothing
-                Pack<VEC> vp = load_pack<VEC>(vc + (size_t)jj * head_dim);
+                Pack<W> vp = load_pack<W>(vc + (size_t)jj * head_dim);
 #pragma unroll
-                for (int e = 0; e < (int)VEC; ++e) acc[e] += pj * ld(vp.v[e]);
+                for (int e = 0; e < W; ++e) acc[e] += pj * ld(vp.v[e]);
             }
         }
         __syncthreads();  // ps is rewritten by the next chunk
     }
     if (kg < groups) {
 #pragma unroll
-        for (int e = 0; e < (int)VEC; ++e) accs[kg * head_dim + pk * VEC + e] = acc[e];
+        for (int e = 0; e < W; ++e) accs[kg * head_dim + pk * W + e] = acc[e];
     }
     __syncthreads();
     if (t < head_dim) {
@@ -180,6 +181,23 @@ extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const 
         for (int gg = 0; gg < groups; ++gg) o += accs[gg * head_dim + t];
         out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
     }
+}
+
+// The entry points: 16-byte packs when head_dim is a multiple of VEC, single values otherwise.
+extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const T* v_cache,
+                                            const int* mask, const int* past, int heads,
+                                            int kv_heads, int head_dim, int n_new, int cap,
+                                            int window, float scale, T* out) {
+    cached_attention_impl<VEC>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, n_new,
+                               cap, window, scale, out);
+}
+extern "C" __global__ void cached_attention_scalar(const T* q, const T* k_cache,
+                                                   const T* v_cache, const int* mask,
+                                                   const int* past, int heads, int kv_heads,
+                                                   int head_dim, int n_new, int cap, int window,
+                                                   float scale, T* out) {
+    cached_attention_impl<1>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, n_new,
+                             cap, window, scale, out);
 }
 
 // y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):

@@ -46,6 +46,8 @@ struct Kernels {
     gated_act: CudaFunction,
     rope_split: CudaFunction,
     cached_attention: CudaFunction,
+    /// `cached_attention` reading single values (heads that are not a whole number of packs).
+    cached_attention_scalar: CudaFunction,
     gemv_rows: CudaFunction,
 }
 
@@ -283,6 +285,7 @@ where
             gated_act: f("gated_act")?,
             rope_split: f("rope_split")?,
             cached_attention: f("cached_attention")?,
+            cached_attention_scalar: f("cached_attention_scalar")?,
             gemv_rows: f("gemv_rows")?,
         };
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
@@ -820,7 +823,12 @@ where
             }
             prof.mark("rope")?;
             unsafe {
-                s.launch_builder(&self.kernels.cached_attention)
+                let attention = if dh.is_multiple_of(vec) {
+                    &self.kernels.cached_attention
+                } else {
+                    &self.kernels.cached_attention_scalar
+                };
+                s.launch_builder(attention)
                     .arg(&b.q)
                     .arg(&*keys)
                     .arg(&*values)
@@ -922,10 +930,9 @@ where
 pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    let vec = 8; // the attention kernel reads keys in 16-byte packs of f16 (8) or f32 (4)
-    if !spec.head_dim.is_multiple_of(vec) || spec.head_dim > MAX_HEAD_DIM {
+    if spec.head_dim > MAX_HEAD_DIM {
         return Err(EngineError::Spec(format!(
-            "heads of {} features (the attention kernel takes multiples of {vec} up to {MAX_HEAD_DIM})",
+            "heads of {} features (the attention kernel takes up to {MAX_HEAD_DIM})",
             spec.head_dim
         )));
     }
