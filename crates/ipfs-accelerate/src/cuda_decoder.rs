@@ -221,6 +221,12 @@ impl ModelRunner for CudaDecoder {
         Some("cublas")
     }
 
+    /// The peak of the engine's device memory pool: weights, the largest KV cache and the
+    /// activations of a call, which a generation benchmark reads after its runs.
+    fn device_memory_in_use(&self) -> Option<u64> {
+        self.engine.peak_memory()
+    }
+
     /// `input_ids` (+ `attention_mask`, `position_ids`) → `logits`; `greedy_prompt` +
     /// `greedy_steps` → `greedy_tokens` (cached decoding: the same tokens as recomputing).
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {

@@ -947,6 +947,7 @@ pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
 
 /// A decoder of either storage type, as the runner holds it.
 trait AnyDecoder: Send + Sync {
+    fn peak_memory(&self) -> Option<u64>;
     fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError>;
     fn forward(
         &self,
@@ -961,6 +962,10 @@ impl<T: Elem> AnyDecoder for Decoder<T>
 where
     CudaBlas: Gemm<T>,
 {
+    fn peak_memory(&self) -> Option<u64> {
+        crate::engine::pool_bytes(&self.stream, crate::engine::PoolBytes::Peak)
+    }
+
     fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError> {
         Ok(Box::new(Decoder::new_state(self, batch, capacity)?))
     }
@@ -1020,6 +1025,13 @@ impl DecoderEngine {
     /// The longest context.
     pub fn max_positions(&self) -> usize {
         self.max_positions
+    }
+
+    /// The most device memory the device's default pool has held at once: the weights, KV caches
+    /// and a call's activations (and whatever else of the process allocates from that pool, such
+    /// as an encoder engine); `None` when the driver cannot say.
+    pub fn peak_memory(&self) -> Option<u64> {
+        self.inner.peak_memory()
     }
 
     /// A session of `batch` rows whose KV cache holds `capacity` columns per row.

@@ -402,6 +402,41 @@ pub(crate) unsafe fn device_buffer<T: DeviceRepr>(
     })
 }
 
+/// Which byte count of the device's default memory pool [`pool_bytes`] reads.
+#[derive(Clone, Copy)]
+pub(crate) enum PoolBytes {
+    /// Allocated now.
+    Current,
+    /// The most allocated at once since the pool was created.
+    Peak,
+}
+
+/// Bytes allocated from the default memory pool of `stream`'s device, where every buffer of the
+/// engines lives; `None` when the driver cannot say.
+pub(crate) fn pool_bytes(stream: &Arc<CudaStream>, which: PoolBytes) -> Option<u64> {
+    use cudarc::driver::sys;
+    let attribute = match which {
+        PoolBytes::Current => sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        PoolBytes::Peak => sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+    };
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut used = 0u64;
+    // SAFETY: `pool` is written by the driver before use; the attribute is a u64.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, stream.context().cu_device())
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return None;
+        }
+        if sys::cuMemPoolGetAttribute(pool, attribute, (&mut used as *mut u64).cast())
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return None;
+        }
+    }
+    Some(used)
+}
+
 /// A launch over `rows × cols` values: one block row per matrix row, blocks of [`ROW_THREADS`]
 /// along the columns.
 pub(crate) fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
@@ -600,26 +635,7 @@ where
     /// Bytes allocated from the device's default memory pool, where every buffer of the engine
     /// lives (weights and, during a call, activations); `None` when the driver cannot say.
     pub fn memory_in_use(&self) -> Option<u64> {
-        use cudarc::driver::sys;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        let mut used = 0u64;
-        // SAFETY: `pool` is written by the driver before use; the attribute is a u64.
-        unsafe {
-            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.stream.context().cu_device())
-                != sys::CUresult::CUDA_SUCCESS
-            {
-                return None;
-            }
-            if sys::cuMemPoolGetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-                (&mut used as *mut u64).cast(),
-            ) != sys::CUresult::CUDA_SUCCESS
-            {
-                return None;
-            }
-        }
-        Some(used)
+        pool_bytes(&self.stream, PoolBytes::Current)
     }
 
     /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), reading row `r` of `x` at `r * x_stride`.
