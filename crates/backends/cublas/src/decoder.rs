@@ -365,12 +365,12 @@ where
     pub fn new_state(&self, batch: usize, capacity: usize) -> Result<State<T>, EngineError> {
         let d = &self.dims;
         if batch == 0 || capacity == 0 {
-            return Err(EngineError::Spec(format!(
+            return Err(EngineError::Input(format!(
                 "a KV cache of {batch} rows × {capacity} columns holds nothing"
             )));
         }
         if capacity > d.max_positions {
-            return Err(EngineError::Spec(format!(
+            return Err(EngineError::Input(format!(
                 "a KV cache of {capacity} columns exceeds the model's {} positions",
                 d.max_positions
             )));
