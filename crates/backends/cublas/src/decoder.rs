@@ -3,7 +3,7 @@
 //! `decoder.cu` for the rest: embedding rows, RMSNorm fused with the residual add, RoPE fused with
 //! the split into the query and the device-resident KV cache, causal attention over the cache
 //! (online softmax, grouped-query heads read in place, sliding windows), and the gated MLP's
-//! activation. A [`DecodeState`] holds one batch's cache; a call runs any number of new columns
+//! activation. A [`State`] holds one batch's cache; a call runs any number of new columns
 //! (the prompt, then one token per step) and returns the logits of the last or of every column.
 
 use std::any::Any;
@@ -12,14 +12,12 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchArgs,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use ipfs_accelerate_core::{DecoderSpec, DenseWeights, GatedActivation, Precision};
 
-use crate::engine::{
-    compile_module, device_buffer, open_stream, parallel_copy, pinned, rows_by_columns, Elem,
-};
+use crate::engine::{compile_module, device_buffer, open_stream, read_back, rows_by_columns, Elem};
 use crate::{probe, EngineError};
 
 /// `activate`'s code in kernels.cu for a gated activation.
@@ -94,6 +92,18 @@ impl<'a, T> Epilogue<'a, T> {
             ..Epilogue::default()
         }
     }
+}
+
+/// The null pointer a kernel reads as "no such input".
+static NULL: u64 = 0;
+
+/// Pushes the device pointer of `value`, or a null pointer for an input the kernel skips when it
+/// is null (a bias, a norm's scale, a residual).
+fn arg_or_null<'a, T>(args: &mut LaunchArgs<'a>, value: Option<&'a CudaSlice<T>>) {
+    match value {
+        Some(v) => args.arg(v),
+        None => args.arg(&NULL),
+    };
 }
 
 /// Set to `0` / `off` to run every product of the decoder on cuBLAS (the decoding step's
@@ -226,10 +236,6 @@ pub struct State<T> {
 /// Set to `0` / `off` to run every decoding step as separate launches instead of replaying a
 /// CUDA graph.
 pub const GRAPHS_ENV: &str = "IPFS_ACCELERATE_CUDA_GRAPHS";
-
-fn graphs_enabled() -> bool {
-    !switched_off(GRAPHS_ENV)
-}
 
 /// Which logits a call returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,7 +405,7 @@ where
             },
             past: 0,
             step: None,
-            graphs: graphs_enabled(),
+            graphs: !switched_off(GRAPHS_ENV),
         })
     }
 
@@ -426,7 +432,6 @@ where
     ) -> Result<(), EngineError> {
         let (stride_i, rows_i) = (x_stride as i32, rows as i32);
         let (out_i, k_i) = (out_features as i32, in_features as i32);
-        let null = 0u64;
         let mut args = self.stream.launch_builder(&self.kernels.gemv_rows);
         args.arg(w)
             .arg(&x)
@@ -434,20 +439,11 @@ where
             .arg(&rows_i)
             .arg(&out_i)
             .arg(&k_i);
-        match epilogue.gamma {
-            Some(g) => args.arg(g),
-            None => args.arg(&null),
-        };
+        arg_or_null(&mut args, epilogue.gamma);
         args.arg(&self.dims.eps);
-        match epilogue.bias {
-            Some(b) => args.arg(b),
-            None => args.arg(&null),
-        };
-        if epilogue.in_place {
-            args.arg(&y);
-        } else {
-            args.arg(&null);
-        }
+        arg_or_null(&mut args, epilogue.bias);
+        // The residual is the output itself when adding in place.
+        args.arg(if epilogue.in_place { &y } else { &NULL });
         args.arg(&y);
         // SAFETY: `gemv_rows(w, x, x_stride, rows, out, k, gamma, eps, bias, residual, y)` reads
         // `rows` rows of `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out`
@@ -700,7 +696,6 @@ where
         let (n_i, cap_i, h_i) = (new as i32, cap as i32, h as i32);
         let (heads_i, kv_i, dh_i) = (d.heads as i32, d.kv_heads as i32, dh as i32);
         let inter_i = d.intermediate as i32;
-        let null = 0u64;
         // SAFETY (launches): each argument list matches its kernel's signature in decoder.cu and
         // every buffer holds the rows × widths the grid covers.
         unsafe {
@@ -749,14 +744,8 @@ where
                    out: &mut CudaSlice<T>|
          -> Result<(), EngineError> {
             let mut args = s.launch_builder(&self.kernels.residual_rms_norm);
-            match y {
-                Some(y) => args.arg(y),
-                None => args.arg(&null),
-            };
-            match bias {
-                Some(b) => args.arg(b),
-                None => args.arg(&null),
-            };
+            arg_or_null(&mut args, y);
+            arg_or_null(&mut args, bias);
             args.arg(x).arg(gamma).arg(&d.eps).arg(&h_i).arg(out);
             // SAFETY: as above; rows × hidden in every buffer.
             unsafe { args.launch(norm_cfg) }?;
@@ -782,10 +771,7 @@ where
         for (l, layer) in self.layers.iter().enumerate() {
             let w = &layer.qkv;
             if fused {
-                let norm = Epilogue {
-                    gamma: Some(&layer.input_norm),
-                    ..Epilogue::default()
-                };
+                let norm = Epilogue::norm(&layer.input_norm);
                 self.gemv(
                     &w.weight,
                     w.out_features,
@@ -867,10 +853,7 @@ where
             unsafe {
                 let mut args = s.launch_builder(&self.kernels.gated_act);
                 args.arg(&b.gu);
-                match gup.bias.as_ref() {
-                    Some(bias) => args.arg(bias),
-                    None => args.arg(&null),
-                };
+                arg_or_null(&mut args, gup.bias.as_ref());
                 args.arg(&inter_i)
                     .arg(&d.act)
                     .arg(&mut b.act)
@@ -913,16 +896,7 @@ where
 
     /// `x` to the host as f32, through the page-locked staging buffer.
     fn download(&self, x: &CudaSlice<T>) -> Result<Vec<f32>, EngineError> {
-        let n = x.len();
-        let mut staging = self
-            .staging
-            .lock()
-            .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
-        // SAFETY: written by the copy below before it is read.
-        let dst = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        self.stream.memcpy_dtoh(x, dst)?;
-        self.stream.synchronize()?;
-        Ok(T::to_f32_vec(&parallel_copy(dst)))
+        read_back(&self.stream, &self.staging, x, T::to_f32_vec)
     }
 }
 
@@ -997,7 +971,6 @@ impl DecoderEngine {
     /// Probes libcuda / NVRTC / cuBLAS, checks `spec`, compiles the kernels and uploads the
     /// weights in `precision` (f32 or f16).
     pub fn load(spec: &DecoderSpec, precision: Precision) -> Result<Self, EngineError> {
-        check_decoder_spec(spec)?;
         probe()?;
         let inner: Box<dyn AnyDecoder> = match precision {
             Precision::F32 => Box::new(Decoder::<f32>::load(spec, 0)?),

@@ -83,7 +83,7 @@ impl Elem for half::f16 {
 const KERNELS: &str = include_str!("kernels.cu");
 const DECODER_KERNELS: &str = include_str!("decoder.cu");
 /// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
-pub(crate) const ROW_THREADS: u32 = 256;
+const ROW_THREADS: u32 = 256;
 /// Keys one softmax thread holds in registers (`SOFTMAX_PER_THREAD` in kernels.cu).
 const SOFTMAX_PER_THREAD: usize = 8;
 /// The longest key row the softmax kernel takes (1024 threads × [`SOFTMAX_PER_THREAD`]).
@@ -239,7 +239,7 @@ enum DeviceHead<T> {
 
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
 /// staging buffer several times faster than one `memcpy`).
-pub(crate) fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
+fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
     if src.len() <= CHUNK {
@@ -366,7 +366,7 @@ fn keep_freed_memory_pooled(ctx: &CudaContext) {
 ///
 /// # Safety
 /// The caller writes the values before it reads them.
-pub(crate) unsafe fn pinned<'a, T: DeviceRepr + ValidAsZeroBits>(
+unsafe fn pinned<'a, T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     slot: &'a mut Option<PinnedHostSlice<T>>,
     n: usize,
@@ -691,7 +691,7 @@ where
         // of this call are freed as an error returns, so later (smaller) calls still run.
         let alloc = |n: usize| -> Result<CudaSlice<T>, EngineError> {
             unsafe {
-                self.device_buffer(n, || {
+                device_buffer(&self.stream, n, || {
                     format!("a buffer of {n} values for {batch} input(s) of {seq} tokens")
                 })
             }
@@ -1187,56 +1187,42 @@ where
             .lock()
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
         // SAFETY: written in full below before it is copied.
-        let host = unsafe { self.pinned(&mut staging, n) }?;
+        let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
         host.par_chunks_mut(CHUNK)
             .zip(values.par_chunks(CHUNK))
             .for_each(|(d, s)| T::convert_into(s, d));
         // SAFETY (allocation): written in full by the copy.
-        let mut device = unsafe { self.device_buffer(n, || format!("the {n} input values")) }?;
+        let mut device =
+            unsafe { device_buffer(&self.stream, n, || format!("the {n} input values")) }?;
         self.stream.memcpy_htod(&*host, &mut device)?;
         Ok(device)
-    }
-
-    /// [`pinned`] on this engine's context.
-    ///
-    /// # Safety
-    /// The caller writes the values before it reads them.
-    unsafe fn pinned<'a>(
-        &self,
-        slot: &'a mut Option<PinnedHostSlice<T>>,
-        n: usize,
-    ) -> Result<&'a mut [T], EngineError> {
-        pinned(&self.stream, slot, n)
-    }
-
-    /// [`device_buffer`] on this engine's stream.
-    ///
-    /// # Safety
-    /// The caller writes the values before it reads them.
-    unsafe fn device_buffer(
-        &self,
-        n: usize,
-        what: impl FnOnce() -> String,
-    ) -> Result<CudaSlice<T>, EngineError> {
-        device_buffer(&self.stream, n, what)
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
     /// staging buffer.
     fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
-        let n = x.len();
-        let mut staging = self
-            .staging
-            .lock()
-            .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
-        // Exactly `n` values: cudarc copies as many bytes as the destination slice holds.
-        // SAFETY: written by the copy below before it is read.
-        let dst = unsafe { self.pinned(&mut staging, n) }?;
-        self.stream.memcpy_dtoh(x, dst)?;
-        self.stream.synchronize()?;
-        HostTensor::from_vec(shape, T::DTYPE, parallel_copy(dst))
-            .map_err(|e| EngineError::Spec(e.to_string()))
+        let values = read_back(&self.stream, &self.staging, x, parallel_copy)?;
+        HostTensor::from_vec(shape, T::DTYPE, values).map_err(|e| EngineError::Spec(e.to_string()))
     }
+}
+
+/// Copies `x` into the page-locked buffer in `staging` (grown as needed), waits for the stream,
+/// and hands the copy to `take` (which makes the caller's own vector of it).
+pub(crate) fn read_back<T: DeviceRepr + ValidAsZeroBits, R>(
+    stream: &Arc<CudaStream>,
+    staging: &Mutex<Option<PinnedHostSlice<T>>>,
+    x: &CudaSlice<T>,
+    take: impl FnOnce(&[T]) -> R,
+) -> Result<R, EngineError> {
+    let mut staging = staging
+        .lock()
+        .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
+    // Exactly `x.len()` values: cudarc copies as many bytes as the destination slice holds.
+    // SAFETY: written by the copy below before it is read.
+    let dst = unsafe { pinned(stream, &mut staging, x.len()) }?;
+    stream.memcpy_dtoh(x, dst)?;
+    stream.synchronize()?;
+    Ok(take(dst))
 }
 
 #[cfg(test)]

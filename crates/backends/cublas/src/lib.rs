@@ -70,7 +70,7 @@ pub enum EngineError {
     #[error("{0}")]
     Input(String),
     /// The precision is not one the engine runs.
-    #[error("the cuBLAS encoder runs f32 and f16, not {0}")]
+    #[error("the cuBLAS engine runs f32 and f16, not {0}")]
     Precision(String),
     /// The device could not allocate a buffer of a request.
     #[error("out of device memory: {what} needs {bytes} bytes")]
