@@ -363,7 +363,7 @@ pub fn parse_switch(s: &str) -> std::result::Result<bool, String> {
 
 /// The switch the environment variable `name` sets ([`parse_switch`]); `None` when it is unset or
 /// not a switch.
-fn env_switch(name: &str) -> Option<bool> {
+pub(crate) fn env_switch(name: &str) -> Option<bool> {
     parse_switch(&std::env::var(name).ok()?).ok()
 }
 

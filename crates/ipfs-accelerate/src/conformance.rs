@@ -111,12 +111,7 @@ pub fn load_family_in(
     if backend == BackendKind::Cuda && matches!(family, "llama" | "qwen2") {
         let loaded = ipfs_accelerate_llama::decoder_spec(dir)
             .map_err(|e| e.to_string())
-            .and_then(|spec| {
-                let config = ipfs_accelerate_llama::LlamaConfig::from_file(
-                    &dir.join("config.json"),
-                    ipfs_accelerate_llama::Architecture::Llama,
-                )
-                .map_err(|e| e.to_string())?;
+            .and_then(|(spec, config)| {
                 crate::cuda_decoder::CudaDecoder::load(&spec, &config, None, precision)
             });
         match loaded {

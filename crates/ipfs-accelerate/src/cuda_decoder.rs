@@ -10,8 +10,7 @@ use ipfs_accelerate_core::{
     BackendKind, DecoderSpec, Error, HostTensor, ModelRunner, Precision, Result, TensorMap,
 };
 use ipfs_accelerate_llama::{
-    check_vocab, greedy_steps, greedy_tokens, positions_from_mask, same_shape_ids, token_matrix,
-    LlamaConfig, TextGeneration,
+    left_padded, run_causal_lm, ForwardInputs, LeftPadded, LlamaConfig, TextGeneration,
 };
 use ipfs_accelerate_nn::generate::{generate, GenerationConfig, TokenDecoder};
 use ipfs_accelerate_nn::WeightQuantization;
@@ -37,11 +36,7 @@ impl CudaDecoder {
         chat_template: Option<String>,
         precision: Precision,
     ) -> std::result::Result<Self, String> {
-        if std::env::var(CUDA_DECODER_ENV)
-            .ok()
-            .and_then(|v| crate::backends::parse_switch(&v).ok())
-            == Some(false)
-        {
+        if crate::backends::env_switch(CUDA_DECODER_ENV) == Some(false) {
             return Err(format!("{CUDA_DECODER_ENV} is off"));
         }
         let engine = DecoderEngine::load(spec, precision).map_err(|e| e.to_string())?;
@@ -55,77 +50,46 @@ impl CudaDecoder {
     }
 
     /// A token decoder over `prompts` (left-padded into one batch, as the burn decoder does) whose
-    /// cache holds the prompt and `max_new` tokens.
+    /// cache holds the prompt and `max_new` tokens. The engine checks the ids against the
+    /// vocabulary and the cache against the model's positions.
     fn decoder(&self, prompts: &[Vec<u32>], max_new: usize) -> Result<EngineTokens<'_>> {
-        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
-            return Err(Error::InvalidInput("an empty prompt".into()));
-        }
-        let vocab = self.engine.vocab();
-        let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let capacity = len + max_new;
-        if capacity > self.engine.max_positions() {
-            return Err(Error::InvalidInput(format!(
-                "a prompt of {len} tokens + {max_new} new tokens exceeds the model's {} positions",
-                self.engine.max_positions()
-            )));
-        }
-        let pad = self
-            .config
-            .pad_token_id
-            .filter(|&p| p >= 0 && (p as usize) < vocab)
-            .unwrap_or(0) as i32;
-        let (mut ids, mut mask) = (Vec::new(), Vec::new());
-        for p in prompts {
-            if let Some(bad) = p.iter().find(|&&t| t as usize >= vocab) {
-                return Err(Error::InvalidInput(format!(
-                    "token {bad} is outside the vocabulary of {vocab}"
-                )));
-            }
-            let padding = len - p.len();
-            ids.extend(std::iter::repeat_n(pad, padding));
-            ids.extend(p.iter().map(|&t| t as i32));
-            mask.extend(std::iter::repeat_n(0i64, padding));
-            mask.extend(std::iter::repeat_n(1i64, p.len()));
-        }
-        let positions: Vec<i32> = positions_from_mask(&mask, prompts.len(), len)
-            .into_iter()
-            .map(|p| p as i32)
-            .collect();
-        let next = positions.chunks(len).map(|r| r[len - 1] + 1).collect();
+        let LeftPadded {
+            ids,
+            mask,
+            positions,
+            len,
+        } = left_padded(prompts, self.config.padding_id())?;
+        let flat = |rows: Vec<Vec<i64>>| -> Vec<i32> {
+            rows.into_iter().flatten().map(|v| v as i32).collect()
+        };
+        let next = positions.iter().map(|r| r[len - 1] as i32 + 1).collect();
         Ok(EngineTokens {
-            session: self.engine.session(prompts.len(), capacity)?,
+            session: self.engine.session(prompts.len(), len + max_new)?,
             prompt: Some(Prompt {
-                ids,
-                positions,
-                mask: mask.iter().map(|&m| m as i32).collect(),
+                ids: flat(ids),
+                positions: flat(positions),
+                mask: flat(mask),
                 len,
             }),
             next,
-            vocab,
+            vocab: self.engine.vocab(),
         })
     }
 
     /// Logits `[batch, seq, vocab]` of every position (one uncached pass).
-    fn logits(&self, inputs: &TensorMap, input_ids: &HostTensor) -> Result<HostTensor> {
-        let [batch, seq] = token_matrix("input_ids", input_ids)?;
-        let ids = input_ids.to_i64_vec()?;
-        check_vocab("input_ids", &ids, self.engine.vocab())?;
-        let positions = same_shape_ids(inputs, "position_ids", input_ids)?
-            .unwrap_or_else(|| (0..batch).flat_map(|_| 0..seq as i64).collect());
-        let mask = same_shape_ids(inputs, "attention_mask", input_ids)?
-            .unwrap_or_else(|| vec![1; batch * seq]);
+    fn logits(&self, f: &ForwardInputs) -> Result<HostTensor> {
         let narrow = |v: &[i64]| -> Vec<i32> { v.iter().map(|&x| x as i32).collect() };
-        let mut session = self.engine.session(batch, seq)?;
+        let mut session = self.engine.session(f.batch, f.seq)?;
         let logits = session.forward(
             &Columns {
-                ids: &narrow(&ids),
-                positions: &narrow(&positions),
-                mask: &narrow(&mask),
+                ids: &narrow(&f.ids),
+                positions: &narrow(&f.positions),
+                mask: &narrow(&f.mask),
             },
-            seq,
+            f.seq,
             LogitsOf::Every,
         )?;
-        HostTensor::from_f32(vec![batch, seq, self.engine.vocab()], &logits)
+        HostTensor::from_f32(vec![f.batch, f.seq, self.engine.vocab()], &logits)
     }
 
     fn generate_rows(
@@ -230,31 +194,12 @@ impl ModelRunner for CudaDecoder {
     /// `input_ids` (+ `attention_mask`, `position_ids`) → `logits`; `greedy_prompt` +
     /// `greedy_steps` → `greedy_tokens` (cached decoding: the same tokens as recomputing).
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let mut map = TensorMap::new();
-        if let Some(ids) = inputs.get("input_ids") {
-            map.insert("logits".into(), self.logits(inputs, ids)?);
-        }
-        if let Some(prompt) = inputs.get("greedy_prompt") {
-            let [rows, cols] = token_matrix("greedy_prompt", prompt)?;
-            let steps = greedy_steps(inputs)?;
-            let ids = prompt.to_i64_vec()?;
-            check_vocab("greedy_prompt", &ids, self.engine.vocab())?;
-            let prompts: Vec<Vec<u32>> = ids
-                .chunks(cols)
-                .take(rows)
-                .map(|r| r.iter().map(|&t| t as u32).collect())
-                .collect();
-            let tokens = greedy_tokens(&prompts, steps, |prompts, config| {
-                self.generate_rows(prompts, config, |_, _| ControlFlow::Continue(()))
-            })?;
-            map.insert("greedy_tokens".into(), tokens);
-        }
-        if map.is_empty() {
-            return Err(Error::InvalidInput(
-                "missing input: `input_ids` or `greedy_prompt`".into(),
-            ));
-        }
-        Ok(map)
+        run_causal_lm(
+            inputs,
+            self.engine.vocab(),
+            |f| self.logits(f),
+            |prompts, config| self.generate_rows(prompts, config, |_, _| ControlFlow::Continue(())),
+        )
     }
 }
 
@@ -268,10 +213,7 @@ impl TextGeneration for CudaDecoder {
     }
 
     fn default_generation_config(&self) -> GenerationConfig {
-        GenerationConfig {
-            stop_tokens: self.config.eos_token_ids(),
-            ..GenerationConfig::default()
-        }
+        self.config.default_generation_config()
     }
 
     fn quantize(&mut self, q: WeightQuantization) -> Result<()> {

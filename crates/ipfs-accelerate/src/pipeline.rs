@@ -106,17 +106,17 @@ pub const SPLIT_BATCHES_ENV: &str = "IPFS_ACCELERATE_SPLIT_BATCHES";
 
 /// [`FORWARD_OVERHEAD_TOKENS`], or a cost no padding outweighs when [`SPLIT_BATCHES_ENV`] is off.
 fn forward_overhead_tokens() -> usize {
-    match std::env::var(SPLIT_BATCHES_ENV).map(|v| crate::backends::parse_switch(&v)) {
-        Ok(Ok(false)) => 1 << 40,
+    match crate::backends::env_switch(SPLIT_BATCHES_ENV) {
+        Some(false) => 1 << 40,
         _ => FORWARD_OVERHEAD_TOKENS,
     }
 }
 
 impl PipelineBuilder {
-    /// Texts per forward pass (default [`DEFAULT_BATCH_SIZE`]): [`Pipeline::embed`] and
-    /// [`Pipeline::classify`] sort a larger input by length, run it in chunks of this many (so
-    /// short texts are not padded to the longest one and memory stays bounded), and return the
-    /// results in the input's order. 0 counts as 1.
+    /// Texts per forward pass at most (default [`DEFAULT_BATCH_SIZE`]): [`Pipeline::embed`] and
+    /// [`Pipeline::classify`] sort their input by length and run it in chunks of up to this many,
+    /// smaller where that saves padding (so short texts are not padded to the longest one and
+    /// memory stays bounded), and return the results in the input's order. 0 counts as 1.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n.max(1);
         self

@@ -80,7 +80,7 @@ impl<'a> SpecReader<'a> {
     /// The layer norm `name` of width `h`.
     pub fn norm(&self, name: &str, h: usize) -> Result<NormWeights> {
         Ok(NormWeights {
-            gamma: self.read(&format!("{name}.weight"), &[h])?,
+            gamma: self.scale(name, h)?,
             beta: self.read(&format!("{name}.bias"), &[h])?,
         })
     }

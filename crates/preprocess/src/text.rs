@@ -64,19 +64,22 @@ impl Encoded {
 
     /// Tokens of each row (the ones of its attention mask).
     pub fn lengths(&self) -> Vec<usize> {
-        self.attention_mask
-            .chunks(self.seq.max(1))
-            .take(self.batch)
-            .map(|row| row.iter().filter(|&&m| m != 0).count())
-            .collect()
+        (0..self.batch).map(|r| self.length(r)).collect()
+    }
+
+    /// Tokens of row `r`.
+    fn length(&self, r: usize) -> usize {
+        self.attention_mask[r * self.seq..(r + 1) * self.seq]
+            .iter()
+            .filter(|&&m| m != 0)
+            .count()
     }
 
     /// The rows `rows` (in that order) cut to their own longest length: a batch padded no more
     /// than it needs. Padding is on the right ([`TextTokenizer`]'s), so each row keeps every
     /// token.
     pub fn select(&self, rows: &[usize]) -> Encoded {
-        let lengths = self.lengths();
-        let seq = rows.iter().map(|&r| lengths[r]).max().unwrap_or(0);
+        let seq = rows.iter().map(|&r| self.length(r)).max().unwrap_or(0);
         let cut = |v: &[i64], r: usize| v[r * self.seq..r * self.seq + seq].to_vec();
         Encoded {
             batch: rows.len(),

@@ -8,6 +8,15 @@
 
 __device__ __forceinline__ float round_t(float x) { return ld(st(x)); }
 
+// HF's RMSNorm of one value: x / rms, rounded to T, times the scale, rounded (`inv` is
+// 1 / rms = rsqrt(mean of squares + eps), from rms_inv).
+__device__ __forceinline__ float rms_inv(float sum_of_squares, int n, float eps) {
+    return rsqrtf(sum_of_squares / n + eps);
+}
+__device__ __forceinline__ float rms_value(float x, float inv, float gamma) {
+    return round_t(gamma * round_t(x * inv));
+}
+
 // Rows of the token embedding: out[r] = table[ids[r]]; grid (rows, blocks of ROW_THREADS).
 extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -44,9 +53,9 @@ extern "C" __global__ void residual_rms_norm(const T* y, const T* bias, T* x, co
         row[c] = v;
         ss += v * v;
     }
-    float inv = rsqrtf(block_reduce(ss, red, BLOCK_SUM) / hidden + eps);
+    float inv = rms_inv(block_reduce(ss, red, BLOCK_SUM), hidden, eps);
     for (int c = threadIdx.x; c < hidden; c += blockDim.x)
-        out[base + c] = st(ld(gamma[c]) * round_t(row[c] * inv));
+        out[base + c] = st(rms_value(row[c], inv, ld(gamma[c])));
 }
 
 // The gated MLP's middle: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
@@ -221,7 +230,7 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
                 ss += v * v;
             }
             float total = block_reduce(ss, red, BLOCK_SUM);
-            if (threadIdx.x == 0) inv[r] = rsqrtf(total / k + eps);
+            if (threadIdx.x == 0) inv[r] = rms_inv(total, k, eps);
         }
         __syncthreads();
     }
@@ -243,7 +252,7 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
 #pragma unroll
                 for (int e = 0; e < (int)VEC; ++e) {
                     float xe = ld(xv.v[e]);
-                    if (gamma) xe = round_t(ld(g.v[e]) * round_t(xe * inv[r]));
+                    if (gamma) xe = rms_value(xe, inv[r], ld(g.v[e]));
                     acc[r] += ld(p.v[e]) * xe;
                 }
             }

@@ -293,6 +293,22 @@ impl LlamaConfig {
         sliding.then_some(window)
     }
 
+    /// The id padding columns get: `pad_token_id` when it is in the vocabulary, else 0 (masked
+    /// out either way).
+    pub fn padding_id(&self) -> i64 {
+        self.pad_token_id
+            .filter(|&p| p >= 0 && (p as usize) < self.vocab_size)
+            .unwrap_or(0)
+    }
+
+    /// Generation defaults of this checkpoint: greedy, stopping at its EOS token(s).
+    pub fn default_generation_config(&self) -> ipfs_accelerate_nn::generate::GenerationConfig {
+        ipfs_accelerate_nn::generate::GenerationConfig {
+            stop_tokens: self.eos_token_ids(),
+            ..Default::default()
+        }
+    }
+
     /// Bytes the weights take as f32, as a float load holds them (a tied head as its own
     /// transposed copy).
     pub fn float_weight_bytes(&self) -> usize {

@@ -16,6 +16,54 @@ pub enum DecodeMode {
     Recompute,
 }
 
+/// Prompts of different lengths as one batch, left-padded to the longest: per row, the ids,
+/// the attention mask (0 on padding) and the position ids HF's `generate` derives from it
+/// ([`positions_from_mask`]), and the padded length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeftPadded {
+    /// Token ids per row (`pad` first).
+    pub ids: Vec<Vec<i64>>,
+    /// Attention mask per row.
+    pub mask: Vec<Vec<i64>>,
+    /// Position ids per row.
+    pub positions: Vec<Vec<i64>>,
+    /// Columns of every row.
+    pub len: usize,
+}
+
+/// `prompts` left-padded with `pad` into one batch: what every executor of the family decodes
+/// (at least one prompt, none empty).
+pub fn left_padded(prompts: &[Vec<u32>], pad: i64) -> Result<LeftPadded> {
+    if prompts.is_empty() {
+        return Err(Error::InvalidInput("no prompts to decode".into()));
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(Error::InvalidInput(format!("prompt {i} is empty")));
+    }
+    let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(prompts.len());
+    let mut mask = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let padding = len - p.len();
+        let mut row = vec![pad; padding];
+        row.extend(p.iter().map(|&t| i64::from(t)));
+        ids.push(row);
+        let mut m = vec![0i64; padding];
+        m.resize(len, 1);
+        mask.push(m);
+    }
+    let positions = mask
+        .iter()
+        .map(|m| positions_from_mask(m, 1, m.len()))
+        .collect();
+    Ok(LeftPadded {
+        ids,
+        mask,
+        positions,
+        len,
+    })
+}
+
 /// A batch of prompts being decoded by a [`LlamaModel`]. Prompts of different lengths are
 /// left-padded; the padding is masked out of attention and position ids come from the mask's
 /// cumulative sum, as HF's `generate` does, so each row decodes as it would alone.
@@ -41,34 +89,12 @@ pub struct LlamaDecoder<'m, B: Backend> {
 impl<'m, B: Backend> LlamaDecoder<'m, B> {
     /// A decoder over `prompts` (at least one row, none empty, every id in the vocabulary).
     pub fn new(model: &'m LlamaModel<B>, prompts: &[Vec<u32>], mode: DecodeMode) -> Result<Self> {
-        if prompts.is_empty() {
-            return Err(Error::InvalidInput("no prompts to decode".into()));
-        }
-        if let Some(i) = prompts.iter().position(Vec::is_empty) {
-            return Err(Error::InvalidInput(format!("prompt {i} is empty")));
-        }
-        let vocab = model.config().vocab_size;
-        let pad = model
-            .config()
-            .pad_token_id
-            .filter(|&p| p >= 0 && (p as usize) < vocab)
-            .unwrap_or(0);
-        let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(prompts.len());
-        let mut mask = Vec::with_capacity(prompts.len());
-        for p in prompts {
-            let padding = len - p.len();
-            let mut row = vec![pad; padding];
-            row.extend(p.iter().map(|&t| i64::from(t)));
-            ids.push(row);
-            let mut m = vec![0i64; padding];
-            m.resize(len, 1);
-            mask.push(m);
-        }
-        let positions = mask
-            .iter()
-            .map(|m| positions_from_mask(m, 1, m.len()))
-            .collect();
+        let LeftPadded {
+            ids,
+            mask,
+            positions,
+            len,
+        } = left_padded(prompts, model.config().padding_id())?;
         Ok(LlamaDecoder {
             model,
             mode,

@@ -18,11 +18,12 @@ mod runner;
 mod spec;
 
 pub use config::{Architecture, LlamaConfig, TokenIds};
-pub use decoder::{DecodeMode, LlamaDecoder};
+pub use decoder::{left_padded, DecodeMode, LeftPadded, LlamaDecoder};
 pub use gguf::GgufWeights;
 pub use model::{positions_from_mask, DecoderInput, LlamaModel};
 pub use runner::{
-    check_vocab, greedy_steps, greedy_tokens, read_chat_template, same_shape_ids, token_matrix,
-    LlamaFamily, LlamaRunner, Qwen2Family, TextGeneration,
+    check_vocab, forward_inputs, greedy_steps, greedy_tokens, read_chat_template, run_causal_lm,
+    same_shape_ids, token_matrix, ForwardInputs, LlamaFamily, LlamaRunner, Qwen2Family,
+    TextGeneration,
 };
 pub use spec::{decoder_spec, decoder_spec_from};

@@ -155,10 +155,7 @@ impl<B: Backend> LlamaRunner<B> {
 
     /// Generation defaults of this checkpoint: greedy, stopping at its EOS token(s).
     pub fn default_generation_config(&self) -> GenerationConfig {
-        GenerationConfig {
-            stop_tokens: self.config().eos_token_ids(),
-            ..GenerationConfig::default()
-        }
+        self.config().default_generation_config()
     }
 
     /// Generates a continuation of `prompt` with the KV cache; `on_token` sees every token as soon
@@ -196,44 +193,88 @@ impl<B: Backend> LlamaRunner<B> {
         generate(&mut decoder, prompts, config, on_token)
     }
 
-    /// Logits `[batch, seq, vocab]` for `input_ids` with an optional `attention_mask` and
-    /// `position_ids` (`0..seq` when absent, as HF's forward; generation derives them from the
-    /// mask instead, see [`positions_from_mask`](crate::positions_from_mask)).
-    fn logits(&self, inputs: &TensorMap, ids: &HostTensor) -> Result<HostTensor> {
-        let [batch, seq] = token_matrix("input_ids", ids)?;
-        let positions = same_shape_ids(inputs, "position_ids", ids)?
-            .unwrap_or_else(|| (0..batch).flat_map(|_| 0..seq as i64).collect());
-        let mask =
-            same_shape_ids(inputs, "attention_mask", ids)?.unwrap_or_else(|| vec![1; batch * seq]);
-        let ids = ids.to_i64_vec()?;
+    /// Logits `[batch, seq, vocab]` of one uncached forward ([`ForwardInputs`]).
+    fn logits(&self, f: &ForwardInputs) -> Result<HostTensor> {
         let input = DecoderInput {
-            batch,
-            seq,
-            ids: &ids,
-            positions: &positions,
-            mask: &mask,
+            batch: f.batch,
+            seq: f.seq,
+            ids: &f.ids,
+            positions: &f.positions,
+            mask: &f.mask,
         };
         float_to_host(self.model.forward(&input, None)?)
     }
+}
 
-    /// `greedy_steps` argmax tokens after each row of `greedy_prompt`, recomputing the whole
-    /// sequence each step as the reference fixtures do: I64 `[rows, steps]`.
-    fn greedy(&self, inputs: &TensorMap, prompt: &HostTensor) -> Result<HostTensor> {
-        let [rows, _] = token_matrix("greedy_prompt", prompt)?;
+/// One uncached forward's inputs: `input_ids` `[batch, seq]` with its optional
+/// `attention_mask` (all ones when absent) and `position_ids` (`0..seq` per row when absent, as
+/// HF's forward; generation derives them from the mask instead, see [`positions_from_mask`](crate::positions_from_mask)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardInputs {
+    /// Rows.
+    pub batch: usize,
+    /// Columns.
+    pub seq: usize,
+    /// Token ids, row-major.
+    pub ids: Vec<i64>,
+    /// Position ids, row-major.
+    pub positions: Vec<i64>,
+    /// Attention mask, row-major.
+    pub mask: Vec<i64>,
+}
+
+/// Reads [`ForwardInputs`] from `inputs` (`ids` is its `input_ids`).
+pub fn forward_inputs(inputs: &TensorMap, ids: &HostTensor) -> Result<ForwardInputs> {
+    let [batch, seq] = token_matrix("input_ids", ids)?;
+    let positions = same_shape_ids(inputs, "position_ids", ids)?
+        .unwrap_or_else(|| (0..batch).flat_map(|_| 0..seq as i64).collect());
+    let mask =
+        same_shape_ids(inputs, "attention_mask", ids)?.unwrap_or_else(|| vec![1; batch * seq]);
+    Ok(ForwardInputs {
+        batch,
+        seq,
+        ids: ids.to_i64_vec()?,
+        positions,
+        mask,
+    })
+}
+
+/// The `run` of every executor of the family (`ModelRunner::run`): `input_ids` (+ optional
+/// `attention_mask` / `position_ids`) → `logits` through `logits`; `greedy_prompt` +
+/// `greedy_steps` → `greedy_tokens` through `decode`, which runs the prompts' rows under a greedy
+/// [`GenerationConfig`] of that many new tokens (see [`greedy_tokens`]). At least one of the two
+/// inputs is required.
+pub fn run_causal_lm(
+    inputs: &TensorMap,
+    vocab: usize,
+    logits: impl FnOnce(&ForwardInputs) -> Result<HostTensor>,
+    decode: impl FnOnce(&[Vec<u32>], &GenerationConfig) -> Result<Vec<Vec<u32>>>,
+) -> Result<TensorMap> {
+    let mut map = TensorMap::new();
+    if let Some(ids) = inputs.get("input_ids") {
+        map.insert("logits".into(), logits(&forward_inputs(inputs, ids)?)?);
+    }
+    if let Some(prompt) = inputs.get("greedy_prompt") {
+        let [rows, cols] = token_matrix("greedy_prompt", prompt)?;
         let steps = greedy_steps(inputs)?;
         let ids = prompt.to_i64_vec()?;
-        check_vocab("greedy_prompt", &ids, self.config().vocab_size)?;
-        let cols = ids.len() / rows.max(1);
+        check_vocab("greedy_prompt", &ids, vocab)?;
         let prompts: Vec<Vec<u32>> = ids
-            .chunks(cols.max(1))
+            .chunks(cols)
+            .take(rows)
             .map(|r| r.iter().map(|&t| t as u32).collect())
             .collect();
-        greedy_tokens(&prompts, steps, |prompts, config| {
-            self.generate_with(prompts, config, DecodeMode::Recompute, |_, _| {
-                ControlFlow::Continue(())
-            })
-        })
+        map.insert(
+            "greedy_tokens".into(),
+            greedy_tokens(&prompts, steps, decode)?,
+        );
     }
+    if map.is_empty() {
+        return Err(Error::InvalidInput(
+            "missing input: `input_ids` or `greedy_prompt`".into(),
+        ));
+    }
+    Ok(map)
 }
 
 /// The `greedy_steps` input of a reference run (i64 `[1]`, a non-negative count).
@@ -317,21 +358,19 @@ impl<B: Backend> ModelRunner for LlamaRunner<B> {
     }
 
     /// `input_ids` (+ optional `attention_mask` / `position_ids`) → `logits`; `greedy_prompt` +
-    /// `greedy_steps` → `greedy_tokens`. At least one of the two inputs is required.
+    /// `greedy_steps` → `greedy_tokens`, recomputing the whole sequence each step as the
+    /// reference fixtures do. At least one of the two inputs is required.
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let mut map = TensorMap::new();
-        if let Some(ids) = inputs.get("input_ids") {
-            map.insert("logits".into(), self.logits(inputs, ids)?);
-        }
-        if let Some(prompt) = inputs.get("greedy_prompt") {
-            map.insert("greedy_tokens".into(), self.greedy(inputs, prompt)?);
-        }
-        if map.is_empty() {
-            return Err(Error::InvalidInput(
-                "missing input: `input_ids` or `greedy_prompt`".into(),
-            ));
-        }
-        Ok(map)
+        run_causal_lm(
+            inputs,
+            self.config().vocab_size,
+            |f| self.logits(f),
+            |prompts, config| {
+                self.generate_with(prompts, config, DecodeMode::Recompute, |_, _| {
+                    ControlFlow::Continue(())
+                })
+            },
+        )
     }
 }
 

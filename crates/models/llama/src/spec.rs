@@ -14,11 +14,12 @@ use ipfs_accelerate_nn::{
 
 use crate::{Architecture, LlamaConfig};
 
-/// The [`DecoderSpec`] of the checkpoint folder `dir` (config.json and safetensors).
-pub fn decoder_spec(dir: &Path) -> Result<DecoderSpec> {
+/// The [`DecoderSpec`] of the checkpoint folder `dir` (config.json and safetensors), with the
+/// configuration it was read from.
+pub fn decoder_spec(dir: &Path) -> Result<(DecoderSpec, LlamaConfig)> {
     let config = LlamaConfig::from_file(&dir.join("config.json"), Architecture::Llama)?;
     let weights = ipfs_accelerate_io::open_weights(dir)?;
-    decoder_spec_from(&config, weights.as_ref())
+    Ok((decoder_spec_from(&config, weights.as_ref())?, config))
 }
 
 /// The [`DecoderSpec`] of `config` with weights from any source (a folder's files, a GGUF file's
@@ -212,7 +213,7 @@ mod tests {
         for family in ["llama", "qwen2"] {
             for fixture in ipfs_accelerate_conformance::family_fixtures("decoder spec", family) {
                 let meta = fixture.meta().unwrap();
-                let spec = decoder_spec(&fixture.dir).unwrap();
+                let (spec, _) = decoder_spec(&fixture.dir).unwrap();
                 let reference = fixture.reference().unwrap();
                 let ids_t = reference.raw("input_ids").unwrap();
                 let ids = ids_t.to_i64_vec().unwrap();
