@@ -87,7 +87,11 @@ def run_torch_generation(args, dtypes, torch, tf, version):
                 feats = torch.randn(1, cfg.get("num_mel_bins", 80), args.seq, device=args.device, dtype=names[d])
                 inputs = dict(input_features=feats)
             else:
-                ids = torch.tensor([prompt_ids(args.seq, cfg.get("vocab_size", 32000))], device=args.device)
+                # --batch rows: the prompt rotated by one id per row, as ours (decoder LMs)
+                vocab = cfg.get("vocab_size", 32000)
+                base = prompt_ids(args.seq, vocab)
+                rows = [[3 + (t - 3 + r) % max(vocab - 3, 1) for t in base] for r in range(args.batch)]
+                ids = torch.tensor(rows, device=args.device)
                 inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
             ttft, decode = [], []
             for i in range(args.warmup + args.iters):

@@ -82,6 +82,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // On cuda the decoder also computes on ggml block weights: each format against the same
+    // engine on the dequantized values (a random model; the fixtures are too narrow for the
+    // 256-weight k-quant blocks).
+    let decoders = ["llama", "qwen2"];
+    if backends.contains(&BackendKind::Cuda)
+        && (args.family.is_empty() || args.family.iter().any(|f| decoders.contains(&f.as_str())))
+    {
+        checks.extend(ipfs_accelerate::conformance::verify_block_formats(
+            args.precision,
+        ));
+    }
     println!(
         "{:<10} {:<26} {:<12} {:<20} {:>12} {:>10}  ok",
         "family", "variant", "backend", "output", "rel_error", "tolerance"

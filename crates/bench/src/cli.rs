@@ -35,7 +35,9 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub seq: Vec<usize>,
     /// Precisions, comma separated: f32, f16, bf16 (compute), int8, int4 (f32 compute, linear
-    /// weights kept quantized as `--quantize` does); native backends. With several, each round
+    /// weights kept quantized as `--quantize` does; on cuda as ggml Q8_0 / Q4_0 blocks), or for
+    /// generation on random weights a ggml block format (q4_k, q6_k, q8_0, ...: weights stored
+    /// as a GGUF file of that type stores them, f32 compute); native backends. With several, each round
     /// measures each in turn. A GPU computes in one precision per process: give f16 / bf16 on a
     /// GPU in a run of their own.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
@@ -134,8 +136,21 @@ pub fn summary_line(m: &Measurement) -> String {
                 .achieved_flops_per_s
                 .map(|f| format!(", {:.1} GFLOP/s", f / 1e9))
                 .unwrap_or_default();
+            // Generation rows: where the memory went and how long the load took.
+            let extra = match m.new_tokens {
+                Some(_) => format!(
+                    "{}{}",
+                    m.device_memory_bytes
+                        .map(|b| format!(", memory {:.1} MiB", b as f64 / 1048576.0))
+                        .unwrap_or_default(),
+                    m.load_ms
+                        .map(|ms| format!(", load {ms:.0} ms"))
+                        .unwrap_or_default()
+                ),
+                None => String::new(),
+            };
             format!(
-                "{:<14} {:<5} {shape:<22} mean {:>9.2} ms  p50 {:>9.2}  p99 {:>9.2}  {rate}{gflops}{}",
+                "{:<14} {:<5} {shape:<22} mean {:>9.2} ms  p50 {:>9.2}  p99 {:>9.2}  {rate}{gflops}{extra}{}",
                 backend,
                 m.dtype,
                 l.mean_ms,

@@ -124,9 +124,13 @@ pub fn generation_rows(
     ttft_ms: Vec<f64>,
     decode_ms: Vec<f64>,
 ) -> [Measurement; 2] {
+    // A batch decodes one token per row per step: rates are summed over the rows.
+    let rows = f64::from(base.batch.max(1));
     let median = |v: &[f64]| stats::latency_stats(v).map(|l| l.p50_ms);
     let ttft = median(&ttft_ms);
-    let decode_rate = median(&decode_ms).filter(|&ms| ms > 0.0).map(|ms| 1e3 / ms);
+    let decode_rate = median(&decode_ms)
+        .filter(|&ms| ms > 0.0)
+        .map(|ms| rows * 1e3 / ms);
     let row = |kind: &str, timings: Vec<f64>, tokens: f64| {
         let latency = stats::latency_stats(&timings);
         Measurement {
@@ -144,8 +148,8 @@ pub fn generation_rows(
         }
     };
     [
-        row("prefill", ttft_ms, prompt as f64),
-        row("decode", decode_ms, 1.0),
+        row("prefill", ttft_ms, rows * prompt as f64),
+        row("decode", decode_ms, rows),
     ]
 }
 
@@ -257,10 +261,8 @@ pub fn is_decoder_lm(family: &str) -> bool {
 
 /// Checks a generation grid: batch 1 only, prompt lengths of at least one token.
 pub fn check_grid(batches: &[usize], prompts: &[usize]) -> Result<(), BenchError> {
-    if batches.iter().any(|&b| b != 1) {
-        return Err(BenchError::Spec(
-            "generation benchmarks (--new) run batch 1: one prompt at a time (drop --batch)".into(),
-        ));
+    if batches.contains(&0) {
+        return Err(BenchError::Spec("--batch sizes must be at least 1".into()));
     }
     if prompts.contains(&0) {
         return Err(BenchError::Spec(
@@ -301,7 +303,17 @@ mod tests {
         }
         assert!((prefill.tokens_per_s.unwrap() - 128.0 * 1e3 / 50.0).abs() < 1e-9);
         assert!((decode.tokens_per_s.unwrap() - 200.0).abs() < 1e-9);
-        assert!(check_grid(&[2], &[128]).is_err());
+        assert!(check_grid(&[2, 8], &[128]).is_ok());
+        assert!(check_grid(&[0], &[128]).is_err());
         assert!(check_grid(&[1], &[0]).is_err());
+        // A batch of 8 decodes 8 tokens a step: the rates are summed over its rows.
+        let batch = Measurement {
+            batch: 8,
+            ..Default::default()
+        };
+        let [prefill, decode] = generation_rows(&batch, 128, 64, vec![50.0], vec![5.0]);
+        assert_eq!(decode.decode_tokens_per_s, Some(1600.0));
+        assert!((decode.tokens_per_s.unwrap() - 1600.0).abs() < 1e-9);
+        assert!((prefill.tokens_per_s.unwrap() - 8.0 * 128.0 * 1e3 / 50.0).abs() < 1e-9);
     }
 }

@@ -397,6 +397,9 @@ fn invoke_llamacpp(point: &PeerPoint<'_>, _device: &str) -> Result<String, Strin
     let (Some(model), Some(new)) = (point.model_dir, point.new_tokens) else {
         return Err("llama.cpp is measured on generation points of a GGUF file".into());
     };
+    if point.ours.batch != 1 {
+        return Err("the llama.cpp peer script generates one sequence (batch 1)".into());
+    }
     let vocab = point.vocab.ok_or_else(|| {
         format!(
             "{}: no tokenizer.ggml.tokens to size the prompt",

@@ -420,7 +420,16 @@ fn grid(spec: &BenchSpec, plan: &ModelPlan) -> Result<Grid, BenchError> {
             _ => vec![default],
         };
         crate::generation::check_grid(&spec.batches, &prompts)?;
-        return Ok((prompts.into_iter().map(|p| (1, p)).collect(), "prefill"));
+        let batches = if spec.batches.is_empty() {
+            vec![1]
+        } else {
+            spec.batches.clone()
+        };
+        let points = batches
+            .iter()
+            .flat_map(|&b| prompts.iter().map(move |&p| (b, p)))
+            .collect();
+        return Ok((points, "prefill"));
     }
     let (kind, default) = inputs::size_axis(&plan.family, &plan.config);
     if plan.fixture_inputs.is_some() {
@@ -767,13 +776,38 @@ fn measure_generation(
                 Ok(r) => r,
                 Err(reason) => return failed(reason),
             };
+            // A batch: the prompt rotated by one id per row (distinct rows, same length), decoded
+            // together; the timings follow row 0 (every row gets a token each step).
+            let vocab = decoder.config().vocab_size as u32;
+            let prompts: Vec<Vec<u32>> = (0..point.batch as u32)
+                .map(|r| {
+                    ids.iter()
+                        .map(|&t| 3 + (t - 3 + r) % (vocab - 3).max(1))
+                        .collect()
+                })
+                .collect();
             let once = |on_token: &mut dyn FnMut(u32) -> std::ops::ControlFlow<()>| {
-                decoder
-                    .generate(&ids, &config, on_token)
+                let generated = if prompts.len() == 1 {
+                    decoder.generate(&ids, &config, on_token)
+                } else {
+                    decoder
+                        .generate_batch(&prompts, &config, &mut |row, t| {
+                            if row == 0 {
+                                on_token(t)
+                            } else {
+                                std::ops::ControlFlow::Continue(())
+                            }
+                        })
+                        .map(|mut rows| rows.swap_remove(0))
+                };
+                generated
                     .map(|t| t.len())
                     .map_err(|e| format!("generate failed: {e}"))
             };
             crate::generation::measure_generation(&once, request).to_vec()
+        }
+        Model::Forward(_) if point.batch != 1 => {
+            failed("generation of this family runs batch 1 (decoder LMs take --batch)".into())
         }
         Model::Forward(runner) => {
             let plan = point.plan;
@@ -808,18 +842,54 @@ fn measure_generation(
 /// generation points: f32 compute, or `int8` / `int4` linear weights. The process's peak RSS is
 /// reset first, so the generation rows' peak covers loading too (as a peer's process does).
 fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
+    // Random weights stored in a ggml block format (`q4_k`, ...: what a GGUF file of that type
+    // holds), computed in f32.
+    if let Some(ty) = ggml_dtype(dtype) {
+        if !plan.random_weights {
+            return Err(format!(
+                "{dtype} names random weights in that ggml format; a checkpoint or GGUF file \
+                 runs as stored"
+            ));
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let config = std::fs::read(plan.dir.join("config.json")).map_err(|e| e.to_string())?;
+        std::fs::write(dir.path().join("config.json"), config).map_err(|e| e.to_string())?;
+        let init = format!(
+            r#"{{"seed": 0, "std": 0.02, "ggml_type": "{}"}}"#,
+            ty.name()
+        );
+        std::fs::write(dir.path().join(ipfs_accelerate_io::RANDOM_INIT_FILE), init)
+            .map_err(|e| e.to_string())?;
+        sysinfo::reset_peak_rss();
+        let start = Instant::now();
+        let decoder = ipfs_accelerate::text::load_decoder(dir.path(), backend, Precision::F32)
+            .map_err(|e| format!("load failed: {e}"))?;
+        return Ok((Model::Decoder(decoder), start.elapsed().as_secs_f64() * 1e3));
+    }
     // The facade refuses the precisions generation does not compute in, with the reason.
     let (precision, quantization) = variant(dtype)?;
     sysinfo::reset_peak_rss();
     let start = Instant::now();
-    let mut decoder = ipfs_accelerate::text::load_decoder(&plan.dir, backend, precision)
-        .map_err(|e| format!("load failed: {e}"))?;
-    if quantization != ipfs_accelerate::WeightQuantization::None {
+    // On cuda the cuBLAS decoder keeps int8 / int4 as ggml blocks from the load on; elsewhere
+    // the loaded model is quantized.
+    let mut decoder =
+        ipfs_accelerate::text::load_decoder_quantized(&plan.dir, backend, precision, quantization)
+            .map_err(|e| format!("load failed: {e}"))?;
+    if quantization != ipfs_accelerate::WeightQuantization::None && backend != BackendKind::Cuda {
         decoder
             .quantize(quantization)
             .map_err(|e| format!("quantizing to {dtype} failed: {e}"))?;
     }
     Ok((Model::Decoder(decoder), start.elapsed().as_secs_f64() * 1e3))
+}
+
+/// The ggml block format a generation dtype names (`q4_k`, `q8_0`, ...), if it names one random
+/// weights can be stored in.
+fn ggml_dtype(dtype: &str) -> Option<ipfs_accelerate_io::gguf::GgmlType> {
+    ipfs_accelerate_io::RANDOM_GGML_TYPES
+        .iter()
+        .find(|t| t.name().eq_ignore_ascii_case(dtype))
+        .and_then(|t| ipfs_accelerate_io::gguf::GgmlType::from_id(t.id()))
 }
 
 /// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,

@@ -160,7 +160,7 @@ fn generation_points_store_ttft_and_decode_rate() {
             assert_eq!(rows[0].family, "llama");
         }
     }
-    // Batch > 1, a too-long prompt and a forward-only family are refused or recorded failed.
+    // A too-long prompt and a forward-only family are refused or recorded failed.
     let llama = shared
         .join("fixtures/llama/causal_lm")
         .display()
@@ -181,13 +181,31 @@ fn generation_points_store_ttft_and_decode_rate() {
             .all(|m| m.status == Status::Ok && m.dtype == "bf16"),
         "{rows:?}"
     );
+    // A batch of 2 decodes both rows together (rates summed over the rows); a ggml dtype names
+    // random weights, so on a checkpoint it is a failed row with the reason.
     let spec = BenchSpec {
         model: llama.clone(),
         new_tokens: Some(4),
+        prompts: vec![4],
         batches: vec![2],
+        dtypes: vec!["f32".into(), "q4_k".into()],
+        warmup: 0,
+        iters: 1,
         ..Default::default()
     };
-    assert!(run_benchmark(&spec, |_, _| Ok(())).is_err());
+    let (_, rows) = run_benchmark(&spec, |_, _| Ok(())).unwrap();
+    let (f32_rows, q4k_rows): (Vec<_>, Vec<_>) = rows.iter().partition(|m| m.dtype == "f32");
+    assert!(
+        f32_rows
+            .iter()
+            .all(|m| m.status == Status::Ok && m.batch == 2 && m.decode_tokens_per_s.is_some()),
+        "{f32_rows:?}"
+    );
+    assert!(
+        q4k_rows.iter().all(|m| m.status == Status::Failed
+            && m.reason.as_deref().unwrap_or("").contains("random weights")),
+        "{q4k_rows:?}"
+    );
     let spec = BenchSpec {
         model: llama,
         new_tokens: Some(4),

@@ -81,8 +81,9 @@ pub struct DecoderSpec {
     pub activation: GatedActivation,
     /// Rotary embeddings.
     pub rotary: RotarySpec,
-    /// Token embedding `[vocab, hidden]` row-major.
-    pub embed: Vec<f32>,
+    /// Token embedding `[vocab, hidden]` (its bias is zeros; the LM head too when `lm_head` is
+    /// `None`).
+    pub embed: DenseWeights,
     /// The layers.
     pub layers: Vec<DecoderLayerWeights>,
     /// Final RMSNorm scale, `[hidden]`.
@@ -137,11 +138,7 @@ impl DecoderSpec {
             }
             Ok(())
         };
-        check_len(
-            "embed_tokens.weight".into(),
-            &self.embed,
-            vec![self.vocab, h],
-        )?;
+        self.embed.check("embed_tokens", self.vocab, h)?;
         check_len("norm.weight".into(), &self.final_norm, vec![h])?;
         if let Some(head) = &self.lm_head {
             head.check("lm_head", self.vocab, h)?;
@@ -180,7 +177,7 @@ impl DecoderSpec {
 
     /// Bytes of the weights as f32 (the tied head counted once).
     pub fn float_bytes(&self) -> usize {
-        let dense = |d: &DenseWeights| d.weight.len() + d.bias.len();
+        let dense = |d: &DenseWeights| d.out_features * d.in_features + d.bias.len();
         let layers: usize = self
             .layers
             .iter()
@@ -195,10 +192,37 @@ impl DecoderSpec {
                     .sum::<usize>()
             })
             .sum();
-        4 * (self.embed.len()
+        4 * (self.embed.out_features * self.embed.in_features
             + self.final_norm.len()
             + layers
             + self.lm_head.as_ref().map_or(0, dense))
+    }
+
+    /// Every dense layer: the embedding, each layer's seven projections, the head when untied.
+    pub fn dense_layers(&self) -> impl Iterator<Item = &DenseWeights> {
+        std::iter::once(&self.embed)
+            .chain(self.layers.iter().flat_map(|l| {
+                [
+                    &l.query, &l.key, &l.value, &l.output, &l.gate, &l.up, &l.down,
+                ]
+            }))
+            .chain(self.lm_head.as_ref())
+    }
+
+    /// Bytes of the weights as stored: ggml blocks as the file has them, f32 otherwise (norms
+    /// and biases in f32).
+    pub fn stored_bytes(&self) -> usize {
+        let norms: usize = self
+            .layers
+            .iter()
+            .map(|l| l.input_norm.len() + l.post_norm.len())
+            .sum::<usize>()
+            + self.final_norm.len();
+        4 * norms
+            + self
+                .dense_layers()
+                .map(DenseWeights::stored_bytes)
+                .sum::<usize>()
     }
 }
 
@@ -207,12 +231,7 @@ mod tests {
     use super::*;
 
     fn dense(out: usize, inp: usize) -> DenseWeights {
-        DenseWeights {
-            out_features: out,
-            in_features: inp,
-            weight: vec![0.5; out * inp],
-            bias: vec![0.0; out],
-        }
+        DenseWeights::new(out, inp, vec![0.5; out * inp], vec![0.0; out])
     }
 
     fn tiny() -> DecoderSpec {
@@ -232,7 +251,7 @@ mod tests {
                 inv_freq: vec![1.0, 0.01],
                 valid_positions: None,
             },
-            embed: vec![0.1; 5 * h],
+            embed: DenseWeights::new(5, h, vec![0.1; 5 * h], vec![0.0; 5]),
             layers: vec![DecoderLayerWeights {
                 input_norm: vec![1.0; h],
                 query: dense(heads * dh, h),
@@ -275,7 +294,7 @@ mod tests {
         s.layers[0].key = dense(8, 8);
         assert!(s.validate().unwrap_err().to_string().contains("k_proj"));
         let mut s = tiny();
-        s.embed.pop();
+        s.embed.weight.pop();
         assert!(s
             .validate()
             .unwrap_err()

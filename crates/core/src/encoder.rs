@@ -6,7 +6,7 @@
 //! the weight-name table stays in the model crate and the math of the block is written once in
 //! the engine.
 
-use crate::{Error, Result};
+use crate::{Error, QuantizedBlocks, Result};
 
 /// The feed-forward activation of an encoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,20 +19,55 @@ pub enum EncoderActivation {
     Relu,
 }
 
-/// A dense layer in HF's layout: `weight` is `[out, in]` row-major, `bias` is `[out]`.
-#[derive(Debug, Clone, PartialEq)]
+/// A dense layer in HF's layout: `weight` is `[out, in]` row-major, `bias` is `[out]`. A layer
+/// whose file stores it in a ggml block format may keep those blocks instead (`blocks`, with
+/// `weight` empty) for engines that compute on them.
+#[derive(Debug, Clone)]
 pub struct DenseWeights {
     /// Output features.
     pub out_features: usize,
     /// Input features.
     pub in_features: usize,
-    /// `[out, in]` row-major.
+    /// `[out, in]` row-major; empty when `blocks` holds the weight.
     pub weight: Vec<f32>,
     /// `[out]`.
     pub bias: Vec<f32>,
+    /// The weight `[out, in]` in a ggml block format, as the file stores it.
+    pub blocks: Option<QuantizedBlocks>,
+}
+
+impl PartialEq for DenseWeights {
+    fn eq(&self, other: &Self) -> bool {
+        let blocks = |d: &DenseWeights| {
+            d.blocks
+                .as_ref()
+                .map(|b| (b.ggml_type, b.shape, b.data.clone()))
+        };
+        self.out_features == other.out_features
+            && self.in_features == other.in_features
+            && self.weight == other.weight
+            && self.bias == other.bias
+            && blocks(self) == blocks(other)
+    }
 }
 
 impl DenseWeights {
+    /// A layer of f32 values: `weight` `[out, in]` row-major, `bias` `[out]`.
+    pub fn new(out_features: usize, in_features: usize, weight: Vec<f32>, bias: Vec<f32>) -> Self {
+        DenseWeights {
+            out_features,
+            in_features,
+            weight,
+            bias,
+            blocks: None,
+        }
+    }
+
+    /// Bytes the layer takes as stored: its blocks (or f32 weight) and its f32 bias.
+    pub fn stored_bytes(&self) -> usize {
+        4 * (self.weight.len() + self.bias.len()) + self.blocks.as_ref().map_or(0, |b| b.data.len())
+    }
+
     /// Checks that the buffers hold `[out, in]` and `[out]`; `name` says which layer.
     pub fn check(&self, name: &str, out_features: usize, in_features: usize) -> Result<()> {
         let shape_err = |what: &str, expected: Vec<usize>, len: usize| Error::ShapeMismatch {
@@ -47,7 +82,15 @@ impl DenseWeights {
                 actual: vec![self.out_features, self.in_features],
             });
         }
-        if self.weight.len() != out_features * in_features {
+        if let Some(blocks) = &self.blocks {
+            if blocks.shape != [out_features, in_features] || !self.weight.is_empty() {
+                return Err(Error::ShapeMismatch {
+                    name: format!("{name}.weight (ggml type {})", blocks.ggml_type),
+                    expected: vec![out_features, in_features],
+                    actual: blocks.shape.to_vec(),
+                });
+            }
+        } else if self.weight.len() != out_features * in_features {
             return Err(shape_err(
                 "weight",
                 vec![out_features * in_features],
@@ -344,12 +387,7 @@ mod tests {
     use super::*;
 
     fn dense(out: usize, inp: usize) -> DenseWeights {
-        DenseWeights {
-            out_features: out,
-            in_features: inp,
-            weight: vec![0.0; out * inp],
-            bias: vec![0.0; out],
-        }
+        DenseWeights::new(out, inp, vec![0.0; out * inp], vec![0.0; out])
     }
 
     fn norm(h: usize) -> NormWeights {

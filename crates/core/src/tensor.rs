@@ -388,6 +388,17 @@ pub trait TensorSource: Send + Sync {
         let _ = name;
         Ok(None)
     }
+    /// [`quantized_blocks`](Self::quantized_blocks) of a weight the model expects to be `shape`:
+    /// stored sources ignore the shape (the caller checks it); generated ones (random weights in
+    /// a ggml format) make blocks of that shape.
+    fn quantized_blocks_shaped(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+    ) -> Result<Option<QuantizedBlocks>> {
+        let _ = shape;
+        self.quantized_blocks(name)
+    }
 }
 
 /// Checks `values` (of an output described by `what`) for NaN and infinities

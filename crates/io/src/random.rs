@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use ipfs_accelerate_core::{Error, HostTensor, Result, TensorSource};
+use ipfs_accelerate_core::{Error, HostTensor, QuantizedBlocks, Result, TensorSource};
+use ipfs_accelerate_kernels::{dequantize_row, quantize_row, BlockType};
 
 /// A weight source that serves deterministic pseudo-random f32 tensors for a fixed table of names
 /// and shapes (normal-ish values with standard deviation `std`; LayerNorm-style `weight`s of rank 1
@@ -104,12 +105,66 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
 pub struct RandomInit {
     seed: u64,
     std: f32,
+    /// When set, 2-D `*.weight` tensors whose rows are whole blocks are served as these blocks
+    /// (what a GGUF file of that type stores) and their values as the blocks dequantized.
+    ggml: Option<BlockType>,
 }
+
+/// The ggml formats random weights can be stored in (`"ggml_type"` in the marker file).
+pub const RANDOM_GGML_TYPES: [BlockType; 8] = [
+    BlockType::Q8_0,
+    BlockType::Q4_0,
+    BlockType::Q4_1,
+    BlockType::Q5_0,
+    BlockType::Q5_1,
+    BlockType::Q4_K,
+    BlockType::Q5_K,
+    BlockType::Q6_K,
+];
 
 impl RandomInit {
     /// A source seeded with `seed`, weights of standard deviation `std` (HF uses 0.02).
     pub fn new(seed: u64, std: f32) -> Self {
-        RandomInit { seed, std }
+        RandomInit {
+            seed,
+            std,
+            ggml: None,
+        }
+    }
+
+    /// The same source with its 2-D weights stored in ggml blocks of `ty` (one of
+    /// [`RANDOM_GGML_TYPES`]): [`TensorSource::quantized_blocks_shaped`] serves the random
+    /// values quantized to `ty`, and [`TensorSource::tensor_shaped`] those blocks dequantized, so
+    /// every consumer sees one model.
+    pub fn with_ggml_type(mut self, ty: BlockType) -> Self {
+        self.ggml = Some(ty);
+        self
+    }
+
+    /// The blocks of `name` when it is stored in the ggml format: a 2-D `*.weight` whose rows
+    /// are whole blocks.
+    fn blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(BlockType, Vec<u8>)>> {
+        use rayon::prelude::*;
+        let Some(ty) = self.ggml else {
+            return Ok(None);
+        };
+        let &[rows, cols] = shape else {
+            return Ok(None);
+        };
+        if !name.ends_with(".weight")
+            || rows == 0
+            || cols == 0
+            || !cols.is_multiple_of(ty.block_size())
+        {
+            return Ok(None);
+        }
+        let values = random_tensor(name, shape, self.seed, self.std)?.to_f32_vec();
+        let rows: Vec<Vec<u8>> = values
+            .par_chunks(cols)
+            .map(|row| quantize_row(ty, row))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::InvalidInput(format!("random `{name}` as {}: {e}", ty.name())))?;
+        Ok(Some((ty, rows.concat())))
     }
 
     /// Reads `{"seed": N, "std": X}` (both optional: seed 0, std 0.02) from a
@@ -136,7 +191,26 @@ impl RandomInit {
                 .ok_or_else(|| bad("`std` must be a positive number".into()))?
                 as f32,
         };
-        Ok(RandomInit::new(seed, std))
+        let init = RandomInit::new(seed, std);
+        match value.get("ggml_type") {
+            None => Ok(init),
+            Some(v) => {
+                let names = || {
+                    RANDOM_GGML_TYPES
+                        .map(|t| t.name().to_ascii_lowercase())
+                        .join(", ")
+                };
+                let ty = v
+                    .as_str()
+                    .and_then(|n| {
+                        RANDOM_GGML_TYPES
+                            .into_iter()
+                            .find(|t| t.name().eq_ignore_ascii_case(n))
+                    })
+                    .ok_or_else(|| bad(format!("`ggml_type` {v} is not one of {}", names())))?;
+                Ok(init.with_ggml_type(ty))
+            }
+        }
     }
 }
 
@@ -163,7 +237,33 @@ impl TensorSource for RandomInit {
     }
 
     fn tensor_shaped(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
-        random_tensor(name, expected, self.seed, self.std)
+        match self.blocks(name, expected)? {
+            None => random_tensor(name, expected, self.seed, self.std),
+            Some((ty, data)) => {
+                let cols = expected[1];
+                let row_bytes = data.len() / expected[0];
+                let mut values = vec![0f32; expected[0] * cols];
+                for (row, bytes) in values.chunks_mut(cols).zip(data.chunks(row_bytes)) {
+                    dequantize_row(ty, bytes, row)
+                        .map_err(|e| Error::InvalidInput(format!("random `{name}`: {e}")))?;
+                }
+                HostTensor::from_f32(expected.to_vec(), &values)
+            }
+        }
+    }
+
+    fn quantized_blocks_shaped(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+    ) -> Result<Option<QuantizedBlocks>> {
+        Ok(self
+            .blocks(name, &shape)?
+            .map(|(ty, data)| QuantizedBlocks {
+                ggml_type: ty.id(),
+                data: data.into(),
+                shape,
+            }))
     }
 }
 
@@ -181,4 +281,66 @@ fn next_unit(state: &mut u64) -> f32 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     (z >> 40) as f32 / (1u64 << 24) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init_from(json: &str) -> std::result::Result<RandomInit, crate::IoError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::RANDOM_INIT_FILE);
+        std::fs::write(&path, json).unwrap();
+        RandomInit::from_file(&path)
+    }
+
+    #[test]
+    fn the_marker_names_a_ggml_type() {
+        let init = init_from(r#"{"seed": 3, "ggml_type": "Q4_K"}"#).unwrap();
+        assert_eq!(init.ggml, Some(BlockType::Q4_K));
+        assert_eq!(init_from(r#"{"seed": 3}"#).unwrap().ggml, None);
+        let err = init_from(r#"{"ggml_type": "q2_k"}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("q2_k") && err.contains("q4_k"), "{err}");
+    }
+
+    #[test]
+    fn weights_in_blocks_are_the_values_it_serves() {
+        let init = RandomInit::new(5, 0.02).with_ggml_type(BlockType::Q4_K);
+        let shape = [3, 512];
+        let name = "model.layers.0.mlp.up_proj.weight";
+        let blocks = init.quantized_blocks_shaped(name, shape).unwrap().unwrap();
+        assert_eq!(blocks.ggml_type, BlockType::Q4_K.id());
+        assert_eq!(blocks.shape, shape);
+        assert_eq!(blocks.data.len(), 3 * 2 * BlockType::Q4_K.type_size());
+        let mut want = vec![0f32; 3 * 512];
+        for (row, bytes) in want
+            .chunks_mut(512)
+            .zip(blocks.data.chunks(blocks.data.len() / 3))
+        {
+            dequantize_row(BlockType::Q4_K, bytes, row).unwrap();
+        }
+        let served = init.tensor_shaped(name, &shape).unwrap().to_f32_vec();
+        assert_eq!(served, want);
+        // ... and they are the random values, quantized.
+        let plain = RandomInit::new(5, 0.02)
+            .tensor_shaped(name, &shape)
+            .unwrap()
+            .to_f32_vec();
+        let err = plain
+            .iter()
+            .zip(&served)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err > 0.0 && err < 0.01, "{err}");
+        // Norms, biases and rows that are not whole blocks stay f32.
+        for (name, shape) in [
+            ("model.norm.weight", vec![512]),
+            ("model.layers.0.self_attn.q_proj.bias", vec![512]),
+            ("model.layers.0.mlp.down_proj.weight", vec![4, 100]),
+        ] {
+            assert!(init.blocks(name, &shape).unwrap().is_none(), "{name}");
+        }
+    }
 }

@@ -203,3 +203,112 @@ pub fn verify_fixture_in(
     }
     Ok(checks)
 }
+
+/// The cuBLAS decoder on weights kept in each ggml block format it reads, against the same
+/// engine on the dequantized values (which the fixtures verify against HF): a random Qwen2-shaped
+/// model whose sizes are whole numbers of 256-weight super-blocks, its dense layers quantized to
+/// the format, then a 20-token prompt (the cuBLAS products on dequantized slices) and 6 cached
+/// steps (the GEMV dequantizing in registers, replayed as a CUDA graph) compared as one logits
+/// check per format (bar 1e-4 in f32; f16 as the fixtures' f16 bars). Without the `cuda`
+/// feature, or without a device, one failed check says why.
+pub fn verify_block_formats(precision: Precision) -> Vec<Check> {
+    let check = |variant: &str, rel_error: f64, tolerance: f64, note: String| Check {
+        family: "qwen2".into(),
+        variant: variant.into(),
+        backend: "cuda".into(),
+        output: "logits".into(),
+        rel_error,
+        tolerance,
+        ok: rel_error <= tolerance,
+        note,
+    };
+    #[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
+    {
+        let tolerance = precision_tolerance(BackendKind::Cuda, precision, 1e-4);
+        match block_format_errors(precision) {
+            Ok(errors) => errors
+                .into_iter()
+                .map(|(name, err)| check(&format!("blocks-{name}"), err, tolerance, String::new()))
+                .collect(),
+            Err(e) => vec![check("blocks", f64::INFINITY, tolerance, e.to_string())],
+        }
+    }
+    #[cfg(not(all(feature = "cuda", any(feature = "llama", feature = "qwen2"))))]
+    vec![check(
+        "blocks",
+        f64::INFINITY,
+        0.0,
+        format!("this build has no cuBLAS decoder (features cuda + llama); {precision} not run"),
+    )]
+}
+
+/// `(format, relative error)` of every block format (see [`verify_block_formats`]).
+#[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
+fn block_format_errors(precision: Precision) -> Result<Vec<(&'static str, f64)>> {
+    use ipfs_accelerate_backend_cublas::{
+        Columns, DecoderEngine, EngineError, LogitsOf, BLOCK_FORMATS,
+    };
+    use ipfs_accelerate_nn::spec::{dense_values, map_decoder_layers, quantize_dense, BlockType};
+    const CONFIG: &str = r#"{"model_type":"qwen2","vocab_size":1000,"hidden_size":256,
+        "intermediate_size":768,"num_hidden_layers":2,"num_attention_heads":4,
+        "num_key_value_heads":2,"tie_word_embeddings":true,"max_position_embeddings":128,
+        "rope_theta":10000.0,"rms_norm_eps":1e-6,"hidden_act":"silu"}"#;
+    let config = ipfs_accelerate_llama::LlamaConfig::from_json(
+        CONFIG,
+        Path::new("block-format check"),
+        ipfs_accelerate_llama::Architecture::Qwen2,
+    )?;
+    let base = ipfs_accelerate_llama::decoder_spec_from(
+        &config,
+        &ipfs_accelerate_io::RandomInit::new(7, 0.05),
+    )?;
+    let engine_err = |e: EngineError| Error::from(ipfs_accelerate_core::Error::from(e));
+    let (prompt, steps) = (20usize, 6usize);
+    let ids: Vec<i32> = (0..prompt).map(|i| (3 + i * 37 % 990) as i32).collect();
+    let run = |engine: &DecoderEngine| -> Result<Vec<f32>> {
+        let mut session = engine.session(1, prompt + steps).map_err(engine_err)?;
+        let positions: Vec<i32> = (0..prompt as i32).collect();
+        let mask = vec![1; prompt];
+        let columns = Columns {
+            ids: &ids,
+            positions: &positions,
+            mask: &mask,
+        };
+        let mut logits = session
+            .forward(&columns, prompt, LogitsOf::Every)
+            .map_err(engine_err)?;
+        for s in 0..steps {
+            let id = [(5 + s * 101 % 990) as i32];
+            let at = [(prompt + s) as i32];
+            let step = Columns {
+                ids: &id,
+                positions: &at,
+                mask: &[1],
+            };
+            logits.extend(
+                session
+                    .forward(&step, 1, LogitsOf::Last)
+                    .map_err(engine_err)?,
+            );
+        }
+        Ok(logits)
+    };
+    let mut errors = Vec::new();
+    for format in BLOCK_FORMATS {
+        let ty = BlockType::from_id(format.id)
+            .ok_or_else(|| Error::Unsupported(format!("ggml type {}", format.id)))?;
+        let mut blocks = base.clone();
+        map_decoder_layers(&mut blocks, |d| quantize_dense(d, ty))?;
+        let mut dense = blocks.clone();
+        map_decoder_layers(&mut dense, dense_values)?;
+        let got = run(&DecoderEngine::load(&blocks, precision).map_err(engine_err)?)?;
+        let want = run(&DecoderEngine::load(&dense, precision).map_err(engine_err)?)?;
+        let (g, w): (Vec<f64>, Vec<f64>) = got
+            .iter()
+            .zip(&want)
+            .map(|(&a, &b)| (f64::from(a), f64::from(b)))
+            .unzip();
+        errors.push((format.name, relative_error(&g, &w)));
+    }
+    Ok(errors)
+}

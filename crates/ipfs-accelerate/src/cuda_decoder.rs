@@ -24,7 +24,6 @@ pub struct CudaDecoder {
     engine: DecoderEngine,
     config: LlamaConfig,
     chat_template: Option<String>,
-    weight_bytes: usize,
 }
 
 impl CudaDecoder {
@@ -40,12 +39,10 @@ impl CudaDecoder {
             return Err(format!("{CUDA_DECODER_ENV} is off"));
         }
         let engine = DecoderEngine::load(spec, precision).map_err(|e| e.to_string())?;
-        let per_value = if precision == Precision::F16 { 2 } else { 4 };
         Ok(CudaDecoder {
             engine,
             config: config.clone(),
             chat_template,
-            weight_bytes: spec.float_bytes() / 4 * per_value,
         })
     }
 
@@ -227,7 +224,7 @@ impl TextGeneration for CudaDecoder {
     }
 
     fn weight_bytes(&self) -> usize {
-        self.weight_bytes
+        self.engine.weight_bytes()
     }
 
     fn float_weight_bytes(&self) -> usize {
@@ -242,5 +239,14 @@ impl TextGeneration for CudaDecoder {
     ) -> Result<Vec<u32>> {
         let mut rows = self.generate_rows(&[prompt.to_vec()], config, |_, t| on_token(t))?;
         Ok(rows.pop().unwrap_or_default())
+    }
+
+    fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.generate_rows(prompts, config, on_token)
     }
 }

@@ -149,24 +149,47 @@ impl LoadLlama<'_> {
     /// The model on the cuBLAS engine's decoder, or why not.
     #[cfg(feature = "cuda")]
     fn on_cuda_decoder(&self) -> std::result::Result<Box<dyn TextGeneration>, String> {
-        if self.quantization != WeightQuantization::None {
-            return Err("it keeps float weights (no quantization)".into());
-        }
-        let (spec, config, template) = match self.source {
+        // The decoder's int8 / int4 are ggml's Q8_0 / Q4_0 (blocks of 32 weights, an f16 scale
+        // each), quantized here from the float weights; the GEMV dequantizes them in registers.
+        let blocks = match self.quantization {
+            WeightQuantization::None => None,
+            WeightQuantization::Int8 { .. } => Some(ipfs_accelerate_nn::spec::BlockType::Q8_0),
+            WeightQuantization::Int4 { .. } => Some(ipfs_accelerate_nn::spec::BlockType::Q4_0),
+        };
+        let (mut spec, config, template) = match self.source {
             LoadSource::Gguf(path) => {
                 let file = std::sync::Arc::new(GgufFile::open(path).map_err(|e| e.to_string())?);
                 let config = LlamaConfig::from_gguf(&file).map_err(|e| e.to_string())?;
                 let weights = ipfs_accelerate_llama::GgufWeights::new(file.clone(), &config);
-                let spec = ipfs_accelerate_llama::decoder_spec_from(&config, &weights)
-                    .map_err(|e| e.to_string())?;
+                let spec = ipfs_accelerate_llama::decoder_spec_keeping_blocks(
+                    &config,
+                    &weights,
+                    &ipfs_accelerate_backend_cublas::DecoderEngine::reads_ggml_type,
+                )
+                .map_err(|e| e.to_string())?;
                 (spec, config, file.chat_template().map(str::to_string))
             }
             LoadSource::Dir { weights, config } => {
-                let spec = ipfs_accelerate_llama::decoder_spec_from(config, weights.as_ref())
-                    .map_err(|e| e.to_string())?;
+                let spec = ipfs_accelerate_llama::decoder_spec_keeping_blocks(
+                    config,
+                    weights.as_ref(),
+                    &ipfs_accelerate_backend_cublas::DecoderEngine::reads_ggml_type,
+                )
+                .map_err(|e| e.to_string())?;
                 (spec, (**config).clone(), None)
             }
         };
+        if let Some(ty) = blocks {
+            tracing::info!(
+                "{:?} on the cuBLAS decoder: ggml {} blocks of 32 weights",
+                self.quantization,
+                ty.name()
+            );
+            ipfs_accelerate_nn::spec::map_decoder_layers(&mut spec, |d| {
+                ipfs_accelerate_nn::spec::quantize_dense(d, ty)
+            })
+            .map_err(|e| e.to_string())?;
+        }
         let model =
             crate::cuda_decoder::CudaDecoder::load(&spec, &config, template, self.precision)?;
         Ok(Box::new(model))
@@ -199,6 +222,19 @@ pub fn load_decoder(
     backend: BackendKind,
     precision: Precision,
 ) -> Result<Box<dyn TextGeneration>> {
+    load_decoder_quantized(model, backend, precision, WeightQuantization::None)
+}
+
+/// [`load_decoder`] with the linear weights kept quantized on the cuBLAS decoder of `cuda`
+/// (int8 / int4 as ggml's Q8_0 / Q4_0 blocks, dequantized in registers by its kernels). Other
+/// backends quantize through [`crate::weights::load_scope`] or
+/// [`TextGeneration::quantize`] after the load, as before; `quantization` is ignored there.
+pub fn load_decoder_quantized(
+    model: &Path,
+    backend: BackendKind,
+    precision: Precision,
+    quantization: WeightQuantization,
+) -> Result<Box<dyn TextGeneration>> {
     check_precision(precision, &[backend])?;
     let source = if model.is_file() {
         LoadSource::Gguf(model.to_path_buf())
@@ -213,7 +249,7 @@ pub fn load_decoder(
     let (model, _) = load_on_first_usable(&preferences, precision, || LoadLlama {
         source: &source,
         precision,
-        quantization: WeightQuantization::None,
+        quantization,
     })?;
     Ok(model)
 }

@@ -3,16 +3,22 @@
 //! a family's names are written once for both executors.
 
 use ipfs_accelerate_core::{
-    DenseWeights, EncoderActivation, EncoderLayerWeights, Error, GatedActivation, NormWeights,
-    Result, TensorSource,
+    DecoderSpec, DenseWeights, EncoderActivation, EncoderLayerWeights, Error, GatedActivation,
+    NormWeights, QuantizedBlocks, Result, TensorSource,
 };
+/// The ggml block formats ([`quantize_dense`]'s target).
+pub use ipfs_accelerate_kernels::BlockType;
+use ipfs_accelerate_kernels::{dequantize_row, quantize_row};
 
 use crate::{transformer::PreLnNames, Activation};
 
-/// Reads f32 copies of a checkpoint's tensors under a prefix (`"vit."`, `""`).
+/// Reads f32 copies of a checkpoint's tensors under a prefix (`"vit."`, `""`), or (see
+/// [`SpecReader::keeping_blocks`]) a dense layer's ggml blocks as the file stores them.
 pub struct SpecReader<'a> {
     source: &'a dyn TensorSource,
     prefix: String,
+    /// Which ggml types (ids) a dense layer's weight is kept in instead of read as f32.
+    keep_blocks: Option<&'a (dyn Fn(u32) -> bool + Sync)>,
 }
 
 impl<'a> SpecReader<'a> {
@@ -25,7 +31,17 @@ impl<'a> SpecReader<'a> {
             } else {
                 format!("{prefix}.")
             },
+            keep_blocks: None,
         }
+    }
+
+    /// The same reader, keeping the weight of every dense layer (and embedding table) whose
+    /// source stores it in a ggml block type `keep` accepts as those blocks
+    /// ([`DenseWeights::blocks`]) instead of reading f32 values: an engine that computes on the
+    /// blocks gets them without an f32 copy on the host.
+    pub fn keeping_blocks(mut self, keep: &'a (dyn Fn(u32) -> bool + Sync)) -> Self {
+        self.keep_blocks = Some(keep);
+        self
     }
 
     /// The reader of the tensors under `name` (`pp` as in `VarBuilder`).
@@ -33,6 +49,7 @@ impl<'a> SpecReader<'a> {
         SpecReader {
             source: self.source,
             prefix: format!("{}{name}.", self.prefix),
+            keep_blocks: self.keep_blocks,
         }
     }
 
@@ -55,16 +72,43 @@ impl<'a> SpecReader<'a> {
         inp: usize,
         bias: bool,
     ) -> Result<DenseWeights> {
-        Ok(DenseWeights {
-            out_features: out,
-            in_features: inp,
-            weight: self.read(&format!("{name}.weight"), &[out, inp])?,
-            bias: if bias {
-                self.read(&format!("{name}.bias"), &[out])?
-            } else {
-                vec![0.0; out]
-            },
-        })
+        let bias = if bias {
+            self.read(&format!("{name}.bias"), &[out])?
+        } else {
+            vec![0.0; out]
+        };
+        let mut dense = self.matrix(&format!("{name}.weight"), out, inp)?;
+        dense.bias = bias;
+        Ok(dense)
+    }
+
+    /// The 2-D weight `name` `[out, in]` as a dense layer with a zero bias (an embedding table):
+    /// its ggml blocks when the reader keeps that type, else f32 values.
+    pub fn matrix(&self, name: &str, out: usize, inp: usize) -> Result<DenseWeights> {
+        let full = format!("{}{name}", self.prefix);
+        if let Some(keep) = self.keep_blocks {
+            if let Some(blocks) = self.source.quantized_blocks_shaped(&full, [out, inp])? {
+                if blocks.shape != [out, inp] {
+                    return Err(Error::ShapeMismatch {
+                        name: full,
+                        expected: vec![out, inp],
+                        actual: blocks.shape.to_vec(),
+                    });
+                }
+                if keep(blocks.ggml_type) {
+                    return Ok(DenseWeights {
+                        blocks: Some(blocks),
+                        ..DenseWeights::new(out, inp, Vec::new(), vec![0.0; out])
+                    });
+                }
+            }
+        }
+        Ok(DenseWeights::new(
+            out,
+            inp,
+            self.read(name, &[out, inp])?,
+            vec![0.0; out],
+        ))
     }
 
     /// The dense layer `name` with its bias.
@@ -137,4 +181,89 @@ pub fn gated_activation(act: Activation) -> Result<GatedActivation> {
             )))
         }
     })
+}
+
+/// `d` with its weight in ggml blocks of `ty`, quantized from its f32 values (rows in parallel):
+/// what an engine that computes on blocks gets for `--quantize`. A layer already in blocks, or
+/// whose inputs are not a whole number of `ty`'s blocks, is returned unchanged.
+pub fn quantize_dense(d: &DenseWeights, ty: BlockType) -> Result<DenseWeights> {
+    use rayon::prelude::*;
+    let k = d.in_features;
+    if d.blocks.is_some() || k == 0 || !k.is_multiple_of(ty.block_size()) {
+        return Ok(d.clone());
+    }
+    let rows: Vec<Vec<u8>> = d
+        .weight
+        .par_chunks(k)
+        .map(|row| quantize_row(ty, row))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::InvalidInput(format!("quantizing to {}: {e}", ty.name())))?;
+    Ok(DenseWeights {
+        blocks: Some(QuantizedBlocks {
+            ggml_type: ty.id(),
+            data: rows.concat().into(),
+            shape: [d.out_features, k],
+        }),
+        ..DenseWeights::new(d.out_features, k, Vec::new(), d.bias.clone())
+    })
+}
+
+/// `d` with f32 values: its blocks dequantized (as the CPU's reference reads them), or itself.
+pub fn dense_values(d: &DenseWeights) -> Result<DenseWeights> {
+    let Some(blocks) = &d.blocks else {
+        return Ok(d.clone());
+    };
+    let bad = |reason: String| Error::InvalidInput(format!("ggml blocks: {reason}"));
+    let ty = BlockType::from_id(blocks.ggml_type)
+        .ok_or_else(|| bad(format!("unknown ggml type {}", blocks.ggml_type)))?;
+    let mut weight = vec![0f32; d.out_features * d.in_features];
+    let row_bytes = ty
+        .bytes_for(d.in_features)
+        .ok_or_else(|| bad(format!("{} inputs of {}", d.in_features, ty.name())))?;
+    if blocks.data.len() != row_bytes * d.out_features {
+        return Err(bad(format!(
+            "{} bytes for [{}, {}] weights of {}",
+            blocks.data.len(),
+            d.out_features,
+            d.in_features,
+            ty.name()
+        )));
+    }
+    for (row, data) in weight
+        .chunks_mut(d.in_features.max(1))
+        .zip(blocks.data.chunks(row_bytes.max(1)))
+    {
+        dequantize_row(ty, data, row).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(DenseWeights::new(
+        d.out_features,
+        d.in_features,
+        weight,
+        d.bias.clone(),
+    ))
+}
+
+/// Every dense layer of `spec` (the embedding and head too) through `f`.
+pub fn map_decoder_layers(
+    spec: &mut DecoderSpec,
+    f: impl Fn(&DenseWeights) -> Result<DenseWeights>,
+) -> Result<()> {
+    spec.embed = f(&spec.embed)?;
+    for l in &mut spec.layers {
+        for d in [
+            &mut l.query,
+            &mut l.key,
+            &mut l.value,
+            &mut l.output,
+            &mut l.gate,
+            &mut l.up,
+            &mut l.down,
+        ] {
+            *d = f(d)?;
+        }
+    }
+    if let Some(head) = &mut spec.lm_head {
+        *head = f(head)?;
+    }
+    Ok(())
 }

@@ -199,7 +199,7 @@ impl<B: Backend> VarBuilder<B> {
         if !crate::fast::ggml_kernel::<B>() {
             return Ok(None);
         }
-        let Some(blocks) = self.source.quantized_blocks(full)? else {
+        let Some(blocks) = self.source.quantized_blocks_shaped(full, shape)? else {
             return Ok(None);
         };
         if blocks.shape != shape {

@@ -209,17 +209,49 @@ extern "C" __global__ void cached_attention_scalar(const T* q, const T* k_cache,
                              cap, window, scale, out);
 }
 
+// ---- Products on the weight as stored: dense rows of T, or ggml blocks (ggml_blocks.cuh) that
+// are dequantized in registers. A row is read in units: VEC values of T, or 8 weights of a block.
+#define DENSE (-1)
+template <int F> struct Unit { static const int N = 8; };
+template <> struct Unit<DENSE> { static const int N = VEC; };
+
+template <int F>
+__device__ __forceinline__ void load_unit(const unsigned char* row, int u, float* w) {
+    if (F == DENSE) {
+        Pack<VEC> p = load_pack<VEC>((const T*)row + (size_t)u * VEC);
+#pragma unroll
+        for (int e = 0; e < (int)VEC; ++e) w[e] = ld(p.v[e]);
+    } else {
+        ggml_unit(F, row, u, w);
+    }
+}
+
+// N values of x from column c in packs of VEC (N a multiple of VEC).
+template <int N>
+__device__ __forceinline__ void load_x(const T* x, float* v) {
+#pragma unroll
+    for (int p = 0; p < N; p += (int)VEC) {
+        Pack<VEC> xv = load_pack<VEC>(x + p);
+#pragma unroll
+        for (int e = 0; e < (int)VEC; ++e) v[p + e] = ld(xv.v[e]);
+    }
+}
+
 // y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
-// one warp per output feature, 16-byte loads of its weight row and of the rows of x (which every
-// warp reads, so they stay in L1 / L2); f32 sums. k and x_stride are multiples of VEC.
+// one warp per output feature, its weight row (`row_bytes` bytes from w + o * row_bytes) read a
+// unit per lane at a time, the rows of x (which every warp reads, so they stay in L1 / L2) in
+// 16-byte loads; f32 sums. k is a multiple of the unit, x_stride of VEC.
 // Prologue: with `gamma`, x' is x's RMSNorm (x / rms(x), rounded to T, times gamma, rounded, as
 // residual_rms_norm writes it), else x itself. Epilogue: the bias when given (rounded with the
 // product, as a linear layer's output), then with `residual` y = residual + that (the residual
-// stream; `residual` may be `y`). Grid (out / warps per block), block (32 * warps per block).
+// stream; `residual` may be `y`). Output row r is at y + r * y_stride (a part of a stacked
+// weight writes its own columns). Grid (out / warps per block), block (32 * warps per block).
 #define GEMV_ROWS 8
-extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int rows, int out,
-                                     int k, const T* gamma, float eps, const T* bias,
-                                     const T* residual, T* y) {
+template <int F>
+__device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* x, int x_stride,
+                          int rows, int out, int k, const T* gamma, float eps, const T* bias,
+                          const T* residual, T* y, int y_stride) {
+    const int N = Unit<F>::N;
     __shared__ float red[32];
     __shared__ float inv[GEMV_ROWS];
     if (gamma) {
@@ -237,23 +269,27 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o = blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= out) return;
-    const T* wr = w + (size_t)o * k;
+    const unsigned char* wr = w + (size_t)o * row_bytes;
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.f;
-    for (int c = lane * (int)VEC; c < k; c += 32 * (int)VEC) {
-        Pack<VEC> p = load_pack<VEC>(wr + c);
-        Pack<VEC> g;
-        if (gamma) g = load_pack<VEC>(gamma + c);
+    int units = k / N;
+    // Unrolled so each lane has several weight loads in flight (the product is bandwidth-bound).
+#pragma unroll 4
+    for (int u = lane; u < units; u += 32) {
+        int c = u * N;
+        float wv[N], g[N];
+        load_unit<F>(wr, u, wv);
+        if (gamma) load_x<N>(gamma + c, g);
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) {
             if (r < rows) {
-                Pack<VEC> xv = load_pack<VEC>(x + (size_t)r * x_stride + c);
+                float xv[N];
+                load_x<N>(x + (size_t)r * x_stride + c, xv);
 #pragma unroll
-                for (int e = 0; e < (int)VEC; ++e) {
-                    float xe = ld(xv.v[e]);
-                    if (gamma) xe = rms_value(xe, inv[r], ld(g.v[e]));
-                    acc[r] += ld(p.v[e]) * xe;
+                for (int e = 0; e < N; ++e) {
+                    float xe = gamma ? rms_value(xv[e], inv[r], g[e]) : xv[e];
+                    acc[r] += wv[e] * xe;
                 }
             }
         }
@@ -263,7 +299,7 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
         if (r < rows) {
             float v = warp_reduce(acc[r], BLOCK_SUM);
             if (lane == 0) {
-                size_t at = (size_t)r * out + o;
+                size_t at = (size_t)r * y_stride + o;
                 if (bias) v = round_t(v + ld(bias[o]));
                 if (residual) v = ld(residual[at]) + round_t(v);
                 y[at] = st(v);
@@ -271,3 +307,43 @@ extern "C" __global__ void gemv_rows(const T* w, const T* x, int x_stride, int r
         }
     }
 }
+
+// Rows of a weight dequantized to T: out[r, :] = w[ids ? ids[r] : first + r, :] (k values, a
+// multiple of the unit): the embedding rows of a token batch, or a slice of a weight for a
+// cuBLAS product. Grid (rows, units / 256 rounded up), block 256.
+template <int F>
+__device__ void dequant_impl(const unsigned char* w, long long row_bytes, const int* ids,
+                             int first, int k, T* out) {
+    const int N = Unit<F>::N;
+    int r = blockIdx.x, u = blockIdx.y * blockDim.x + threadIdx.x;
+    if (u >= k / N) return;
+    long long src = ids ? ids[r] : first + r;
+    float v[N];
+    load_unit<F>(w + src * row_bytes, u, v);
+    T* dst = out + (size_t)r * k + (size_t)u * N;
+#pragma unroll
+    for (int e = 0; e < N; ++e) dst[e] = st(v[e]);
+}
+
+// One pair of entry points per format: gemv_<name> and dequant_<name>.
+#define WEIGHT_KERNELS(NAME, F)                                                                 \
+    extern "C" __global__ void gemv_##NAME(const unsigned char* w, long long row_bytes,         \
+                                           const T* x, int x_stride, int rows, int out, int k,  \
+                                           const T* gamma, float eps, const T* bias,            \
+                                           const T* residual, T* y, int y_stride) {             \
+        gemv_impl<F>(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias, residual, y,   \
+                     y_stride);                                                                 \
+    }                                                                                           \
+    extern "C" __global__ void dequant_##NAME(const unsigned char* w, long long row_bytes,      \
+                                              const int* ids, int first, int k, T* out) {       \
+        dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \
+    }
+WEIGHT_KERNELS(dense, DENSE)
+WEIGHT_KERNELS(q8_0, GGML_Q8_0)
+WEIGHT_KERNELS(q4_0, GGML_Q4_0)
+WEIGHT_KERNELS(q4_1, GGML_Q4_1)
+WEIGHT_KERNELS(q5_0, GGML_Q5_0)
+WEIGHT_KERNELS(q5_1, GGML_Q5_1)
+WEIGHT_KERNELS(q4_k, GGML_Q4_K)
+WEIGHT_KERNELS(q5_k, GGML_Q5_K)
+WEIGHT_KERNELS(q6_k, GGML_Q6_K)

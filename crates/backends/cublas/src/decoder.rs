@@ -7,13 +7,14 @@
 //! (the prompt, then one token per step) and returns the logits of the last or of every column.
 
 use std::any::Any;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchArgs,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice,
+    LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop,
 };
 use ipfs_accelerate_core::{DecoderSpec, DenseWeights, GatedActivation, Precision};
 
@@ -46,15 +47,99 @@ struct Kernels {
     cached_attention: CudaFunction,
     /// `cached_attention` reading single values (heads that are not a whole number of packs).
     cached_attention_scalar: CudaFunction,
-    gemv_rows: CudaFunction,
+    /// The products and row reads of dense weights.
+    dense: WeightKernels,
+    /// Those of each ggml block format ([`BLOCK_FORMATS`], same order).
+    blocks: Vec<WeightKernels>,
 }
 
-/// Rows up to which a product runs on `gemv_rows` instead of cuBLAS (`GEMV_ROWS` in decoder.cu).
+/// The two kernels of one weight storage (`WEIGHT_KERNELS` in decoder.cu).
+struct WeightKernels {
+    /// `gemv_<name>`: few-row products with the fused norm / bias / residual.
+    gemv: CudaFunction,
+    /// `dequant_<name>`: rows dequantized to `T`.
+    dequant: CudaFunction,
+}
+
+impl Kernels {
+    /// The kernels of a weight stored as `storage`.
+    fn of<T>(&self, storage: &Storage<T>) -> &WeightKernels {
+        match storage {
+            Storage::Dense(_) => &self.dense,
+            Storage::Blocks { format, .. } => &self.blocks[format.index],
+        }
+    }
+}
+
+/// A ggml block format the engine computes on: the weights stay in it in device memory and the
+/// kernels dequantize them in registers (`ggml_blocks.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockFormat {
+    /// ggml's id (`enum ggml_type`, as GGUF files write it).
+    pub id: u32,
+    /// ggml's name.
+    pub name: &'static str,
+    /// Weights per block.
+    pub block: usize,
+    /// Bytes per block.
+    pub bytes: usize,
+    /// Position in [`BLOCK_FORMATS`].
+    index: usize,
+}
+
+/// Every block format the decoder reads (ids, sizes and layouts as ggml's).
+pub const BLOCK_FORMATS: [BlockFormat; 8] = [
+    block_format(8, "q8_0", 32, 34, 0),
+    block_format(2, "q4_0", 32, 18, 1),
+    block_format(3, "q4_1", 32, 20, 2),
+    block_format(6, "q5_0", 32, 22, 3),
+    block_format(7, "q5_1", 32, 24, 4),
+    block_format(12, "q4_k", 256, 144, 5),
+    block_format(13, "q5_k", 256, 176, 6),
+    block_format(14, "q6_k", 256, 210, 7),
+];
+
+const fn block_format(
+    id: u32,
+    name: &'static str,
+    block: usize,
+    bytes: usize,
+    index: usize,
+) -> BlockFormat {
+    BlockFormat {
+        id,
+        name,
+        block,
+        bytes,
+        index,
+    }
+}
+
+impl BlockFormat {
+    /// The format of ggml id `id`, if the decoder reads it.
+    pub fn of(id: u32) -> Option<BlockFormat> {
+        BLOCK_FORMATS.iter().copied().find(|f| f.id == id)
+    }
+
+    /// Bytes of a row of `k` weights (`None` unless `k` is a whole number of blocks).
+    pub fn row_bytes(self, k: usize) -> Option<usize> {
+        (k > 0 && k.is_multiple_of(self.block)).then(|| k / self.block * self.bytes)
+    }
+}
+
+/// Weights of a unit of `dequant_*` / `gemv_*` in a block format (`Unit<F>::N` in decoder.cu).
+const BLOCK_UNIT: usize = 8;
+
+/// Values of `T` the prompt's products dequantize a block weight into at a time (then multiply
+/// with cuBLAS), at most.
+const SCRATCH_VALUES: usize = 4 << 20;
+
+/// Rows up to which a product runs on `gemv_*` instead of cuBLAS (`GEMV_ROWS` in decoder.cu).
 const GEMV_ROWS: usize = 8;
-/// Warps per block of `gemv_rows` (one output feature each).
+/// Warps per block of `gemv_*` (one output feature each).
 const GEMV_WARPS: u32 = 8;
 
-/// What `gemv_rows` does around its product.
+/// What `gemv_*` does around its product.
 #[derive(Clone, Copy)]
 struct Epilogue<'a, T> {
     /// RMSNorm the input rows with this scale first.
@@ -121,11 +206,111 @@ fn switched_off(name: &str) -> bool {
     )
 }
 
-/// A dense layer on the device: `weight` `[out, in]`, its bias unless it is all zeros.
+/// How a part of a weight is kept on the device.
+enum Storage<T> {
+    /// `[rows, in]` values of `T`.
+    Dense(CudaSlice<T>),
+    /// `[rows, in]` weights in ggml blocks, as the file stores them.
+    Blocks {
+        data: CudaSlice<u8>,
+        format: BlockFormat,
+    },
+}
+
+/// Consecutive output rows of a weight stored one way.
+struct Part<T> {
+    storage: Storage<T>,
+    rows: usize,
+}
+
+impl<T> Part<T> {
+    /// Bytes of one weight row of `k` values.
+    fn row_bytes(&self, k: usize) -> usize {
+        match &self.storage {
+            Storage::Dense(_) => k * std::mem::size_of::<T>(),
+            Storage::Blocks { format, .. } => k / format.block * format.bytes,
+        }
+    }
+
+    /// The device address of its first row.
+    fn ptr(&self, stream: &CudaStream) -> u64 {
+        match &self.storage {
+            Storage::Dense(d) => d.device_ptr(stream).0,
+            Storage::Blocks { data, .. } => data.device_ptr(stream).0,
+        }
+    }
+}
+
+/// A dense layer on the device: `[out, in]` in parts (q, k and v stacked may keep different
+/// block formats), its bias unless it is all zeros.
 struct Weight<T> {
-    weight: CudaSlice<T>,
+    parts: Vec<Part<T>>,
     bias: Option<CudaSlice<T>>,
     out_features: usize,
+    in_features: usize,
+}
+
+impl<T> Weight<T> {
+    fn has_blocks(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p.storage, Storage::Blocks { .. }))
+    }
+
+    /// Bytes on the device.
+    fn bytes(&self) -> usize {
+        let parts: usize = self
+            .parts
+            .iter()
+            .map(|p| p.rows * p.row_bytes(self.in_features))
+            .sum();
+        parts
+            + self
+                .bias
+                .as_ref()
+                .map_or(0, |b| b.len() * std::mem::size_of::<T>())
+    }
+}
+
+/// A device address as cudarc's slice traits see it: cuBLAS on part of a buffer (a stacked
+/// weight's rows, an output's columns). `len` is the values from `ptr` to the buffer's end.
+struct At<'s, T> {
+    ptr: u64,
+    len: usize,
+    stream: &'s Arc<CudaStream>,
+    _t: PhantomData<T>,
+}
+
+impl<'s, T> At<'s, T> {
+    fn new(stream: &'s Arc<CudaStream>, ptr: u64, len: usize) -> Self {
+        At {
+            ptr,
+            len,
+            stream,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> DeviceSlice<T> for At<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for At<'_, T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for At<'_, T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
 }
 
 struct Layer<T> {
@@ -163,7 +348,8 @@ pub struct Decoder<T: Elem> {
     blas: CudaBlas,
     kernels: Kernels,
     dims: Dims,
-    embed: CudaSlice<T>,
+    /// The token embedding (and the LM head when tied).
+    embed: Weight<T>,
     inv_freq: CudaSlice<f32>,
     layers: Vec<Layer<T>>,
     final_norm: CudaSlice<T>,
@@ -173,8 +359,13 @@ pub struct Decoder<T: Elem> {
     staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// cuBLAS's workspace, set explicitly so GEMMs can be captured into graphs.
     _workspace: CudaSlice<u8>,
-    /// Whether few-row products run on `gemv_rows` ([`GEMV_ENV`]).
+    /// Whether few-row products run on `gemv_*` ([`GEMV_ENV`]).
     gemv: bool,
+    /// Values of the scratch a call dequantizes block weights into for cuBLAS (0: no block
+    /// weights).
+    scratch_values: usize,
+    /// Bytes of the weights on the device.
+    weight_bytes: usize,
     /// Per-stage device times on stderr after every uncaptured call
     /// ([`crate::engine::PROFILE_ENV`]).
     profile: bool,
@@ -206,6 +397,8 @@ struct Buffers<T> {
     gu: CudaSlice<T>,
     act: CudaSlice<T>,
     logits: CudaSlice<T>,
+    /// Block weights dequantized for cuBLAS (calls whose products are not all GEMVs).
+    scratch: Option<CudaSlice<T>>,
 }
 
 /// The one-token step of a session as a CUDA graph: its buffers stay at the addresses the graph
@@ -284,6 +477,12 @@ where
         }
         let module = compile_module::<T>(stream.context())?;
         let f = |name: &str| module.load_function(name);
+        let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
+            Ok(WeightKernels {
+                gemv: f(&format!("gemv_{name}"))?,
+                dequant: f(&format!("dequant_{name}"))?,
+            })
+        };
         let kernels = Kernels {
             gather_rows: f("gather_rows")?,
             append_mask: f("append_mask")?,
@@ -292,7 +491,11 @@ where
             rope_split: f("rope_split")?,
             cached_attention: f("cached_attention")?,
             cached_attention_scalar: f("cached_attention_scalar")?,
-            gemv_rows: f("gemv_rows")?,
+            dense: weight_kernels("dense")?,
+            blocks: BLOCK_FORMATS
+                .iter()
+                .map(|b| weight_kernels(b.name))
+                .collect::<Result<_, _>>()?,
         };
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
             let mut d =
@@ -300,38 +503,128 @@ where
             stream.memcpy_htod(&T::from_f32_slice(v), &mut d)?;
             Ok(d)
         };
-        let stacked =
-            |parts: &[&DenseWeights], keep_zero_bias: bool| -> Result<Weight<T>, EngineError> {
-                let weight: Vec<f32> = parts
-                    .iter()
-                    .flat_map(|p| p.weight.iter().copied())
-                    .collect();
-                let bias: Vec<f32> = parts.iter().flat_map(|p| p.bias.iter().copied()).collect();
-                Ok(Weight {
-                    weight: up(&weight)?,
-                    bias: if keep_zero_bias || bias.iter().any(|&b| b != 0.0) {
-                        Some(up(&bias)?)
-                    } else {
-                        None
-                    },
-                    out_features: parts.iter().map(|p| p.out_features).sum(),
-                })
-            };
+        // Consecutive layers stored alike become one part (f32 values converted to T, blocks
+        // concatenated row by row); a layer in another format starts a new part.
+        let stacked = |name: &str,
+                       layers: &[&DenseWeights],
+                       keep_zero_bias: bool|
+         -> Result<Weight<T>, EngineError> {
+            let k = layers[0].in_features;
+            let mut parts: Vec<Part<T>> = Vec::new();
+            let mut start = 0;
+            while start < layers.len() {
+                let kind = layers[start].blocks.as_ref().map(|b| b.ggml_type);
+                let end = start
+                    + layers[start..]
+                        .iter()
+                        .take_while(|l| l.blocks.as_ref().map(|b| b.ggml_type) == kind)
+                        .count();
+                let group = &layers[start..end];
+                let rows: usize = group.iter().map(|l| l.out_features).sum();
+                let storage = match kind {
+                    None => {
+                        let values: Vec<f32> = group
+                            .iter()
+                            .flat_map(|l| l.weight.iter().copied())
+                            .collect();
+                        Storage::Dense(up(&values)?)
+                    }
+                    Some(id) => {
+                        let format = BlockFormat::of(id).ok_or_else(|| {
+                            EngineError::Spec(format!(
+                                "{name}: ggml type {id} is not a block format the decoder reads \
+                                 ({})",
+                                BLOCK_FORMATS.map(|f| f.name).join(", ")
+                            ))
+                        })?;
+                        let mut bytes = Vec::new();
+                        for l in group {
+                            let b = l.blocks.as_ref().map_or(&[][..], |b| &b.data[..]);
+                            let want = format.row_bytes(k).map(|r| r * l.out_features);
+                            if want != Some(b.len()) {
+                                return Err(EngineError::Spec(format!(
+                                    "{name}: {} bytes of {} blocks for [{}, {k}] weights \
+                                     (expected {})",
+                                    b.len(),
+                                    format.name,
+                                    l.out_features,
+                                    want.map_or_else(
+                                        || format!("a multiple of {} inputs", format.block),
+                                        |w| w.to_string()
+                                    )
+                                )));
+                            }
+                            bytes.extend_from_slice(b);
+                        }
+                        let mut data = unsafe {
+                            device_buffer::<u8>(&stream, bytes.len(), || {
+                                format!("{name}'s {} blocks", format.name)
+                            })
+                        }?;
+                        stream.memcpy_htod(&bytes, &mut data)?;
+                        Storage::Blocks { data, format }
+                    }
+                };
+                parts.push(Part { storage, rows });
+                start = end;
+            }
+            let bias: Vec<f32> = layers.iter().flat_map(|p| p.bias.iter().copied()).collect();
+            Ok(Weight {
+                parts,
+                bias: if keep_zero_bias || bias.iter().any(|&b| b != 0.0) {
+                    Some(up(&bias)?)
+                } else {
+                    None
+                },
+                out_features: layers.iter().map(|p| p.out_features).sum(),
+                in_features: k,
+            })
+        };
         let layers = spec
             .layers
             .iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(i, l)| {
+                let name = |what: &str| format!("layer {i} {what}");
                 Ok(Layer {
                     input_norm: up(&l.input_norm)?,
-                    qkv: stacked(&[&l.query, &l.key, &l.value], true)?,
-                    output: stacked(&[&l.output], false)?,
+                    qkv: stacked(&name("q / k / v"), &[&l.query, &l.key, &l.value], true)?,
+                    output: stacked(&name("output"), &[&l.output], false)?,
                     post_norm: up(&l.post_norm)?,
-                    gate_up: stacked(&[&l.gate, &l.up], false)?,
-                    down: stacked(&[&l.down], false)?,
+                    gate_up: stacked(&name("gate / up"), &[&l.gate, &l.up], false)?,
+                    down: stacked(&name("down"), &[&l.down], false)?,
                     window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let embed = stacked("the token embedding", &[&spec.embed], false)?;
+        let lm_head = spec
+            .lm_head
+            .as_ref()
+            .map(|h| stacked("the LM head", &[h], false))
+            .transpose()?;
+        let weights = || {
+            layers
+                .iter()
+                .flat_map(|l| [&l.qkv, &l.output, &l.gate_up, &l.down])
+                .chain(std::iter::once(&embed))
+                .chain(lm_head.as_ref())
+        };
+        let scratch_values = weights()
+            .filter(|w| w.has_blocks())
+            .map(|w| w.out_features * w.in_features)
+            .max()
+            .map_or(0, |most| {
+                most.min(SCRATCH_VALUES.max(spec.hidden.max(spec.intermediate)))
+            });
+        let norm_values = spec.final_norm.len()
+            + spec
+                .layers
+                .iter()
+                .map(|l| l.input_norm.len() + l.post_norm.len())
+                .sum::<usize>();
+        let weight_bytes =
+            weights().map(Weight::bytes).sum::<usize>() + norm_values * std::mem::size_of::<T>();
         let decoder = Decoder {
             kernels,
             dims: Dims {
@@ -346,15 +639,13 @@ where
                 max_positions: spec.max_positions,
                 valid_positions: spec.rotary.valid_positions,
             },
-            embed: up(&spec.embed)?,
+            embed,
             inv_freq: stream.clone_htod(&spec.rotary.inv_freq)?,
             layers,
             final_norm: up(&spec.final_norm)?,
-            lm_head: spec
-                .lm_head
-                .as_ref()
-                .map(|h| stacked(&[h], false))
-                .transpose()?,
+            lm_head,
+            scratch_values,
+            weight_bytes,
             staging: Mutex::new(None),
             _workspace: workspace,
             gemv: !switched_off(GEMV_ENV),
@@ -410,94 +701,163 @@ where
     }
 
     /// Whether a product of `rows` rows of `k` values (row stride `x_stride`) runs on the GEMV
-    /// kernel: it is on, the rows are few, and the rows are 16-byte aligned.
+    /// kernels: they are on, the rows are few, and the rows are 16-byte aligned.
     fn gemv_fits(&self, k: usize, x_stride: usize, rows: usize) -> bool {
         let vec = crate::engine::vec_width::<T>();
         self.gemv && rows <= GEMV_ROWS && k.is_multiple_of(vec) && x_stride.is_multiple_of(vec)
     }
 
-    /// One `gemv_rows` launch: `y = [residual +] (x' · Wᵀ [+ bias])`, x' the RMSNorm of x with
-    /// `gamma` when given (see decoder.cu). `x` is a device pointer and row stride; `y` (and the
-    /// residual, which is `y` itself when `in_place`) a device pointer.
-    #[allow(clippy::too_many_arguments)]
+    /// `gemv_*` launches, one per part of `w`: `y = [residual +] (x' · Wᵀ [+ bias])`, x' the
+    /// RMSNorm of x with `gamma` when given (see decoder.cu). `x` is a device pointer and row
+    /// stride; `y` (and the residual, which is `y` itself when `in_place`) a device pointer to
+    /// rows of `w.out_features` values.
     fn gemv(
         &self,
-        w: &CudaSlice<T>,
-        out_features: usize,
-        in_features: usize,
+        w: &Weight<T>,
         (x, x_stride): (u64, usize),
         rows: usize,
         epilogue: Epilogue<'_, T>,
         y: u64,
     ) -> Result<(), EngineError> {
+        let s = &self.stream;
+        let size = std::mem::size_of::<T>() as u64;
         let (stride_i, rows_i) = (x_stride as i32, rows as i32);
-        let (out_i, k_i) = (out_features as i32, in_features as i32);
-        let mut args = self.stream.launch_builder(&self.kernels.gemv_rows);
-        args.arg(w)
-            .arg(&x)
-            .arg(&stride_i)
-            .arg(&rows_i)
-            .arg(&out_i)
-            .arg(&k_i);
-        arg_or_null(&mut args, epilogue.gamma);
-        args.arg(&self.dims.eps);
-        arg_or_null(&mut args, epilogue.bias);
-        // The residual is the output itself when adding in place.
-        args.arg(if epilogue.in_place { &y } else { &NULL });
-        args.arg(&y);
-        // SAFETY: `gemv_rows(w, x, x_stride, rows, out, k, gamma, eps, bias, residual, y)` reads
-        // `rows` rows of `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out`
-        // of the bias, and reads / writes `rows × out` values of `y`.
+        let (k_i, y_stride) = (w.in_features as i32, w.out_features as i32);
+        let bias = epilogue.bias.map(|b| b.device_ptr(s).0);
+        let mut first = 0u64;
+        for part in &w.parts {
+            let (out_i, row_bytes) = (part.rows as i32, part.row_bytes(w.in_features) as i64);
+            let w_ptr = part.ptr(s);
+            let y_part = y + first * size;
+            let bias_part = bias.map_or(0, |b| b + first * size);
+            let residual = if epilogue.in_place { y_part } else { 0 };
+            let mut args = s.launch_builder(&self.kernels.of(&part.storage).gemv);
+            args.arg(&w_ptr)
+                .arg(&row_bytes)
+                .arg(&x)
+                .arg(&stride_i)
+                .arg(&rows_i)
+                .arg(&out_i)
+                .arg(&k_i);
+            arg_or_null(&mut args, epilogue.gamma);
+            args.arg(&self.dims.eps)
+                .arg(&bias_part)
+                .arg(&residual)
+                .arg(&y_part)
+                .arg(&y_stride);
+            // SAFETY: `gemv_*(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias,
+            // residual, y, y_stride)` reads the part's `out` rows of `row_bytes`, `rows` rows of
+            // `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out` of the bias,
+            // and reads / writes `out` columns of `rows` rows of `y`.
+            unsafe {
+                args.launch(LaunchConfig {
+                    grid_dim: ((part.rows as u32).div_ceil(GEMV_WARPS), 1, 1),
+                    block_dim: (32 * GEMV_WARPS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }?;
+            first += part.rows as u64;
+        }
+        Ok(())
+    }
+
+    /// `dequant_*`: `rows` rows of a part into `out` as `T` — rows `ids[r]` (a device pointer)
+    /// when `ids` is not 0, else rows `first..first + rows`.
+    fn dequant(
+        &self,
+        part: &Part<T>,
+        k: usize,
+        (ids, first): (u64, usize),
+        rows: usize,
+        out: u64,
+    ) -> Result<(), EngineError> {
+        let s = &self.stream;
+        let unit = match part.storage {
+            Storage::Dense(_) => crate::engine::vec_width::<T>(),
+            Storage::Blocks { .. } => BLOCK_UNIT,
+        };
+        let (row_bytes, first_i, k_i) = (part.row_bytes(k) as i64, first as i32, k as i32);
+        let w_ptr = part.ptr(s);
+        let mut args = s.launch_builder(&self.kernels.of(&part.storage).dequant);
+        args.arg(&w_ptr)
+            .arg(&row_bytes)
+            .arg(&ids)
+            .arg(&first_i)
+            .arg(&k_i)
+            .arg(&out);
+        // SAFETY: `dequant_*(w, row_bytes, ids, first, k, out)` reads `rows` rows of the part
+        // (ids below its rows: checked against the vocabulary) and writes `rows × k` values.
         unsafe {
             args.launch(LaunchConfig {
-                grid_dim: ((out_features as u32).div_ceil(GEMV_WARPS), 1, 1),
-                block_dim: (32 * GEMV_WARPS, 1, 1),
+                grid_dim: (rows as u32, (k / unit).div_ceil(256) as u32, 1),
+                block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
         }?;
         Ok(())
     }
 
-    /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), row `r` of `x` at `r * x_stride`: the
-    /// engine's GEMV kernel for a decoding step's few rows, cuBLAS otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn linear<X: DevicePtr<T>, Y: DevicePtrMut<T>>(
+    /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), row `r` of `x` at `x + r * x_stride` values,
+    /// of `y` at `y + r * out`: the engine's GEMV kernels for a decoding step's few rows, cuBLAS
+    /// otherwise (block weights dequantized into `scratch` a slice of rows at a time first).
+    fn linear(
         &self,
-        w: &CudaSlice<T>,
-        out_features: usize,
-        in_features: usize,
-        x: &X,
-        x_stride: usize,
+        w: &Weight<T>,
+        (x, x_stride): (u64, usize),
         rows: usize,
-        y: &mut Y,
+        y: u64,
+        scratch: Option<&mut CudaSlice<T>>,
     ) -> Result<(), EngineError> {
-        if self.gemv_fits(in_features, x_stride, rows) {
-            let (x_ptr, _x_sync) = x.device_ptr(&self.stream);
-            let (y_ptr, _y_sync) = y.device_ptr_mut(&self.stream);
-            return self.gemv(
-                w,
-                out_features,
-                in_features,
-                (x_ptr, x_stride),
-                rows,
-                Epilogue::default(),
-                y_ptr,
-            );
+        let k = w.in_features;
+        if self.gemv_fits(k, x_stride, rows) {
+            return self.gemv(w, (x, x_stride), rows, Epilogue::default(), y);
         }
-        let cfg = GemmConfig {
-            transa: CUBLAS_OP_T,
-            transb: CUBLAS_OP_N,
-            m: out_features as i32,
-            n: rows as i32,
-            k: in_features as i32,
-            alpha: T::from_f32(1.0),
-            lda: in_features as i32,
-            ldb: x_stride as i32,
-            beta: T::from_f32(0.0),
-            ldc: out_features as i32,
+        let s = &self.stream;
+        let size = std::mem::size_of::<T>() as u64;
+        let x_at = At::<T>::new(s, x, (rows - 1) * x_stride + k);
+        let gemm = |a: &dyn Fn() -> (u64, usize), m: usize, first: usize| {
+            let cfg = GemmConfig {
+                transa: CUBLAS_OP_T,
+                transb: CUBLAS_OP_N,
+                m: m as i32,
+                n: rows as i32,
+                k: k as i32,
+                alpha: T::from_f32(1.0),
+                lda: k as i32,
+                ldb: x_stride as i32,
+                beta: T::from_f32(0.0),
+                ldc: w.out_features as i32,
+            };
+            let (a_ptr, a_len) = a();
+            let a_at = At::<T>::new(s, a_ptr, a_len);
+            let mut y_at = At::<T>::new(s, y + first as u64 * size, rows * w.out_features - first);
+            // SAFETY: `a` holds `m` rows of `k` values, `x` `rows` rows of stride `x_stride`,
+            // and `y` `rows` rows of `out_features` from which columns `first..first + m` are
+            // written.
+            unsafe { self.blas.gemm(cfg, &a_at, &x_at, &mut y_at) }
         };
-        // SAFETY: the callers size `x` and `y` for `rows` rows of these widths.
-        unsafe { self.blas.gemm(cfg, w, x, y) }?;
+        let mut scratch = scratch;
+        let mut first = 0;
+        for part in &w.parts {
+            match &part.storage {
+                Storage::Dense(d) => {
+                    gemm(&|| (d.device_ptr(s).0, d.len()), part.rows, first)?;
+                }
+                Storage::Blocks { .. } => {
+                    let buf = scratch.as_deref_mut().ok_or_else(|| {
+                        EngineError::Spec("no scratch for a block weight's product".into())
+                    })?;
+                    let chunk = (buf.len() / k).clamp(1, part.rows);
+                    let buf_ptr = buf.device_ptr_mut(s).0;
+                    for r0 in (0..part.rows).step_by(chunk) {
+                        let n = chunk.min(part.rows - r0);
+                        self.dequant(part, k, (0, r0), n, buf_ptr)?;
+                        gemm(&|| (buf_ptr, n * k), n, first + r0)?;
+                    }
+                }
+            }
+            first += part.rows;
+        }
         Ok(())
     }
 
@@ -669,7 +1029,25 @@ where
             gu: alloc(rows * 2 * d.intermediate, "the gate / up projections")?,
             act: alloc(rows * d.intermediate, "the MLP activations")?,
             logits: alloc(out_rows * d.vocab, "the logits")?,
+            scratch: if self.scratch_values > 0 && !self.all_gemv(rows, out_rows) {
+                Some(alloc(self.scratch_values, "dequantized weights")?)
+            } else {
+                None
+            },
         })
+    }
+
+    /// Whether every product of a call of `rows` rows (`out_rows` of logits) runs on the GEMV
+    /// kernels, each RMSNorm and residual add fused into them.
+    fn all_gemv(&self, rows: usize, out_rows: usize) -> bool {
+        let d = &self.dims;
+        let q_width = d.heads * d.head_dim;
+        let vec = crate::engine::vec_width::<T>();
+        self.gemv_fits(d.hidden, d.hidden, rows)
+            && self.gemv_fits(q_width, q_width, rows)
+            && self.gemv_fits(d.intermediate, d.intermediate, rows)
+            && self.gemv_fits(d.hidden, d.hidden, out_rows)
+            && (rows == out_rows || (rows / out_rows * d.hidden).is_multiple_of(vec))
     }
 
     /// Every launch of one call (no allocation, no host synchronisation, so it can be captured):
@@ -710,14 +1088,7 @@ where
                     block_dim: (new.clamp(32, 256) as u32, 1, 1),
                     shared_mem_bytes: 0,
                 })?;
-            s.launch_builder(&self.kernels.gather_rows)
-                .arg(&ids_v)
-                .arg(&self.embed)
-                .arg(&h_i)
-                .arg(&mut b.x)
-                .launch(rows_by_columns(rows, h))?;
         }
-        prof.mark("embed")?;
         let norm_cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -757,13 +1128,34 @@ where
             LogitsOf::Last => (batch, (new - 1) * h, new * h),
             LogitsOf::Every => (rows, 0, h),
         };
-        let fused = self.gemv_fits(h, h, rows)
-            && self.gemv_fits(q_width, q_width, rows)
-            && self.gemv_fits(d.intermediate, d.intermediate, rows)
-            && self.gemv_fits(h, stride, out_rows);
+        let fused = self.all_gemv(rows, out_rows);
         let ptr = |buf: &mut CudaSlice<T>| buf.device_ptr_mut(s).0;
-        let (x_ptr, ctx_ptr, act_ptr) = (ptr(&mut b.x), ptr(&mut b.ctx), ptr(&mut b.act));
-        let (qkv_ptr, gu_ptr, logits_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.logits));
+        let (x_ptr, hb_ptr, ctx_ptr) = (ptr(&mut b.x), ptr(&mut b.hb), ptr(&mut b.ctx));
+        let (qkv_ptr, gu_ptr, act_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.act));
+        let (y_ptr, logits_ptr) = (ptr(&mut b.y), ptr(&mut b.logits));
+        let inter = d.intermediate;
+        match &self.embed.parts[..] {
+            [part @ Part {
+                storage: Storage::Blocks { .. },
+                ..
+            }] => {
+                let ids = ids_v.device_ptr(s).0;
+                self.dequant(part, h, (ids, 0), rows, x_ptr)?;
+            }
+            [Part {
+                storage: Storage::Dense(table),
+                ..
+            }] => unsafe {
+                s.launch_builder(&self.kernels.gather_rows)
+                    .arg(&ids_v)
+                    .arg(table)
+                    .arg(&h_i)
+                    .arg(&mut b.x)
+                    .launch(rows_by_columns(rows, h))?;
+            },
+            _ => return Err(EngineError::Spec("the embedding is one table".into())),
+        }
+        prof.mark("embed")?;
         if !fused {
             rms(None, None, &mut b.x, &self.layers[0].input_norm, &mut b.hb)?;
             prof.mark("norm")?;
@@ -772,17 +1164,9 @@ where
             let w = &layer.qkv;
             if fused {
                 let norm = Epilogue::norm(&layer.input_norm);
-                self.gemv(
-                    &w.weight,
-                    w.out_features,
-                    h,
-                    (x_ptr, h),
-                    rows,
-                    norm,
-                    qkv_ptr,
-                )?;
+                self.gemv(w, (x_ptr, h), rows, norm, qkv_ptr)?;
             } else {
-                self.linear(&w.weight, w.out_features, h, &b.hb, h, rows, &mut b.qkv)?;
+                self.linear(w, (hb_ptr, h), rows, qkv_ptr, b.scratch.as_mut())?;
             }
             prof.mark("qkv")?;
             let qkv_bias = w
@@ -835,19 +1219,17 @@ where
             let gup = &layer.gate_up;
             if fused {
                 let add = Epilogue::add_into(o.bias.as_ref());
-                self.gemv(&o.weight, h, q_width, (ctx_ptr, q_width), rows, add, x_ptr)?;
+                self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
                 prof.mark("o")?;
                 let norm = Epilogue::norm(&layer.post_norm);
-                let width = 2 * d.intermediate;
-                self.gemv(&gup.weight, width, h, (x_ptr, h), rows, norm, gu_ptr)?;
+                self.gemv(gup, (x_ptr, h), rows, norm, gu_ptr)?;
             } else {
-                self.linear(&o.weight, h, q_width, &b.ctx, q_width, rows, &mut b.y)?;
+                self.linear(o, (ctx_ptr, q_width), rows, y_ptr, b.scratch.as_mut())?;
                 prof.mark("o")?;
                 let (y, bias) = (Some(&b.y), o.bias.as_ref());
                 rms(y, bias, &mut b.x, &layer.post_norm, &mut b.hb)?;
                 prof.mark("norm")?;
-                let width = 2 * d.intermediate;
-                self.linear(&gup.weight, width, h, &b.hb, h, rows, &mut b.gu)?;
+                self.linear(gup, (hb_ptr, h), rows, gu_ptr, b.scratch.as_mut())?;
             }
             prof.mark("gate_up")?;
             unsafe {
@@ -857,17 +1239,16 @@ where
                 args.arg(&inter_i)
                     .arg(&d.act)
                     .arg(&mut b.act)
-                    .launch(rows_by_columns(rows, d.intermediate))?;
+                    .launch(rows_by_columns(rows, inter))?;
             }
             prof.mark("act")?;
             let dn = &layer.down;
-            let inter = d.intermediate;
             if fused {
                 let add = Epilogue::add_into(dn.bias.as_ref());
-                self.gemv(&dn.weight, h, inter, (act_ptr, inter), rows, add, x_ptr)?;
+                self.gemv(dn, (act_ptr, inter), rows, add, x_ptr)?;
                 prof.mark("down")?;
             } else {
-                self.linear(&dn.weight, h, inter, &b.act, inter, rows, &mut b.y)?;
+                self.linear(dn, (act_ptr, inter), rows, y_ptr, b.scratch.as_mut())?;
                 prof.mark("down")?;
                 let next = self
                     .layers
@@ -877,14 +1258,21 @@ where
                 prof.mark("norm")?;
             }
         }
-        let head = self.lm_head.as_ref().map_or(&self.embed, |w| &w.weight);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let size = std::mem::size_of::<T>() as u64;
         if fused {
             let norm = Epilogue::norm(&self.final_norm);
-            let last = x_ptr + (first * std::mem::size_of::<T>()) as u64;
-            self.gemv(head, d.vocab, h, (last, stride), out_rows, norm, logits_ptr)?;
+            let last = x_ptr + first as u64 * size;
+            self.gemv(head, (last, stride), out_rows, norm, logits_ptr)?;
         } else {
-            let last = b.hb.slice(first..);
-            self.linear(head, d.vocab, h, &last, stride, out_rows, &mut b.logits)?;
+            let last = hb_ptr + first as u64 * size;
+            self.linear(
+                head,
+                (last, stride),
+                out_rows,
+                logits_ptr,
+                b.scratch.as_mut(),
+            )?;
         }
         prof.mark("lm_head")?;
         if profile {
@@ -922,6 +1310,7 @@ pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
 /// A decoder of either storage type, as the runner holds it.
 trait AnyDecoder: Send + Sync {
     fn peak_memory(&self) -> Option<u64>;
+    fn weight_bytes(&self) -> usize;
     fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError>;
     fn forward(
         &self,
@@ -938,6 +1327,10 @@ where
 {
     fn peak_memory(&self) -> Option<u64> {
         crate::engine::pool_bytes(&self.stream, crate::engine::PoolBytes::Peak)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.weight_bytes
     }
 
     fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError> {
@@ -968,8 +1361,14 @@ pub struct DecoderEngine {
 }
 
 impl DecoderEngine {
+    /// Whether the decoder computes on weights kept in ggml type `id` ([`BLOCK_FORMATS`]); other
+    /// weights are uploaded as f32 / f16 values.
+    pub fn reads_ggml_type(id: u32) -> bool {
+        BlockFormat::of(id).is_some()
+    }
+
     /// Probes libcuda / NVRTC / cuBLAS, checks `spec`, compiles the kernels and uploads the
-    /// weights in `precision` (f32 or f16).
+    /// weights in `precision` (f32 or f16; layers that keep ggml blocks stay in them).
     pub fn load(spec: &DecoderSpec, precision: Precision) -> Result<Self, EngineError> {
         probe()?;
         let inner: Box<dyn AnyDecoder> = match precision {
@@ -1005,6 +1404,11 @@ impl DecoderEngine {
     /// as an encoder engine); `None` when the driver cannot say.
     pub fn peak_memory(&self) -> Option<u64> {
         self.inner.peak_memory()
+    }
+
+    /// Bytes the weights take on the device (ggml blocks as stored, the rest in the precision).
+    pub fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes()
     }
 
     /// A session of `batch` rows whose KV cache holds `capacity` columns per row.

@@ -82,6 +82,7 @@ impl Elem for half::f16 {
 
 const KERNELS: &str = include_str!("kernels.cu");
 const DECODER_KERNELS: &str = include_str!("decoder.cu");
+const GGML_BLOCKS: &str = include_str!("ggml_blocks.cuh");
 /// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
 const ROW_THREADS: u32 = 256;
 /// Keys one softmax thread holds in registers (`SOFTMAX_PER_THREAD` in kernels.cu).
@@ -152,7 +153,7 @@ pub(crate) fn compile_module<T: Elem>(
 /// The CUDA source of every kernel of the engine for storage type `T`.
 pub(crate) fn kernel_source<T: Elem>() -> String {
     format!(
-        "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{DECODER_KERNELS}",
+        "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{GGML_BLOCKS}\n{DECODER_KERNELS}",
         T::PREFIX
     )
 }
@@ -536,6 +537,11 @@ where
             Ok(stream.clone_htod(&T::from_f32_slice(v))?)
         };
         let dense = |d: &DenseWeights| -> Result<Dense<T>, EngineError> {
+            if d.blocks.is_some() {
+                return Err(EngineError::Spec(
+                    "the encoder takes float weights, not ggml blocks".into(),
+                ));
+            }
             Ok(Dense {
                 weight: up(&d.weight)?,
                 bias: up(&d.bias)?,
@@ -557,12 +563,12 @@ where
                     .flat_map(|p| p.iter().copied())
                     .collect::<Vec<f32>>()
             };
-            let qkv = DenseWeights {
-                out_features: 3 * spec.hidden,
-                in_features: spec.hidden,
-                weight: stacked([&l.query.weight, &l.key.weight, &l.value.weight]),
-                bias: stacked([&l.query.bias, &l.key.bias, &l.value.bias]),
-            };
+            let qkv = DenseWeights::new(
+                3 * spec.hidden,
+                spec.hidden,
+                stacked([&l.query.weight, &l.key.weight, &l.value.weight]),
+                stacked([&l.query.bias, &l.key.bias, &l.value.bias]),
+            );
             layers.push(Layer {
                 qkv: dense(&qkv)?,
                 attention_output: dense(&l.attention_output)?,
@@ -1253,8 +1259,26 @@ mod tests {
             };
             compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))
         };
-        compile(kernel_source::<f32>()).expect("f32 kernels");
-        compile(kernel_source::<half::f16>()).expect("f16 kernels");
+        // Every weight storage has its product and row reader (the names the decoder loads).
+        let names: Vec<String> = std::iter::once("dense")
+            .chain(crate::decoder::BLOCK_FORMATS.iter().map(|f| f.name))
+            .flat_map(|n| [format!("gemv_{n}"), format!("dequant_{n}")])
+            .collect();
+        for (ptx, ty) in [
+            (compile(kernel_source::<f32>()).expect("f32 kernels"), "f32"),
+            (
+                compile(kernel_source::<half::f16>()).expect("f16 kernels"),
+                "f16",
+            ),
+        ] {
+            let text = ptx.to_src();
+            for name in &names {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{ty}: no kernel {name}"
+                );
+            }
+        }
     }
 
     #[test]

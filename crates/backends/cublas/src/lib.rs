@@ -39,9 +39,13 @@
 
 mod decoder;
 mod engine;
+#[cfg(test)]
+mod ggml_blocks_tests;
 mod runner;
 
-pub use decoder::{check_decoder_spec, Columns, DecodeSession, DecoderEngine, LogitsOf};
+pub use decoder::{
+    check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, LogitsOf, BLOCK_FORMATS,
+};
 pub use engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
 pub use runner::EncoderRunner;
 

@@ -184,6 +184,11 @@ pub enum GgmlError {
         /// Bytes given.
         got: usize,
     },
+    /// Quantizing into this format is not implemented.
+    NotQuantizable {
+        /// The format.
+        ty: BlockType,
+    },
 }
 
 impl fmt::Display for GgmlError {
@@ -204,6 +209,7 @@ impl fmt::Display for GgmlError {
                 expected: None,
                 got,
             } => write!(f, "{got} bytes of {ty} data given, the shape overflows"),
+            GgmlError::NotQuantizable { ty } => write!(f, "quantizing to {ty} is not implemented"),
         }
     }
 }

@@ -26,6 +26,7 @@
 mod act;
 mod dot;
 mod format;
+mod quantize;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -34,6 +35,7 @@ mod x86;
 use rayon::prelude::*;
 
 pub use format::{bf16_to_f32, dequantize_row, f16_to_f32, BlockType, GgmlBlocks, GgmlError, QK_K};
+pub use quantize::quantize_row;
 
 use crate::linear::{finish_rows, Epilogue};
 use crate::qlinear::OutPtr;

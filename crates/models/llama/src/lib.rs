@@ -26,4 +26,4 @@ pub use runner::{
     same_shape_ids, token_matrix, ForwardInputs, LlamaFamily, LlamaRunner, Qwen2Family,
     TextGeneration,
 };
-pub use spec::{decoder_spec, decoder_spec_from};
+pub use spec::{decoder_spec, decoder_spec_from, decoder_spec_keeping_blocks};

@@ -396,6 +396,14 @@ pub trait TextGeneration: ModelRunner {
         config: &GenerationConfig,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>>;
+    /// New tokens after each of `prompts`, decoded together as one left-padded batch (one
+    /// product per step for every row); `on_token(row, token)` streams them.
+    fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>>;
 }
 
 impl<B: Backend> TextGeneration for LlamaRunner<B> {
@@ -430,5 +438,14 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
         LlamaRunner::generate(self, prompt, config, on_token)
+    }
+
+    fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+    ) -> Result<Vec<Vec<u32>>> {
+        LlamaRunner::generate_batch(self, prompts, config, on_token)
     }
 }

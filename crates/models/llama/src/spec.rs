@@ -25,10 +25,24 @@ pub fn decoder_spec(dir: &Path) -> Result<(DecoderSpec, LlamaConfig)> {
 /// The [`DecoderSpec`] of `config` with weights from any source (a folder's files, a GGUF file's
 /// dequantized blocks through [`crate::GgufWeights`]).
 pub fn decoder_spec_from(config: &LlamaConfig, source: &dyn TensorSource) -> Result<DecoderSpec> {
+    read_spec(config, SpecReader::new(source, ""))
+}
+
+/// [`decoder_spec_from`], keeping the weights the source stores in a ggml block type `keep`
+/// accepts (a GGUF file's, say) as those blocks ([`ipfs_accelerate_core::DenseWeights::blocks`])
+/// for an engine that computes on them; the others are read as f32.
+pub fn decoder_spec_keeping_blocks(
+    config: &LlamaConfig,
+    source: &dyn TensorSource,
+    keep: &(dyn Fn(u32) -> bool + Sync),
+) -> Result<DecoderSpec> {
+    read_spec(config, SpecReader::new(source, "").keeping_blocks(keep))
+}
+
+fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> {
     let c = config;
     let (h, dh, inter) = (c.hidden_size, c.head_dim(), c.intermediate_size);
     let (q, kv) = (c.num_attention_heads * dh, c.kv_heads() * dh);
-    let root = SpecReader::new(source, "");
     let m = root.pp("model");
     let names = ProjectionNames::O_PROJ;
     let bias = c.attention_biases();
@@ -76,7 +90,7 @@ pub fn decoder_spec_from(config: &LlamaConfig, source: &dyn TensorSource) -> Res
             inv_freq: rope.inv_freq(0).into_owned(),
             valid_positions,
         },
-        embed: m.read("embed_tokens.weight", &[c.vocab_size, h])?,
+        embed: m.matrix("embed_tokens.weight", c.vocab_size, h)?,
         layers,
         final_norm: m.scale("norm", h)?,
         lm_head: if c.tie_word_embeddings {
@@ -133,7 +147,7 @@ mod tests {
         let mut x: Vec<Vec<f64>> = ids
             .iter()
             .map(|&t| {
-                s.embed[t as usize * h..(t as usize + 1) * h]
+                s.embed.weight[t as usize * h..(t as usize + 1) * h]
                     .iter()
                     .map(|&v| v.into())
                     .collect()
@@ -193,13 +207,7 @@ mod tests {
                 }
             }
         }
-        let tied = DenseWeights {
-            out_features: s.vocab,
-            in_features: h,
-            weight: s.embed.clone(),
-            bias: vec![0.0; s.vocab],
-        };
-        let head = s.lm_head.as_ref().unwrap_or(&tied);
+        let head = s.lm_head.as_ref().unwrap_or(&s.embed);
         x.iter()
             .map(|r| dense(head, &rms(r, &s.final_norm, s.eps)))
             .collect()

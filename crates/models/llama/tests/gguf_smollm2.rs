@@ -278,3 +278,36 @@ fn blocks_products_within_the_rounding_bound() {
         eprintln!("{name}: worst error {worst:.3} of the bound");
     }
 }
+
+/// The decoder spec that keeps the file's blocks (what the cuBLAS decoder uploads) describes the
+/// same model as the spec read as f32: every layer the GGUF stores in a kept format has its
+/// blocks, and those blocks dequantize to exactly the f32 spec's values (the LLaMA q / k rows
+/// un-permuted in both); the other tensors are equal.
+#[test]
+fn spec_keeping_blocks_describes_the_dequantized_spec() {
+    use ipfs_accelerate_nn::spec::{dense_values, BlockType};
+    let Some(root) = shared() else { return };
+    let path = root.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let config = LlamaConfig::from_gguf(&file).unwrap();
+    let weights = GgufWeights::new(file, &config);
+    let keep = |id: u32| id == BlockType::Q4_1.id() || id == BlockType::Q8_0.id();
+    let kept =
+        ipfs_accelerate_llama::decoder_spec_keeping_blocks(&config, &weights, &keep).unwrap();
+    let plain = ipfs_accelerate_llama::decoder_spec_from(&config, &weights).unwrap();
+    let pairs: Vec<_> = kept.dense_layers().zip(plain.dense_layers()).collect();
+    assert_eq!(pairs.len(), plain.dense_layers().count());
+    let blocks = pairs.iter().filter(|(k, _)| k.blocks.is_some()).count();
+    assert!(
+        blocks >= 7 * config.num_hidden_layers,
+        "{blocks} layers kept blocks"
+    );
+    for (k, p) in pairs {
+        assert!(p.blocks.is_none());
+        let values = dense_values(k).unwrap();
+        assert!(values.weight == p.weight && values.bias == p.bias);
+    }
+    assert!(kept.stored_bytes() < plain.stored_bytes() / 4);
+    assert_eq!(kept.final_norm, plain.final_norm);
+    assert_eq!(kept.layers[0].input_norm, plain.layers[0].input_norm);
+}

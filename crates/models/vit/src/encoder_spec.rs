@@ -48,12 +48,12 @@ pub fn encoder_spec_from(
     );
     let (rows, cols) = c.grid();
     let emb = vit.pp("embeddings");
-    let projection = DenseWeights {
-        out_features: h,
-        in_features: ch * p * p,
-        weight: emb.read("patch_embeddings.projection.weight", &[h, ch, p, p])?,
-        bias: emb.read("patch_embeddings.projection.bias", &[h])?,
-    };
+    let projection = DenseWeights::new(
+        h,
+        ch * p * p,
+        emb.read("patch_embeddings.projection.weight", &[h, ch, p, p])?,
+        emb.read("patch_embeddings.projection.bias", &[h])?,
+    );
     let input = EncoderInput::Patches(PatchEmbeddings {
         channels: ch,
         patch: p,
