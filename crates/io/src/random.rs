@@ -111,16 +111,7 @@ pub struct RandomInit {
 }
 
 /// The ggml formats random weights can be stored in (`"ggml_type"` in the marker file).
-pub const RANDOM_GGML_TYPES: [BlockType; 8] = [
-    BlockType::Q8_0,
-    BlockType::Q4_0,
-    BlockType::Q4_1,
-    BlockType::Q5_0,
-    BlockType::Q5_1,
-    BlockType::Q4_K,
-    BlockType::Q5_K,
-    BlockType::Q6_K,
-];
+pub const RANDOM_GGML_TYPES: [BlockType; 8] = ipfs_accelerate_kernels::QUANTIZED_FORMATS;
 
 impl RandomInit {
     /// A source seeded with `seed`, weights of standard deviation `std` (HF uses 0.02).

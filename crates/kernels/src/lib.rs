@@ -67,11 +67,11 @@ mod qlinear;
 pub use amx::{amx_support, AmxSupport};
 pub use attention::{attention, StridedView};
 pub use bf16linear::{linear_bf16, round_bf16, Bf16Isa, PackedBf16};
-pub use ggml::quantize_row;
 pub use ggml::{
     bf16_to_f32, dequantize_row, f16_to_f32, ggml_isa, linear_ggml, linear_ggml_with, BlockType,
     GgmlBlocks, GgmlError, GgmlPath, PANEL_MIN_ROWS, PANEL_MIN_ROWS_FLOAT, QK_K,
 };
+pub use ggml::{quantize_row, QUANTIZED_FORMATS};
 pub use linear::{linear, Epilogue, EpilogueActivation};
 pub use math::{exp, gelu_erf, gelu_tanh, quick_gelu, silu, softmax_rows};
 pub use qlinear::{linear_int8, Int8Isa, PackedInt8};

@@ -35,7 +35,7 @@ mod x86;
 use rayon::prelude::*;
 
 pub use format::{bf16_to_f32, dequantize_row, f16_to_f32, BlockType, GgmlBlocks, GgmlError, QK_K};
-pub use quantize::quantize_row;
+pub use quantize::{quantize_row, QUANTIZED_FORMATS};
 
 use crate::linear::{finish_rows, Epilogue};
 use crate::qlinear::OutPtr;

@@ -14,6 +14,18 @@
 
 use super::format::{BlockType, GgmlError, QK_K};
 
+/// The block formats [`quantize_row`] writes (besides the float types).
+pub const QUANTIZED_FORMATS: [BlockType; 8] = [
+    BlockType::Q8_0,
+    BlockType::Q4_0,
+    BlockType::Q4_1,
+    BlockType::Q5_0,
+    BlockType::Q5_1,
+    BlockType::Q4_K,
+    BlockType::Q5_K,
+    BlockType::Q6_K,
+];
+
 /// `values` (a whole number of blocks of `ty`) quantized into `ty`'s blocks.
 pub fn quantize_row(ty: BlockType, values: &[f32]) -> Result<Vec<u8>, GgmlError> {
     let bs = ty.block_size();
@@ -265,17 +277,6 @@ mod tests {
     use super::super::format::{dequantize_row, f16_to_f32};
     use super::*;
 
-    const FORMATS: [BlockType; 8] = [
-        BlockType::Q8_0,
-        BlockType::Q4_0,
-        BlockType::Q4_1,
-        BlockType::Q5_0,
-        BlockType::Q5_1,
-        BlockType::Q4_K,
-        BlockType::Q5_K,
-        BlockType::Q6_K,
-    ];
-
     /// The largest error per weight relative to the largest magnitude of its (super-)block: half
     /// a step of the format (a whole step for the clamped positive extreme of Q4_0 / Q5_0, whose
     /// levels run -2^(b-1) .. 2^(b-1) - 1), widened for the f16 scales and the k-quants' 6-bit
@@ -313,7 +314,7 @@ mod tests {
 
     #[test]
     fn every_format_round_trips_within_its_bound() {
-        for ty in FORMATS {
+        for ty in QUANTIZED_FORMATS {
             let n = 2 * QK_K;
             for (seed, std) in [(1, 0.02), (2, 1.0), (3, 30.0)] {
                 let mut x = values(n, seed, std);
