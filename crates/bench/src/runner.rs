@@ -790,8 +790,9 @@ fn measure_generation(
                 let generated = if prompts.len() == 1 {
                     decoder.generate(&ids, &config, on_token)
                 } else {
+                    let configs = vec![config.clone(); prompts.len()];
                     decoder
-                        .generate_batch(&prompts, &config, &mut |row, t| {
+                        .generate_each(&prompts, &configs, &mut |row, t| {
                             if row == 0 {
                                 on_token(t)
                             } else {

@@ -241,12 +241,14 @@ impl TextGeneration for CudaDecoder {
         Ok(rows.pop().unwrap_or_default())
     }
 
-    fn generate_batch(
+    fn generate_each(
         &self,
         prompts: &[Vec<u32>],
-        config: &GenerationConfig,
+        configs: &[GenerationConfig],
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
-        self.generate_rows(prompts, config, on_token)
+        let max_new = configs.iter().map(|c| c.max_new_tokens).max().unwrap_or(0);
+        let mut decoder = self.decoder(prompts, max_new)?;
+        ipfs_accelerate_nn::generate::generate_each(&mut decoder, prompts, configs, on_token)
     }
 }

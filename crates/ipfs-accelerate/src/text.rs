@@ -508,99 +508,136 @@ impl TextGenerator {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Output<Generated>> {
+        let mut outputs = self.generate_many(&[(prompt, options)], |_, piece| on_text(piece))?;
+        outputs
+            .pop()
+            .ok_or_else(|| Error::Core(ipfs_accelerate_core::Error::Compute("no output".into())))
+    }
+
+    /// Several requests decoded together as one batch (one forward per step for all of them, as
+    /// a server batches concurrent requests), each with its own options: its prompt, limits and
+    /// seeded sampler, so each gets the tokens it would get alone (up to the rounding of a
+    /// batched product). `on_text(request, piece)` streams each request's text; its `Break`
+    /// ends that request only. Outputs in request order.
+    pub fn generate_many(
+        &self,
+        requests: &[(&str, &GenerateOptions)],
+        mut on_text: impl FnMut(usize, &str) -> ControlFlow<()>,
+    ) -> Result<Vec<Output<Generated>>> {
         let mut clock = Stopwatch::start();
-        let text = if options.chat {
-            self.apply_chat_template(prompt)?
-        } else {
-            prompt.to_string()
-        };
-        let prompt_ids = self.encode(&text)?;
         let max_positions = self.config().max_position_embeddings();
-        if prompt_ids.len() + options.max_new_tokens > max_positions {
-            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
-                format!(
-                "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} positions",
-                prompt_ids.len(),
-                options.max_new_tokens
-            ),
-            )));
+        let mut prompts = Vec::with_capacity(requests.len());
+        let mut configs = Vec::with_capacity(requests.len());
+        for &(prompt, options) in requests {
+            let text = if options.chat {
+                self.apply_chat_template(prompt)?
+            } else {
+                prompt.to_string()
+            };
+            let prompt_ids = self.encode(&text)?;
+            if prompt_ids.len() + options.max_new_tokens > max_positions {
+                return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                    format!(
+                        "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} \
+                         positions",
+                        prompt_ids.len(),
+                        options.max_new_tokens
+                    ),
+                )));
+            }
+            let mut config: GenerationConfig = self.model.default_generation_config();
+            if !options.stop_at_eos {
+                config.stop_tokens.clear();
+            }
+            config.max_new_tokens = options.max_new_tokens;
+            config.sampling = options.sampling;
+            config.repetition_penalty = options.repetition_penalty;
+            config.seed = options.seed;
+            prompts.push(prompt_ids);
+            configs.push(config);
         }
         let preprocess = clock.lap();
-        let mut config: GenerationConfig = self.model.default_generation_config();
-        if !options.stop_at_eos {
-            config.stop_tokens.clear();
+        /// One request's text so far.
+        #[derive(Default)]
+        struct Stream {
+            generated: Vec<u32>,
+            printed: usize,
+            first_token_at: Option<Duration>,
+            last_token_at: Duration,
+            stopped: bool,
         }
-        config.max_new_tokens = options.max_new_tokens;
-        config.sampling = options.sampling;
-        config.repetition_penalty = options.repetition_penalty;
-        config.seed = options.seed;
-        let mut generated: Vec<u32> = Vec::new();
-        let mut printed = 0usize;
-        let mut first_token_at: Option<Duration> = None;
+        let mut streams: Vec<Stream> = requests.iter().map(|_| Stream::default()).collect();
         let start = std::time::Instant::now();
         let mut decode_err = None;
-        let mut stopped = false;
-        let tokens = self.model.generate(&prompt_ids, &config, &mut |t| {
-            if first_token_at.is_none() {
-                first_token_at = Some(start.elapsed());
-            }
-            generated.push(t);
-            match self.tokenizer.decode(&generated, true) {
-                // Emit only complete characters: a byte-level token may end mid-character.
-                Ok(s) if !s.ends_with('\u{FFFD}') => {
-                    if s.len() > printed && s.is_char_boundary(printed) {
-                        let flow = on_text(&s[printed..]);
-                        printed = s.len();
-                        if flow.is_break() {
-                            stopped = true;
-                            return ControlFlow::Break(());
+        let rows = self
+            .model
+            .generate_each(&prompts, &configs, &mut |row, t| {
+                let st = &mut streams[row];
+                st.last_token_at = start.elapsed();
+                st.first_token_at.get_or_insert(st.last_token_at);
+                st.generated.push(t);
+                match self.tokenizer.decode(&st.generated, true) {
+                    // Emit only complete characters: a byte-level token may end mid-character.
+                    Ok(s) if !s.ends_with('\u{FFFD}') => {
+                        if s.len() > st.printed && s.is_char_boundary(st.printed) {
+                            let flow = on_text(row, &s[st.printed..]);
+                            st.printed = s.len();
+                            if flow.is_break() {
+                                st.stopped = true;
+                                return ControlFlow::Break(());
+                            }
                         }
                     }
+                    Ok(_) => {}
+                    Err(e) => {
+                        decode_err = Some(e.to_string());
+                        st.stopped = true;
+                        return ControlFlow::Break(());
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    decode_err = Some(e.to_string());
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        })?;
+                ControlFlow::Continue(())
+            })?;
         if let Some(e) = decode_err {
             return Err(tokenizer_err("decoding tokens", e));
         }
         let inference = clock.lap();
-        let full = self.decode(&tokens)?;
-        if !stopped && full.len() > printed && full.is_char_boundary(printed) {
-            let _ = on_text(&full[printed..]);
+        let mut outputs = Vec::with_capacity(rows.len());
+        let end = start.elapsed();
+        let shared = crate::loaded::call_metrics(
+            &self.selection,
+            self.init,
+            [preprocess, inference],
+            &mut clock,
+            requests.len(),
+        );
+        for (row, (tokens, prompt_ids)) in rows.into_iter().zip(prompts).enumerate() {
+            let st = &streams[row];
+            let full = self.decode(&tokens)?;
+            if !st.stopped && full.len() > st.printed && full.is_char_boundary(st.printed) {
+                let _ = on_text(row, &full[st.printed..]);
+            }
+            let first = st.first_token_at.unwrap_or(end);
+            let prefill_tokens_per_s = prompt_ids.len() as f64 / first.as_secs_f64().max(1e-9);
+            let rest = tokens.len().saturating_sub(1);
+            let decode_tokens_per_s = if rest > 0 {
+                rest as f64 / (st.last_token_at - first).as_secs_f64().max(1e-9)
+            } else {
+                0.0
+            };
+            outputs.push(Output {
+                value: Generated {
+                    text: full,
+                    prompt_ids,
+                    token_ids: tokens.clone(),
+                    prefill_tokens_per_s,
+                    decode_tokens_per_s,
+                },
+                metrics: Metrics {
+                    tokens: tokens.len(),
+                    ..shared.clone()
+                },
+            });
         }
-        let total = start.elapsed();
-        let first = first_token_at.unwrap_or(total);
-        let prefill_tokens_per_s = prompt_ids.len() as f64 / first.as_secs_f64().max(1e-9);
-        let rest = tokens.len().saturating_sub(1);
-        let decode_tokens_per_s = if rest > 0 {
-            rest as f64 / (total - first).as_secs_f64().max(1e-9)
-        } else {
-            0.0
-        };
-        let metrics = Metrics {
-            tokens: tokens.len(),
-            ..crate::loaded::call_metrics(
-                &self.selection,
-                self.init,
-                [preprocess, inference],
-                &mut clock,
-                1,
-            )
-        };
-        Ok(Output {
-            value: Generated {
-                text: full,
-                prompt_ids,
-                token_ids: tokens,
-                prefill_tokens_per_s,
-                decode_tokens_per_s,
-            },
-            metrics,
-        })
+        Ok(outputs)
     }
 }

@@ -243,12 +243,73 @@ pub fn argmax(values: &[f32]) -> u32 {
 /// holds them). `on_token(row, token)` is called for every generated token as soon as it is
 /// chosen; returning `ControlFlow::Break(())` stops generation early. Rows that finished are fed
 /// their last token again so the batch stays aligned; their output does not grow. Returns the
-/// generated tokens per row (stop tokens included).
+/// generated tokens per row (stop tokens included). One sampler draws for every row in turn.
 pub fn generate(
     decoder: &mut dyn TokenDecoder,
     prompts: &[Vec<u32>],
     config: &GenerationConfig,
+    on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<Vec<Vec<u32>>> {
+    let mut sampler = Sampler::new(config.clone())?;
+    let limits = vec![config; prompts.len()];
+    run_rows(
+        decoder,
+        prompts,
+        &limits,
+        |_, logits, history| sampler.pick(logits, history),
+        on_token,
+        Stop::All,
+    )
+}
+
+/// [`generate`] with a configuration per row (its own seeded sampler, token limit and stop
+/// tokens), as independent requests decoded together: each row's tokens are those it gets alone
+/// (up to the rounding a batched product may change), and `ControlFlow::Break` from
+/// `on_token(row, _)` ends that row only.
+pub fn generate_each(
+    decoder: &mut dyn TokenDecoder,
+    prompts: &[Vec<u32>],
+    configs: &[GenerationConfig],
+    on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<Vec<Vec<u32>>> {
+    if configs.len() != prompts.len() {
+        return Err(Error::InvalidInput(format!(
+            "{} generation configs for {} prompts",
+            configs.len(),
+            prompts.len()
+        )));
+    }
+    let mut samplers = configs
+        .iter()
+        .map(|c| Sampler::new(c.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let limits: Vec<&GenerationConfig> = configs.iter().collect();
+    run_rows(
+        decoder,
+        prompts,
+        &limits,
+        |row, logits, history| samplers[row].pick(logits, history),
+        on_token,
+        Stop::Row,
+    )
+}
+
+/// What a `Break` from the token callback ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    All,
+    Row,
+}
+
+/// The decoding loop of [`generate`] and [`generate_each`]: `pick(row, logits, history)` chooses
+/// each row's token; `limits[row]` gives its token limit and stop tokens.
+fn run_rows(
+    decoder: &mut dyn TokenDecoder,
+    prompts: &[Vec<u32>],
+    limits: &[&GenerationConfig],
+    mut pick: impl FnMut(usize, &mut [f32], &[u32]) -> Result<u32>,
     mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    scope: Stop,
 ) -> Result<Vec<Vec<u32>>> {
     let batch = decoder.batch();
     let vocab = decoder.vocab();
@@ -258,11 +319,10 @@ pub fn generate(
             prompts.len()
         )));
     }
-    let mut sampler = Sampler::new(config.clone())?;
     let mut history: Vec<Vec<u32>> = prompts.to_vec();
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
-    let mut done = vec![false; batch];
-    if config.max_new_tokens == 0 {
+    let mut done: Vec<bool> = limits.iter().map(|c| c.max_new_tokens == 0).collect();
+    if done.iter().all(|d| *d) {
         return Ok(out);
     }
     let mut logits = decoder.prefill()?;
@@ -280,14 +340,18 @@ pub fn generate(
                 next.push(history[row].last().copied().unwrap_or(0));
                 continue;
             }
-            let token = sampler.pick(chunk, &history[row])?;
+            let token = pick(row, chunk, &history[row])?;
             history[row].push(token);
             out[row].push(token);
-            if config.stop_tokens.contains(&token) || out[row].len() >= config.max_new_tokens {
+            let limit = limits[row];
+            if limit.stop_tokens.contains(&token) || out[row].len() >= limit.max_new_tokens {
                 done[row] = true;
             }
             if on_token(row, token).is_break() {
-                stop = true;
+                match scope {
+                    Stop::All => stop = true,
+                    Stop::Row => done[row] = true,
+                }
             }
             next.push(token);
         }
@@ -436,6 +500,65 @@ mod tests {
         }
         let mut d = bigram(vec![0]);
         assert!(generate(&mut d, &[], &GenerationConfig::default(), |_, _| {
+            ControlFlow::Continue(())
+        })
+        .is_err());
+    }
+
+    /// Rows with their own configurations decode as each would alone: seeded samples, token
+    /// limits, stop tokens; a `Break` ends only its row.
+    #[test]
+    fn each_row_keeps_its_own_configuration() {
+        let sample = |seed| GenerationConfig {
+            sampling: Sampling::Sample {
+                temperature: 1.5,
+                top_k: None,
+                top_p: None,
+            },
+            seed,
+            max_new_tokens: 12,
+            stop_tokens: vec![],
+            ..Default::default()
+        };
+        let greedy = GenerationConfig {
+            max_new_tokens: 5,
+            stop_tokens: vec![3],
+            ..Default::default()
+        };
+        let configs = [sample(1), greedy.clone(), sample(9)];
+        let prompts = vec![vec![0], vec![1], vec![2]];
+        let alone: Vec<Vec<u32>> = (0..3)
+            .map(|r| {
+                let mut d = bigram(vec![prompts[r][0]]);
+                generate_each(&mut d, &prompts[r..r + 1], &configs[r..r + 1], |_, _| {
+                    ControlFlow::Continue(())
+                })
+                .unwrap()
+                .remove(0)
+            })
+            .collect();
+        let mut d = bigram(vec![0, 1, 2]);
+        let together =
+            generate_each(&mut d, &prompts, &configs, |_, _| ControlFlow::Continue(())).unwrap();
+        assert_eq!(together, alone);
+        assert_eq!(together[1], vec![2, 3]); // greedy 1 → 2 → 3 (a stop token)
+        assert_eq!(together[0].len(), 12);
+        // Row 0 stops after its second token; the others run on.
+        let mut d = bigram(vec![0, 1, 2]);
+        let mut seen = 0;
+        let cut = generate_each(&mut d, &prompts, &configs, |row, _| {
+            seen += usize::from(row == 0);
+            if row == 0 && seen == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert_eq!(cut[0], alone[0][..2].to_vec());
+        assert_eq!(cut[2], alone[2]);
+        let mut d = bigram(vec![0]);
+        assert!(generate_each(&mut d, &prompts[..1], &configs, |_, _| {
             ControlFlow::Continue(())
         })
         .is_err());

@@ -81,12 +81,12 @@ impl GenerateJob {
     }
 }
 
-/// Runs `job` on `engine`, sending its events. `Err` is an unanswered failure (the caller
-/// answers it or hands the request on).
+/// Runs `jobs` (each with its deadline) on `engine` as one batch, sending each its events. `Err`
+/// is a failure of the whole batch, unanswered (the caller answers it, runs the jobs alone or
+/// hands them on; [`GenerateJob::started`] says which already streamed text).
 pub(crate) fn run(
-    job: &mut GenerateJob,
+    jobs: &mut [(&mut GenerateJob, Instant)],
     engine: &Engine,
-    deadline: Instant,
     metrics: &Metrics,
     model: &str,
 ) -> Result<(), ApiError> {
@@ -95,61 +95,80 @@ pub(crate) fn run(
             "generation on a replica that does not generate",
         ));
     };
-    let prompt = match &job.prompt {
-        Prompt::Text(t) => t.clone(),
-        Prompt::Chat(messages) => generator.apply_chat_messages(messages)?,
-    };
-    let mut matcher = StopMatcher::new(&job.stop);
-    let mut timed_out = false;
-    let events = job.events.clone();
-    let mut started = false;
-    let out = generator.generate_until(&prompt, &job.options, |piece| {
-        if events.is_closed() {
+    let mut prompts = Vec::with_capacity(jobs.len());
+    for (job, _) in jobs.iter() {
+        prompts.push(match &job.prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => generator.apply_chat_messages(messages)?,
+        });
+    }
+    let mut matchers: Vec<StopMatcher> = jobs
+        .iter()
+        .map(|(j, _)| StopMatcher::new(&j.stop))
+        .collect();
+    let mut timed_out = vec![false; jobs.len()];
+    let mut started = vec![false; jobs.len()];
+    let senders: Vec<_> = jobs.iter().map(|(j, _)| j.events.clone()).collect();
+    let deadlines: Vec<Instant> = jobs.iter().map(|(_, d)| *d).collect();
+    let requests: Vec<(&str, &GenerateOptions)> = prompts
+        .iter()
+        .zip(jobs.iter())
+        .map(|(p, (j, _))| (p.as_str(), &j.options))
+        .collect();
+    let out = generator.generate_many(&requests, |row, piece| {
+        if senders[row].is_closed() {
             return ControlFlow::Break(());
         }
-        if Instant::now() >= deadline {
-            timed_out = true;
+        if Instant::now() >= deadlines[row] {
+            timed_out[row] = true;
             return ControlFlow::Break(());
         }
-        let emit = matcher.push(piece);
+        let emit = matchers[row].push(piece);
         if !emit.is_empty() {
-            started = true;
-            let _ = events.send(Event::Text(emit));
+            started[row] = true;
+            let _ = senders[row].send(Event::Text(emit));
         }
-        if matcher.hit {
+        if matchers[row].hit {
             ControlFlow::Break(())
         } else {
             ControlFlow::Continue(())
         }
     });
-    job.started |= started;
-    let out = out?;
-    if timed_out {
-        let _ = events.send(Event::Error(ApiError::timeout(job.timeout_s)));
-        return Ok(());
+    for ((job, _), s) in jobs.iter_mut().zip(&started) {
+        job.started |= *s;
     }
-    if !matcher.hit {
-        let rest = matcher.flush();
-        if !rest.is_empty() {
-            let _ = events.send(Event::Text(rest));
+    let outputs = out?;
+    for (row, ((job, _), output)) in jobs.iter_mut().zip(outputs).enumerate() {
+        let matcher = &mut matchers[row];
+        if timed_out[row] {
+            let _ = job
+                .events
+                .send(Event::Error(ApiError::timeout(job.timeout_s)));
+            continue;
         }
+        if !matcher.hit {
+            let rest = matcher.flush();
+            if !rest.is_empty() {
+                let _ = job.events.send(Event::Text(rest));
+            }
+        }
+        let generated = &output.value;
+        let reason = if !matcher.hit && generated.token_ids.len() >= job.options.max_new_tokens {
+            "length"
+        } else {
+            "stop"
+        };
+        metrics.observe_generation(
+            model,
+            generated.token_ids.len(),
+            generated.decode_tokens_per_s,
+        );
+        let _ = job.events.send(Event::Done(Finish {
+            reason,
+            prompt_tokens: generated.prompt_ids.len(),
+            completion_tokens: generated.token_ids.len(),
+        }));
     }
-    let generated = &out.value;
-    let reason = if !matcher.hit && generated.token_ids.len() >= job.options.max_new_tokens {
-        "length"
-    } else {
-        "stop"
-    };
-    metrics.observe_generation(
-        model,
-        generated.token_ids.len(),
-        generated.decode_tokens_per_s,
-    );
-    let _ = events.send(Event::Done(Finish {
-        reason,
-        prompt_tokens: generated.prompt_ids.len(),
-        completion_tokens: generated.token_ids.len(),
-    }));
     Ok(())
 }
 

@@ -205,6 +205,7 @@ impl Default for ServeOptions {
                 enabled: true,
                 max_batch: 64,
                 max_wait: Duration::from_millis(5),
+                max_generations: 8,
             },
             queue_capacity: 1024,
             max_body_bytes: 32 << 20,

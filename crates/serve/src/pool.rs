@@ -38,6 +38,9 @@ pub struct Batching {
     pub max_batch: usize,
     /// How long the first request of a batch waits for others.
     pub max_wait: Duration,
+    /// Generation requests decoded together at most (one batch per step for all of them; a
+    /// request arriving while a batch decodes waits for the next one).
+    pub max_generations: usize,
 }
 
 /// A request for an encoder, batchable with others of the same key.
@@ -407,23 +410,32 @@ impl Worker {
                 self.hand_over(first);
                 continue;
             }
-            match first.work {
-                Work::Encode(_) => {
-                    let batch = self.collect(first, &rx);
+            match &first.work {
+                Work::Encode(job) => {
+                    let key = job.key();
+                    let fits = |w: &Work| matches!(w, Work::Encode(j) if j.key() == key);
+                    let batch = self.collect(first, &rx, fits, self.batching.max_batch);
                     self.encode(batch);
+                }
+                Work::Generate(_) if self.batching.enabled => {
+                    let fits = |w: &Work| matches!(w, Work::Generate(_));
+                    let batch = self.collect(first, &rx, fits, self.batching.max_generations);
+                    self.generate(batch);
                 }
                 _ => self.single(first),
             }
         }
     }
 
-    /// The first request and the compatible ones that arrive within `max_wait`, up to
-    /// `max_batch` items.
-    fn collect(&mut self, first: Envelope, rx: &mpsc::Receiver<Envelope>) -> Vec<Envelope> {
-        let Work::Encode(job) = &first.work else {
-            return vec![first];
-        };
-        let key = job.key();
+    /// The first request and the ones that `fit` with it, already waiting or arriving within
+    /// `max_wait`, up to `max_items` items.
+    fn collect(
+        &mut self,
+        first: Envelope,
+        rx: &mpsc::Receiver<Envelope>,
+        fits: impl Fn(&Work) -> bool,
+        max_items: usize,
+    ) -> Vec<Envelope> {
         let mut items = first.work.items();
         let mut batch = vec![first];
         if !self.batching.enabled {
@@ -431,8 +443,8 @@ impl Worker {
         }
         // Compatible requests already waiting first, then new arrivals until the deadline.
         let mut i = 0;
-        while i < self.pending.len() && items < self.batching.max_batch {
-            if matches!(&self.pending[i].work, Work::Encode(j) if j.key() == key) {
+        while i < self.pending.len() && items < max_items {
+            if fits(&self.pending[i].work) {
                 let e = self.pending.remove(i).expect("index in range");
                 items += e.work.items();
                 batch.push(e);
@@ -441,19 +453,17 @@ impl Worker {
             }
         }
         let deadline = Instant::now() + self.batching.max_wait;
-        while items < self.batching.max_batch {
+        while items < max_items {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
             match rx.recv_timeout(deadline - now) {
-                Ok(e) => match &e.work {
-                    Work::Encode(j) if j.key() == key => {
-                        items += e.work.items();
-                        batch.push(e);
-                    }
-                    _ => self.pending.push_back(e),
-                },
+                Ok(e) if fits(&e.work) => {
+                    items += e.work.items();
+                    batch.push(e);
+                }
+                Ok(e) => self.pending.push_back(e),
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
@@ -568,6 +578,60 @@ impl Worker {
         }
     }
 
+    /// Decodes a batch of generation requests together; when the batch fails as a whole, each
+    /// request that streamed nothing yet runs alone (one bad prompt fails only itself).
+    fn generate(&mut self, batch: Vec<Envelope>) {
+        let (mut live, gone): (Vec<Envelope>, Vec<Envelope>) =
+            batch.into_iter().partition(|e| !e.work.abandoned());
+        for e in gone {
+            self.done(&e);
+        }
+        if live.len() <= 1 {
+            live.into_iter().for_each(|e| self.single(e));
+            return;
+        }
+        self.metrics.observe_batch(&self.model, live.len());
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut jobs: Vec<(&mut GenerateJob, Instant)> = live
+                .iter_mut()
+                .filter_map(|e| match &mut e.work {
+                    Work::Generate(j) => Some((j, e.deadline)),
+                    _ => None,
+                })
+                .collect();
+            generate::run(&mut jobs, &self.engine, &self.metrics, &self.model)
+        }));
+        self.replica.measured(live.len(), started.elapsed());
+        match result {
+            Ok(Ok(())) => {
+                for e in &live {
+                    self.done(e);
+                    self.answered();
+                }
+                self.replica.faults.store(0, Ordering::Relaxed);
+            }
+            Ok(Err(e)) => {
+                for envelope in live {
+                    if matches!(&envelope.work, Work::Generate(j) if j.started()) {
+                        self.done(&envelope);
+                        self.answer_error(envelope.work, e.clone());
+                    } else {
+                        self.single(envelope);
+                    }
+                }
+            }
+            Err(panic) => {
+                let reason = format!("the model panicked: {}", panic_message(&panic));
+                self.replica.take_out(reason.clone());
+                for envelope in live {
+                    self.done(&envelope);
+                    self.answer_error(envelope.work, ApiError::internal(reason.clone()));
+                }
+            }
+        }
+    }
+
     /// Runs a request that is not batched.
     fn single(&mut self, mut envelope: Envelope) {
         if envelope.work.abandoned() {
@@ -577,9 +641,8 @@ impl Worker {
         let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &mut envelope.work {
             Work::Generate(job) => generate::run(
-                job,
+                &mut [(job, envelope.deadline)],
                 &self.engine,
-                envelope.deadline,
                 &self.metrics,
                 &self.model,
             ),

@@ -254,3 +254,117 @@ async fn shutdown_drains_a_stream_in_flight() {
     assert_eq!(finish["choices"][0]["finish_reason"], "length");
     assert!(client.get(format!("{base}/health")).send().await.is_err());
 }
+
+/// Concurrent completions decode together (one batch per step; `/metrics` counts a batch of
+/// more than one) and each answer is the library's text for its prompt alone: greedy, and
+/// seeded sampling with its own seed. A bad request in the crowd fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_completions_decode_together_and_match_alone() {
+    let Some(gguf) = smollm("concurrent_completions") else {
+        return;
+    };
+    let prompts = [
+        "The capital of France is",
+        "Water boils at",
+        "My favourite colour is",
+        "Once upon a time",
+    ];
+    let gen_options = |i: usize| GenerateOptions {
+        max_new_tokens: 10,
+        sampling: if i.is_multiple_of(2) {
+            ipfs_accelerate::text::Sampling::Greedy
+        } else {
+            ipfs_accelerate::text::Sampling::Sample {
+                temperature: 0.9,
+                top_k: None,
+                top_p: None,
+            }
+        },
+        seed: 11 + i as u64,
+        ..GenerateOptions::default()
+    };
+    let generator = TextGenerator::load(
+        &gguf,
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            offline: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let alone: Vec<String> = (0..prompts.len())
+        .map(|i| {
+            generator
+                .generate(prompts[i], &gen_options(i), |_| {})
+                .unwrap()
+                .value
+                .text
+        })
+        .collect();
+    // The library's batch gives the same texts.
+    let requests: Vec<(&str, GenerateOptions)> = (0..prompts.len())
+        .map(|i| (prompts[i], gen_options(i)))
+        .collect();
+    let pairs: Vec<(&str, &GenerateOptions)> = requests.iter().map(|(p, o)| (*p, o)).collect();
+    let together: Vec<String> = generator
+        .generate_many(&pairs, |_, _| std::ops::ControlFlow::Continue(()))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.value.text)
+        .collect();
+    assert_eq!(together, alone);
+    drop(generator);
+
+    let mut opts = options(&[&format!("smol={gguf}")]);
+    opts.batching.max_wait = Duration::from_millis(300);
+    let server = Running::start(opts).await;
+    let client = reqwest::Client::new();
+    let body = |i: usize, prompt: &str| {
+        json!({ "model": "smol", "prompt": prompt, "max_tokens": 10,
+                "temperature": if i.is_multiple_of(2) { 0.0 } else { 0.9 }, "seed": 11 + i })
+    };
+    let send = |bodies: Vec<Value>| {
+        bodies
+            .into_iter()
+            .map(|b| {
+                let (client, url) = (client.clone(), server.url("/v1/completions"));
+                tokio::spawn(async move { post(&client, &url, b).await })
+            })
+            .collect::<Vec<_>>()
+    };
+    let batch_count = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("ipfs_accelerate_batch_size_sum"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Four at once: one batch of four (the worker waits up to 300 ms for the others).
+    let tasks = send((0..prompts.len()).map(|i| body(i, prompts[i])).collect());
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (status, text) = t.await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["choices"][0]["text"], alone[i].as_str(), "request {i}");
+    }
+    let metrics = common::get_text(&client, &server.url("/metrics")).await;
+    assert!(
+        batch_count(&metrics) >= 4.0,
+        "the four requests were not decoded together:\n{metrics}"
+    );
+    // Two good requests and one too long for the model: it fails alone, they are answered.
+    let mut bodies = vec![body(0, prompts[0]), body(1, prompts[1])];
+    bodies.push(json!({ "model": "smol", "prompt": "word ".repeat(9000), "max_tokens": 4 }));
+    let mut results = Vec::new();
+    for t in send(bodies) {
+        results.push(t.await.unwrap());
+    }
+    assert_eq!(results[2].0, 400, "{}", results[2].1);
+    for (i, (status, text)) in results[..2].iter().enumerate() {
+        assert_eq!(*status, 200, "{text}");
+        let v: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["choices"][0]["text"], alone[i].as_str(), "request {i}");
+    }
+    server.shutdown().await;
+}

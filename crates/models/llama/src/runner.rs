@@ -397,11 +397,13 @@ pub trait TextGeneration: ModelRunner {
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>>;
     /// New tokens after each of `prompts`, decoded together as one left-padded batch (one
-    /// product per step for every row); `on_token(row, token)` streams them.
-    fn generate_batch(
+    /// product per step for every row), each row with its own configuration (seeded sampler,
+    /// limits: [`ipfs_accelerate_nn::generate::generate_each`]); `on_token(row, token)` streams
+    /// them, and its `Break` ends that row.
+    fn generate_each(
         &self,
         prompts: &[Vec<u32>],
-        config: &GenerationConfig,
+        configs: &[GenerationConfig],
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>>;
 }
@@ -440,12 +442,13 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
         LlamaRunner::generate(self, prompt, config, on_token)
     }
 
-    fn generate_batch(
+    fn generate_each(
         &self,
         prompts: &[Vec<u32>],
-        config: &GenerationConfig,
+        configs: &[GenerationConfig],
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
-        LlamaRunner::generate_batch(self, prompts, config, on_token)
+        let mut decoder = LlamaDecoder::new(&self.model, prompts, DecodeMode::Cached)?;
+        ipfs_accelerate_nn::generate::generate_each(&mut decoder, prompts, configs, on_token)
     }
 }
