@@ -1,3 +1,4 @@
+#!/bin/bash
 # The GPU session script (the `device` tool's machine: no cargo, no internet). Prepare here:
 #   cargo build --release -p xtask --features cuda
 #   strip -o /tmp/xtask target/release/xtask && xz -T2 -6 -c /tmp/xtask > .devcarry/xtask.xz

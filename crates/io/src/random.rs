@@ -101,6 +101,17 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
 /// for exists and has the shape it expects (see [`TensorSource::tensor_shaped`]), so benchmarks of
 /// real-size configurations need neither a download nor a per-family table of shapes. Optional
 /// tensors count as present; a tensor asked for without a shape is a scalar 0 (HF's logit scales).
+///
+/// With a ggml type ([`with_ggml_type`](Self::with_ggml_type), `"ggml_type"` in the marker file)
+/// the 2-D `*.weight` tensors whose rows are whole blocks are stored in that format, as a GGUF
+/// file of that type would store them. Their blocks need the shape, which a generated source only
+/// learns from the model: they are served by
+/// [`quantized_blocks_shaped`](TensorSource::quantized_blocks_shaped), which the loaders call
+/// with the shape they expect (as they call [`tensor_shaped`](TensorSource::tensor_shaped)),
+/// rather than by the shapeless [`quantized_blocks`](TensorSource::quantized_blocks) (always
+/// `None` here). Nothing is remembered between calls: the values are a pure function of the seed,
+/// the name and the shape, so the source stays `Copy` and lock-free, and the blocks and the
+/// values of a weight are regenerated alike whichever is asked first.
 #[derive(Debug, Clone, Copy)]
 pub struct RandomInit {
     seed: u64,
@@ -124,9 +135,10 @@ impl RandomInit {
     }
 
     /// The same source with its 2-D weights stored in ggml blocks of `ty` (one of
-    /// [`RANDOM_GGML_TYPES`]): [`TensorSource::quantized_blocks_shaped`] serves the random
-    /// values quantized to `ty`, and [`TensorSource::tensor_shaped`] those blocks dequantized, so
-    /// every consumer sees one model.
+    /// [`RANDOM_GGML_TYPES`]; another type makes loading those weights an error):
+    /// [`TensorSource::quantized_blocks_shaped`] serves the random values quantized to `ty`, and
+    /// [`TensorSource::tensor_shaped`] those blocks dequantized, so every consumer sees one
+    /// model.
     pub fn with_ggml_type(mut self, ty: BlockType) -> Self {
         self.ggml = Some(ty);
         self
@@ -158,8 +170,9 @@ impl RandomInit {
         Ok(Some((ty, rows.concat())))
     }
 
-    /// Reads `{"seed": N, "std": X}` (both optional: seed 0, std 0.02) from a
-    /// [`crate::RANDOM_INIT_FILE`].
+    /// Reads `{"seed": N, "std": X, "ggml_type": "q4_k"}` (all optional: seed 0, std 0.02, f32
+    /// weights) from a [`crate::RANDOM_INIT_FILE`]; `ggml_type` names one of
+    /// [`RANDOM_GGML_TYPES`], in any case.
     pub fn from_file(path: &std::path::Path) -> std::result::Result<Self, crate::IoError> {
         let text = std::fs::read_to_string(path).map_err(|e| crate::IoError::read(path, e))?;
         let bad = |reason: String| crate::IoError::InvalidConfig {

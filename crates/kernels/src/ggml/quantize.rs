@@ -546,8 +546,8 @@ mod tests {
     /// Q8_0; a whole step for Q4_0 / Q5_0 (the positive extreme is clamped to `2^(b-1) - 1`);
     /// half a step plus the f16 rounding of `d` and `min` (`3A/2048`) for Q4_1 / Q5_1. The
     /// k-quants' search may clip an extreme for a smaller weighted squared error, so they have no
-    /// tight worst case: their bounds are about 1.4× the worst of these inputs (1/13.5, 1/23.6,
-    /// 1/62 of `A`).
+    /// tight worst case: their bounds are about 1.4× the worst of these inputs (1/13.6, 1/24.6,
+    /// 1/62 of `A` for Q4_K, Q5_K, Q6_K).
     fn bounds(ty: BlockType) -> (f32, f32) {
         match ty {
             BlockType::Q8_0 => (1.0 / 250.0, 1.0 / 220.0),
