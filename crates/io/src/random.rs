@@ -300,51 +300,119 @@ mod tests {
 
     #[test]
     fn the_marker_names_a_ggml_type() {
-        let init = init_from(r#"{"seed": 3, "ggml_type": "Q4_K"}"#).unwrap();
-        assert_eq!(init.ggml, Some(BlockType::Q4_K));
+        let init = init_from(r#"{"seed": 3, "std": 0.5, "ggml_type": "Q4_K"}"#).unwrap();
+        assert_eq!(
+            (init.seed, init.std, init.ggml),
+            (3, 0.5, Some(BlockType::Q4_K))
+        );
+        for ty in RANDOM_GGML_TYPES {
+            for name in [
+                ty.name().to_ascii_lowercase(),
+                ty.name().to_ascii_uppercase(),
+            ] {
+                let json = format!(r#"{{"ggml_type": "{name}"}}"#);
+                assert_eq!(init_from(&json).unwrap().ggml, Some(ty), "{name}");
+            }
+        }
         assert_eq!(init_from(r#"{"seed": 3}"#).unwrap().ggml, None);
-        let err = init_from(r#"{"ggml_type": "q2_k"}"#)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("q2_k") && err.contains("q4_k"), "{err}");
+        for bad in [r#""q2_k""#, r#""f16""#, r#""q4""#, "12", "null"] {
+            let json = format!(r#"{{"ggml_type": {bad}}}"#);
+            let err = init_from(&json).err().unwrap();
+            assert!(
+                matches!(err, crate::IoError::InvalidConfig { .. }),
+                "{bad}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains("ggml_type") && msg.contains(bad), "{msg}");
+            let accepted = "q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k";
+            assert!(msg.contains(accepted), "{msg}");
+        }
     }
 
     #[test]
     fn weights_in_blocks_are_the_values_it_serves() {
-        let init = RandomInit::new(5, 0.02).with_ggml_type(BlockType::Q4_K);
-        let shape = [3, 512];
+        let (rows, cols) = (3, 512);
         let name = "model.layers.0.mlp.up_proj.weight";
-        let blocks = init.quantized_blocks_shaped(name, shape).unwrap().unwrap();
-        assert_eq!(blocks.ggml_type, BlockType::Q4_K.id());
-        assert_eq!(blocks.shape, shape);
-        assert_eq!(blocks.data.len(), 3 * 2 * BlockType::Q4_K.type_size());
-        let mut want = vec![0f32; 3 * 512];
-        for (row, bytes) in want
-            .chunks_mut(512)
-            .zip(blocks.data.chunks(blocks.data.len() / 3))
-        {
-            dequantize_row(BlockType::Q4_K, bytes, row).unwrap();
-        }
-        let served = init.tensor_shaped(name, &shape).unwrap().to_f32_vec();
-        assert_eq!(served, want);
-        // ... and they are the random values, quantized.
         let plain = RandomInit::new(5, 0.02)
-            .tensor_shaped(name, &shape)
+            .tensor_shaped(name, &[rows, cols])
             .unwrap()
             .to_f32_vec();
-        let err = plain
-            .iter()
-            .zip(&served)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err > 0.0 && err < 0.01, "{err}");
-        // Norms, biases and rows that are not whole blocks stay f32.
+        for ty in RANDOM_GGML_TYPES {
+            let init = RandomInit::new(5, 0.02).with_ggml_type(ty);
+            let blocks = init
+                .quantized_blocks_shaped(name, [rows, cols])
+                .unwrap()
+                .unwrap();
+            assert_eq!(blocks.ggml_type, ty.id());
+            assert_eq!(blocks.shape, [rows, cols]);
+            // The blocks are the random values quantized, row by row ...
+            let row_bytes = ty.bytes_for(cols).unwrap();
+            assert_eq!(blocks.data.len(), rows * row_bytes, "{ty}");
+            let want: Vec<u8> = plain
+                .chunks(cols)
+                .flat_map(|row| quantize_row(ty, row).unwrap())
+                .collect();
+            assert_eq!(&blocks.data[..], &want[..], "{ty}");
+            // ... and the values served are exactly those blocks dequantized.
+            let mut dequantized = vec![0f32; rows * cols];
+            for (row, bytes) in dequantized
+                .chunks_mut(cols)
+                .zip(blocks.data.chunks(row_bytes))
+            {
+                dequantize_row(ty, bytes, row).unwrap();
+            }
+            let served = init.tensor_shaped(name, &[rows, cols]).unwrap();
+            assert_eq!(served.shape(), &[rows, cols]);
+            assert_eq!(served.to_f32_vec(), dequantized, "{ty}");
+            let err = plain
+                .iter()
+                .zip(&dequantized)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(err > 0.0 && err < 0.02, "{ty}: {err}");
+        }
+    }
+
+    #[test]
+    fn other_tensors_stay_f32() {
+        let init = RandomInit::new(5, 0.02).with_ggml_type(BlockType::Q4_K);
+        let plain = RandomInit::new(5, 0.02);
+        // Without a shape there are no blocks (the loaders ask with one).
+        let name = "model.layers.0.mlp.up_proj.weight";
+        assert!(init.quantized_blocks(name).unwrap().is_none());
+        // 2-D tensors that are not `*.weight` or whose rows are not whole blocks.
+        for (name, shape) in [
+            ("model.layers.0.mlp.down_proj.weight", [4, 100]),
+            ("model.layers.0.mlp.down_proj.weight", [4, 32]),
+            ("model.layers.0.self_attn.rel_bias", [4, 256]),
+            ("model.layers.0.mlp.up_proj.weight", [0, 256]),
+        ] {
+            assert!(
+                init.quantized_blocks_shaped(name, shape).unwrap().is_none(),
+                "{name} {shape:?}"
+            );
+            assert_eq!(
+                init.tensor_shaped(name, &shape).unwrap().to_f32_vec(),
+                plain.tensor_shaped(name, &shape).unwrap().to_f32_vec(),
+                "{name} {shape:?}"
+            );
+        }
+        // 1-D and other ranks: norms (ones), biases (zeros), random vectors, 3-D tensors.
         for (name, shape) in [
             ("model.norm.weight", vec![512]),
             ("model.layers.0.self_attn.q_proj.bias", vec![512]),
-            ("model.layers.0.mlp.down_proj.weight", vec![4, 100]),
+            ("model.layers.0.conv.weight", vec![2, 4, 256]),
         ] {
             assert!(init.blocks(name, &shape).unwrap().is_none(), "{name}");
+            assert_eq!(
+                init.tensor_shaped(name, &shape).unwrap().to_f32_vec(),
+                plain.tensor_shaped(name, &shape).unwrap().to_f32_vec(),
+                "{name}"
+            );
         }
+        // No type, no blocks.
+        assert!(plain
+            .quantized_blocks_shaped(name, [4, 256])
+            .unwrap()
+            .is_none());
     }
 }

@@ -10,7 +10,7 @@ use crate::decoder::BLOCK_FORMATS;
 use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 /// Byte offsets of the f16 fields of a block (scales, minimums): set to finite values.
-fn f16_fields(id: u32) -> &'static [usize] {
+pub(crate) fn f16_fields(id: u32) -> &'static [usize] {
     match id {
         2 | 6 | 8 => &[0],
         3 | 7 | 12 | 13 => &[0, 2],
@@ -20,7 +20,14 @@ fn f16_fields(id: u32) -> &'static [usize] {
 }
 
 /// `rows` rows of `k` weights of random blocks whose f16 fields are finite.
-fn random_rows(id: u32, block: usize, bytes: usize, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn random_rows(
+    id: u32,
+    block: usize,
+    bytes: usize,
+    rows: usize,
+    k: usize,
+    seed: u64,
+) -> Vec<u8> {
     let mut state = seed | 1;
     let mut next = move || {
         state ^= state << 13;

@@ -38,6 +38,8 @@
 //! ```
 
 mod decoder;
+#[cfg(test)]
+mod emulated_kernels_tests;
 mod engine;
 #[cfg(test)]
 mod ggml_blocks_tests;

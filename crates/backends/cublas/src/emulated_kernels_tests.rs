@@ -1,0 +1,262 @@
+//! The decoder's weight kernels (`gemv_*`, `dequant_*` of decoder.cu) run on the host: the whole
+//! f32 kernel source compiled by the host's C++ compiler against `host_emulation.h` (a block's
+//! threads as std::threads, barriers for `__syncthreads` and the warp shuffles), then compared
+//! with products computed here from the reference dequantisation. It checks the kernels' logic
+//! for dense rows and every block format — units, the RMSNorm prologue, bias and residual
+//! epilogues, a part's column offset and output stride, rows past a block's last warp — without
+//! a GPU (the f16 storage and the device's scheduling are not covered).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::decoder::BLOCK_FORMATS;
+use crate::engine::kernel_source;
+use crate::ggml_blocks_tests::random_rows;
+use ipfs_accelerate_kernels::{dequantize_row, BlockType};
+
+const HARNESS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+typedef void (*Gemv)(const unsigned char*, long long, const T*, int, int, int, int, const T*,
+                     float, const T*, const T*, T*, int);
+typedef void (*Deq)(const unsigned char*, long long, const int*, int, int, T*);
+static Gemv gemvs[] = {gemv_dense, gemv_q8_0, gemv_q4_0, gemv_q4_1, gemv_q5_0,
+                       gemv_q5_1,  gemv_q4_k, gemv_q5_k, gemv_q6_k};
+static Deq deqs[] = {dequant_dense, dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q5_0,
+                     dequant_q5_1,  dequant_q4_k, dequant_q5_k, dequant_q6_k};
+template <class V> static V* take(size_t n) {
+    V* p = (V*)malloc(n * sizeof(V) + 16);
+    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
+    return p;
+}
+int main(void) {
+    int* h = take<int>(10);  // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place
+    long long row_bytes = *take<long long>(1);
+    int f = h[0], out = h[1], k = h[2], rows = h[3], xs = h[4], ys = h[5], off = h[6];
+    unsigned char* w = take<unsigned char>((size_t)out * row_bytes);
+    float* x = take<float>((size_t)rows * xs);
+    float* gamma = take<float>(k);
+    float* bias = take<float>(out);
+    float* y = take<float>((size_t)rows * ys);
+    int n_ids = *take<int>(1);
+    int* ids = take<int>(n_ids);
+    emu_launch({(unsigned)(out + 7) / 8, 1, 1}, {256, 1, 1}, [&] {
+        gemvs[f](w, row_bytes, x, xs, rows, out, k, h[7] ? gamma : nullptr, 1e-6f,
+                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys);
+    });
+    fwrite(y, sizeof(float), (size_t)rows * ys, stdout);
+    float* d = (float*)calloc((size_t)n_ids * k, sizeof(float));
+    int unit = f == 0 ? (int)VEC : 8;
+    emu_launch({(unsigned)n_ids, (unsigned)((k / unit + 255) / 256), 1}, {256, 1, 1},
+               [&] { deqs[f](w, row_bytes, ids, 0, k, d); });
+    fwrite(d, sizeof(float), (size_t)n_ids * k, stdout);
+    return 0;
+}
+"#;
+
+/// The f32 kernel source on the host: the emulation first, the dynamic shared memory a static.
+fn build(dir: &Path) -> Option<std::path::PathBuf> {
+    let source = kernel_source::<f32>().replace(
+        "extern __shared__ float dynamic_shared[];",
+        "static float dynamic_shared[1 << 16];",
+    );
+    let file = dir.join("emulated.cpp");
+    let text = format!("{}\n{source}\n{HARNESS}", include_str!("host_emulation.h"));
+    std::fs::write(&file, text).unwrap();
+    let exe = dir.join("emulated");
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = Command::new(&compiler)
+        .args(["-std=c++20", "-O1", "-w", "-pthread", "-ffp-contract=off"])
+        .arg(&file)
+        .arg("-o")
+        .arg(&exe)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(exe),
+        Ok(o) => panic!(
+            "{compiler} failed on the emulated kernels: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            eprintln!("skipped: no C++ compiler `{compiler}` ({e})");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+    fn vec(&mut self, n: usize, scale: f32, shift: f32) -> Vec<f32> {
+        (0..n).map(|_| shift + scale * self.next()).collect()
+    }
+}
+
+/// One case: a part of `out` rows written at column `off` of rows `y_stride` wide.
+struct Case {
+    rows: usize,
+    x_stride: usize,
+    y_stride: usize,
+    off: usize,
+    gamma: bool,
+    bias: bool,
+    in_place: bool,
+}
+
+#[test]
+fn weight_kernels_compute_the_product_of_every_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build(dir.path()) else {
+        return;
+    };
+    let (out, k) = (44, 512); // 44 rows: the last block's warps past the end return early
+    let cases = [
+        Case {
+            rows: 1,
+            x_stride: k,
+            y_stride: out,
+            off: 0,
+            gamma: false,
+            bias: false,
+            in_place: false,
+        },
+        Case {
+            rows: 3,
+            x_stride: k + 8,
+            y_stride: out + 20,
+            off: 12,
+            gamma: true,
+            bias: true,
+            in_place: true,
+        },
+        Case {
+            rows: 8,
+            x_stride: k,
+            y_stride: out + 4,
+            off: 4,
+            gamma: true,
+            bias: false,
+            in_place: false,
+        },
+    ];
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    // (name, ggml id) of every storage, dense first, in the harness's order.
+    let storages: Vec<(&str, Option<u32>)> = std::iter::once(("dense", None))
+        .chain(BLOCK_FORMATS.iter().map(|f| (f.name, Some(f.id))))
+        .collect();
+    for (index, (name, id)) in storages.iter().enumerate() {
+        let (bytes, weights, row_bytes) = match id {
+            None => {
+                let w = rng.vec(out * k, 0.2, 0.0);
+                let b: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (b, w, 4 * k)
+            }
+            Some(id) => {
+                let f = BLOCK_FORMATS.iter().find(|f| f.id == *id).unwrap();
+                let data = random_rows(*id, f.block, f.bytes, out, k, 7 + index as u64);
+                let rb = f.row_bytes(k).unwrap();
+                let ty = BlockType::from_id(*id).unwrap();
+                let mut w = vec![0f32; out * k];
+                for (row, b) in w.chunks_mut(k).zip(data.chunks(rb)) {
+                    dequantize_row(ty, b, row).unwrap();
+                }
+                (data, w, rb)
+            }
+        };
+        for (ci, c) in cases.iter().enumerate() {
+            let x = rng.vec(c.rows * c.x_stride, 2.0, 0.0);
+            let gamma = rng.vec(k, 0.5, 1.0);
+            let bias = rng.vec(out, 1.0, 0.0);
+            let y0 = rng.vec(c.rows * c.y_stride, 1.0, 0.0);
+            let ids: Vec<i32> = vec![5, 0, (out - 1) as i32];
+            let mut input = Vec::new();
+            let header = [
+                index as i32,
+                out as i32,
+                k as i32,
+                c.rows as i32,
+                c.x_stride as i32,
+                c.y_stride as i32,
+                c.off as i32,
+                c.gamma as i32,
+                c.bias as i32,
+                c.in_place as i32,
+            ];
+            header.iter().for_each(|v| input.extend(v.to_le_bytes()));
+            input.extend((row_bytes as i64).to_le_bytes());
+            input.extend(&bytes);
+            for v in x.iter().chain(&gamma).chain(&bias).chain(&y0) {
+                input.extend(v.to_le_bytes());
+            }
+            input.extend((ids.len() as i32).to_le_bytes());
+            ids.iter().for_each(|v| input.extend(v.to_le_bytes()));
+            let mut child = Command::new(&exe)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::io::Write::write_all(child.stdin.as_mut().unwrap(), &input).unwrap();
+            let result = child.wait_with_output().unwrap();
+            assert!(result.status.success(), "{name}: {}", result.status);
+            let got: Vec<f32> = result
+                .stdout
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let (y, rows_out) = got.split_at(c.rows * c.y_stride);
+            // The product from the reference values, in f64.
+            let mut want: Vec<f64> = y0.iter().map(|&v| f64::from(v)).collect();
+            for r in 0..c.rows {
+                let xr = &x[r * c.x_stride..r * c.x_stride + k];
+                let xn: Vec<f64> = if c.gamma {
+                    let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let inv = 1.0 / (ss / k as f64 + 1e-6).sqrt();
+                    xr.iter()
+                        .zip(&gamma)
+                        .map(|(&v, &g)| f64::from(v) * inv * f64::from(g))
+                        .collect()
+                } else {
+                    xr.iter().map(|&v| f64::from(v)).collect()
+                };
+                for o in 0..out {
+                    let dot: f64 = weights[o * k..(o + 1) * k]
+                        .iter()
+                        .zip(&xn)
+                        .map(|(&w, &v)| f64::from(w) * v)
+                        .sum();
+                    let b = if c.bias { f64::from(bias[o]) } else { 0.0 };
+                    let at = r * c.y_stride + c.off + o;
+                    want[at] = if c.in_place {
+                        want[at] + dot + b
+                    } else {
+                        dot + b
+                    };
+                }
+            }
+            let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            let worst = y
+                .iter()
+                .zip(&want)
+                .map(|(&g, &w)| (f64::from(g) - w).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst <= 1e-5 * scale,
+                "{name} case {ci}: worst difference {worst} (scale {scale})"
+            );
+            for (i, &id) in ids.iter().enumerate() {
+                let row = &rows_out[i * k..(i + 1) * k];
+                assert_eq!(
+                    row,
+                    &weights[id as usize * k..(id as usize + 1) * k],
+                    "{name} row {id}"
+                );
+            }
+        }
+    }
+}
