@@ -141,13 +141,73 @@ pub(crate) fn compile_module<T: Elem>(
     ctx: &Arc<CudaContext>,
 ) -> Result<Arc<cudarc::driver::CudaModule>, EngineError> {
     let (major, minor) = ctx.compute_capability()?;
+    let arch = format!("compute_{major}{minor}");
+    let ptx = compile_cached(ptx_cache_dir().as_deref(), &kernel_source::<T>(), &arch)?;
+    Ok(ctx.load_module(ptx)?)
+}
+
+/// Environment variable naming the kernel cache directory (shared with the CubeCL backends).
+pub const KERNEL_CACHE_ENV: &str = "IPFS_ACCELERATE_KERNEL_CACHE";
+
+/// Where the engine keeps the PTX NVRTC made: `cublas/` under `$IPFS_ACCELERATE_KERNEL_CACHE`, or
+/// under `ipfs-accelerate/kernels` in the user's cache directory; `None` without either.
+fn ptx_cache_dir() -> Option<std::path::PathBuf> {
+    let root = match std::env::var_os(KERNEL_CACHE_ENV) {
+        Some(dir) if !dir.is_empty() => std::path::PathBuf::from(dir),
+        _ => dirs::cache_dir()?.join("ipfs-accelerate").join("kernels"),
+    };
+    Some(root.join("cublas"))
+}
+
+/// The PTX of `source` for `arch` (`compute_90`): read from `cache` when this NVRTC compiled the
+/// same source for the same architecture before, else compiled and stored there (NVRTC takes
+/// about a second per storage type; a process start then skips it). The file name holds a
+/// 64-bit FNV-1a hash of the source, its length, the architecture and NVRTC's version; a file
+/// that is not PTX is compiled again and replaced, and a cache that cannot be written is skipped.
+pub(crate) fn compile_cached(
+    cache: Option<&std::path::Path>,
+    source: &str,
+    arch: &str,
+) -> Result<cudarc::nvrtc::Ptx, EngineError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two integers; a failure leaves them 0 (still a valid key).
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let file = cache.map(|dir| {
+        dir.join(format!(
+            "{hash:016x}-{}-{arch}-nvrtc{major}.{minor}.ptx",
+            source.len()
+        ))
+    });
+    if let Some(text) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        if text.contains(".version") && text.contains(".entry") {
+            return Ok(cudarc::nvrtc::Ptx::from_src(text));
+        }
+    }
     let options = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        options: vec![format!("--gpu-architecture={arch}")],
         ..Default::default()
     };
-    let ptx = compile_ptx_with_opts(kernel_source::<T>(), options)
+    let ptx = compile_ptx_with_opts(source, options)
         .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
-    Ok(ctx.load_module(ptx)?)
+    if let Some(file) = file {
+        // Written whole, then renamed: a concurrent process never reads half a file.
+        let tmp = file.with_extension(format!("{}.tmp", std::process::id()));
+        let stored = file
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&tmp, ptx.to_src()))
+            .and_then(|()| std::fs::rename(&tmp, &file));
+        if let Err(e) = stored {
+            tracing::debug!(
+                "cuBLAS engine: PTX cache {} not written: {e}",
+                file.display()
+            );
+        }
+    }
+    Ok(ptx)
 }
 
 /// The CUDA source of every kernel of the engine for storage type `T`.
@@ -1279,6 +1339,49 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The second compile of a source reads the cached PTX (no NVRTC), a changed source gets its
+    /// own file, and a damaged file is compiled again and replaced.
+    #[test]
+    fn compiled_ptx_is_cached_by_source() {
+        // SAFETY: loading the library runs its initialisers only.
+        let found = cudarc::get_lib_name_candidates("nvrtc")
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+        if !found {
+            eprintln!("skipped compiled_ptx_is_cached_by_source: NVRTC is not on the library path");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let source = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }";
+        let first = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
+        let files = || {
+            let mut f: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            f.sort();
+            f
+        };
+        assert_eq!(files().len(), 1);
+        // The file is what the next compile returns (marked, to tell it from a recompile).
+        let marked = format!("{}\n// from the cache\n", first.to_src());
+        std::fs::write(&files()[0], &marked).unwrap();
+        let again = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
+        assert_eq!(again.to_src(), marked);
+        let other = source.replace("2.f", "3.f");
+        compile_cached(Some(dir.path()), &other, "compute_90").unwrap();
+        assert_eq!(files().len(), 2);
+        std::fs::write(&files()[0], "not ptx").unwrap();
+        std::fs::write(&files()[1], "not ptx").unwrap();
+        let repaired = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
+        assert_eq!(repaired.to_src(), first.to_src());
+        assert!(files()
+            .iter()
+            .any(|f| std::fs::read_to_string(f).unwrap() == first.to_src()));
+        // No cache: compiled every time, nothing written.
+        assert!(compile_cached(None, source, "compute_90").is_ok());
     }
 
     #[test]
