@@ -31,7 +31,7 @@ fn act_code(a: GatedActivation) -> i32 {
 }
 
 /// Threads of an attention block: a multiple of 32, at least the head size.
-fn attention_threads(head_dim: usize) -> u32 {
+pub(crate) fn attention_threads(head_dim: usize) -> u32 {
     (head_dim.div_ceil(32) * 32).max(128) as u32
 }
 

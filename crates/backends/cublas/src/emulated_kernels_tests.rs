@@ -54,14 +54,15 @@ int main(void) {
 }
 "#;
 
-/// The f32 kernel source on the host: the emulation first, the dynamic shared memory a static.
-fn build(dir: &Path) -> Option<std::path::PathBuf> {
+/// The f32 kernel source on the host with `harness` (its `main`): the emulation first, the
+/// dynamic shared memory a static.
+fn build(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
     let source = kernel_source::<f32>().replace(
         "extern __shared__ float dynamic_shared[];",
         "static float dynamic_shared[1 << 16];",
     );
     let file = dir.join("emulated.cpp");
-    let text = format!("{}\n{source}\n{HARNESS}", include_str!("host_emulation.h"));
+    let text = format!("{}\n{source}\n{harness}", include_str!("host_emulation.h"));
     std::fs::write(&file, text).unwrap();
     let exe = dir.join("emulated");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
@@ -82,6 +83,23 @@ fn build(dir: &Path) -> Option<std::path::PathBuf> {
             None
         }
     }
+}
+
+/// Runs the harness on `input`; its output as f32 values.
+fn run(exe: &Path, input: &[u8], what: &str) -> Vec<f32> {
+    let mut child = Command::new(exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), input).unwrap();
+    let result = child.wait_with_output().unwrap();
+    assert!(result.status.success(), "{what}: {}", result.status);
+    result
+        .stdout
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 struct Rng(u64);
@@ -112,7 +130,7 @@ struct Case {
 #[test]
 fn weight_kernels_compute_the_product_of_every_storage() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build(dir.path()) else {
+    let Some(exe) = build(dir.path(), HARNESS) else {
         return;
     };
     let (out, k) = (44, 512); // 44 rows: the last block's warps past the end return early
@@ -196,19 +214,7 @@ fn weight_kernels_compute_the_product_of_every_storage() {
             }
             input.extend((ids.len() as i32).to_le_bytes());
             ids.iter().for_each(|v| input.extend(v.to_le_bytes()));
-            let mut child = Command::new(&exe)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            std::io::Write::write_all(child.stdin.as_mut().unwrap(), &input).unwrap();
-            let result = child.wait_with_output().unwrap();
-            assert!(result.status.success(), "{name}: {}", result.status);
-            let got: Vec<f32> = result
-                .stdout
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            let got = run(&exe, &input, name);
             let (y, rows_out) = got.split_at(c.rows * c.y_stride);
             // The product from the reference values, in f64.
             let mut want: Vec<f64> = y0.iter().map(|&v| f64::from(v)).collect();
@@ -258,5 +264,143 @@ fn weight_kernels_compute_the_product_of_every_storage() {
                 );
             }
         }
+    }
+}
+
+const ATTENTION_HARNESS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+template <class V> static V* take(size_t n) {
+    V* p = (V*)malloc(n * sizeof(V) + 16);
+    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
+    return p;
+}
+int main(void) {
+    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads
+    int* h = take<int>(10);
+    float scale = *take<float>(1);
+    int heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], batch = h[7];
+    float* q = take<float>((size_t)batch * n_new * heads * hd);
+    float* k = take<float>((size_t)batch * kv * cap * hd);
+    float* v = take<float>((size_t)batch * kv * cap * hd);
+    int* mask = take<int>((size_t)batch * cap);
+    float* out = (float*)calloc((size_t)batch * n_new * heads * hd, sizeof(float));
+    int past = h[6];
+    emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
+        if (h[0])
+            cached_attention_scalar(q, k, v, mask, &past, heads, kv, hd, n_new, cap, h[8], scale, out);
+        else
+            cached_attention(q, k, v, mask, &past, heads, kv, hd, n_new, cap, h[8], scale, out);
+    });
+    fwrite(out, sizeof(float), (size_t)batch * n_new * heads * hd, stdout);
+    return 0;
+}
+"#;
+
+/// `cached_attention` (16-byte packs) and `cached_attention_scalar` against attention computed
+/// here: grouped-query heads, a context longer than a block's chunk, several new columns, padding
+/// (a row whose keys are all masked gets zeros) and a sliding window.
+#[test]
+fn cached_attention_matches_the_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build(dir.path(), ATTENTION_HARNESS) else {
+        return;
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // (scalar kernel, head size, window)
+    for (scalar, hd, window) in [
+        (false, 64, 0),
+        (true, 18, 0),
+        (true, 64, 50),
+        (false, 32, 7),
+    ] {
+        let (heads, kv, n_new, cap, past, batch) = (6, 2, 3, 300, 280, 3);
+        let threads = crate::decoder::attention_threads(hd) as i32;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q = rng.vec(batch * n_new * heads * hd, 2.0, 0.0);
+        let k = rng.vec(batch * kv * cap * hd, 2.0, 0.0);
+        let v = rng.vec(batch * kv * cap * hd, 2.0, 0.0);
+        // Row 0: every key; row 1: left padding and holes; row 2: nothing visible.
+        let mask: Vec<i32> = (0..batch * cap)
+            .map(|i| {
+                let (b, j) = (i / cap, i % cap);
+                match b {
+                    0 => 1,
+                    1 => i32::from(j >= 40 && j % 7 != 3),
+                    _ => 0,
+                }
+            })
+            .collect();
+        let mut input = Vec::new();
+        let header = [
+            i32::from(scalar),
+            heads as i32,
+            kv as i32,
+            hd as i32,
+            n_new as i32,
+            cap as i32,
+            past as i32,
+            batch as i32,
+            window,
+            threads,
+        ];
+        header.iter().for_each(|v| input.extend(v.to_le_bytes()));
+        input.extend(scale.to_le_bytes());
+        for x in q.iter().chain(&k).chain(&v) {
+            input.extend(x.to_le_bytes());
+        }
+        mask.iter().for_each(|m| input.extend(m.to_le_bytes()));
+        let got = run(&exe, &input, "attention");
+        let mut worst = 0f64;
+        for b in 0..batch {
+            for i in 0..n_new {
+                let col = past + i;
+                for h in 0..heads {
+                    let kvh = h / (heads / kv);
+                    let first = if window > 0 {
+                        (col + 1).saturating_sub(window as usize)
+                    } else {
+                        0
+                    };
+                    let qr = &q[((b * n_new + i) * heads + h) * hd..][..hd];
+                    let cache = |c: &[f32], j: usize| -> Vec<f64> {
+                        c[((b * kv + kvh) * cap + j) * hd..][..hd]
+                            .iter()
+                            .map(|&x| f64::from(x))
+                            .collect()
+                    };
+                    let seen: Vec<usize> =
+                        (first..=col).filter(|&j| mask[b * cap + j] != 0).collect();
+                    let scores: Vec<f64> = seen
+                        .iter()
+                        .map(|&j| {
+                            cache(&k, j)
+                                .iter()
+                                .zip(qr)
+                                .map(|(a, &b)| a * f64::from(b))
+                                .sum::<f64>()
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    let mut want = vec![0f64; hd];
+                    for (&j, p) in seen.iter().zip(&e) {
+                        for (w, x) in want.iter_mut().zip(cache(&v, j)) {
+                            *w += p / z * x;
+                        }
+                    }
+                    let at = ((b * n_new + i) * heads + h) * hd;
+                    for (d, w) in want.iter().enumerate() {
+                        worst = worst.max((f64::from(got[at + d]) - w).abs());
+                    }
+                }
+            }
+        }
+        assert!(
+            worst <= 1e-5,
+            "scalar {scalar}, head {hd}, window {window}: worst difference {worst}"
+        );
     }
 }
