@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::decoder::BLOCK_FORMATS;
-use crate::engine::kernel_source;
-use crate::ggml_blocks_tests::random_rows;
+use crate::engine::{kernel_source, Elem};
+use crate::ggml_blocks_tests::{f16_fields, random_rows};
 use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 const HARNESS: &str = r#"
@@ -29,38 +29,82 @@ template <class V> static V* take(size_t n) {
     if (fread(p, sizeof(V), n, stdin) != n) exit(3);
     return p;
 }
+static T* to_t(const float* v, size_t n) {
+    T* t = (T*)aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    for (size_t i = 0; i < n; ++i) t[i] = st(v[i]);
+    return t;
+}
+static void put(const T* v, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        float f = ld(v[i]);
+        fwrite(&f, sizeof(float), 1, stdout);
+    }
+}
 int main(void) {
     int* h = take<int>(10);  // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place
     long long row_bytes = *take<long long>(1);
     int f = h[0], out = h[1], k = h[2], rows = h[3], xs = h[4], ys = h[5], off = h[6];
-    unsigned char* w = take<unsigned char>((size_t)out * row_bytes);
-    float* x = take<float>((size_t)rows * xs);
-    float* gamma = take<float>(k);
-    float* bias = take<float>(out);
-    float* y = take<float>((size_t)rows * ys);
+    unsigned char* w = (unsigned char*)aligned_alloc(64, ((size_t)out * row_bytes + 63) / 64 * 64);
+    if (fread(w, 1, (size_t)out * row_bytes, stdin) != (size_t)out * row_bytes) exit(3);
+    T* x = to_t(take<float>((size_t)rows * xs), (size_t)rows * xs);
+    T* gamma = to_t(take<float>(k), k);
+    T* bias = to_t(take<float>(out), out);
+    T* y = to_t(take<float>((size_t)rows * ys), (size_t)rows * ys);
     int n_ids = *take<int>(1);
     int* ids = take<int>(n_ids);
     emu_launch({(unsigned)(out + 7) / 8, 1, 1}, {256, 1, 1}, [&] {
         gemvs[f](w, row_bytes, x, xs, rows, out, k, h[7] ? gamma : nullptr, 1e-6f,
                  h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys);
     });
-    fwrite(y, sizeof(float), (size_t)rows * ys, stdout);
-    float* d = (float*)calloc((size_t)n_ids * k, sizeof(float));
+    put(y, (size_t)rows * ys);
+    T* d = (T*)calloc((size_t)n_ids * k, sizeof(T));
     int unit = f == 0 ? (int)VEC : 8;
     emu_launch({(unsigned)n_ids, (unsigned)((k / unit + 255) / 256), 1}, {256, 1, 1},
                [&] { deqs[f](w, row_bytes, ids, 0, k, d); });
-    fwrite(d, sizeof(float), (size_t)n_ids * k, stdout);
+    put(d, (size_t)n_ids * k);
     return 0;
+}
+"#;
+
+/// The f16 storage's `ld` / `st` on the host (the device's are PTX conversions): IEEE half,
+/// rounded to nearest even.
+const HOST_F16_PREFIX: &str = r#"
+typedef unsigned short T;
+static inline float ld(T h) {
+    unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man == 0) bits = sign;
+    else { int e = -1; do { man <<= 1; ++e; } while (!(man & 0x400)); bits = sign | ((unsigned int)(112 - e) << 23) | ((man & 0x3ff) << 13); }
+    float f; memcpy(&f, &bits, 4); return f;
+}
+static inline T st(float f) {
+    unsigned int x; memcpy(&x, &f, 4);
+    unsigned int sign = (x >> 16) & 0x8000u; int exp = (int)((x >> 23) & 0xff) - 127 + 15; unsigned int man = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff) return (T)(sign | 0x7c00u | (man ? 0x200u : 0u));
+    if (exp >= 0x1f) return (T)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (T)sign;
+        unsigned int m = man | 0x800000u, shift = (unsigned int)(14 - exp), half = 1u << (shift - 1);
+        unsigned int rest = m & ((1u << shift) - 1), hv = m >> shift;
+        if (rest > half || (rest == half && (hv & 1))) ++hv;
+        return (T)(sign | hv);
+    }
+    unsigned int hv = ((unsigned int)exp << 10) | (man >> 13), rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (hv & 1))) ++hv;
+    return (T)(sign | hv);
 }
 "#;
 
 /// The f32 kernel source on the host with `harness` (its `main`): the emulation first, the
 /// dynamic shared memory a static.
-fn build(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
-    let source = kernel_source::<f32>().replace(
-        "extern __shared__ float dynamic_shared[];",
-        "static float dynamic_shared[1 << 16];",
-    );
+fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
+    let source = kernel_source::<T>()
+        .replace(
+            "extern __shared__ float dynamic_shared[];",
+            "static float dynamic_shared[1 << 16];",
+        )
+        .replace(<half::f16 as Elem>::PREFIX, HOST_F16_PREFIX);
     let file = dir.join("emulated.cpp");
     let text = format!("{}\n{source}\n{harness}", include_str!("host_emulation.h"));
     std::fs::write(&file, text).unwrap();
@@ -128,11 +172,28 @@ struct Case {
 }
 
 #[test]
-fn weight_kernels_compute_the_product_of_every_storage() {
+fn weight_kernels_compute_the_product_of_every_storage_f32() {
+    check_weight_kernels::<f32>(1e-5);
+}
+
+/// In f16 storage the inputs, the normalised activations and the outputs are rounded to f16 (the
+/// reference takes the rounded inputs; the bar covers the rest).
+#[test]
+fn weight_kernels_compute_the_product_of_every_storage_f16() {
+    check_weight_kernels::<half::f16>(4e-3);
+}
+
+/// `v` as the storage type `T` stores it.
+fn stored<T: Elem>(v: f32) -> f32 {
+    T::to_f32_vec(&[T::from_f32(v)])[0]
+}
+
+fn check_weight_kernels<T: Elem>(bar: f64) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build(dir.path(), HARNESS) else {
+    let Some(exe) = build::<T>(dir.path(), HARNESS) else {
         return;
     };
+    let size = std::mem::size_of::<T>();
     let (out, k) = (44, 512); // 44 rows: the last block's warps past the end return early
     let cases = [
         Case {
@@ -171,13 +232,27 @@ fn weight_kernels_compute_the_product_of_every_storage() {
     for (index, (name, id)) in storages.iter().enumerate() {
         let (bytes, weights, row_bytes) = match id {
             None => {
-                let w = rng.vec(out * k, 0.2, 0.0);
-                let b: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-                (b, w, 4 * k)
+                let w: Vec<f32> = rng
+                    .vec(out * k, 0.2, 0.0)
+                    .into_iter()
+                    .map(stored::<T>)
+                    .collect();
+                let b: Vec<u8> = bytemuck::cast_slice(&T::from_f32_slice(&w)).to_vec();
+                (b, w, size * k)
             }
             Some(id) => {
                 let f = BLOCK_FORMATS.iter().find(|f| f.id == *id).unwrap();
-                let data = random_rows(*id, f.block, f.bytes, out, k, 7 + index as u64);
+                let mut data = random_rows(*id, f.block, f.bytes, out, k, 7 + index as u64);
+                if size == 2 {
+                    // Scales of up to 2 make products past f16's range: 1/64 of them.
+                    for block in data.chunks_mut(f.bytes) {
+                        for &at in f16_fields(*id) {
+                            let v = half::f16::from_le_bytes([block[at], block[at + 1]]);
+                            let scaled = half::f16::from_f32(v.to_f32() / 64.0).to_le_bytes();
+                            block[at..at + 2].copy_from_slice(&scaled);
+                        }
+                    }
+                }
                 let rb = f.row_bytes(k).unwrap();
                 let ty = BlockType::from_id(*id).unwrap();
                 let mut w = vec![0f32; out * k];
@@ -188,10 +263,16 @@ fn weight_kernels_compute_the_product_of_every_storage() {
             }
         };
         for (ci, c) in cases.iter().enumerate() {
-            let x = rng.vec(c.rows * c.x_stride, 2.0, 0.0);
-            let gamma = rng.vec(k, 0.5, 1.0);
-            let bias = rng.vec(out, 1.0, 0.0);
-            let y0 = rng.vec(c.rows * c.y_stride, 1.0, 0.0);
+            let mut values = |n, scale, shift| -> Vec<f32> {
+                rng.vec(n, scale, shift)
+                    .into_iter()
+                    .map(stored::<T>)
+                    .collect()
+            };
+            let x = values(c.rows * c.x_stride, 2.0, 0.0);
+            let gamma = values(k, 0.5, 1.0);
+            let bias = values(out, 1.0, 0.0);
+            let y0 = values(c.rows * c.y_stride, 1.0, 0.0);
             let ids: Vec<i32> = vec![5, 0, (out - 1) as i32];
             let mut input = Vec::new();
             let header = [
@@ -252,16 +333,16 @@ fn weight_kernels_compute_the_product_of_every_storage() {
                 .map(|(&g, &w)| (f64::from(g) - w).abs())
                 .fold(0.0, f64::max);
             assert!(
-                worst <= 1e-5 * scale,
+                worst <= bar * scale,
                 "{name} case {ci}: worst difference {worst} (scale {scale})"
             );
             for (i, &id) in ids.iter().enumerate() {
                 let row = &rows_out[i * k..(i + 1) * k];
-                assert_eq!(
-                    row,
-                    &weights[id as usize * k..(id as usize + 1) * k],
-                    "{name} row {id}"
-                );
+                let want: Vec<f32> = weights[id as usize * k..(id as usize + 1) * k]
+                    .iter()
+                    .map(|&w| stored::<T>(w))
+                    .collect();
+                assert_eq!(row, &want[..], "{name} row {id}");
             }
         }
     }
@@ -303,7 +384,7 @@ int main(void) {
 #[test]
 fn cached_attention_matches_the_definition() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build(dir.path(), ATTENTION_HARNESS) else {
+    let Some(exe) = build::<f32>(dir.path(), ATTENTION_HARNESS) else {
         return;
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
