@@ -19,6 +19,19 @@ fn smollm(test: &str) -> Option<String> {
     Some(path.to_string_lossy().into_owned())
 }
 
+/// The library's generator of `gguf` on the cpu, as the server loads it.
+fn cpu_generator(gguf: &str) -> TextGenerator {
+    TextGenerator::load(
+        gguf,
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            offline: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 /// The body of a streamed greedy completion of `prompt` by the served `smol`.
 async fn stream_completion(
     client: &reqwest::Client,
@@ -60,15 +73,7 @@ async fn completions_and_chat_match_the_library_and_streams_reassemble() {
     let client = reqwest::Client::new();
 
     // Greedy completion = the library's greedy text for the same prompt.
-    let generator = TextGenerator::load(
-        &gguf,
-        &ipfs_accelerate::LoadOptions {
-            backends: Some(vec![BackendKind::Cpu]),
-            offline: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let generator = cpu_generator(&gguf);
     let expected = generator
         .generate(
             "The capital of France is",
@@ -283,15 +288,7 @@ async fn concurrent_completions_decode_together_and_match_alone() {
         seed: 11 + i as u64,
         ..GenerateOptions::default()
     };
-    let generator = TextGenerator::load(
-        &gguf,
-        &ipfs_accelerate::LoadOptions {
-            backends: Some(vec![BackendKind::Cpu]),
-            offline: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let generator = cpu_generator(&gguf);
     let alone: Vec<String> = (0..prompts.len())
         .map(|i| {
             generator

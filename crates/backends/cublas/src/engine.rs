@@ -1295,16 +1295,20 @@ pub(crate) fn read_back<T: DeviceRepr + ValidAsZeroBits, R>(
 mod tests {
     use super::*;
 
+    /// Whether NVRTC loads on this machine.
+    fn nvrtc_found() -> bool {
+        // SAFETY: loading the library runs its initialisers only.
+        cudarc::get_lib_name_candidates("nvrtc")
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(n) }.is_ok())
+    }
+
     /// The kernels compile with NVRTC (for Hopper) in both storage types, on any machine where
     /// NVRTC loads (no device needed); where it does not, the test says it is skipped unless
     /// `IPFS_ACCELERATE_REQUIRE_NVRTC=1`.
     #[test]
     fn kernels_compile_with_nvrtc() {
-        // SAFETY: loading the library runs its initialisers only.
-        let found = cudarc::get_lib_name_candidates("nvrtc")
-            .iter()
-            .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
-        if !found {
+        if !nvrtc_found() {
             assert!(
                 std::env::var("IPFS_ACCELERATE_REQUIRE_NVRTC").as_deref() != Ok("1"),
                 "NVRTC not found on the library path (IPFS_ACCELERATE_REQUIRE_NVRTC=1)"
@@ -1345,11 +1349,7 @@ mod tests {
     /// own file, and a damaged file is compiled again and replaced.
     #[test]
     fn compiled_ptx_is_cached_by_source() {
-        // SAFETY: loading the library runs its initialisers only.
-        let found = cudarc::get_lib_name_candidates("nvrtc")
-            .iter()
-            .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
-        if !found {
+        if !nvrtc_found() {
             eprintln!("skipped compiled_ptx_is_cached_by_source: NVRTC is not on the library path");
             return;
         }
