@@ -3,8 +3,8 @@
 //! a family's names are written once for both executors.
 
 use ipfs_accelerate_core::{
-    DecoderSpec, DenseWeights, EncoderActivation, EncoderLayerWeights, Error, GatedActivation,
-    NormWeights, QuantizedBlocks, Result, TensorSource,
+    DType, DecoderSpec, DenseWeights, EncoderActivation, EncoderLayerWeights, Error,
+    GatedActivation, NormWeights, QuantizedBlocks, Result, TensorSource,
 };
 /// The ggml block formats ([`quantize_dense`]'s target).
 pub use ipfs_accelerate_kernels::BlockType;
@@ -83,30 +83,59 @@ impl<'a> SpecReader<'a> {
     }
 
     /// The 2-D weight `name` `[out, in]` as a dense layer with a zero bias (an embedding table):
-    /// its ggml blocks when the reader keeps that type, else f32 values.
+    /// its ggml blocks when the reader keeps that type, its f16 / bf16 values as stored (ggml's
+    /// `F16` / `BF16`, the file's bytes: no f32 copy of a half-precision checkpoint) when it
+    /// keeps those, else f32 values.
     pub fn matrix(&self, name: &str, out: usize, inp: usize) -> Result<DenseWeights> {
         let full = format!("{}{name}", self.prefix);
-        if let Some(keep) = self.keep_blocks {
-            if let Some(blocks) = self.source.quantized_blocks_shaped(&full, [out, inp])? {
-                if blocks.shape != [out, inp] {
-                    return Err(Error::ShapeMismatch {
-                        name: full,
-                        expected: vec![out, inp],
-                        actual: blocks.shape.to_vec(),
-                    });
-                }
-                if keep(blocks.ggml_type) {
-                    return Ok(DenseWeights {
-                        blocks: Some(blocks),
-                        ..DenseWeights::new(out, inp, Vec::new(), vec![0.0; out])
-                    });
-                }
+        let Some(keep) = self.keep_blocks else {
+            return Ok(DenseWeights::new(
+                out,
+                inp,
+                self.read(name, &[out, inp])?,
+                vec![0.0; out],
+            ));
+        };
+        let kept = |blocks: QuantizedBlocks| DenseWeights {
+            blocks: Some(blocks),
+            ..DenseWeights::new(out, inp, Vec::new(), vec![0.0; out])
+        };
+        if let Some(blocks) = self.source.quantized_blocks_shaped(&full, [out, inp])? {
+            if blocks.shape != [out, inp] {
+                return Err(Error::ShapeMismatch {
+                    name: full,
+                    expected: vec![out, inp],
+                    actual: blocks.shape.to_vec(),
+                });
             }
+            if keep(blocks.ggml_type) {
+                return Ok(kept(blocks));
+            }
+        }
+        let host = self.source.tensor_shaped(&full, &[out, inp])?;
+        if host.shape() != [out, inp] {
+            return Err(Error::ShapeMismatch {
+                name: full,
+                expected: vec![out, inp],
+                actual: host.shape().to_vec(),
+            });
+        }
+        let half = match host.dtype() {
+            DType::F16 => Some(BlockType::F16),
+            DType::BF16 => Some(BlockType::BF16),
+            _ => None,
+        };
+        if let Some(ty) = half.filter(|t| keep(t.id())) {
+            return Ok(kept(QuantizedBlocks {
+                ggml_type: ty.id(),
+                data: host.bytes().clone(),
+                shape: [out, inp],
+            }));
         }
         Ok(DenseWeights::new(
             out,
             inp,
-            self.read(name, &[out, inp])?,
+            host.to_f32_vec(),
             vec![0.0; out],
         ))
     }
@@ -266,4 +295,69 @@ pub fn map_decoder_layers(
         *head = f(head)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipfs_accelerate_core::HostTensor;
+
+    /// One bf16 weight and one f32 weight.
+    struct Halves;
+
+    impl TensorSource for Halves {
+        fn source_name(&self) -> String {
+            "halves".into()
+        }
+        fn contains(&self, name: &str) -> bool {
+            name == "a.weight" || name == "b.weight"
+        }
+        fn shape_of(&self, _: &str) -> Option<Vec<usize>> {
+            Some(vec![2, 3])
+        }
+        fn tensor(&self, name: &str) -> Result<HostTensor> {
+            // Exact in bf16: its bits are the f32's upper half.
+            let values = [0.5f32, -1.25, 3.0, 0.0078125, 7.0, -0.0];
+            match name {
+                "a.weight" => {
+                    let bytes: Vec<u8> = values
+                        .iter()
+                        .flat_map(|&v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                        .collect();
+                    HostTensor::from_bytes(name, vec![2, 3], DType::BF16, bytes.into())
+                }
+                _ => HostTensor::from_f32(vec![2, 3], &values),
+            }
+        }
+        fn names(&self) -> Vec<String> {
+            vec!["a.weight".into(), "b.weight".into()]
+        }
+    }
+
+    /// A reader keeping BF16 hands the file's bytes over (they read back as the f32 reader's
+    /// values); f32 tensors, and readers that keep nothing, give f32 values.
+    #[test]
+    fn half_precision_weights_are_kept_as_stored() {
+        let keep = |id: u32| id == BlockType::BF16.id() || id == BlockType::F16.id();
+        let kept = SpecReader::new(&Halves, "").keeping_blocks(&keep);
+        let plain = SpecReader::new(&Halves, "");
+        let a = kept.matrix("a.weight", 2, 3).unwrap();
+        let blocks = a.blocks.as_ref().expect("kept as bf16");
+        assert_eq!(blocks.ggml_type, BlockType::BF16.id());
+        assert_eq!(
+            blocks.data,
+            Halves.tensor("a.weight").unwrap().bytes().clone()
+        );
+        assert!(a.weight.is_empty());
+        assert_eq!(
+            dense_values(&a).unwrap(),
+            plain.matrix("a.weight", 2, 3).unwrap()
+        );
+        let b = kept.matrix("b.weight", 2, 3).unwrap();
+        assert!(b.blocks.is_none() && b.weight.len() == 6);
+        assert!(
+            kept.matrix("a.weight", 3, 2).is_err(),
+            "a shape mismatch is an error"
+        );
+    }
 }

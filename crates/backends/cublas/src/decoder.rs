@@ -127,6 +127,28 @@ impl BlockFormat {
     }
 }
 
+/// ggml's ids of the 16-bit float types, which the decoder takes as they are stored and
+/// converts to its precision at upload (no f32 copy of a half-precision checkpoint on the host).
+const GGML_F16: u32 = 1;
+const GGML_BF16: u32 = 30;
+
+/// `Some` for ggml's F16 / BF16 ids.
+fn half_type(id: u32) -> Option<u32> {
+    matches!(id, GGML_F16 | GGML_BF16).then_some(id)
+}
+
+/// Little-endian 16-bit floats of ggml type `id` (F16 or BF16) as f32.
+fn half_values(id: u32, bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes.chunks_exact(2).map(move |c| {
+        let bits = u16::from_le_bytes([c[0], c[1]]);
+        if id == GGML_BF16 {
+            half::bf16::from_bits(bits).to_f32()
+        } else {
+            half::f16::from_bits(bits).to_f32()
+        }
+    })
+}
+
 /// Weights of a unit of `dequant_*` / `gemv_*` in a block format (`Unit<F>::N` in decoder.cu).
 const BLOCK_UNIT: usize = 8;
 
@@ -527,6 +549,21 @@ where
                             .iter()
                             .flat_map(|l| l.weight.iter().copied())
                             .collect();
+                        Storage::Dense(up(&values)?)
+                    }
+                    Some(id) if half_type(id).is_some() => {
+                        let mut values = Vec::with_capacity(rows * k);
+                        for l in group {
+                            let b = l.blocks.as_ref().map_or(&[][..], |b| &b.data[..]);
+                            if b.len() != 2 * l.out_features * k {
+                                return Err(EngineError::Spec(format!(
+                                    "{name}: {} bytes of 16-bit floats for [{}, {k}] weights",
+                                    b.len(),
+                                    l.out_features
+                                )));
+                            }
+                            values.extend(half_values(id, b));
+                        }
                         Storage::Dense(up(&values)?)
                     }
                     Some(id) => {
@@ -1361,10 +1398,11 @@ pub struct DecoderEngine {
 }
 
 impl DecoderEngine {
-    /// Whether the decoder computes on weights kept in ggml type `id` ([`BLOCK_FORMATS`]); other
-    /// weights are uploaded as f32 / f16 values.
+    /// Whether the decoder takes weights kept in ggml type `id`: it computes on the block formats
+    /// ([`BLOCK_FORMATS`]) as they are, and converts F16 / BF16 to its precision at upload; other
+    /// weights come as f32 values.
     pub fn reads_ggml_type(id: u32) -> bool {
-        BlockFormat::of(id).is_some()
+        BlockFormat::of(id).is_some() || half_type(id).is_some()
     }
 
     /// Probes libcuda / NVRTC / cuBLAS, checks `spec`, compiles the kernels and uploads the
@@ -1444,6 +1482,30 @@ impl DecodeSession<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn half_types_convert_exactly() {
+        let values = [0.0f32, 1.5, -2.25, 65504.0, 1e-3];
+        let f16: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let want = |round: fn(f32) -> f32| values.iter().map(|&v| round(v)).collect::<Vec<_>>();
+        assert_eq!(
+            half_values(GGML_F16, &f16).collect::<Vec<_>>(),
+            want(|v| half::f16::from_f32(v).to_f32())
+        );
+        assert_eq!(
+            half_values(GGML_BF16, &bf16).collect::<Vec<_>>(),
+            want(|v| half::bf16::from_f32(v).to_f32())
+        );
+        assert!(DecoderEngine::reads_ggml_type(GGML_F16) && DecoderEngine::reads_ggml_type(30));
+        assert!(DecoderEngine::reads_ggml_type(12) && !DecoderEngine::reads_ggml_type(10));
+    }
 
     #[test]
     fn attention_blocks_cover_the_head() {
