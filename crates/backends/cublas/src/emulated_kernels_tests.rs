@@ -485,3 +485,151 @@ fn cached_attention_matches_the_definition() {
         );
     }
 }
+
+const STEP_HARNESS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+template <class V> static V* take(size_t n) {
+    V* p = (V*)malloc(n * sizeof(V) + 16);
+    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
+    return p;
+}
+int main(void) {
+    // rows, hidden, heads, kv_heads, head_dim, n_new, cap, past, inter
+    int* h = take<int>(9);
+    int rows = h[0], hid = h[1], heads = h[2], kv = h[3], hd = h[4], n_new = h[5], cap = h[6];
+    int past = h[7], inter = h[8], batch = rows / n_new, width = (heads + 2 * kv) * hd;
+    float* qkv = take<float>((size_t)rows * width);
+    float* bias = take<float>(width);
+    int* pos = take<int>(rows);
+    float* inv_freq = take<float>(hd / 2);
+    float* x = take<float>((size_t)rows * hid);
+    float* y = take<float>((size_t)rows * hid);
+    float* gamma = take<float>(hid);
+    float* gu = take<float>((size_t)rows * 2 * inter);
+    float* q = (float*)calloc((size_t)rows * heads * hd, 4);
+    float* kc = (float*)calloc((size_t)batch * kv * cap * hd, 4);
+    float* vc = (float*)calloc((size_t)batch * kv * cap * hd, 4);
+    float* normed = (float*)calloc((size_t)rows * hid, 4);
+    float* act = (float*)calloc((size_t)rows * inter, 4);
+    emu_launch({(unsigned)rows, (unsigned)(heads + 2 * kv), 1}, {(unsigned)hd / 2, 1, 1}, [&] {
+        rope_split(qkv, bias, pos, inv_freq, &past, heads, kv, hd, n_new, cap, q, kc, vc);
+    });
+    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1},
+               [&] { residual_rms_norm(y, nullptr, x, gamma, 1e-6f, hid, normed); });
+    emu_launch({(unsigned)rows, (unsigned)(inter + 255) / 256, 1}, {256, 1, 1},
+               [&] { gated_act(gu, nullptr, inter, 5, act); });
+    fwrite(q, 4, (size_t)rows * heads * hd, stdout);
+    fwrite(kc, 4, (size_t)batch * kv * cap * hd, stdout);
+    fwrite(vc, 4, (size_t)batch * kv * cap * hd, stdout);
+    fwrite(x, 4, (size_t)rows * hid, stdout);
+    fwrite(normed, 4, (size_t)rows * hid, stdout);
+    fwrite(act, 4, (size_t)rows * inter, stdout);
+    return 0;
+}
+"#;
+
+/// The rest of a decoding step's kernels against their definitions: `rope_split` (bias, HF's
+/// rotate_half RoPE on q and k, k and v into the cache at column past + i of their batch row),
+/// `residual_rms_norm` (the residual add then RMSNorm) and `gated_act` (SiLU of the gate times up).
+#[test]
+fn rope_norm_and_gated_activation_match_their_definitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build::<f32>(dir.path(), STEP_HARNESS) else {
+        return;
+    };
+    let (batch, n_new, hid, heads, kv, hd, cap, past, inter) = (2, 3, 96, 4, 2, 16, 10, 5, 300);
+    let rows = batch * n_new;
+    let width = (heads + 2 * kv) * hd;
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let qkv = rng.vec(rows * width, 2.0, 0.0);
+    let bias = rng.vec(width, 1.0, 0.0);
+    let pos: Vec<i32> = (0..rows as i32).map(|r| 3 + 7 * r).collect();
+    let inv_freq: Vec<f32> = (0..hd / 2)
+        .map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32))
+        .collect();
+    let x = rng.vec(rows * hid, 2.0, 0.0);
+    let y = rng.vec(rows * hid, 2.0, 0.0);
+    let gamma = rng.vec(hid, 0.5, 1.0);
+    let gu = rng.vec(rows * 2 * inter, 8.0, 0.0);
+    let mut input = Vec::new();
+    for v in [rows, hid, heads, kv, hd, n_new, cap, past, inter] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in qkv.iter().chain(&bias) {
+        input.extend(v.to_le_bytes());
+    }
+    pos.iter().for_each(|p| input.extend(p.to_le_bytes()));
+    for v in inv_freq.iter().chain(&x).chain(&y).chain(&gamma).chain(&gu) {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "step kernels");
+    let cache_len = batch * kv * cap * hd;
+    let (q, rest) = got.split_at(rows * heads * hd);
+    let (kc, rest) = rest.split_at(cache_len);
+    let (vc, rest) = rest.split_at(cache_len);
+    let (x_out, rest) = rest.split_at(rows * hid);
+    let (normed, act) = rest.split_at(rows * hid);
+    let close = |a: f32, b: f64, what: &str| {
+        assert!(
+            (f64::from(a) - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{what}: {a} against {b}"
+        );
+    };
+    for r in 0..rows {
+        let (b, i) = (r / n_new, r % n_new);
+        for slot in 0..heads + 2 * kv {
+            let src: Vec<f64> = (0..hd)
+                .map(|d| f64::from(qkv[r * width + slot * hd + d]) + f64::from(bias[slot * hd + d]))
+                .collect();
+            let rotated: Vec<f64> = if slot < heads + kv {
+                (0..hd)
+                    .map(|d| {
+                        let f = d % (hd / 2);
+                        let a = f64::from(pos[r] as f32 * inv_freq[f]);
+                        let (c, s) = (a.cos(), a.sin());
+                        if d < hd / 2 {
+                            src[d] * c - src[d + hd / 2] * s
+                        } else {
+                            src[d] * c + src[d - hd / 2] * s
+                        }
+                    })
+                    .collect()
+            } else {
+                src
+            };
+            for (d, want) in rotated.iter().enumerate() {
+                let got = if slot < heads {
+                    q[(r * heads + slot) * hd + d]
+                } else {
+                    let (cache, kvh) = if slot < heads + kv {
+                        (kc, slot - heads)
+                    } else {
+                        (vc, slot - heads - kv)
+                    };
+                    cache[((b * kv + kvh) * cap + past + i) * hd + d]
+                };
+                close(got, *want, &format!("row {r} slot {slot} feature {d}"));
+            }
+        }
+        let sum: Vec<f64> = (0..hid)
+            .map(|c| f64::from(x[r * hid + c]) + f64::from(y[r * hid + c]))
+            .collect();
+        let inv = 1.0 / (sum.iter().map(|v| v * v).sum::<f64>() / hid as f64 + 1e-6).sqrt();
+        for c in 0..hid {
+            close(x_out[r * hid + c], sum[c], "residual");
+            close(
+                normed[r * hid + c],
+                sum[c] * inv * f64::from(gamma[c]),
+                "rms norm",
+            );
+        }
+        for c in 0..inter {
+            let g = f64::from(gu[r * 2 * inter + c]);
+            let u = f64::from(gu[r * 2 * inter + inter + c]);
+            close(act[r * inter + c], g / (1.0 + (-g).exp()) * u, "gated act");
+        }
+    }
+    // Columns of the cache no row wrote stay as they were (zeros).
+    assert!(kc[..past * hd].iter().all(|&v| v == 0.0));
+}
