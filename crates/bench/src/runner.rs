@@ -168,16 +168,21 @@ fn family_of(model_type: &str) -> Option<&'static str> {
     })
 }
 
-/// A folder holding `config_json` and a random-initialisation marker.
-fn random_weight_dir(config_json: &str) -> Result<(tempfile::TempDir, PathBuf), BenchError> {
+/// A folder holding `config_json` and a random-initialisation marker (weights stored in the ggml
+/// format `ggml_type` when given).
+fn random_weight_dir(
+    config_json: &str,
+    ggml_type: Option<&str>,
+) -> Result<(tempfile::TempDir, PathBuf), BenchError> {
     let temp = tempfile::tempdir().map_err(|e| BenchError::io(std::env::temp_dir(), e))?;
     let dir = temp.path().to_path_buf();
+    let marker = match ggml_type {
+        None => r#"{"seed": 0, "std": 0.02}"#.to_string(),
+        Some(ty) => format!(r#"{{"seed": 0, "std": 0.02, "ggml_type": "{ty}"}}"#),
+    };
     for (name, text) in [
         ("config.json", config_json),
-        (
-            ipfs_accelerate_io::RANDOM_INIT_FILE,
-            r#"{"seed": 0, "std": 0.02}"#,
-        ),
+        (ipfs_accelerate_io::RANDOM_INIT_FILE, marker.as_str()),
     ] {
         std::fs::write(dir.join(name), text).map_err(|e| BenchError::io(dir.join(name), e))?;
     }
@@ -231,7 +236,7 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
     }
     let (label, dir, temp, config_text, preset_family) =
         if let Some((family, json)) = configs::preset(&spec.model) {
-            let (temp, dir) = random_weight_dir(json)?;
+            let (temp, dir) = random_weight_dir(json, None)?;
             (
                 spec.model.clone(),
                 dir,
@@ -245,7 +250,7 @@ fn plan(spec: &BenchSpec) -> Result<ModelPlan, BenchError> {
             (spec.model.clone(), path.to_path_buf(), None, text, None)
         } else if path.is_file() {
             let text = std::fs::read_to_string(path).map_err(|e| BenchError::io(path, e))?;
-            let (temp, dir) = random_weight_dir(&text)?;
+            let (temp, dir) = random_weight_dir(&text, None)?;
             (spec.model.clone(), dir, Some(temp), text, None)
         } else {
             // A hub id (or a name under $IPFS_ACCELERATE_MODELS): resolved as every loader does,
@@ -845,25 +850,20 @@ fn measure_generation(
 fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
     // Random weights stored in a ggml block format (`q4_k`, ...: what a GGUF file of that type
     // holds), computed in f32.
-    if let Some(ty) = ggml_dtype(dtype) {
+    if let Some(ggml_type) = ggml_dtype(dtype) {
         if !plan.random_weights {
             return Err(format!(
                 "{dtype} names random weights in that ggml format; a checkpoint or GGUF file \
                  runs as stored"
             ));
         }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let config = std::fs::read(plan.dir.join("config.json")).map_err(|e| e.to_string())?;
-        std::fs::write(dir.path().join("config.json"), config).map_err(|e| e.to_string())?;
-        let init = format!(
-            r#"{{"seed": 0, "std": 0.02, "ggml_type": "{}"}}"#,
-            ty.name()
-        );
-        std::fs::write(dir.path().join(ipfs_accelerate_io::RANDOM_INIT_FILE), init)
-            .map_err(|e| e.to_string())?;
+        let config =
+            std::fs::read_to_string(plan.dir.join("config.json")).map_err(|e| e.to_string())?;
+        let (_temp, dir) =
+            random_weight_dir(&config, Some(ggml_type)).map_err(|e| e.to_string())?;
         sysinfo::reset_peak_rss();
         let start = Instant::now();
-        let decoder = ipfs_accelerate::text::load_decoder(dir.path(), backend, Precision::F32)
+        let decoder = ipfs_accelerate::text::load_decoder(&dir, backend, Precision::F32)
             .map_err(|e| format!("load failed: {e}"))?;
         return Ok((Model::Decoder(decoder), start.elapsed().as_secs_f64() * 1e3));
     }
@@ -886,11 +886,11 @@ fn load_decoder(plan: &ModelPlan, backend: BackendKind, dtype: &str) -> Loaded {
 
 /// The ggml block format a generation dtype names (`q4_k`, `q8_0`, ...), if it names one random
 /// weights can be stored in.
-fn ggml_dtype(dtype: &str) -> Option<ipfs_accelerate_io::gguf::GgmlType> {
+fn ggml_dtype(dtype: &str) -> Option<&'static str> {
     ipfs_accelerate_io::RANDOM_GGML_TYPES
         .iter()
-        .find(|t| t.name().eq_ignore_ascii_case(dtype))
-        .and_then(|t| ipfs_accelerate_io::gguf::GgmlType::from_id(t.id()))
+        .map(|t| t.name())
+        .find(|name| name.eq_ignore_ascii_case(dtype))
 }
 
 /// Loads the model of `plan` on `backend` for the variant `dtype`: a compute precision (`f32`,

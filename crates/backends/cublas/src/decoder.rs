@@ -16,7 +16,9 @@ use cudarc::driver::{
     CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice,
     LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop,
 };
-use ipfs_accelerate_core::{DecoderSpec, DenseWeights, GatedActivation, Precision};
+use ipfs_accelerate_core::{
+    DType, DecoderSpec, DenseWeights, GatedActivation, HostTensor, Precision,
+};
 
 use crate::engine::{compile_module, device_buffer, open_stream, read_back, rows_by_columns, Elem};
 use crate::{probe, EngineError};
@@ -127,26 +129,15 @@ impl BlockFormat {
     }
 }
 
-/// ggml's ids of the 16-bit float types, which the decoder takes as they are stored and
-/// converts to its precision at upload (no f32 copy of a half-precision checkpoint on the host).
-const GGML_F16: u32 = 1;
-const GGML_BF16: u32 = 30;
-
-/// `Some` for ggml's F16 / BF16 ids.
-fn half_type(id: u32) -> Option<u32> {
-    matches!(id, GGML_F16 | GGML_BF16).then_some(id)
-}
-
-/// Little-endian 16-bit floats of ggml type `id` (F16 or BF16) as f32.
-fn half_values(id: u32, bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    bytes.chunks_exact(2).map(move |c| {
-        let bits = u16::from_le_bytes([c[0], c[1]]);
-        if id == GGML_BF16 {
-            half::bf16::from_bits(bits).to_f32()
-        } else {
-            half::f16::from_bits(bits).to_f32()
-        }
-    })
+/// The tensor dtype of ggml's 16-bit float types (F16, BF16), which the decoder takes as they are
+/// stored and converts to its precision at upload (no f32 copy of a half-precision checkpoint on
+/// the host); `None` for other ids.
+fn half_dtype(id: u32) -> Option<DType> {
+    match id {
+        1 => Some(DType::F16),
+        30 => Some(DType::BF16),
+        _ => None,
+    }
 }
 
 /// Weights of a unit of `dequant_*` / `gemv_*` in a block format (`Unit<F>::N` in decoder.cu).
@@ -543,30 +534,31 @@ where
                         .count();
                 let group = &layers[start..end];
                 let rows: usize = group.iter().map(|l| l.out_features).sum();
-                let storage = match kind {
-                    None => {
+                let storage = match (kind, kind.and_then(half_dtype)) {
+                    (None, _) => {
                         let values: Vec<f32> = group
                             .iter()
                             .flat_map(|l| l.weight.iter().copied())
                             .collect();
                         Storage::Dense(up(&values)?)
                     }
-                    Some(id) if half_type(id).is_some() => {
+                    (Some(_), Some(dtype)) => {
+                        // The host tensor checks the length and converts (F16 / BF16 to f32).
                         let mut values = Vec::with_capacity(rows * k);
                         for l in group {
-                            let b = l.blocks.as_ref().map_or(&[][..], |b| &b.data[..]);
-                            if b.len() != 2 * l.out_features * k {
-                                return Err(EngineError::Spec(format!(
-                                    "{name}: {} bytes of 16-bit floats for [{}, {k}] weights",
-                                    b.len(),
-                                    l.out_features
-                                )));
-                            }
-                            values.extend(half_values(id, b));
+                            let data = l
+                                .blocks
+                                .as_ref()
+                                .map(|b| b.data.clone())
+                                .unwrap_or_default();
+                            let shape = vec![l.out_features, k];
+                            let t = HostTensor::from_bytes(name, shape, dtype, data)
+                                .map_err(|e| EngineError::Spec(e.to_string()))?;
+                            values.extend(t.to_f32_vec());
                         }
                         Storage::Dense(up(&values)?)
                     }
-                    Some(id) => {
+                    (Some(id), None) => {
                         let format = BlockFormat::of(id).ok_or_else(|| {
                             EngineError::Spec(format!(
                                 "{name}: ggml type {id} is not a block format the decoder reads \
@@ -1402,7 +1394,7 @@ impl DecoderEngine {
     /// ([`BLOCK_FORMATS`]) as they are, and converts F16 / BF16 to its precision at upload; other
     /// weights come as f32 values.
     pub fn reads_ggml_type(id: u32) -> bool {
-        BlockFormat::of(id).is_some() || half_type(id).is_some()
+        BlockFormat::of(id).is_some() || half_dtype(id).is_some()
     }
 
     /// Probes libcuda / NVRTC / cuBLAS, checks `spec`, compiles the kernels and uploads the
@@ -1495,15 +1487,16 @@ mod tests {
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect();
         let want = |round: fn(f32) -> f32| values.iter().map(|&v| round(v)).collect::<Vec<_>>();
-        assert_eq!(
-            half_values(GGML_F16, &f16).collect::<Vec<_>>(),
-            want(|v| half::f16::from_f32(v).to_f32())
-        );
-        assert_eq!(
-            half_values(GGML_BF16, &bf16).collect::<Vec<_>>(),
-            want(|v| half::bf16::from_f32(v).to_f32())
-        );
-        assert!(DecoderEngine::reads_ggml_type(GGML_F16) && DecoderEngine::reads_ggml_type(30));
+        // What the upload converts them with: the host tensor of the ggml type's dtype.
+        let read = |id: u32, bytes: Vec<u8>| {
+            let dtype = half_dtype(id).expect("a 16-bit float type");
+            HostTensor::from_bytes("w", vec![values.len()], dtype, bytes.into())
+                .unwrap()
+                .to_f32_vec()
+        };
+        assert_eq!(read(1, f16), want(|v| half::f16::from_f32(v).to_f32()));
+        assert_eq!(read(30, bf16), want(|v| half::bf16::from_f32(v).to_f32()));
+        assert!(DecoderEngine::reads_ggml_type(1) && DecoderEngine::reads_ggml_type(30));
         assert!(DecoderEngine::reads_ggml_type(12) && !DecoderEngine::reads_ggml_type(10));
     }
 

@@ -15,8 +15,6 @@ use crate::ggml_blocks_tests::{f16_fields, random_rows};
 use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 const HARNESS: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
 typedef void (*Gemv)(const unsigned char*, long long, const T*, int, int, int, int, const T*,
                      float, const T*, const T*, T*, int);
 typedef void (*Deq)(const unsigned char*, long long, const int*, int, int, T*);
@@ -24,11 +22,6 @@ static Gemv gemvs[] = {gemv_dense, gemv_q8_0, gemv_q4_0, gemv_q4_1, gemv_q5_0,
                        gemv_q5_1,  gemv_q4_k, gemv_q5_k, gemv_q6_k};
 static Deq deqs[] = {dequant_dense, dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q5_0,
                      dequant_q5_1,  dequant_q4_k, dequant_q5_k, dequant_q6_k};
-template <class V> static V* take(size_t n) {
-    V* p = (V*)malloc(n * sizeof(V) + 16);
-    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
-    return p;
-}
 static T* to_t(const float* v, size_t n) {
     T* t = (T*)aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
     for (size_t i = 0; i < n; ++i) t[i] = st(v[i]);
@@ -70,13 +63,11 @@ int main(void) {
 /// rounded to nearest even.
 const HOST_F16_PREFIX: &str = r#"
 typedef unsigned short T;
+// ggml_blocks.cuh's reader of f16 bits (defined further down, after kernels.cu).
+static inline float half_bits(const unsigned char* p);
 static inline float ld(T h) {
-    unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
-    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man == 0) bits = sign;
-    else { int e = -1; do { man <<= 1; ++e; } while (!(man & 0x400)); bits = sign | ((unsigned int)(112 - e) << 23) | ((man & 0x3ff) << 13); }
-    float f; memcpy(&f, &bits, 4); return f;
+    unsigned char b[2] = {(unsigned char)(h & 0xff), (unsigned char)(h >> 8)};
+    return half_bits(b);
 }
 static inline T st(float f) {
     unsigned int x; memcpy(&x, &f, 4);
@@ -96,6 +87,17 @@ static inline T st(float f) {
 }
 "#;
 
+/// What every harness reads its input with: `n` values of `V` from stdin.
+const HARNESS_INPUT: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+template <class V> static V* take(size_t n) {
+    V* p = (V*)malloc(n * sizeof(V) + 16);
+    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
+    return p;
+}
+"#;
+
 /// The f32 kernel source on the host with `harness` (its `main`): the emulation first, the
 /// dynamic shared memory a static.
 fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
@@ -106,7 +108,10 @@ fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
         )
         .replace(<half::f16 as Elem>::PREFIX, HOST_F16_PREFIX);
     let file = dir.join("emulated.cpp");
-    let text = format!("{}\n{source}\n{harness}", include_str!("host_emulation.h"));
+    let text = format!(
+        "{}\n{source}\n{HARNESS_INPUT}\n{harness}",
+        include_str!("host_emulation.h")
+    );
     std::fs::write(&file, text).unwrap();
     let exe = dir.join("emulated");
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
@@ -349,13 +354,6 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
 }
 
 const ATTENTION_HARNESS: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-template <class V> static V* take(size_t n) {
-    V* p = (V*)malloc(n * sizeof(V) + 16);
-    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
-    return p;
-}
 int main(void) {
     // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads
     int* h = take<int>(10);
@@ -487,13 +485,6 @@ fn cached_attention_matches_the_definition() {
 }
 
 const STEP_HARNESS: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-template <class V> static V* take(size_t n) {
-    V* p = (V*)malloc(n * sizeof(V) + 16);
-    if (fread(p, sizeof(V), n, stdin) != n) exit(3);
-    return p;
-}
 int main(void) {
     // rows, hidden, heads, kv_heads, head_dim, n_new, cap, past, inter
     int* h = take<int>(9);
