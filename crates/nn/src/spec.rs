@@ -212,16 +212,20 @@ pub fn gated_activation(act: Activation) -> Result<GatedActivation> {
     })
 }
 
-/// `d` with its weight in ggml blocks of `ty`, quantized from its f32 values (rows in parallel):
-/// what an engine that computes on blocks gets for `--quantize`. A layer already in blocks, or
-/// whose inputs are not a whole number of `ty`'s blocks, is returned unchanged.
+/// `d` with its weight in ggml blocks of `ty`, quantized from its values (rows in parallel): what
+/// an engine that computes on blocks gets for `--quantize`. A layer kept in another format (a
+/// GGUF's blocks, a checkpoint's f16 / bf16) is re-quantized from its dequantized values, as the
+/// CPU's load does; one already in `ty`, or whose inputs are not a whole number of `ty`'s blocks,
+/// is returned unchanged.
 pub fn quantize_dense(d: &DenseWeights, ty: BlockType) -> Result<DenseWeights> {
     use rayon::prelude::*;
     let k = d.in_features;
-    if d.blocks.is_some() || k == 0 || !k.is_multiple_of(ty.block_size()) {
+    let in_ty = d.blocks.as_ref().is_some_and(|b| b.ggml_type == ty.id());
+    if in_ty || k == 0 || !k.is_multiple_of(ty.block_size()) {
         return Ok(d.clone());
     }
-    let rows: Vec<Vec<u8>> = d
+    let values = dense_values(d)?;
+    let rows: Vec<Vec<u8>> = values
         .weight
         .par_chunks(k)
         .map(|row| quantize_row(ty, row))
@@ -359,5 +363,39 @@ mod tests {
             kept.matrix("a.weight", 3, 2).is_err(),
             "a shape mismatch is an error"
         );
+    }
+
+    /// `--quantize` applies to layers kept in another format too: re-quantized from their values
+    /// (as the CPU's load does), while a layer already in the target format stays as it is.
+    #[test]
+    fn kept_layers_are_requantized_to_the_asked_format() {
+        let keep = |id: u32| id == BlockType::BF16.id();
+        let reader = SpecReader::new(&Halves, "").keeping_blocks(&keep);
+        // Rows of 3: not whole Q8_0 blocks, so unchanged.
+        let a = reader.matrix("a.weight", 2, 3).unwrap();
+        assert_eq!(quantize_dense(&a, BlockType::Q8_0).unwrap(), a);
+        // A wider bf16 layer (rows of 32) becomes Q8_0 from its values.
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.0) / 8.0).collect();
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let wide = DenseWeights {
+            blocks: Some(QuantizedBlocks {
+                ggml_type: BlockType::BF16.id(),
+                data: bytes.into(),
+                shape: [2, 32],
+            }),
+            ..DenseWeights::new(2, 32, Vec::new(), vec![0.0; 2])
+        };
+        let q = quantize_dense(&wide, BlockType::Q8_0).unwrap();
+        assert_eq!(q.blocks.as_ref().unwrap().ggml_type, BlockType::Q8_0.id());
+        let back = dense_values(&q).unwrap().weight;
+        let worst = back
+            .iter()
+            .zip(&values)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 4.0 / 220.0, "{worst}");
+        assert_eq!(quantize_dense(&q, BlockType::Q8_0).unwrap(), q);
     }
 }
