@@ -624,18 +624,19 @@ impl TextGenerator {
             } else {
                 0.0
             };
+            let metrics = Metrics {
+                tokens: tokens.len(),
+                ..shared.clone()
+            };
             outputs.push(Output {
                 value: Generated {
                     text: full,
                     prompt_ids,
-                    token_ids: tokens.clone(),
+                    token_ids: tokens,
                     prefill_tokens_per_s,
                     decode_tokens_per_s,
                 },
-                metrics: Metrics {
-                    tokens: tokens.len(),
-                    ..shared.clone()
-                },
+                metrics,
             });
         }
         Ok(outputs)
