@@ -37,6 +37,26 @@ impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
     }
 }
 
+/// A decoder whose batch can change between steps: requests join a running batch and leave it
+/// when they finish (continuous batching, [`generate_continuous`]).
+pub trait RowDecoder: TokenDecoder {
+    /// Runs `prompt` through the model (alone) and adds it as a row after the existing ones;
+    /// returns its next-token logits `[vocab]`. On an error the batch is unchanged. Only after
+    /// [`prefill`](TokenDecoder::prefill) (or on a decoder whose rows all left).
+    fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>>;
+    /// Keeps only the rows `keep` (ascending indices into the batch), freeing the others.
+    fn retain(&mut self, keep: &[usize]) -> Result<()>;
+}
+
+/// One request of [`generate_continuous`]: its prompt tokens and its options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowRequest {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Its limits, stop tokens and sampler.
+    pub config: GenerationConfig,
+}
+
 /// How the next token is chosen from the logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampling {
@@ -294,6 +314,146 @@ pub fn generate_each(
     )
 }
 
+/// Continuous batching: decodes `first` (the requests `decoder` was built with, not yet
+/// prefilled) and, between steps, up to `max_rows` rows in all: `admit(free)` may hand up to
+/// `free` more requests (more are admitted too), each run through the model and added to the
+/// batch at once, and a row
+/// leaves the batch as soon as it ends (stop token, token limit, or `Break` from its
+/// `on_token`). Requests are numbered in arrival order (`first` are `0..first.len()`);
+/// `on_token(request, token)` streams each token and `on_done(request, result)` ends each
+/// request — with its tokens, or the error of its own admission (a prompt the model rejects, bad
+/// options), which fails only that request. Each request gets the tokens it would get alone (up
+/// to the rounding of a batched product), as with [`generate_each`]. An error of a whole step is
+/// returned; requests not yet ended got no `on_done`.
+pub fn generate_continuous(
+    decoder: &mut dyn RowDecoder,
+    first: Vec<RowRequest>,
+    max_rows: usize,
+    mut admit: impl FnMut(usize) -> Vec<RowRequest>,
+    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    mut on_done: impl FnMut(usize, Result<Vec<u32>>),
+) -> Result<()> {
+    /// A request being decoded.
+    struct Live {
+        id: usize,
+        sampler: Sampler,
+        history: Vec<u32>,
+        out: Vec<u32>,
+        config: GenerationConfig,
+    }
+    let live = |id: usize, request: RowRequest| -> Result<Live> {
+        Ok(Live {
+            id,
+            sampler: Sampler::new(request.config.clone())?,
+            history: request.prompt,
+            out: Vec::new(),
+            config: request.config,
+        })
+    };
+    if first.len() != decoder.batch() {
+        return Err(Error::InvalidInput(format!(
+            "{} requests for a decoder batch of {}",
+            first.len(),
+            decoder.batch()
+        )));
+    }
+    let vocab = decoder.vocab();
+    let mut next_id = first.len();
+    let mut rows = first
+        .into_iter()
+        .enumerate()
+        .map(|(id, r)| live(id, r))
+        .collect::<Result<Vec<_>>>()?;
+    // Requests that want no token end before the model runs.
+    let keep: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].config.max_new_tokens > 0)
+        .collect();
+    if keep.len() < rows.len() {
+        decoder.retain(&keep)?;
+        rows.retain(|r| {
+            let ends = r.config.max_new_tokens == 0;
+            if ends {
+                on_done(r.id, Ok(Vec::new()));
+            }
+            !ends
+        });
+    }
+    let mut logits = if rows.is_empty() {
+        Vec::new()
+    } else {
+        decoder.prefill()?
+    };
+    loop {
+        if logits.len() != rows.len() * vocab {
+            return Err(Error::Compute(format!(
+                "decoder returned {} logits for {} rows × vocab {vocab}",
+                logits.len(),
+                rows.len()
+            )));
+        }
+        let mut next = Vec::with_capacity(rows.len());
+        let mut ended = Vec::with_capacity(rows.len());
+        for (row, chunk) in rows.iter_mut().zip(logits.chunks_mut(vocab.max(1))) {
+            let token = row.sampler.pick(chunk, &row.history)?;
+            row.history.push(token);
+            row.out.push(token);
+            let mut ends = row.config.stop_tokens.contains(&token)
+                || row.out.len() >= row.config.max_new_tokens;
+            ends |= on_token(row.id, token).is_break();
+            ended.push(ends);
+            next.push(token);
+        }
+        if ended.contains(&true) {
+            let keep: Vec<usize> = (0..rows.len()).filter(|&i| !ended[i]).collect();
+            decoder.retain(&keep)?;
+            next = keep.iter().map(|&i| next[i]).collect();
+            let mut kept = Vec::with_capacity(keep.len());
+            for (row, ends) in rows.into_iter().zip(ended) {
+                if ends {
+                    on_done(row.id, Ok(row.out));
+                } else {
+                    kept.push(row);
+                }
+            }
+            rows = kept;
+        }
+        logits = if rows.is_empty() {
+            Vec::new()
+        } else {
+            decoder.step(&next)?
+        };
+        let free = max_rows.saturating_sub(rows.len());
+        if free > 0 {
+            for request in admit(free) {
+                let id = next_id;
+                next_id += 1;
+                if request.config.max_new_tokens == 0 {
+                    on_done(id, Ok(Vec::new()));
+                    continue;
+                }
+                let admitted =
+                    live(id, request).and_then(|row| decoder.admit(&row.history).map(|l| (row, l)));
+                match admitted {
+                    Ok((row, row_logits)) if row_logits.len() == vocab => {
+                        logits.extend(row_logits);
+                        rows.push(row);
+                    }
+                    Ok((_, row_logits)) => {
+                        return Err(Error::Compute(format!(
+                            "decoder returned {} logits for an admitted row of vocab {vocab}",
+                            row_logits.len()
+                        )))
+                    }
+                    Err(e) => on_done(id, Err(e)),
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
 /// What a `Break` from the token callback ends.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -389,6 +549,25 @@ mod tests {
         fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
             self.last = tokens.to_vec();
             self.prefill()
+        }
+    }
+
+    impl RowDecoder for Bigram {
+        fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+            let &t = prompt
+                .last()
+                .ok_or_else(|| Error::InvalidInput("empty prompt".into()))?;
+            let row = self
+                .table
+                .get(t as usize)
+                .ok_or_else(|| Error::InvalidInput(format!("token {t} out of range")))?
+                .clone();
+            self.last.push(t);
+            Ok(row)
+        }
+        fn retain(&mut self, keep: &[usize]) -> Result<()> {
+            self.last = keep.iter().map(|&i| self.last[i]).collect();
+            Ok(())
         }
     }
 
@@ -562,5 +741,104 @@ mod tests {
             ControlFlow::Continue(())
         })
         .is_err());
+    }
+
+    /// Requests that join a running batch, or leave it early, get the tokens they get alone; a
+    /// request whose admission fails ends with its error and the others go on.
+    #[test]
+    fn continuous_batching_admits_and_retires_rows() {
+        let sample = |seed| GenerationConfig {
+            sampling: Sampling::Sample {
+                temperature: 1.5,
+                top_k: None,
+                top_p: None,
+            },
+            seed,
+            max_new_tokens: 7,
+            ..Default::default()
+        };
+        let greedy = GenerationConfig {
+            max_new_tokens: 5,
+            stop_tokens: vec![3],
+            ..Default::default()
+        };
+        let request = |t: u32, config: &GenerationConfig| RowRequest {
+            prompt: vec![t],
+            config: config.clone(),
+        };
+        let alone = |r: &RowRequest| -> Vec<u32> {
+            let mut d = bigram(r.prompt.clone());
+            generate_each(&mut d, &[r.prompt.clone()], &[r.config.clone()], |_, _| {
+                ControlFlow::Continue(())
+            })
+            .unwrap()
+            .remove(0)
+        };
+        let first = vec![request(0, &sample(1)), request(1, &greedy)];
+        // Arrivals: two after the first step, none, then three (one that wants no token, one
+        // with bad options, one with a prompt the model rejects), then one more.
+        let mut arrivals = vec![
+            vec![request(2, &sample(4)), request(0, &greedy)],
+            vec![],
+            vec![
+                request(1, &GenerationConfig::exact_greedy(0)),
+                request(
+                    2,
+                    &GenerationConfig {
+                        repetition_penalty: 0.0,
+                        ..greedy.clone()
+                    },
+                ),
+                request(9, &greedy),
+            ],
+            vec![request(3, &sample(8))],
+        ]
+        .into_iter();
+        let mut queue: Vec<RowRequest> = Vec::new();
+        let mut all = first.clone();
+        let mut free_seen = Vec::new();
+        let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 9];
+        let mut done: Vec<Option<Result<Vec<u32>>>> = (0..9).map(|_| None).collect();
+        let mut d = bigram(vec![0, 1]);
+        generate_continuous(
+            &mut d,
+            first,
+            4,
+            |free| {
+                free_seen.push(free);
+                queue.extend(arrivals.next().unwrap_or_default());
+                let got: Vec<RowRequest> = queue.drain(..free.min(queue.len())).collect();
+                all.extend(got.iter().cloned());
+                got
+            },
+            |id, t| {
+                streamed[id].push(t);
+                ControlFlow::Continue(())
+            },
+            |id, result| {
+                assert!(done[id].is_none(), "request {id} ended twice");
+                done[id] = Some(result);
+            },
+        )
+        .unwrap();
+        assert_eq!(all.len(), 8);
+        for (id, r) in all.iter().enumerate() {
+            match (id, done[id].as_ref().expect("every request ends")) {
+                (5, Err(e)) => assert!(e.to_string().contains("repetition_penalty"), "{e}"),
+                (6, Err(e)) => assert!(e.to_string().contains("out of range"), "{e}"),
+                (_, Ok(tokens)) => {
+                    assert_eq!(tokens, &alone(r), "request {id}");
+                    assert_eq!(&streamed[id], tokens);
+                }
+                (_, Err(e)) => panic!("request {id} failed: {e}"),
+            }
+        }
+        assert_eq!(
+            done[4].as_ref().unwrap().as_ref().unwrap(),
+            &Vec::<u32>::new()
+        );
+        assert!(free_seen.iter().all(|&f| f <= 4), "{free_seen:?}");
+        assert!(queue.is_empty() && arrivals.next().is_none());
+        assert!(done[8].is_none());
     }
 }

@@ -87,6 +87,52 @@ impl<B: Backend> KvCache<B> {
         }
     }
 
+    /// Puts `columns` zero positions before every layer's cached ones (a row of the batch that
+    /// starts later than a newly admitted one; the caller masks them out).
+    pub fn pad_front(&mut self, columns: usize) {
+        if columns == 0 {
+            return;
+        }
+        let pad = |t: Tensor<B, 4>| {
+            let [b, h, _, d] = t.dims();
+            let zeros = Tensor::<B, 4>::zeros([b, h, columns, d], &t.device()).cast(t.dtype());
+            Tensor::cat(vec![zeros, t], 2)
+        };
+        for layer in self.layers.iter_mut().flatten() {
+            *layer = (pad(layer.0.clone()), pad(layer.1.clone()));
+        }
+    }
+
+    /// Drops the first `columns` cached positions of every layer (columns every row masks out).
+    pub fn trim_front(&mut self, columns: usize) {
+        if columns == 0 {
+            return;
+        }
+        for layer in self.layers.iter_mut().flatten() {
+            let keep = layer.0.dims()[2].saturating_sub(columns);
+            let from = layer.0.dims()[2] - keep;
+            *layer = (
+                layer.0.clone().narrow(2, from, keep),
+                layer.1.clone().narrow(2, from, keep),
+            );
+        }
+    }
+
+    /// Appends the rows of `other` (same layers, same cached length) after this cache's rows.
+    pub fn append_rows(&mut self, other: KvCache<B>) {
+        if other.layers.len() > self.layers.len() {
+            self.layers.resize(other.layers.len(), None);
+        }
+        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
+            *mine = match (mine.take(), theirs) {
+                (Some((k, v)), Some((ok, ov))) => {
+                    Some((Tensor::cat(vec![k, ok], 0), Tensor::cat(vec![v, ov], 0)))
+                }
+                (mine, theirs) => mine.or(theirs),
+            };
+        }
+    }
+
     /// Empties every layer.
     pub fn clear(&mut self) {
         self.layers.iter_mut().for_each(|l| *l = None);
@@ -117,5 +163,38 @@ mod tests {
         let vv: Vec<f32> = v.into_data().to_vec().unwrap();
         assert_eq!(vv[15], 6.0);
         assert!(cache.get(1).is_none());
+    }
+
+    #[test]
+    fn rows_join_padded_in_front_and_leave_trimmed() {
+        let dev = Default::default();
+        let t = |s: usize, v: f32| {
+            Tensor::<Flex, 4>::from_data(TensorData::new(vec![v; 2 * s * 4], [1, 2, s, 4]), &dev)
+        };
+        let mut a = KvCache::new(1);
+        a.append(0, t(3, 1.0), t(3, 2.0));
+        let mut b = KvCache::new(1);
+        b.append(0, t(1, 7.0), t(1, 8.0));
+        b.pad_front(2);
+        a.append_rows(b);
+        let (k, v) = a.get(0).unwrap();
+        assert_eq!(k.dims(), [2, 2, 3, 4]);
+        let kv: Vec<f32> = k.into_data().to_vec().unwrap();
+        // Row 1, head 0: two zero positions, then its own.
+        assert_eq!(
+            &kv[24..36],
+            &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 7.0, 7.0, 7.0, 7.0]
+        );
+        assert_eq!(v.into_data().to_vec::<f32>().unwrap()[0], 2.0);
+        a.select_rows(&[1]);
+        a.trim_front(2);
+        let (k, _) = a.get(0).unwrap();
+        assert_eq!(k.dims(), [1, 2, 1, 4]);
+        assert!(k
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|&x| x == 7.0));
     }
 }

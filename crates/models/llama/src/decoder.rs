@@ -3,7 +3,11 @@
 
 use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{Error, Result};
-use ipfs_accelerate_nn::{convert::float_to_vec, generate::TokenDecoder, KvCache};
+use ipfs_accelerate_nn::{
+    convert::float_to_vec,
+    generate::{RowDecoder, TokenDecoder},
+    KvCache,
+};
 
 use crate::model::{positions_from_mask, DecoderInput, LlamaModel};
 
@@ -165,6 +169,28 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
         &self.cache
     }
 
+    /// Puts `columns` padding columns (masked out) before every row: the cache, ids, mask and
+    /// positions (padding's position is 0, as [`positions_from_mask`] gives it).
+    fn pad_front(&mut self, columns: usize) {
+        if columns == 0 {
+            return;
+        }
+        let pad = self.model.config().padding_id();
+        for ((ids, mask), positions) in self
+            .ids
+            .iter_mut()
+            .zip(&mut self.mask)
+            .zip(&mut self.positions)
+        {
+            ids.splice(0..0, std::iter::repeat_n(pad, columns));
+            mask.splice(0..0, std::iter::repeat_n(0, columns));
+            positions.splice(0..0, std::iter::repeat_n(0, columns));
+        }
+        self.cache.pad_front(columns);
+        self.done += columns;
+        self.prompt_len += columns;
+    }
+
     /// Runs the columns not yet processed and returns the last position's logits (on the CPU
     /// backend on a thread of the kernels' pool: [`ipfs_accelerate_nn::fast::on_pool`]).
     fn run_pending(&mut self) -> Result<Vec<f32>> {
@@ -267,5 +293,103 @@ impl<B: Backend> TokenDecoder for LlamaDecoder<'_, B> {
             self.positions[row].push(next);
         }
         self.run_pending()
+    }
+}
+
+/// Continuous batching: a new request is prefilled alone and joins the batch left-padded to the
+/// batch's columns (or the batch is left-padded to its prompt); padding is masked out and
+/// position ids stay per row, so each row decodes as it would alone. Rows that leave are
+/// dropped from the cache, and columns every remaining row masks out are trimmed away.
+impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
+    fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        if self.mode != DecodeMode::Cached || self.prompt_embeds.is_some() {
+            return Err(Error::InvalidInput(
+                "rows join a batch only when decoding token prompts with the KV cache".into(),
+            ));
+        }
+        if !self.ids.is_empty() && self.done != self.len() {
+            return Err(Error::InvalidInput("a row joins only after prefill".into()));
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::InvalidInput(format!(
+                "token {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let mut row = LlamaDecoder::new(self.model, &[prompt.to_vec()], DecodeMode::Cached)?;
+        let logits = row.prefill()?;
+        if self.ids.is_empty() {
+            *self = row;
+            return Ok(logits);
+        }
+        let (columns, theirs) = (self.len(), row.len());
+        if theirs > columns {
+            self.pad_front(theirs - columns);
+        } else {
+            row.pad_front(columns - theirs);
+        }
+        self.cache.append_rows(row.cache);
+        self.ids.extend(row.ids);
+        self.mask.extend(row.mask);
+        self.positions.extend(row.positions);
+        Ok(logits)
+    }
+
+    fn retain(&mut self, keep: &[usize]) -> Result<()> {
+        let rows = self.ids.len();
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&r| r >= rows) {
+            return Err(Error::InvalidInput(format!(
+                "rows to keep {keep:?} are not ascending indices into a batch of {rows}"
+            )));
+        }
+        let pick = |v: &mut Vec<Vec<i64>>| {
+            *v = keep.iter().map(|&r| std::mem::take(&mut v[r])).collect();
+        };
+        pick(&mut self.ids);
+        pick(&mut self.mask);
+        pick(&mut self.positions);
+        if let Some(embeds) = self.prompt_embeds.take() {
+            if !keep.is_empty() {
+                let device = embeds.device();
+                let idx = Tensor::<B, 1, burn::tensor::Int>::from_data(
+                    burn::tensor::TensorData::new(
+                        keep.iter().map(|&r| r as i64).collect::<Vec<_>>(),
+                        [keep.len()],
+                    ),
+                    &device,
+                );
+                self.prompt_embeds = Some(embeds.select(0, idx));
+            }
+        }
+        self.cache.select_rows(keep);
+        if keep.is_empty() {
+            self.done = 0;
+            self.prompt_len = 0;
+            return Ok(());
+        }
+        // Leading columns no remaining row attends to (among those already run) go.
+        let trim = self
+            .mask
+            .iter()
+            .map(|m| m.iter().take_while(|&&x| x == 0).count())
+            .min()
+            .unwrap_or(0)
+            .min(self.done);
+        if trim > 0 && self.prompt_embeds.is_none() {
+            for ((ids, mask), positions) in self
+                .ids
+                .iter_mut()
+                .zip(&mut self.mask)
+                .zip(&mut self.positions)
+            {
+                ids.drain(..trim);
+                mask.drain(..trim);
+                positions.drain(..trim);
+            }
+            self.cache.trim_front(trim);
+            self.done -= trim;
+            self.prompt_len = self.prompt_len.saturating_sub(trim);
+        }
+        Ok(())
     }
 }

@@ -12,7 +12,9 @@ use ipfs_accelerate_io::RandomWeights;
 use ipfs_accelerate_llama::{
     Architecture, DecodeMode, LlamaConfig, LlamaDecoder, LlamaModel, LlamaRunner,
 };
-use ipfs_accelerate_nn::generate::{argmax, GenerationConfig, TokenDecoder};
+use ipfs_accelerate_nn::generate::{
+    argmax, generate_continuous, GenerationConfig, RowDecoder, RowRequest, TokenDecoder,
+};
 
 const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 61, "hidden_size": 24,
     "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -112,6 +114,129 @@ fn left_padded_batch_matches_rows_alone() {
                 .zip(&own)
                 .fold(0f32, |s, (a, b)| s.max((a - b).abs()));
             assert!(diff < 1e-4, "row {row}: max diff {diff}");
+        }
+    }
+}
+
+/// Largest absolute difference of two logit rows.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs()))
+}
+
+/// Continuous batching: rows that join a running batch (shorter or longer than its columns) and
+/// rows that leave it decode as they do alone — logits at each step, and greedy tokens through
+/// `generate_continuous` with staggered arrivals (Qwen2's sliding window included).
+#[test]
+fn rows_join_and_leave_a_running_batch() {
+    for (json, seed) in [(LLAMA, 5), (QWEN2, 6)] {
+        let m = model(json, seed);
+        let v = m.vocab();
+        // Logits: a long row, a short one joins, a longer one joins, the first leaves.
+        let (long, short, longer) = (
+            vec![5u32, 8, 13, 21, 34, 3],
+            vec![7u32, 1],
+            vec![40u32, 2, 9, 30, 11, 12, 50, 6, 4],
+        );
+        let mut alone: Vec<LlamaDecoder<Flex>> = [&long, &short, &longer]
+            .iter()
+            .map(|p| LlamaDecoder::new(&m, std::slice::from_ref(*p), DecodeMode::Cached).unwrap())
+            .collect();
+        let own: Vec<Vec<f32>> = alone.iter_mut().map(|d| d.prefill().unwrap()).collect();
+        let mut d = LlamaDecoder::new(&m, std::slice::from_ref(&long), DecodeMode::Cached).unwrap();
+        d.prefill().unwrap();
+        let got = d.admit(&short).unwrap();
+        assert!(max_diff(&got, &own[1]) < 1e-4);
+        let step = d.step(&[1, 2]).unwrap();
+        let want0 = alone[0].step(&[1]).unwrap();
+        let want1 = alone[1].step(&[2]).unwrap();
+        assert!(max_diff(&step[..v], &want0) < 1e-4, "long row after a join");
+        assert!(max_diff(&step[v..], &want1) < 1e-4, "joined short row");
+        let got = d.admit(&longer).unwrap();
+        assert!(max_diff(&got, &own[2]) < 1e-4);
+        assert_eq!(
+            d.len(),
+            longer.len(),
+            "the batch was padded to the longer prompt"
+        );
+        d.retain(&[1, 2]).unwrap();
+        assert_eq!(d.batch(), 2);
+        assert_eq!(
+            d.len(),
+            longer.len(),
+            "nothing to trim while the longer row stays"
+        );
+        let step = d.step(&[3, 4]).unwrap();
+        let want1 = alone[1].step(&[3]).unwrap();
+        let want2 = alone[2].step(&[4]).unwrap();
+        assert!(
+            max_diff(&step[..v], &want1) < 1e-4,
+            "short row after a leave"
+        );
+        assert!(
+            max_diff(&step[v..], &want2) < 1e-4,
+            "longer row after a leave"
+        );
+        d.retain(&[0]).unwrap();
+        assert_eq!(
+            d.len(),
+            short.len() + 2,
+            "columns no row attends to are trimmed"
+        );
+        assert_eq!(d.cache().seq_len(), d.len());
+        let step = d.step(&[5]).unwrap();
+        assert!(max_diff(&step, &alone[1].step(&[5]).unwrap()) < 1e-4);
+        assert!(d.retain(&[1]).is_err(), "a row that is not there");
+        assert!(
+            d.admit(&[v as u32]).is_err(),
+            "a token outside the vocabulary"
+        );
+        assert_eq!(
+            d.batch(),
+            1,
+            "a failed admission leaves the batch as it was"
+        );
+
+        // Greedy tokens of staggered requests equal each one's alone.
+        let request = |prompt: &[u32], n: usize| RowRequest {
+            prompt: prompt.to_vec(),
+            config: GenerationConfig {
+                max_new_tokens: n,
+                ..Default::default()
+            },
+        };
+        let first = vec![request(&long, 6), request(&short, 3)];
+        let mut arrivals = vec![
+            vec![request(&longer, 5)],
+            vec![],
+            vec![request(&[9, 9, 9], 4), request(&[1], 7)],
+            vec![request(&[20, 21, 22, 23], 2)],
+        ]
+        .into_iter();
+        let mut queue: Vec<RowRequest> = Vec::new();
+        let mut all = first.clone();
+        let mut out: Vec<Option<Vec<u32>>> = vec![None; 6];
+        let mut d =
+            LlamaDecoder::new(&m, &[long.clone(), short.clone()], DecodeMode::Cached).unwrap();
+        generate_continuous(
+            &mut d,
+            first,
+            3,
+            |free| {
+                queue.extend(arrivals.next().unwrap_or_default());
+                let got: Vec<RowRequest> = queue.drain(..free.min(queue.len())).collect();
+                all.extend(got.iter().cloned());
+                got
+            },
+            |_, _| ControlFlow::Continue(()),
+            |id, tokens| out[id] = Some(tokens.unwrap()),
+        )
+        .unwrap();
+        assert_eq!(all.len(), 6);
+        for (id, r) in all.iter().enumerate() {
+            let (_, want) =
+                compare_modes(&m, std::slice::from_ref(&r.prompt), r.config.max_new_tokens);
+            assert_eq!(out[id].as_ref(), Some(&want[0]), "request {id}");
         }
     }
 }
