@@ -11,7 +11,7 @@ use ipfs_accelerate_io::{gguf::GgufFile, ResolveOptions};
 use ipfs_accelerate_llama::{Architecture, LlamaConfig, LlamaRunner};
 
 pub use ipfs_accelerate_llama::TextGeneration;
-pub use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
+pub use ipfs_accelerate_nn::generate::{GenerationConfig, RowRequest, Sampling};
 pub use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::backends::{load_on_first_usable, resolve_preferences, WithBackend};
@@ -518,69 +518,183 @@ impl TextGenerator {
     /// a server batches concurrent requests), each with its own options: its prompt, limits and
     /// seeded sampler, so each gets the tokens it would get alone (up to the rounding of a
     /// batched product). `on_text(request, piece)` streams each request's text; its `Break`
-    /// ends that request only. Outputs in request order.
+    /// ends that request only. Outputs in request order; the first request that fails fails the
+    /// call.
     pub fn generate_many(
         &self,
         requests: &[(&str, &GenerateOptions)],
-        mut on_text: impl FnMut(usize, &str) -> ControlFlow<()>,
+        on_text: impl FnMut(usize, &str) -> ControlFlow<()>,
     ) -> Result<Vec<Output<Generated>>> {
-        let mut clock = Stopwatch::start();
+        let mut outputs: Vec<Option<Result<Output<Generated>>>> =
+            (0..requests.len()).map(|_| None).collect();
+        let first = requests
+            .iter()
+            .map(|&(p, o)| (p.to_string(), o.clone()))
+            .collect();
+        self.generate_continuous(
+            first,
+            requests.len(),
+            |_| Vec::new(),
+            on_text,
+            |i, out| outputs[i] = Some(out),
+        )?;
+        outputs
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(Error::Core(ipfs_accelerate_core::Error::Compute(
+                        "a request ended without an output".into(),
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// Whether requests can join a batch while it decodes (continuous batching on this
+    /// executor; see [`generate_continuous`](Self::generate_continuous)).
+    pub fn joins_running_batches(&self) -> bool {
+        self.model.joins_running_batches()
+    }
+
+    /// The prompt's token ids and the sampler's configuration of one request, checked against
+    /// the model's positions.
+    fn prepare(
+        &self,
+        prompt: &str,
+        options: &GenerateOptions,
+    ) -> Result<(Vec<u32>, GenerationConfig)> {
         let max_positions = self.config().max_position_embeddings();
-        let mut prompts = Vec::with_capacity(requests.len());
-        let mut configs = Vec::with_capacity(requests.len());
-        for &(prompt, options) in requests {
-            let text = if options.chat {
-                self.apply_chat_template(prompt)?
-            } else {
-                prompt.to_string()
-            };
-            let prompt_ids = self.encode(&text)?;
-            if prompt_ids.len() + options.max_new_tokens > max_positions {
-                return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
-                    format!(
-                        "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} \
-                         positions",
-                        prompt_ids.len(),
-                        options.max_new_tokens
-                    ),
-                )));
-            }
-            let mut config: GenerationConfig = self.model.default_generation_config();
-            if !options.stop_at_eos {
-                config.stop_tokens.clear();
-            }
-            config.max_new_tokens = options.max_new_tokens;
-            config.sampling = options.sampling;
-            config.repetition_penalty = options.repetition_penalty;
-            config.seed = options.seed;
-            prompts.push(prompt_ids);
-            configs.push(config);
+        let text = if options.chat {
+            self.apply_chat_template(prompt)?
+        } else {
+            prompt.to_string()
+        };
+        let prompt_ids = self.encode(&text)?;
+        if prompt_ids.len() + options.max_new_tokens > max_positions {
+            return Err(Error::Core(ipfs_accelerate_core::Error::InvalidInput(
+                format!(
+                    "prompt of {} tokens + {} new tokens exceeds the model's {max_positions} \
+                     positions",
+                    prompt_ids.len(),
+                    options.max_new_tokens
+                ),
+            )));
         }
-        let preprocess = clock.lap();
-        /// One request's text so far.
-        #[derive(Default)]
+        let mut config: GenerationConfig = self.model.default_generation_config();
+        if !options.stop_at_eos {
+            config.stop_tokens.clear();
+        }
+        config.max_new_tokens = options.max_new_tokens;
+        config.sampling = options.sampling;
+        config.repetition_penalty = options.repetition_penalty;
+        config.seed = options.seed;
+        Ok((prompt_ids, config))
+    }
+
+    /// Continuous batching: decodes `first` together and, between decoding steps, the requests
+    /// `admit(free)` hands over (it should hand at most `free`; up to `max_rows` decode at
+    /// once). A request joins the running batch as soon as it is admitted and leaves it when
+    /// it ends, so a request that arrives mid-way does not wait for the batch to finish.
+    /// Requests are numbered in arrival order (`first` are `0..first.len()`); `on_text(request,
+    /// piece)` streams each one's text (its `Break` ends that request), and `on_done(request,
+    /// output)` ends each — a request that fails (a prompt too long, bad options) fails alone.
+    /// Each request gets the tokens it would get alone (up to the rounding of a batched
+    /// product). On an executor that cannot change a running batch
+    /// ([`joins_running_batches`](Self::joins_running_batches) false: the cuBLAS decoder)
+    /// `first` runs as one batch and `admit` is never called. `Err` is a failure of a whole
+    /// decoding step: requests not yet ended get no `on_done`.
+    pub fn generate_continuous(
+        &self,
+        first: Vec<(String, GenerateOptions)>,
+        max_rows: usize,
+        mut admit: impl FnMut(usize) -> Vec<(String, GenerateOptions)>,
+        on_text: impl FnMut(usize, &str) -> ControlFlow<()>,
+        mut on_done: impl FnMut(usize, Result<Output<Generated>>),
+    ) -> Result<()> {
+        /// One request: its prompt and text so far.
         struct Stream {
+            prompt_ids: Vec<u32>,
             generated: Vec<u32>,
             printed: usize,
-            first_token_at: Option<Duration>,
-            last_token_at: Duration,
+            preprocess: Duration,
+            admitted: std::time::Instant,
+            first_token_at: Option<std::time::Instant>,
+            last_token_at: Option<std::time::Instant>,
             stopped: bool,
+            error: Option<String>,
         }
-        let mut streams: Vec<Stream> = requests.iter().map(|_| Stream::default()).collect();
-        let start = std::time::Instant::now();
-        let mut decode_err = None;
-        let rows = self
-            .model
-            .generate_each(&prompts, &configs, &mut |row, t| {
-                let st = &mut streams[row];
-                st.last_token_at = start.elapsed();
-                st.first_token_at.get_or_insert(st.last_token_at);
+        let mut streams: Vec<Option<Stream>> = Vec::new();
+        // The request number of each row request handed to the model, in order.
+        let mut numbers: Vec<usize> = Vec::new();
+        // Prepares `requests`, numbering them; those that fail end here.
+        let take = |requests: Vec<(String, GenerateOptions)>,
+                    streams: &mut Vec<Option<Stream>>,
+                    numbers: &mut Vec<usize>,
+                    on_done: &mut dyn FnMut(usize, Result<Output<Generated>>)|
+         -> Vec<RowRequest> {
+            let mut rows = Vec::with_capacity(requests.len());
+            for (prompt, options) in requests {
+                let id = streams.len();
+                let clock = std::time::Instant::now();
+                match self.prepare(&prompt, &options) {
+                    Ok((prompt_ids, config)) => {
+                        streams.push(Some(Stream {
+                            prompt_ids: prompt_ids.clone(),
+                            generated: Vec::new(),
+                            printed: 0,
+                            preprocess: clock.elapsed(),
+                            admitted: std::time::Instant::now(),
+                            first_token_at: None,
+                            last_token_at: None,
+                            stopped: false,
+                            error: None,
+                        }));
+                        numbers.push(id);
+                        rows.push(RowRequest {
+                            prompt: prompt_ids,
+                            config,
+                        });
+                    }
+                    Err(e) => {
+                        streams.push(None);
+                        on_done(id, Err(e));
+                    }
+                }
+            }
+            rows
+        };
+        let first = take(first, &mut streams, &mut numbers, &mut on_done);
+        let streams = std::cell::RefCell::new(streams);
+        let numbers = std::cell::RefCell::new(numbers);
+        let on_done = std::cell::RefCell::new(on_done);
+        let on_text = std::cell::RefCell::new(on_text);
+        let result = self.model.generate_continuous(
+            first,
+            max_rows.max(1),
+            &mut |free| {
+                let requests = admit(free);
+                take(
+                    requests,
+                    &mut streams.borrow_mut(),
+                    &mut numbers.borrow_mut(),
+                    &mut *on_done.borrow_mut(),
+                )
+            },
+            &mut |row, t| {
+                let id = numbers.borrow()[row];
+                let mut streams = streams.borrow_mut();
+                let Some(st) = streams[id].as_mut() else {
+                    return ControlFlow::Break(());
+                };
+                let now = std::time::Instant::now();
+                st.last_token_at = Some(now);
+                st.first_token_at.get_or_insert(now);
                 st.generated.push(t);
                 match self.tokenizer.decode(&st.generated, true) {
                     // Emit only complete characters: a byte-level token may end mid-character.
                     Ok(s) if !s.ends_with('\u{FFFD}') => {
                         if s.len() > st.printed && s.is_char_boundary(st.printed) {
-                            let flow = on_text(row, &s[st.printed..]);
+                            let flow = (on_text.borrow_mut())(id, &s[st.printed..]);
                             st.printed = s.len();
                             if flow.is_break() {
                                 st.stopped = true;
@@ -590,55 +704,62 @@ impl TextGenerator {
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        decode_err = Some(e.to_string());
+                        st.error = Some(e.to_string());
                         st.stopped = true;
                         return ControlFlow::Break(());
                     }
                 }
                 ControlFlow::Continue(())
-            })?;
-        if let Some(e) = decode_err {
-            return Err(tokenizer_err("decoding tokens", e));
-        }
-        let inference = clock.lap();
-        let mut outputs = Vec::with_capacity(rows.len());
-        let end = start.elapsed();
-        let shared = crate::loaded::call_metrics(
-            &self.selection,
-            self.init,
-            [preprocess, inference],
-            &mut clock,
-            requests.len(),
+            },
+            &mut |row, tokens| {
+                let id = numbers.borrow()[row];
+                let Some(st) = streams.borrow_mut()[id].take() else {
+                    return;
+                };
+                let output = tokens.map_err(Error::from).and_then(|tokens| {
+                    if let Some(e) = &st.error {
+                        return Err(tokenizer_err("decoding tokens", e));
+                    }
+                    let text = self.decode(&tokens)?;
+                    if !st.stopped && text.len() > st.printed && text.is_char_boundary(st.printed) {
+                        let _ = (on_text.borrow_mut())(id, &text[st.printed..]);
+                    }
+                    let end = std::time::Instant::now();
+                    let first = st.first_token_at.unwrap_or(end);
+                    let to_first = first.duration_since(st.admitted);
+                    let rest = tokens.len().saturating_sub(1);
+                    let decode_tokens_per_s = match st.last_token_at {
+                        Some(last) if rest > 0 => {
+                            rest as f64 / last.duration_since(first).as_secs_f64().max(1e-9)
+                        }
+                        _ => 0.0,
+                    };
+                    let mut clock = Stopwatch::start();
+                    let metrics = Metrics {
+                        tokens: tokens.len(),
+                        ..crate::loaded::call_metrics(
+                            &self.selection,
+                            self.init,
+                            [st.preprocess, end.duration_since(st.admitted)],
+                            &mut clock,
+                            1,
+                        )
+                    };
+                    Ok(Output {
+                        value: Generated {
+                            text,
+                            prefill_tokens_per_s: st.prompt_ids.len() as f64
+                                / to_first.as_secs_f64().max(1e-9),
+                            prompt_ids: st.prompt_ids,
+                            token_ids: tokens,
+                            decode_tokens_per_s,
+                        },
+                        metrics,
+                    })
+                });
+                (on_done.borrow_mut())(id, output);
+            },
         );
-        for (row, (tokens, prompt_ids)) in rows.into_iter().zip(prompts).enumerate() {
-            let st = &streams[row];
-            let full = self.decode(&tokens)?;
-            if !st.stopped && full.len() > st.printed && full.is_char_boundary(st.printed) {
-                let _ = on_text(row, &full[st.printed..]);
-            }
-            let first = st.first_token_at.unwrap_or(end);
-            let prefill_tokens_per_s = prompt_ids.len() as f64 / first.as_secs_f64().max(1e-9);
-            let rest = tokens.len().saturating_sub(1);
-            let decode_tokens_per_s = if rest > 0 {
-                rest as f64 / (st.last_token_at - first).as_secs_f64().max(1e-9)
-            } else {
-                0.0
-            };
-            let metrics = Metrics {
-                tokens: tokens.len(),
-                ..shared.clone()
-            };
-            outputs.push(Output {
-                value: Generated {
-                    text: full,
-                    prompt_ids,
-                    token_ids: tokens,
-                    prefill_tokens_per_s,
-                    decode_tokens_per_s,
-                },
-                metrics,
-            });
-        }
-        Ok(outputs)
+        result.map_err(Error::from)
     }
 }

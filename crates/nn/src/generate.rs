@@ -768,9 +768,12 @@ mod tests {
         };
         let alone = |r: &RowRequest| -> Vec<u32> {
             let mut d = bigram(r.prompt.clone());
-            generate_each(&mut d, &[r.prompt.clone()], &[r.config.clone()], |_, _| {
-                ControlFlow::Continue(())
-            })
+            generate_each(
+                &mut d,
+                std::slice::from_ref(&r.prompt),
+                std::slice::from_ref(&r.config),
+                |_, _| ControlFlow::Continue(()),
+            )
             .unwrap()
             .remove(0)
         };

@@ -1,6 +1,7 @@
 //! Generation requests on a replica: the prompt (raw or a chat), stop strings, streaming events,
 //! cancellation when the client goes away or the deadline passes.
 
+use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -10,6 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::pool::{Envelope, Work};
 
 /// What the model continues.
 pub(crate) enum Prompt {
@@ -46,6 +48,7 @@ pub(crate) struct GenerateJob {
     pub(crate) events: UnboundedSender<Event>,
     /// The server's request timeout, for the error message.
     pub(crate) timeout_s: f64,
+    /// Text has been sent (see [`started`](Self::started)).
     started: bool,
 }
 
@@ -81,95 +84,185 @@ impl GenerateJob {
     }
 }
 
-/// Runs `jobs` (each with its deadline) on `engine` as one batch, sending each its events. `Err`
-/// is a failure of the whole batch, unanswered (the caller answers it, runs the jobs alone or
-/// hands them on; [`GenerateJob::started`] says which already streamed text).
+/// A generation request of a running batch and how it stands.
+pub(crate) struct Entry {
+    /// The request (its work is [`Work::Generate`]).
+    pub(crate) envelope: Envelope,
+    matcher: StopMatcher,
+    timed_out: bool,
+    /// Its final event (`Done` or an error) was sent, or its client had already gone.
+    pub(crate) answered: bool,
+    /// A failure of this request alone on the server's side, left for the replica to handle
+    /// (another replica may run it when it streamed nothing yet).
+    pub(crate) failure: Option<ApiError>,
+}
+
+impl Entry {
+    fn new(envelope: Envelope) -> Self {
+        let matcher = match &envelope.work {
+            Work::Generate(job) => StopMatcher::new(&job.stop),
+            _ => StopMatcher::default(),
+        };
+        Entry {
+            envelope,
+            matcher,
+            timed_out: false,
+            answered: false,
+            failure: None,
+        }
+    }
+
+    fn job(&mut self) -> Option<&mut GenerateJob> {
+        match &mut self.envelope.work {
+            Work::Generate(job) => Some(job),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes `first` on `engine` as one batch and, between steps, the requests `more(free)`
+/// hands over (continuous batching, up to `max_rows` at once, where the engine can change a
+/// running batch), sending each request its events. Every request handed over is added to
+/// `entries`, in order. `Err` is a failure of a whole step: the requests it left unanswered
+/// (see [`Entry::answered`] and [`GenerateJob::started`]) are the caller's to answer, run alone
+/// or hand on.
 pub(crate) fn run(
-    jobs: &mut [(&mut GenerateJob, Instant)],
+    entries: &RefCell<Vec<Entry>>,
+    first: Vec<Envelope>,
     engine: &Engine,
     metrics: &Metrics,
     model: &str,
+    max_rows: usize,
+    mut more: impl FnMut(usize) -> Vec<Envelope>,
 ) -> Result<(), ApiError> {
     let Engine::Generator(generator) = engine else {
+        for envelope in first {
+            entries.borrow_mut().push(Entry::new(envelope));
+        }
         return Err(ApiError::internal(
             "generation on a replica that does not generate",
         ));
     };
-    let mut prompts = Vec::with_capacity(jobs.len());
-    for (job, _) in jobs.iter() {
-        prompts.push(match &job.prompt {
-            Prompt::Text(t) => t.clone(),
-            Prompt::Chat(messages) => generator.apply_chat_messages(messages)?,
-        });
-    }
-    let mut matchers: Vec<StopMatcher> = jobs
-        .iter()
-        .map(|(j, _)| StopMatcher::new(&j.stop))
-        .collect();
-    let mut timed_out = vec![false; jobs.len()];
-    let mut started = vec![false; jobs.len()];
-    let senders: Vec<_> = jobs.iter().map(|(j, _)| j.events.clone()).collect();
-    let deadlines: Vec<Instant> = jobs.iter().map(|(_, d)| *d).collect();
-    let requests: Vec<(&str, &GenerateOptions)> = prompts
-        .iter()
-        .zip(jobs.iter())
-        .map(|(p, (j, _))| (p.as_str(), &j.options))
-        .collect();
-    let out = generator.generate_many(&requests, |row, piece| {
-        if senders[row].is_closed() {
-            return ControlFlow::Break(());
-        }
-        if Instant::now() >= deadlines[row] {
-            timed_out[row] = true;
-            return ControlFlow::Break(());
-        }
-        let emit = matchers[row].push(piece);
-        if !emit.is_empty() {
-            started[row] = true;
-            let _ = senders[row].send(Event::Text(emit));
-        }
-        if matchers[row].hit {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
-    for ((job, _), s) in jobs.iter_mut().zip(&started) {
-        job.started |= *s;
-    }
-    let outputs = out?;
-    for (row, ((job, _), output)) in jobs.iter_mut().zip(outputs).enumerate() {
-        let matcher = &mut matchers[row];
-        if timed_out[row] {
-            let _ = job
-                .events
-                .send(Event::Error(ApiError::timeout(job.timeout_s)));
-            continue;
-        }
-        if !matcher.hit {
-            let rest = matcher.flush();
-            if !rest.is_empty() {
-                let _ = job.events.send(Event::Text(rest));
+    // The entry of each request handed to the generator, in the generator's numbering.
+    let handed = RefCell::new(Vec::<usize>::new());
+    // Adds `envelopes` to `entries` and returns the prompts of those the generator should run.
+    let take = |envelopes: Vec<Envelope>| -> Vec<(String, GenerateOptions)> {
+        let mut entries = entries.borrow_mut();
+        let mut out = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let index = entries.len();
+            let mut entry = Entry::new(envelope);
+            let abandoned = entry.envelope.work.abandoned();
+            if let Some(job) = entry.job() {
+                let prompt = match &job.prompt {
+                    Prompt::Text(t) => Ok(t.clone()),
+                    Prompt::Chat(messages) => generator.apply_chat_messages(messages),
+                };
+                match prompt {
+                    _ if abandoned => entry.answered = true,
+                    Ok(prompt) => {
+                        out.push((prompt, job.options.clone()));
+                        handed.borrow_mut().push(index);
+                    }
+                    Err(e) => {
+                        let _ = job.events.send(Event::Error(ApiError::from(e)));
+                        entry.answered = true;
+                    }
+                }
+            } else {
+                entry.failure = Some(ApiError::internal("a generation batch got other work"));
             }
+            entries.push(entry);
         }
-        let generated = &output.value;
-        let reason = if !matcher.hit && generated.token_ids.len() >= job.options.max_new_tokens {
-            "length"
-        } else {
-            "stop"
-        };
-        metrics.observe_generation(
-            model,
-            generated.token_ids.len(),
-            generated.decode_tokens_per_s,
-        );
-        let _ = job.events.send(Event::Done(Finish {
-            reason,
-            prompt_tokens: generated.prompt_ids.len(),
-            completion_tokens: generated.token_ids.len(),
-        }));
-    }
-    Ok(())
+        out
+    };
+    let first = take(first);
+    let joins = generator.joins_running_batches();
+    let result = generator.generate_continuous(
+        first,
+        max_rows,
+        |free| if joins { take(more(free)) } else { Vec::new() },
+        |request, piece| {
+            let index = handed.borrow()[request];
+            let mut entries = entries.borrow_mut();
+            let entry = &mut entries[index];
+            let deadline = entry.envelope.deadline;
+            let Some(job) = entry.job() else {
+                return ControlFlow::Break(());
+            };
+            if job.events.is_closed() {
+                return ControlFlow::Break(());
+            }
+            if Instant::now() >= deadline {
+                entry.timed_out = true;
+                return ControlFlow::Break(());
+            }
+            let emit = entry.matcher.push(piece);
+            let hit = entry.matcher.hit;
+            if let Some(job) = entry.job() {
+                if !emit.is_empty() {
+                    job.started = true;
+                    let _ = job.events.send(Event::Text(emit));
+                }
+            }
+            if hit {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        },
+        |request, output| {
+            let index = handed.borrow()[request];
+            let mut entries = entries.borrow_mut();
+            let entry = &mut entries[index];
+            let timed_out = entry.timed_out;
+            let rest = if entry.matcher.hit {
+                String::new()
+            } else {
+                entry.matcher.flush()
+            };
+            let hit = entry.matcher.hit;
+            let Some(job) = entry.job() else {
+                return;
+            };
+            let event = match output {
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    if !e.is_client_error() {
+                        entry.failure = Some(e);
+                        return;
+                    }
+                    Event::Error(e)
+                }
+                Ok(_) if timed_out => Event::Error(ApiError::timeout(job.timeout_s)),
+                Ok(output) => {
+                    if !rest.is_empty() {
+                        let _ = job.events.send(Event::Text(rest));
+                    }
+                    let generated = &output.value;
+                    let reason = if !hit && generated.token_ids.len() >= job.options.max_new_tokens
+                    {
+                        "length"
+                    } else {
+                        "stop"
+                    };
+                    metrics.observe_generation(
+                        model,
+                        generated.token_ids.len(),
+                        generated.decode_tokens_per_s,
+                    );
+                    Event::Done(Finish {
+                        reason,
+                        prompt_tokens: generated.prompt_ids.len(),
+                        completion_tokens: generated.token_ids.len(),
+                    })
+                }
+            };
+            let _ = job.events.send(event);
+            entry.answered = true;
+        },
+    );
+    result.map_err(ApiError::from)
 }
 
 /// Cuts generated text at the first stop string, holding back any tail that may be the start of

@@ -25,6 +25,7 @@ use crate::engine::{Engine, ModelKind};
 use crate::error::ApiError;
 use crate::generate::{self, GenerateJob};
 use crate::metrics::Metrics;
+use std::cell::RefCell;
 
 /// Server-side failures in a row that take a replica out.
 pub const MAX_FAULTS: u32 = 3;
@@ -146,7 +147,7 @@ impl Work {
         }
     }
 
-    fn abandoned(&self) -> bool {
+    pub(crate) fn abandoned(&self) -> bool {
         match self {
             Work::Encode(j) => j.abandoned(),
             Work::Generate(j) => j.abandoned(),
@@ -417,10 +418,10 @@ impl Worker {
                     let batch = self.collect(first, &rx, fits, self.batching.max_batch);
                     self.encode(batch);
                 }
-                Work::Generate(_) if self.batching.enabled => {
+                Work::Generate(_) => {
                     let fits = |w: &Work| matches!(w, Work::Generate(_));
                     let batch = self.collect(first, &rx, fits, self.batching.max_generations);
-                    self.generate(batch);
+                    self.generate(batch, Some(&rx));
                 }
                 _ => self.single(first),
             }
@@ -578,55 +579,94 @@ impl Worker {
         }
     }
 
-    /// Decodes a batch of generation requests together; when the batch fails as a whole, each
-    /// request that streamed nothing yet runs alone (one bad prompt fails only itself).
-    fn generate(&mut self, batch: Vec<Envelope>) {
-        let (mut live, gone): (Vec<Envelope>, Vec<Envelope>) =
+    /// Decodes a batch of generation requests together; with `rx` (and batching on), requests
+    /// that arrive while it decodes join it between steps (continuous batching, up to
+    /// `max_generations` rows, where the engine can change a running batch; non-generation work
+    /// waiting stops admissions so the batch drains). When a step fails as a whole, each request
+    /// that streamed nothing yet runs alone (one bad prompt fails only itself).
+    fn generate(&mut self, batch: Vec<Envelope>, rx: Option<&mpsc::Receiver<Envelope>>) {
+        let (live, gone): (Vec<Envelope>, Vec<Envelope>) =
             batch.into_iter().partition(|e| !e.work.abandoned());
         for e in gone {
             self.done(&e);
         }
-        if live.len() <= 1 {
-            live.into_iter().for_each(|e| self.single(e));
+        if live.is_empty() {
             return;
         }
-        self.metrics.observe_batch(&self.model, live.len());
+        let alone = live.len() == 1 && rx.is_none();
+        let max_rows = if self.batching.enabled {
+            self.batching.max_generations.max(1)
+        } else {
+            1
+        };
+        let entries = RefCell::new(Vec::new());
+        let (engine, metrics) = (self.engine.clone(), self.metrics.clone());
         let started = Instant::now();
+        let pending = &mut self.pending;
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let mut jobs: Vec<(&mut GenerateJob, Instant)> = live
-                .iter_mut()
-                .filter_map(|e| match &mut e.work {
-                    Work::Generate(j) => Some((j, e.deadline)),
-                    _ => None,
-                })
-                .collect();
-            generate::run(&mut jobs, &self.engine, &self.metrics, &self.model)
+            generate::run(
+                &entries,
+                live,
+                &engine,
+                &metrics,
+                &self.model,
+                max_rows,
+                |free| match rx {
+                    Some(rx) if max_rows > 1 => admit_generations(pending, rx, free),
+                    _ => Vec::new(),
+                },
+            )
         }));
-        self.replica.measured(live.len(), started.elapsed());
+        let entries = entries.into_inner();
+        self.replica.measured(entries.len(), started.elapsed());
+        self.metrics.observe_batch(&self.model, entries.len());
+        let whole = entries.len() > 1;
         match result {
-            Ok(Ok(())) => {
-                for e in &live {
-                    self.done(e);
-                    self.answered();
+            Ok(result) => {
+                if result.is_ok() {
+                    self.replica.faults.store(0, Ordering::Relaxed);
                 }
-                self.replica.faults.store(0, Ordering::Relaxed);
-            }
-            Ok(Err(e)) => {
-                for envelope in live {
-                    if matches!(&envelope.work, Work::Generate(j) if j.started()) {
-                        self.done(&envelope);
-                        self.answer_error(envelope.work, e.clone());
-                    } else {
-                        self.single(envelope);
+                for entry in entries {
+                    self.done(&entry.envelope);
+                    if entry.answered {
+                        self.answered();
+                        continue;
+                    }
+                    let envelope = entry.envelope;
+                    match (entry.failure, &result) {
+                        (Some(e), _) => self.fault(envelope, e),
+                        (None, Ok(())) => self.answer_error(
+                            envelope.work,
+                            ApiError::internal("the generation ended without an answer"),
+                        ),
+                        (None, Err(e)) => {
+                            let streamed =
+                                matches!(&envelope.work, Work::Generate(j) if j.started());
+                            if streamed || e.is_client_error() && !whole {
+                                self.answer_error(envelope.work, e.clone());
+                            } else if whole && !alone {
+                                // Its depth was released above; counted again while it runs.
+                                self.replica
+                                    .depth
+                                    .fetch_add(envelope.work.items(), Ordering::Relaxed);
+                                self.generate(vec![envelope], None);
+                            } else {
+                                self.fault(envelope, e.clone());
+                            }
+                        }
                     }
                 }
             }
             Err(panic) => {
                 let reason = format!("the model panicked: {}", panic_message(&panic));
                 self.replica.take_out(reason.clone());
-                for envelope in live {
-                    self.done(&envelope);
-                    self.answer_error(envelope.work, ApiError::internal(reason.clone()));
+                for entry in entries {
+                    self.done(&entry.envelope);
+                    if entry.answered {
+                        self.answered();
+                    } else {
+                        self.answer_error(entry.envelope.work, ApiError::internal(reason.clone()));
+                    }
                 }
             }
         }
@@ -640,14 +680,10 @@ impl Worker {
         }
         let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &mut envelope.work {
-            Work::Generate(job) => generate::run(
-                &mut [(job, envelope.deadline)],
-                &self.engine,
-                &self.metrics,
-                &self.model,
-            ),
             Work::Single(job) => job.run(&self.engine),
-            Work::Encode(_) => unreachable!("encoder work is batched"),
+            Work::Generate(_) | Work::Encode(_) => {
+                unreachable!("generation and encoder work run in batches")
+            }
         }));
         self.replica.measured(1, started.elapsed());
         self.done(&envelope);
@@ -729,6 +765,38 @@ impl Worker {
                 .fail(ApiError::unavailable("the server is shutting down")),
         }
     }
+}
+
+/// Up to `free` generation requests for a running batch: those set aside in `pending` first,
+/// then what the queue holds now (other work is set aside). None while other work waits, so the
+/// running batch drains and that work is served.
+fn admit_generations(
+    pending: &mut VecDeque<Envelope>,
+    rx: &mpsc::Receiver<Envelope>,
+    free: usize,
+) -> Vec<Envelope> {
+    let generation = |e: &Envelope| matches!(e.work, Work::Generate(_));
+    let mut out = Vec::new();
+    if !pending.iter().all(generation) {
+        return out;
+    }
+    while out.len() < free {
+        match pending.pop_front() {
+            Some(e) => out.push(e),
+            None => break,
+        }
+    }
+    while out.len() < free {
+        match rx.try_recv() {
+            Ok(e) if generation(&e) => out.push(e),
+            Ok(e) => {
+                pending.push_back(e);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    out
 }
 
 /// A request's share of a batched forward.

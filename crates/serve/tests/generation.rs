@@ -365,3 +365,73 @@ async fn concurrent_completions_decode_together_and_match_alone() {
     }
     server.shutdown().await;
 }
+
+/// Continuous batching: a request that arrives while another decodes joins the running batch
+/// instead of waiting for it to end — a short completion sent mid-way through a long stream is
+/// answered before the stream ends — and both get the library's text for their prompt alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_mid_decode_joins_the_running_batch() {
+    let Some(gguf) = smollm("continuous_batching") else {
+        return;
+    };
+    let (long_prompt, long_tokens) = ("Once upon a time", 96);
+    let (short_prompt, short_tokens) = ("The capital of France is", 4);
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        ..GenerateOptions::default()
+    };
+    let generator = cpu_generator(&gguf);
+    assert!(generator.joins_running_batches());
+    let long_alone = generator
+        .generate(long_prompt, &greedy(long_tokens), |_| {})
+        .unwrap()
+        .value;
+    // The long completion must outlast the short one for the order below to mean anything.
+    assert!(long_alone.token_ids.len() >= 48, "{long_alone:?}");
+    let short_alone = generator
+        .generate(short_prompt, &greedy(short_tokens), |_| {})
+        .unwrap()
+        .value
+        .text;
+    drop(generator);
+
+    let server = Running::start(options(&[&format!("smol={gguf}")])).await;
+    let client = reqwest::Client::new();
+    let mut stream = stream_completion(&client, &server, long_prompt, long_tokens).await;
+    let mut long_body = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let long_task = tokio::spawn(async move {
+        while let Some(chunk) = stream.next().await {
+            long_body.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        (long_body, Instant::now())
+    });
+    let (status, short_body) = post(
+        &client,
+        &server.url("/v1/completions"),
+        json!({ "model": "smol", "prompt": short_prompt, "max_tokens": short_tokens,
+                "temperature": 0 }),
+    )
+    .await;
+    let short_done = Instant::now();
+    assert_eq!(status, 200, "{short_body}");
+    let (long_body, long_done) = long_task.await.unwrap();
+    assert!(
+        short_done < long_done,
+        "the short request waited for the long stream to end"
+    );
+    let short: Value = serde_json::from_str(&short_body).unwrap();
+    assert_eq!(short["choices"][0]["text"], short_alone.as_str());
+    let long_text: String = sse_data(&long_body)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(long_text, long_alone.text);
+    server.shutdown().await;
+}

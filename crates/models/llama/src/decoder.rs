@@ -112,6 +112,21 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
         })
     }
 
+    /// A cached decoder with no rows yet: rows join it through [`RowDecoder::admit`].
+    pub fn empty(model: &'m LlamaModel<B>) -> Self {
+        LlamaDecoder {
+            model,
+            mode: DecodeMode::Cached,
+            cache: model.new_cache(),
+            ids: Vec::new(),
+            mask: Vec::new(),
+            positions: Vec::new(),
+            done: 0,
+            prompt_len: 0,
+            prompt_embeds: None,
+        }
+    }
+
     /// The left-padded prompt ids, row-major `[batch, prompt_len]`, and its attention mask (0 on
     /// padding), as the decoder runs them.
     pub fn prompt_ids(&self) -> (Vec<i64>, Vec<i64>) {

@@ -12,7 +12,7 @@ use ipfs_accelerate_core::{
 use ipfs_accelerate_io::gguf::GgufFile;
 use ipfs_accelerate_nn::{
     convert::float_to_host,
-    generate::{generate, GenerationConfig},
+    generate::{generate, GenerationConfig, RowRequest},
 };
 
 use crate::decoder::{DecodeMode, LlamaDecoder};
@@ -406,6 +406,34 @@ pub trait TextGeneration: ModelRunner {
         configs: &[GenerationConfig],
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>>;
+    /// Whether requests can join a batch while it decodes ([`generate_continuous`]
+    /// (Self::generate_continuous) admits them); otherwise a batch runs as it started.
+    fn joins_running_batches(&self) -> bool {
+        false
+    }
+    /// Continuous batching ([`ipfs_accelerate_nn::generate::generate_continuous`]): decodes
+    /// `first` and, between steps, the requests `admit(free)` hands (up to `max_rows` rows in
+    /// all); requests are numbered in arrival order, `on_token(request, token)` streams and
+    /// `on_done(request, result)` ends each. An executor that cannot change a running batch
+    /// ([`joins_running_batches`](Self::joins_running_batches) false) decodes `first` as one
+    /// batch and never calls `admit`.
+    fn generate_continuous(
+        &self,
+        first: Vec<RowRequest>,
+        max_rows: usize,
+        admit: &mut dyn FnMut(usize) -> Vec<RowRequest>,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+        on_done: &mut dyn FnMut(usize, Result<Vec<u32>>),
+    ) -> Result<()> {
+        let _ = (max_rows, admit);
+        let (prompts, configs): (Vec<Vec<u32>>, Vec<GenerationConfig>) =
+            first.into_iter().map(|r| (r.prompt, r.config)).unzip();
+        let rows = self.generate_each(&prompts, &configs, on_token)?;
+        for (id, tokens) in rows.into_iter().enumerate() {
+            on_done(id, Ok(tokens));
+        }
+        Ok(())
+    }
 }
 
 impl<B: Backend> TextGeneration for LlamaRunner<B> {
@@ -450,5 +478,33 @@ impl<B: Backend> TextGeneration for LlamaRunner<B> {
     ) -> Result<Vec<Vec<u32>>> {
         let mut decoder = LlamaDecoder::new(&self.model, prompts, DecodeMode::Cached)?;
         ipfs_accelerate_nn::generate::generate_each(&mut decoder, prompts, configs, on_token)
+    }
+
+    fn joins_running_batches(&self) -> bool {
+        true
+    }
+
+    fn generate_continuous(
+        &self,
+        first: Vec<RowRequest>,
+        max_rows: usize,
+        admit: &mut dyn FnMut(usize) -> Vec<RowRequest>,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+        on_done: &mut dyn FnMut(usize, Result<Vec<u32>>),
+    ) -> Result<()> {
+        let prompts: Vec<Vec<u32>> = first.iter().map(|r| r.prompt.clone()).collect();
+        let mut decoder = if prompts.is_empty() {
+            LlamaDecoder::empty(&self.model)
+        } else {
+            LlamaDecoder::new(&self.model, &prompts, DecodeMode::Cached)?
+        };
+        ipfs_accelerate_nn::generate::generate_continuous(
+            &mut decoder,
+            first,
+            max_rows,
+            admit,
+            on_token,
+            on_done,
+        )
     }
 }
