@@ -29,9 +29,13 @@ pub(crate) struct ServeArgs {
     /// How long the first request of a batch waits for others, in milliseconds.
     #[arg(long, default_value_t = 5)]
     max_wait_ms: u64,
-    /// Generation requests decoded together at most (those waiting when a batch starts).
+    /// Generation requests decoded together at most.
     #[arg(long, default_value_t = 8)]
     max_generations: usize,
+    /// Static generation batches: a request that arrives while a batch decodes waits for the
+    /// next batch instead of joining the running one between steps.
+    #[arg(long)]
+    no_continuous_batching: bool,
     /// Run every request alone (no merging across requests).
     #[arg(long)]
     no_batching: bool,
@@ -93,6 +97,7 @@ pub(crate) fn run(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
             max_batch: args.max_batch.max(1),
             max_wait: Duration::from_millis(args.max_wait_ms),
             max_generations: args.max_generations.max(1),
+            continuous: !args.no_continuous_batching,
         },
         queue_capacity: args.queue_capacity.max(1),
         max_body_bytes: args.max_body_bytes,

@@ -206,6 +206,7 @@ impl Default for ServeOptions {
                 max_batch: 64,
                 max_wait: Duration::from_millis(5),
                 max_generations: 8,
+                continuous: true,
             },
             queue_capacity: 1024,
             max_body_bytes: 32 << 20,

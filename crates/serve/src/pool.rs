@@ -39,9 +39,12 @@ pub struct Batching {
     pub max_batch: usize,
     /// How long the first request of a batch waits for others.
     pub max_wait: Duration,
-    /// Generation requests decoded together at most (one batch per step for all of them; a
-    /// request arriving while a batch decodes waits for the next one).
+    /// Generation requests decoded together at most (one forward per step for all of them).
     pub max_generations: usize,
+    /// Generation requests that arrive while a batch decodes join it between steps (continuous
+    /// batching, where the engine can change a running batch); off: they wait for the next
+    /// batch (static batches).
+    pub continuous: bool,
 }
 
 /// A request for an encoder, batchable with others of the same key.
@@ -603,6 +606,7 @@ impl Worker {
         let (engine, metrics) = (self.engine.clone(), self.metrics.clone());
         let started = Instant::now();
         let pending = &mut self.pending;
+        let continuous = self.batching.continuous;
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             generate::run(
                 &entries,
@@ -612,7 +616,7 @@ impl Worker {
                 &self.model,
                 max_rows,
                 |free| match rx {
-                    Some(rx) if max_rows > 1 => admit_generations(pending, rx, free),
+                    Some(rx) if max_rows > 1 && continuous => admit_generations(pending, rx, free),
                     _ => Vec::new(),
                 },
             )

@@ -284,3 +284,149 @@ async fn concurrent_clients_lose_nothing_and_get_their_single_request_answers() 
         None => println!("ONNX Runtime peer skipped: ../shared is missing"),
     }
 }
+
+/// Generation under load: `IPFS_ACCELERATE_GEN_CLIENTS` (8) concurrent clients ×
+/// `IPFS_ACCELERATE_GEN_REQUESTS` (4) greedy completions of 8 to `IPFS_ACCELERATE_GEN_TOKENS`
+/// (64) tokens on SmolLM2 (the shared GGUF), prompts of different lengths, served with batching
+/// off, with static batches and with continuous batching. Nothing may be lost. A batched
+/// product rounds differently from a product of one row, so a greedy completion decoded in a
+/// batch may leave its text alone where two tokens are nearly tied (SmolLM2 here: about 1 in 30);
+/// most must equal it — a row decoded at wrong positions or with another row's cache would not —
+/// and the count is printed. (Exactness of the batched decoder is checked on logits in
+/// `ipfs-accelerate-llama`'s `rows_join_and_leave_a_running_batch`.) It prints generated tokens
+/// per second and latency percentiles of each mode (reported, never asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_generations_lose_nothing_and_match_alone() {
+    let Some(gguf) = shared_dir("generation_load").map(|s| {
+        s.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf")
+            .to_string_lossy()
+            .into_owned()
+    }) else {
+        return;
+    };
+    let clients = env_usize("IPFS_ACCELERATE_GEN_CLIENTS", 8);
+    let requests = env_usize("IPFS_ACCELERATE_GEN_REQUESTS", 4);
+    let tokens = env_usize("IPFS_ACCELERATE_GEN_TOKENS", 64).max(8);
+    // Each request's budget: a client's requests cycle through these.
+    let budgets = [8, tokens, tokens / 4, tokens / 2];
+    let ask = move |c: usize, r: usize| ((c * requests + r) % 8, budgets[(c + r) % 4].max(1));
+    let prompts = [
+        "The capital of France is",
+        "Water boils at",
+        "Once upon a time, in a small village at the edge of a great forest, there lived",
+        "My favourite colour is",
+        "Here is a short list of fruits:",
+        "The quick brown fox",
+        "In 1969, the first people to walk on the Moon were",
+        "Rust is a programming language that",
+    ];
+    let generator = ipfs_accelerate::text::TextGenerator::load(
+        &gguf,
+        &ipfs_accelerate::LoadOptions {
+            backends: Some(vec![BackendKind::Cpu]),
+            offline: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut alone = std::collections::HashMap::new();
+    for c in 0..clients {
+        for r in 0..requests {
+            let (i, n) = ask(c, r);
+            alone.entry((i, n)).or_insert_with(|| {
+                let options = ipfs_accelerate::text::GenerateOptions {
+                    max_new_tokens: n,
+                    ..Default::default()
+                };
+                generator
+                    .generate(prompts[i], &options, |_| {})
+                    .unwrap()
+                    .value
+                    .text
+            });
+        }
+    }
+    drop(generator);
+
+    let mut rows = Vec::new();
+    for (label, enabled, continuous) in [
+        ("off", false, false),
+        ("static batches", true, false),
+        ("continuous", true, true),
+    ] {
+        let mut opts = common::options(&[&format!("smol={gguf}")]);
+        opts.batching.enabled = enabled;
+        opts.batching.continuous = continuous;
+        let server = Running::start(opts).await;
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let (http, url) = (http.clone(), server.url("/v1/completions"));
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for r in 0..requests {
+                    let (i, n) = ask(c, r);
+                    let t = Instant::now();
+                    let resp = http
+                        .post(&url)
+                        .json(&json!({ "model": "smol", "prompt": prompts[i],
+                                       "max_tokens": n, "temperature": 0 }))
+                        .send()
+                        .await
+                        .unwrap_or_else(|e| panic!("request {c}/{r} lost: {e}"));
+                    assert_eq!(resp.status().as_u16(), 200, "request {c}/{r} failed");
+                    let v: Value = resp.json().await.unwrap();
+                    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+                    let got = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+                    out.push((i, n, text, got, t.elapsed()));
+                }
+                out
+            }));
+        }
+        let mut latencies = Vec::new();
+        let (mut generated, mut same) = (0, 0);
+        for t in tasks {
+            for (i, n, text, got, took) in t.await.unwrap() {
+                assert!(
+                    got > 0 && got <= n,
+                    "{label}: {got} tokens for a budget of {n}"
+                );
+                same += usize::from(text == alone[&(i, n)]);
+                generated += got;
+                latencies.push(took);
+            }
+        }
+        let wall = started.elapsed();
+        latencies.sort();
+        let total = clients * requests;
+        assert_eq!(latencies.len(), total);
+        assert!(
+            2 * same >= total,
+            "{label}: only {same} of {total} completions equal their text alone"
+        );
+        rows.push((
+            label,
+            generated as f64 / wall.as_secs_f64(),
+            latencies,
+            wall,
+            same,
+        ));
+        server.shutdown().await;
+    }
+    println!(
+        "\ngeneration load: {clients} clients x {requests} greedy completions of {budgets:?} tokens, \
+         SmolLM2-135M Q4_1 on cpu, 2 tokio workers"
+    );
+    println!("| batching | generated tokens/s | p50 ms | p99 ms | wall s | equal to alone |");
+    println!("|---|---|---|---|---|---|");
+    for (label, rate, latencies, wall, same) in &rows {
+        println!(
+            "| {label} | {rate:.1} | {:.0} | {:.0} | {:.2} | {same}/{} |",
+            ms(percentile(latencies, 0.5)),
+            ms(percentile(latencies, 0.99)),
+            wall.as_secs_f64(),
+            latencies.len()
+        );
+    }
+}
