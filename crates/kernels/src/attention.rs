@@ -7,6 +7,10 @@ use crate::math::exp_row;
 /// Query rows per parallel task (bounds the score scratch to `QUERY_BLOCK × keys`).
 const QUERY_BLOCK: usize = 64;
 
+/// Bias values at or below this mask their key (HF's masks use the float type's most negative
+/// finite value, `f32::MIN` in f32).
+const MASKED: f32 = f32::MIN / 2.0;
+
 /// A read-only 4-D view `[d0, d1, d2, d3]` into a slice: element `[i, j, k, l]` is
 /// `data[offset + i·s0 + j·s1 + k·s2 + l·s3]`. Strides are non-negative; a stride of 0
 /// broadcasts that dimension; the stride of a dimension of size 1 is ignored.
@@ -148,26 +152,73 @@ pub fn attention(
         let (bh, blk) = (t / blocks, t % blocks);
         let (bi, hi) = (bh / heads, bh % heads);
         let kh = hi / group;
-        let q0 = blk * QUERY_BLOCK;
-        let rows = QUERY_BLOCK.min(queries - q0);
-        let mut scores = vec![0.0f32; rows * keys];
+        let (mut q0, mut rows) = (
+            blk * QUERY_BLOCK,
+            QUERY_BLOCK.min(queries - blk * QUERY_BLOCK),
+        );
+        // A left-padded row's padding is skipped, so that the products see exactly the operands
+        // of the row alone and it decodes in a left-padded batch as it does alone, bit for bit:
+        // leading queries whose every key is masked (padding positions) get zeros, as PyTorch's
+        // SDPA gives them, and leading keys masked for every remaining query (their weights
+        // are zero) are left out of the products.
+        let (bias_at, first) = match &bias {
+            Some(b) => {
+                let (i, j) = (
+                    if b.shape[0] == 1 { 0 } else { bi },
+                    if b.shape[1] == 1 { 0 } else { hi },
+                );
+                let at = move |r: usize, c: usize| {
+                    b.data[b.offset
+                        + i * b.strides[0]
+                        + j * b.strides[1]
+                        + r * b.strides[2]
+                        + c * b.strides[3]]
+                };
+                let blind = (q0..q0 + rows)
+                    .take_while(|&r| (0..keys).all(|c| at(r, c) <= MASKED))
+                    .count();
+                let dst = out_ptr.get();
+                for r in q0..q0 + blind {
+                    // SAFETY: row r of this (batch, head) is this task's, in bounds.
+                    unsafe {
+                        std::ptr::write_bytes(
+                            dst.add(((bi * queries + r) * heads + hi) * v_dim),
+                            0,
+                            v_dim,
+                        )
+                    };
+                }
+                q0 += blind;
+                rows -= blind;
+                let masked = (0..keys)
+                    .take_while(|&c| (q0..q0 + rows).all(|r| at(r, c) <= MASKED))
+                    .count();
+                (Some((b, i, j)), masked)
+            }
+            None => (None, 0),
+        };
+        if rows == 0 {
+            return;
+        }
+        let seen = keys - first;
+        let mut scores = vec![0.0f32; rows * seen];
         // SAFETY: the views were bounds-checked at construction and every index below is in
         // shape; `scores` is rows × keys; the output rows of this (batch, head, block) are
         // written by this task only.
         unsafe {
-            if keys > 0 && dim > 0 {
+            if seen > 0 && dim > 0 {
                 gemm::gemm(
                     rows,
-                    keys,
+                    seen,
                     dim,
                     scores.as_mut_ptr(),
                     1,
-                    keys as isize,
+                    seen as isize,
                     false,
                     q.ptr(bi, hi, q0),
                     q.strides[3] as isize,
                     q.strides[2] as isize,
-                    k.ptr(bi, kh, 0),
+                    k.ptr(bi, kh, first),
                     k.strides[2] as isize,
                     k.strides[3] as isize,
                     0.0,
@@ -179,18 +230,15 @@ pub fn attention(
                 );
             }
             let mut inv_sums = [0.0f32; QUERY_BLOCK];
-            for (r, row) in scores.chunks_exact_mut(keys.max(1)).enumerate() {
-                let (bias_row, stride) = match &bias {
-                    Some(b) => {
-                        let (i, j) = (
-                            if b.shape[0] == 1 { 0 } else { bi },
-                            if b.shape[1] == 1 { 0 } else { hi },
-                        );
+            for (r, row) in scores.chunks_exact_mut(seen.max(1)).enumerate() {
+                let (bias_row, stride) = match bias_at {
+                    Some((b, i, j)) => {
                         let start = b.offset
                             + i * b.strides[0]
                             + j * b.strides[1]
-                            + (q0 + r) * b.strides[2];
-                        let end = start + (keys - 1) * b.strides[3] + 1;
+                            + (q0 + r) * b.strides[2]
+                            + first * b.strides[3];
+                        let end = start + (seen - 1) * b.strides[3] + 1;
                         (&b.data[start..end], b.strides[3])
                     }
                     None => (&[][..], 1),
@@ -200,7 +248,7 @@ pub fn attention(
             let dst = out_ptr
                 .get()
                 .add(((bi * queries + q0) * heads + hi) * v_dim);
-            if keys == 0 {
+            if seen == 0 {
                 for r in 0..rows {
                     std::ptr::write_bytes(dst.add(r * heads * v_dim), 0, v_dim);
                 }
@@ -208,15 +256,15 @@ pub fn attention(
                 gemm::gemm(
                     rows,
                     v_dim,
-                    keys,
+                    seen,
                     dst,
                     1,
                     (heads * v_dim) as isize,
                     false,
                     scores.as_ptr(),
                     1,
-                    keys as isize,
-                    v.ptr(bi, kh, 0),
+                    seen as isize,
+                    v.ptr(bi, kh, first),
                     v.strides[3] as isize,
                     v.strides[2] as isize,
                     0.0,
@@ -249,6 +297,80 @@ mod tests {
             shape[3] as isize,
             1,
         ]
+    }
+
+    /// A left-padded row (its first keys masked for every query) gives the bits of the same
+    /// row without the padding: what makes a batch of left-padded sequences decode as each
+    /// does alone. Queries that see no key get zeros.
+    #[test]
+    fn leading_masked_keys_give_the_unpadded_bits() {
+        let (h, d, dv) = (4, 64, 64);
+        // Irregular values, so that a different order of the sums shows in the bits.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut noise = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+                })
+                .collect()
+        };
+        for (pad, real, sq) in [
+            (1usize, 21usize, 3usize),
+            (12, 5, 1),
+            (14, 3, 1),
+            (14, 6, 2),
+            (40, 21, 3),
+        ] {
+            let sk = pad + real;
+            let qd = noise(h * sq * d);
+            let kd = noise(h * sk * d);
+            let vd = noise(h * sk * dv);
+            // Causal over the real keys, padding masked.
+            let bias: Vec<f32> = (0..sq * sk)
+                .map(|i| {
+                    let (qi, ki) = (i / sk, i % sk);
+                    if ki < pad || ki - pad > qi + real - sq {
+                        f32::MIN
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            fn view(data: &[f32], shape: [usize; 4], from: usize) -> StridedView<'_> {
+                let st = contiguous([shape[0], shape[1], shape[2] + from, shape[3]]);
+                StridedView::new(data, from * shape[3], shape, st).unwrap()
+            }
+            let run = |from: usize| {
+                let keys = sk - from;
+                let q = view(&qd, [1, h, sq, d], 0);
+                let k = view(&kd, [1, h, keys, d], from);
+                let v = view(&vd, [1, h, keys, dv], from);
+                let b = StridedView::new(&bias, from, [1, 1, sq, keys], [0, 0, sk as isize, 1])
+                    .unwrap();
+                let mut out = vec![f32::NAN; sq * h * dv];
+                attention(q, k, v, Some(b), 0.3, &mut out);
+                out
+            };
+            let padded = run(0);
+            let alone = run(pad);
+            assert!(
+                padded
+                    .iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "pad {pad}: {padded:?} vs {alone:?}"
+            );
+        }
+        // Every key masked: zeros, as PyTorch's SDPA gives.
+        let data = vec![0.5f32; 2 * 4];
+        let q = StridedView::new(&data[..4], 0, [1, 1, 1, 4], contiguous([1, 1, 1, 4])).unwrap();
+        let k = StridedView::new(&data, 0, [1, 1, 2, 4], contiguous([1, 1, 2, 4])).unwrap();
+        let masks = [f32::MIN, f32::MIN];
+        let b = StridedView::new(&masks, 0, [1, 1, 1, 2], contiguous([1, 1, 1, 2])).unwrap();
+        let mut out = vec![f32::NAN; 4];
+        attention(q, k, k, Some(b), 1.0, &mut out);
+        assert_eq!(out, vec![0.0; 4]);
     }
 
     #[test]

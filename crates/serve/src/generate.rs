@@ -181,7 +181,14 @@ pub(crate) fn run(
     let result = generator.generate_continuous(
         first,
         max_rows,
-        |free| if joins { take(more(free)) } else { Vec::new() },
+        |free| {
+            if !joins {
+                return Vec::new();
+            }
+            let joining = more(free);
+            metrics.observe_joins(model, joining.len());
+            take(joining)
+        },
         |request, piece| {
             let index = handed.borrow()[request];
             let mut entries = entries.borrow_mut();

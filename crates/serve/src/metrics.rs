@@ -18,6 +18,7 @@ pub struct Metrics {
     queue_depth: IntGaugeVec,
     replica_healthy: IntGaugeVec,
     generated_tokens: IntCounterVec,
+    generation_joins: IntCounterVec,
     decode_rate: GaugeVec,
     device_memory: IntGaugeVec,
     in_flight: Gauge,
@@ -49,7 +50,7 @@ impl Metrics {
         );
         let batch_size = histogram(
             "batch_size",
-            "Items per forward of the batched encoders",
+            "Items per batched encoder forward; requests per generation batch as it starts",
             &["model"],
             vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
         );
@@ -68,6 +69,14 @@ impl Metrics {
         .expect("a valid gauge");
         let generated_tokens = IntCounterVec::new(
             Opts::new("generated_tokens_total", "Tokens generated"),
+            &["model"],
+        )
+        .expect("a valid counter");
+        let generation_joins = IntCounterVec::new(
+            Opts::new(
+                "generation_joins_total",
+                "Generation requests that joined a batch while it decoded (continuous batching)",
+            ),
             &["model"],
         )
         .expect("a valid counter");
@@ -96,6 +105,7 @@ impl Metrics {
             Box::new(queue_depth.clone()),
             Box::new(replica_healthy.clone()),
             Box::new(generated_tokens.clone()),
+            Box::new(generation_joins.clone()),
             Box::new(decode_rate.clone()),
             Box::new(device_memory.clone()),
             Box::new(in_flight.clone()),
@@ -110,6 +120,7 @@ impl Metrics {
             queue_depth,
             replica_healthy,
             generated_tokens,
+            generation_joins,
             decode_rate,
             device_memory,
             in_flight,
@@ -131,7 +142,14 @@ impl Metrics {
         self.in_flight.add(delta);
     }
 
-    /// One batched forward of `items`.
+    /// Generation requests that joined a running batch.
+    pub fn observe_joins(&self, model: &str, requests: usize) {
+        self.generation_joins
+            .with_label_values(&[model])
+            .inc_by(requests as u64);
+    }
+
+    /// One batched forward of `items` (a generation batch: its requests as it starts).
     pub fn observe_batch(&self, model: &str, items: usize) {
         self.batch_size
             .with_label_values(&[model])

@@ -602,6 +602,7 @@ impl Worker {
         } else {
             1
         };
+        self.metrics.observe_batch(&self.model, live.len());
         let entries = RefCell::new(Vec::new());
         let (engine, metrics) = (self.engine.clone(), self.metrics.clone());
         let started = Instant::now();
@@ -623,7 +624,6 @@ impl Worker {
         }));
         let entries = entries.into_inner();
         self.replica.measured(entries.len(), started.elapsed());
-        self.metrics.observe_batch(&self.model, entries.len());
         let whole = entries.len() > 1;
         match result {
             Ok(result) => {

@@ -433,5 +433,10 @@ async fn a_request_arriving_mid_decode_joins_the_running_batch() {
         })
         .collect();
     assert_eq!(long_text, long_alone.text);
+    let metrics = common::get_text(&client, &server.url("/metrics")).await;
+    assert!(
+        metrics.contains("ipfs_accelerate_generation_joins_total{model=\"smol\"} 1"),
+        "the short request is not counted as a join:\n{metrics}"
+    );
     server.shutdown().await;
 }
