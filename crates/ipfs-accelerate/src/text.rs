@@ -599,10 +599,40 @@ impl TextGenerator {
     /// piece)` streams each one's text (its `Break` ends that request), and `on_done(request,
     /// output)` ends each — a request that fails (a prompt too long, bad options) fails alone.
     /// Each request gets the tokens it would get alone (up to the rounding of a batched
-    /// product). On an executor that cannot change a running batch
+    /// product; on the cpu, bit for bit). On an executor that cannot change a running batch
     /// ([`joins_running_batches`](Self::joins_running_batches) false: the cuBLAS decoder)
     /// `first` runs as one batch and `admit` is never called. `Err` is a failure of a whole
     /// decoding step: requests not yet ended get no `on_done`.
+    ///
+    /// ```no_run
+    /// use std::ops::ControlFlow;
+    /// use std::sync::mpsc;
+    /// use ipfs_accelerate::text::{GenerateOptions, TextGenerator};
+    /// use ipfs_accelerate::LoadOptions;
+    ///
+    /// # fn main() -> ipfs_accelerate::Result<()> {
+    /// let generator = TextGenerator::load("SmolLM2-135M-Instruct.Q4_1.gguf", &LoadOptions::default())?;
+    /// // Prompts that arrive while the first one decodes (another thread would send them).
+    /// let (send, arrivals) = mpsc::channel::<String>();
+    /// send.send("Water boils at".into()).unwrap();
+    /// drop(send);
+    /// let options = GenerateOptions { max_new_tokens: 24, ..Default::default() };
+    /// generator.generate_continuous(
+    ///     vec![("The capital of France is".into(), options.clone())],
+    ///     8,
+    ///     |free| arrivals.try_iter().take(free).map(|p| (p, options.clone())).collect(),
+    ///     |request, piece| {
+    ///         println!("request {request}: {piece:?}");
+    ///         ControlFlow::Continue(())
+    ///     },
+    ///     |request, output| match output {
+    ///         Ok(out) => println!("request {request} done: {}", out.value.text),
+    ///         Err(e) => eprintln!("request {request} failed: {e}"),
+    ///     },
+    /// )?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn generate_continuous(
         &self,
         first: Vec<(String, GenerateOptions)>,
