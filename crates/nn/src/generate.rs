@@ -40,10 +40,11 @@ impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
 /// A decoder whose batch can change between steps: requests join a running batch and leave it
 /// when they finish (continuous batching, [`generate_continuous`]).
 pub trait RowDecoder: TokenDecoder {
-    /// Runs `prompt` through the model (alone) and adds it as a row after the existing ones;
-    /// returns its next-token logits `[vocab]`. On an error the batch is unchanged. Only after
-    /// [`prefill`](TokenDecoder::prefill) (or on a decoder whose rows all left).
-    fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>>;
+    /// Runs `prompts` through the model (together, apart from the running rows) and adds them
+    /// as rows after the existing ones; returns their next-token logits `[prompts, vocab]`. On
+    /// an error the batch is unchanged. Only after [`prefill`](TokenDecoder::prefill) (or on a
+    /// decoder whose rows all left).
+    fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>>;
     /// Keeps only the rows `keep` (ascending indices into the batch), freeing the others.
     fn retain(&mut self, keep: &[usize]) -> Result<()>;
 }
@@ -316,8 +317,9 @@ pub fn generate_each(
 
 /// Continuous batching: decodes `first` (the requests `decoder` was built with, not yet
 /// prefilled) and, between steps, up to `max_rows` rows in all: `admit(free)` may hand up to
-/// `free` more requests (more are admitted too), each run through the model and added to the
-/// batch at once, and a row
+/// `free` more requests (more are admitted too), run through the model together and added to
+/// the batch at once (one by one when that fails, so a prompt the model rejects fails alone), and
+/// a row
 /// leaves the batch as soon as it ends (stop token, token limit, or `Break` from its
 /// `on_token`). Requests are numbered in arrival order (`first` are `0..first.len()`);
 /// `on_token(request, token)` streams each token and `on_done(request, result)` ends each
@@ -424,6 +426,7 @@ pub fn generate_continuous(
         };
         let free = max_rows.saturating_sub(rows.len());
         if free > 0 {
+            let mut joining = Vec::new();
             for request in admit(free) {
                 let id = next_id;
                 next_id += 1;
@@ -431,20 +434,42 @@ pub fn generate_continuous(
                     on_done(id, Ok(Vec::new()));
                     continue;
                 }
-                let admitted =
-                    live(id, request).and_then(|row| decoder.admit(&row.history).map(|l| (row, l)));
-                match admitted {
-                    Ok((row, row_logits)) if row_logits.len() == vocab => {
-                        logits.extend(row_logits);
+                match live(id, request) {
+                    Ok(row) => joining.push(row),
+                    Err(e) => on_done(id, Err(e)),
+                }
+            }
+            let prompts: Vec<Vec<u32>> = joining.iter().map(|r| r.history.clone()).collect();
+            let groups: Vec<std::ops::Range<usize>> = if joining.is_empty() {
+                Vec::new()
+            } else if let Ok(l) = decoder.admit(&prompts) {
+                if l.len() != prompts.len() * vocab {
+                    return Err(Error::Compute(format!(
+                        "decoder returned {} logits for {} admitted rows of vocab {vocab}",
+                        l.len(),
+                        prompts.len()
+                    )));
+                }
+                logits.extend(l);
+                rows.append(&mut joining);
+                Vec::new()
+            } else {
+                // One at a time: only the prompts the model rejects fail.
+                (0..joining.len()).map(|i| i..i + 1).collect()
+            };
+            for (row, range) in joining.into_iter().zip(groups) {
+                match decoder.admit(&prompts[range]) {
+                    Ok(l) if l.len() == vocab => {
+                        logits.extend(l);
                         rows.push(row);
                     }
-                    Ok((_, row_logits)) => {
+                    Ok(l) => {
                         return Err(Error::Compute(format!(
                             "decoder returned {} logits for an admitted row of vocab {vocab}",
-                            row_logits.len()
+                            l.len()
                         )))
                     }
-                    Err(e) => on_done(id, Err(e)),
+                    Err(e) => on_done(row.id, Err(e)),
                 }
             }
         }
@@ -553,17 +578,22 @@ mod tests {
     }
 
     impl RowDecoder for Bigram {
-        fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
-            let &t = prompt
-                .last()
-                .ok_or_else(|| Error::InvalidInput("empty prompt".into()))?;
-            let row = self
-                .table
-                .get(t as usize)
-                .ok_or_else(|| Error::InvalidInput(format!("token {t} out of range")))?
-                .clone();
-            self.last.push(t);
-            Ok(row)
+        fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
+            let mut logits = Vec::new();
+            let mut last = Vec::new();
+            for prompt in prompts {
+                let &t = prompt
+                    .last()
+                    .ok_or_else(|| Error::InvalidInput("empty prompt".into()))?;
+                let row = self
+                    .table
+                    .get(t as usize)
+                    .ok_or_else(|| Error::InvalidInput(format!("token {t} out of range")))?;
+                logits.extend_from_slice(row);
+                last.push(t);
+            }
+            self.last.extend(last);
+            Ok(logits)
         }
         fn retain(&mut self, keep: &[usize]) -> Result<()> {
             self.last = keep.iter().map(|&i| self.last[i]).collect();
@@ -793,6 +823,7 @@ mod tests {
                     },
                 ),
                 request(9, &greedy),
+                request(2, &greedy),
             ],
             vec![request(3, &sample(8))],
         ]
@@ -800,8 +831,8 @@ mod tests {
         let mut queue: Vec<RowRequest> = Vec::new();
         let mut all = first.clone();
         let mut free_seen = Vec::new();
-        let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 9];
-        let mut done: Vec<Option<Result<Vec<u32>>>> = (0..9).map(|_| None).collect();
+        let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 10];
+        let mut done: Vec<Option<Result<Vec<u32>>>> = (0..10).map(|_| None).collect();
         let mut d = bigram(vec![0, 1]);
         generate_continuous(
             &mut d,
@@ -824,7 +855,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         for (id, r) in all.iter().enumerate() {
             match (id, done[id].as_ref().expect("every request ends")) {
                 (5, Err(e)) => assert!(e.to_string().contains("repetition_penalty"), "{e}"),
@@ -842,6 +873,6 @@ mod tests {
         );
         assert!(free_seen.iter().all(|&f| f <= 4), "{free_seen:?}");
         assert!(queue.is_empty() && arrivals.next().is_none());
-        assert!(done[8].is_none());
+        assert!(done[9].is_none());
     }
 }

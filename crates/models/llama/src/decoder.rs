@@ -311,12 +311,13 @@ impl<B: Backend> TokenDecoder for LlamaDecoder<'_, B> {
     }
 }
 
-/// Continuous batching: a new request is prefilled alone and joins the batch left-padded to the
-/// batch's columns (or the batch is left-padded to its prompt); padding is masked out and
+/// Continuous batching: new requests are prefilled together (apart from the running rows) and
+/// join the batch left-padded to its columns (or the batch is left-padded to theirs); padding is
+/// masked out and
 /// position ids stay per row, so each row decodes as it would alone. Rows that leave are
 /// dropped from the cache, and columns every remaining row masks out are trimmed away.
 impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
-    fn admit(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+    fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
         if self.mode != DecodeMode::Cached || self.prompt_embeds.is_some() {
             return Err(Error::InvalidInput(
                 "rows join a batch only when decoding token prompts with the KV cache".into(),
@@ -326,12 +327,12 @@ impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
             return Err(Error::InvalidInput("a row joins only after prefill".into()));
         }
         let vocab = self.model.config().vocab_size;
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        if let Some(bad) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
             return Err(Error::InvalidInput(format!(
                 "token {bad} is outside the vocabulary of {vocab}"
             )));
         }
-        let mut row = LlamaDecoder::new(self.model, &[prompt.to_vec()], DecodeMode::Cached)?;
+        let mut row = LlamaDecoder::new(self.model, prompts, DecodeMode::Cached)?;
         let logits = row.prefill()?;
         if self.ids.is_empty() {
             *self = row;

@@ -158,14 +158,14 @@ fn rows_join_and_leave_a_running_batch() {
         let own: Vec<Vec<f32>> = alone.iter_mut().map(|d| d.prefill().unwrap()).collect();
         let mut d = LlamaDecoder::new(&m, std::slice::from_ref(&long), DecodeMode::Cached).unwrap();
         d.prefill().unwrap();
-        let got = d.admit(&short).unwrap();
+        let got = d.admit(std::slice::from_ref(&short)).unwrap();
         assert!(max_diff(&got, &own[1]) == 0.0);
         let step = d.step(&[1, 2]).unwrap();
         let want0 = alone[0].step(&[1]).unwrap();
         let want1 = alone[1].step(&[2]).unwrap();
         assert!(max_diff(&step[..v], &want0) == 0.0, "long row after a join");
         assert!(max_diff(&step[v..], &want1) == 0.0, "joined short row");
-        let got = d.admit(&longer).unwrap();
+        let got = d.admit(std::slice::from_ref(&longer)).unwrap();
         assert!(max_diff(&got, &own[2]) == 0.0);
         assert_eq!(
             d.len(),
@@ -201,7 +201,7 @@ fn rows_join_and_leave_a_running_batch() {
         assert!(max_diff(&step, &alone[1].step(&[5]).unwrap()) == 0.0);
         assert!(d.retain(&[1]).is_err(), "a row that is not there");
         assert!(
-            d.admit(&[v as u32]).is_err(),
+            d.admit(&[vec![3], vec![v as u32]]).is_err(),
             "a token outside the vocabulary"
         );
         assert_eq!(
@@ -209,6 +209,18 @@ fn rows_join_and_leave_a_running_batch() {
             1,
             "a failed admission leaves the batch as it was"
         );
+        // Two prompts admitted together: each gets its own logits, bit for bit.
+        let pair = [long.clone(), vec![3u32, 4, 5]];
+        let got = d.admit(&pair).unwrap();
+        for (r, p) in pair.iter().enumerate() {
+            let mut own =
+                LlamaDecoder::new(&m, std::slice::from_ref(p), DecodeMode::Cached).unwrap();
+            assert_eq!(
+                max_diff(&got[r * v..(r + 1) * v], &own.prefill().unwrap()),
+                0.0
+            );
+        }
+        assert_eq!(d.batch(), 3);
 
         // Greedy tokens of staggered requests equal each one's alone.
         let request = |prompt: &[u32], n: usize| RowRequest {
