@@ -714,26 +714,35 @@ mod tests {
         .is_err());
     }
 
-    /// Rows with their own configurations decode as each would alone: seeded samples, token
-    /// limits, stop tokens; a `Break` ends only its row.
-    #[test]
-    fn each_row_keeps_its_own_configuration() {
-        let sample = |seed| GenerationConfig {
+    /// Seeded sampling at temperature 1.5 of up to `max_new_tokens` tokens, no stop token.
+    fn sampled(seed: u64, max_new_tokens: usize) -> GenerationConfig {
+        GenerationConfig {
             sampling: Sampling::Sample {
                 temperature: 1.5,
                 top_k: None,
                 top_p: None,
             },
             seed,
-            max_new_tokens: 12,
-            stop_tokens: vec![],
+            max_new_tokens,
             ..Default::default()
-        };
-        let greedy = GenerationConfig {
+        }
+    }
+
+    /// Greedy decoding of up to 5 tokens, stopping at token 3.
+    fn greedy_to_3() -> GenerationConfig {
+        GenerationConfig {
             max_new_tokens: 5,
             stop_tokens: vec![3],
             ..Default::default()
-        };
+        }
+    }
+
+    /// Rows with their own configurations decode as each would alone: seeded samples, token
+    /// limits, stop tokens; a `Break` ends only its row.
+    #[test]
+    fn each_row_keeps_its_own_configuration() {
+        let sample = |seed| sampled(seed, 12);
+        let greedy = greedy_to_3();
         let configs = [sample(1), greedy.clone(), sample(9)];
         let prompts = vec![vec![0], vec![1], vec![2]];
         let alone: Vec<Vec<u32>> = (0..3)
@@ -777,21 +786,8 @@ mod tests {
     /// request whose admission fails ends with its error and the others go on.
     #[test]
     fn continuous_batching_admits_and_retires_rows() {
-        let sample = |seed| GenerationConfig {
-            sampling: Sampling::Sample {
-                temperature: 1.5,
-                top_k: None,
-                top_p: None,
-            },
-            seed,
-            max_new_tokens: 7,
-            ..Default::default()
-        };
-        let greedy = GenerationConfig {
-            max_new_tokens: 5,
-            stop_tokens: vec![3],
-            ..Default::default()
-        };
+        let sample = |seed| sampled(seed, 7);
+        let greedy = greedy_to_3();
         let request = |t: u32, config: &GenerationConfig| RowRequest {
             prompt: vec![t],
             config: config.clone(),

@@ -145,12 +145,16 @@ mod tests {
     use burn::tensor::TensorData;
     use burn_flex::Flex;
 
+    /// One row, two heads, `s` positions of 4 values, all `v`.
+    fn t(s: usize, v: f32) -> Tensor<Flex, 4> {
+        Tensor::from_data(
+            TensorData::new(vec![v; 2 * s * 4], [1, 2, s, 4]),
+            &Default::default(),
+        )
+    }
+
     #[test]
     fn append_concatenates_along_the_sequence() {
-        let dev = Default::default();
-        let t = |s: usize, v: f32| {
-            Tensor::<Flex, 4>::from_data(TensorData::new(vec![v; 2 * s * 4], [1, 2, s, 4]), &dev)
-        };
         let mut cache = KvCache::new(2);
         assert_eq!(cache.seq_len(), 0);
         cache.append(0, t(3, 1.0), t(3, 2.0));
@@ -167,10 +171,6 @@ mod tests {
 
     #[test]
     fn rows_join_padded_in_front_and_leave_trimmed() {
-        let dev = Default::default();
-        let t = |s: usize, v: f32| {
-            Tensor::<Flex, 4>::from_data(TensorData::new(vec![v; 2 * s * 4], [1, 2, s, 4]), &dev)
-        };
         let mut a = KvCache::new(1);
         a.append(0, t(3, 1.0), t(3, 2.0));
         let mut b = KvCache::new(1);
