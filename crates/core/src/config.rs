@@ -12,7 +12,7 @@ pub trait JsonConfig: serde::de::DeserializeOwned {
     fn validate(&self, origin: &Path) -> Result<()>;
 
     /// Parses and validates config JSON (`origin` names it in errors). Integers larger than
-    /// [`MAX_CONFIG_INTEGER`] are refused before the typed parse, wherever they stand, so no size
+    /// `MAX_CONFIG_INTEGER` are refused before the typed parse, wherever they stand, so no size
     /// derived from a config can overflow when two of them are multiplied.
     fn from_json(text: &str, origin: &Path) -> Result<Self> {
         let value: serde_json::Value =

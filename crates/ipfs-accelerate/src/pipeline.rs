@@ -113,7 +113,7 @@ fn forward_overhead_tokens() -> usize {
 }
 
 impl PipelineBuilder {
-    /// Texts per forward pass at most (default [`DEFAULT_BATCH_SIZE`]): [`Pipeline::embed`] and
+    /// Texts per forward pass at most (default `DEFAULT_BATCH_SIZE`, 32): [`Pipeline::embed`] and
     /// [`Pipeline::classify`] sort their input by length and run it in chunks of up to this many,
     /// smaller where that saves padding (so short texts are not padded to the longest one and
     /// memory stays bounded), and return the results in the input's order. 0 counts as 1.

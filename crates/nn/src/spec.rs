@@ -1,4 +1,4 @@
-//! Reading a checkpoint's trunk into the backend-neutral [`EncoderSpec`] pieces
+//! Reading a checkpoint's trunk into the backend-neutral [`EncoderSpec`](ipfs_accelerate_core::EncoderSpec) pieces
 //! (`ipfs_accelerate_core::encoder`), through the same name tables the burn modules load with, so
 //! a family's names are written once for both executors.
 

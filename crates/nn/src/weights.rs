@@ -9,7 +9,7 @@
 //! duration of a closure, the [`LoadSettings`] every root `VarBuilder` made inside picks up: the
 //! [`WeightQuantization`] of linear layers and whether weights may be shared. So any family is
 //! quantized and shared at load time without a family-specific option. Builders made outside a
-//! scope load float weights, unshared (and still count what they hold, [`VarBuilder::weights`]
+//! scope load float weights, unshared (and still count what they hold, [`VarBuilder::weights`](crate::VarBuilder::weights)
 //! (crate::VarBuilder::weights)). A loader that builds its `VarBuilder` on another thread does
 //! not see the scope of the calling thread.
 //!

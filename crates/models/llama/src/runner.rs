@@ -406,8 +406,9 @@ pub trait TextGeneration: ModelRunner {
         configs: &[GenerationConfig],
         on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>>;
-    /// Whether requests can join a batch while it decodes ([`generate_continuous`]
-    /// (Self::generate_continuous) admits them); otherwise a batch runs as it started.
+    /// Whether requests can join a batch while it decodes
+    /// ([`generate_continuous`](Self::generate_continuous) admits them); otherwise a batch runs
+    /// as it started.
     fn joins_running_batches(&self) -> bool {
         false
     }
