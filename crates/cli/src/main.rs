@@ -22,9 +22,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(name = "ipfs-accelerate", version, about, long_about = None)]
 struct Cli {
-    /// Model: a local directory, a hub id (org/name or org/name@revision), a `.gguf` file (generate), or
-    /// `embedded` (the built-in int8 all-MiniLM-L6-v2, no network needed: the default of embed,
-    /// classify and qa). `serve` takes several (`--model a --model name=./dir`).
+    /// Model: a local directory, a hub id (org/name or org/name@revision), a `.gguf` file
+    /// (generate), or `embedded` (the built-in int8 all-MiniLM-L6-v2, no network needed: the
+    /// default of embed, classify and qa). `serve` takes several (`--model a --model name=./dir`).
     #[arg(
         long = "model",
         global = true,
