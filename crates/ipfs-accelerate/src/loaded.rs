@@ -394,8 +394,38 @@ impl<T: ?Sized> Loaded<T> {
         self.weights.stats()
     }
 
-    /// Runs `call` in three timed phases and wraps its value with the metrics.
-    pub(crate) fn timed<P, I, V>(
+    /// Runs `call` in three timed phases and wraps its value with the metrics. On the CPU
+    /// backend the inference runs on a thread of the kernels' pool, as `Pipeline`'s forwards do
+    /// ([`ipfs_accelerate_nn::fast::on_pool`]: its parallel loops are not each handed over from
+    /// the calling thread).
+    pub(crate) fn timed<P: Send, I: Send, V>(
+        &self,
+        items: usize,
+        preprocess: impl FnOnce() -> Result<P>,
+        infer: impl FnOnce(&T, P) -> Result<I> + Send,
+        postprocess: impl FnOnce(I) -> Result<V>,
+    ) -> Result<Output<V>>
+    where
+        T: Sync,
+    {
+        let cpu = self.selection.device.kind == BackendKind::Cpu;
+        self.timed_here(
+            items,
+            preprocess,
+            |model, prepared| {
+                if cpu {
+                    ipfs_accelerate_nn::fast::on_pool(|| infer(model, prepared))
+                } else {
+                    infer(model, prepared)
+                }
+            },
+            postprocess,
+        )
+    }
+
+    /// [`timed`](Self::timed) with the inference on the calling thread: for inference that calls
+    /// back into the caller (streamed text).
+    pub(crate) fn timed_here<P, I, V>(
         &self,
         items: usize,
         preprocess: impl FnOnce() -> Result<P>,

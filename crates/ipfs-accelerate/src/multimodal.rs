@@ -115,7 +115,7 @@ mod describe {
                 )));
             }
             let decoded = images;
-            self.inner.timed(
+            self.inner.timed_here(
                 images.len(),
                 || {
                     let prompt = self.processor.chat_prompt(question, decoded.len())?;
