@@ -394,10 +394,8 @@ impl<T: ?Sized> Loaded<T> {
         self.weights.stats()
     }
 
-    /// Runs `call` in three timed phases and wraps its value with the metrics. On the CPU
-    /// backend the inference runs on a thread of the kernels' pool, as `Pipeline`'s forwards do
-    /// ([`ipfs_accelerate_nn::fast::on_pool`]: its parallel loops are not each handed over from
-    /// the calling thread).
+    /// Runs `call` in three timed phases and wraps its value with the metrics; the inference
+    /// on the kernels' pool on the CPU backend ([`on_cpu_pool`]).
     pub(crate) fn timed<P: Send, I: Send, V>(
         &self,
         items: usize,
@@ -408,17 +406,11 @@ impl<T: ?Sized> Loaded<T> {
     where
         T: Sync,
     {
-        let cpu = self.selection.device.kind == BackendKind::Cpu;
+        let kind = self.selection.device.kind;
         self.timed_here(
             items,
             preprocess,
-            |model, prepared| {
-                if cpu {
-                    ipfs_accelerate_nn::fast::on_pool(|| infer(model, prepared))
-                } else {
-                    infer(model, prepared)
-                }
-            },
+            |model, prepared| on_cpu_pool(kind, || infer(model, prepared)),
             postprocess,
         )
     }
@@ -446,6 +438,19 @@ impl<T: ?Sized> Loaded<T> {
             items,
         );
         Ok(Output { value, metrics })
+    }
+}
+
+/// Runs `forward` on a thread of the kernels' pool on the CPU backend
+/// ([`ipfs_accelerate_nn::fast::on_pool`]), so that its parallel loops start there instead of
+/// each being handed over from the calling thread (a wake-up and a sleep per loop): MiniLM
+/// embeddings of 64 sentences measured 11–12 % faster on 2 Zen 4 cores. On other backends in
+/// place (a GPU's context belongs to the calling thread).
+pub(crate) fn on_cpu_pool<R: Send>(backend: BackendKind, forward: impl FnOnce() -> R + Send) -> R {
+    if backend == BackendKind::Cpu {
+        ipfs_accelerate_nn::fast::on_pool(forward)
+    } else {
+        forward()
     }
 }
 

@@ -776,19 +776,6 @@ impl Pipeline {
         }
     }
 
-    /// Runs `forward` on a thread of the kernels' pool on the CPU backend
-    /// ([`ipfs_accelerate_nn::fast::on_pool`]), so that its parallel loops start there instead
-    /// of each being handed over from the calling thread (a wake-up and a sleep per loop): MiniLM
-    /// embeddings of 64 sentences measured 11–12 % faster on 2 Zen 4 cores. Elsewhere in place
-    /// (a GPU's context belongs to the calling thread).
-    fn on_cpu_pool<R: Send>(&self, forward: impl FnOnce() -> R + Send) -> R {
-        if self.backend() == BackendKind::Cpu {
-            ipfs_accelerate_nn::fast::on_pool(forward)
-        } else {
-            forward()
-        }
-    }
-
     /// Sentence embeddings, one vector per text (pooling from the model's sentence-transformers
     /// config, mean by default), L2-normalised when `normalize`.
     pub fn embed(&self, texts: &[&str], normalize: bool) -> Result<Output<Vec<Vec<f32>>>> {
@@ -834,7 +821,7 @@ impl Pipeline {
                 let chunk = &rows[range];
                 let enc = all.select(chunk);
                 pre += clock.lap();
-                let out = self.on_cpu_pool(|| forward(&enc))?;
+                let out = crate::loaded::on_cpu_pool(self.backend(), || forward(&enc))?;
                 inf += clock.lap();
                 counts.items += enc.batch;
                 counts.tokens += enc.batch * enc.seq;
@@ -865,7 +852,8 @@ impl Pipeline {
     ) -> Result<(Encoded, HostLogits, Duration, Duration)> {
         let enc = encode(&self.tokenizer)?;
         let pre = clock.lap();
-        let logits = self.on_cpu_pool(|| self.model.logits(&to_inputs(&enc)))?;
+        let logits =
+            crate::loaded::on_cpu_pool(self.backend(), || self.model.logits(&to_inputs(&enc)))?;
         self.hal.synchronize()?;
         let inf = clock.lap();
         Ok((enc, logits, pre, inf))

@@ -319,8 +319,7 @@ pub fn generate_each(
 /// prefilled) and, between steps, up to `max_rows` rows in all: `admit(free)` may hand up to
 /// `free` more requests (more are admitted too), run through the model together and added to
 /// the batch at once (one by one when that fails, so a prompt the model rejects fails alone), and
-/// a row
-/// leaves the batch as soon as it ends (stop token, token limit, or `Break` from its
+/// a row leaves the batch as soon as it ends (stop token, token limit, or `Break` from its
 /// `on_token`). Requests are numbered in arrival order (`first` are `0..first.len()`);
 /// `on_token(request, token)` streams each token and `on_done(request, result)` ends each
 /// request — with its tokens, or the error of its own admission (a prompt the model rejects, bad
@@ -439,35 +438,28 @@ pub fn generate_continuous(
                     Err(e) => on_done(id, Err(e)),
                 }
             }
+            // Together first; when that fails, one at a time, so only the prompts the model
+            // rejects fail (a lone prompt's error is its own).
             let prompts: Vec<Vec<u32>> = joining.iter().map(|r| r.history.clone()).collect();
-            let groups: Vec<std::ops::Range<usize>> = if joining.is_empty() {
-                Vec::new()
-            } else if let Ok(l) = decoder.admit(&prompts) {
-                if l.len() != prompts.len() * vocab {
-                    return Err(Error::Compute(format!(
-                        "decoder returned {} logits for {} admitted rows of vocab {vocab}",
-                        l.len(),
-                        prompts.len()
-                    )));
-                }
-                logits.extend(l);
-                rows.append(&mut joining);
-                Vec::new()
-            } else {
-                // One at a time: only the prompts the model rejects fail.
-                (0..joining.len()).map(|i| i..i + 1).collect()
+            let groups: Vec<&[Vec<u32>]> = match joining.len() {
+                0 => Vec::new(),
+                1 => vec![&prompts[..]],
+                _ => match decoder.admit(&prompts) {
+                    Ok(l) => {
+                        check_admitted(&l, prompts.len(), vocab)?;
+                        logits.extend(l);
+                        rows.append(&mut joining);
+                        Vec::new()
+                    }
+                    Err(_) => prompts.chunks(1).collect(),
+                },
             };
-            for (row, range) in joining.into_iter().zip(groups) {
-                match decoder.admit(&prompts[range]) {
-                    Ok(l) if l.len() == vocab => {
+            for (row, prompt) in joining.into_iter().zip(groups) {
+                match decoder.admit(prompt) {
+                    Ok(l) => {
+                        check_admitted(&l, 1, vocab)?;
                         logits.extend(l);
                         rows.push(row);
-                    }
-                    Ok(l) => {
-                        return Err(Error::Compute(format!(
-                            "decoder returned {} logits for an admitted row of vocab {vocab}",
-                            l.len()
-                        )))
                     }
                     Err(e) => on_done(row.id, Err(e)),
                 }
@@ -477,6 +469,17 @@ pub fn generate_continuous(
             return Ok(());
         }
     }
+}
+
+/// `Err` unless `logits` holds `rows` rows of `vocab` (what [`RowDecoder::admit`] returns).
+fn check_admitted(logits: &[f32], rows: usize, vocab: usize) -> Result<()> {
+    if logits.len() == rows * vocab {
+        return Ok(());
+    }
+    Err(Error::Compute(format!(
+        "decoder returned {} logits for {rows} admitted rows of vocab {vocab}",
+        logits.len()
+    )))
 }
 
 /// What a `Break` from the token callback ends.

@@ -72,17 +72,9 @@ impl<B: Backend> KvCache<B> {
             return;
         }
         for layer in self.layers.iter_mut().flatten() {
-            let device = layer.0.device();
-            let idx = Tensor::<B, 1, burn::tensor::Int>::from_data(
-                burn::tensor::TensorData::new(
-                    rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
-                    [rows.len()],
-                ),
-                &device,
-            );
             *layer = (
-                layer.0.clone().select(0, idx.clone()),
-                layer.1.clone().select(0, idx),
+                select_rows(layer.0.clone(), rows),
+                select_rows(layer.1.clone(), rows),
             );
         }
     }
@@ -137,6 +129,18 @@ impl<B: Backend> KvCache<B> {
     pub fn clear(&mut self) {
         self.layers.iter_mut().for_each(|l| *l = None);
     }
+}
+
+/// The batch rows `rows` of `t` (dimension 0), in that order.
+pub fn select_rows<B: Backend, const D: usize>(t: Tensor<B, D>, rows: &[usize]) -> Tensor<B, D> {
+    let idx = Tensor::<B, 1, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new(
+            rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
+            [rows.len()],
+        ),
+        &t.device(),
+    );
+    t.select(0, idx)
 }
 
 #[cfg(test)]

@@ -152,14 +152,15 @@ pub(crate) fn run(
         for envelope in envelopes {
             let index = entries.len();
             let mut entry = Entry::new(envelope);
-            let abandoned = entry.envelope.work.abandoned();
-            if let Some(job) = entry.job() {
+            if entry.envelope.work.abandoned() {
+                // Its client is gone: nothing to run or to answer.
+                entry.answered = true;
+            } else if let Some(job) = entry.job() {
                 let prompt = match &job.prompt {
                     Prompt::Text(t) => Ok(t.clone()),
                     Prompt::Chat(messages) => generator.apply_chat_messages(messages),
                 };
                 match prompt {
-                    _ if abandoned => entry.answered = true,
                     Ok(prompt) => {
                         out.push((prompt, job.options.clone()));
                         handed.borrow_mut().push(index);
@@ -177,14 +178,11 @@ pub(crate) fn run(
         out
     };
     let first = take(first);
-    let joins = generator.joins_running_batches();
+    // A generator that cannot change a running batch never asks (`joins_running_batches`).
     let result = generator.generate_continuous(
         first,
         max_rows,
         |free| {
-            if !joins {
-                return Vec::new();
-            }
             let joining = more(free);
             metrics.observe_joins(model, joining.len());
             take(joining)

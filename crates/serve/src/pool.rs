@@ -596,7 +596,6 @@ impl Worker {
         if live.is_empty() {
             return;
         }
-        let alone = live.len() == 1 && rx.is_none();
         let max_rows = if self.batching.enabled {
             self.batching.max_generations.max(1)
         } else {
@@ -631,6 +630,18 @@ impl Worker {
                     self.replica.faults.store(0, Ordering::Relaxed);
                 }
                 for entry in entries {
+                    let streamed = matches!(&entry.envelope.work, Work::Generate(j) if j.started());
+                    // A step of several requests failed: each that streamed nothing yet runs
+                    // alone (still counted in the replica's depth), so a bad one fails by itself.
+                    if whole
+                        && result.is_err()
+                        && !entry.answered
+                        && entry.failure.is_none()
+                        && !streamed
+                    {
+                        self.generate(vec![entry.envelope], None);
+                        continue;
+                    }
                     self.done(&entry.envelope);
                     if entry.answered {
                         self.answered();
@@ -643,21 +654,10 @@ impl Worker {
                             envelope.work,
                             ApiError::internal("the generation ended without an answer"),
                         ),
-                        (None, Err(e)) => {
-                            let streamed =
-                                matches!(&envelope.work, Work::Generate(j) if j.started());
-                            if streamed || e.is_client_error() && !whole {
-                                self.answer_error(envelope.work, e.clone());
-                            } else if whole && !alone {
-                                // Its depth was released above; counted again while it runs.
-                                self.replica
-                                    .depth
-                                    .fetch_add(envelope.work.items(), Ordering::Relaxed);
-                                self.generate(vec![envelope], None);
-                            } else {
-                                self.fault(envelope, e.clone());
-                            }
+                        (None, Err(e)) if streamed || e.is_client_error() => {
+                            self.answer_error(envelope.work, e.clone())
                         }
+                        (None, Err(e)) => self.fault(envelope, e.clone()),
                     }
                 }
             }

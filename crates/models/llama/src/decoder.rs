@@ -184,6 +184,17 @@ impl<'m, B: Backend> LlamaDecoder<'m, B> {
         &self.cache
     }
 
+    /// `Err` naming the first of `tokens` outside the model's vocabulary.
+    fn check_vocabulary<'t>(&self, tokens: impl IntoIterator<Item = &'t u32>) -> Result<()> {
+        let vocab = self.model.config().vocab_size;
+        match tokens.into_iter().find(|&&t| t as usize >= vocab) {
+            Some(bad) => Err(Error::InvalidInput(format!(
+                "token {bad} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Puts `columns` padding columns (masked out) before every row: the cache, ids, mask and
     /// positions (padding's position is 0, as [`positions_from_mask`] gives it).
     fn pad_front(&mut self, columns: usize) {
@@ -295,12 +306,7 @@ impl<B: Backend> TokenDecoder for LlamaDecoder<'_, B> {
                 self.ids.len()
             )));
         }
-        let vocab = self.model.config().vocab_size;
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::InvalidInput(format!(
-                "token {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
+        self.check_vocabulary(tokens)?;
         for (row, &t) in tokens.iter().enumerate() {
             let next = self.positions[row].last().map_or(0, |p| p + 1);
             self.ids[row].push(i64::from(t));
@@ -313,8 +319,7 @@ impl<B: Backend> TokenDecoder for LlamaDecoder<'_, B> {
 
 /// Continuous batching: new requests are prefilled together (apart from the running rows) and
 /// join the batch left-padded to its columns (or the batch is left-padded to theirs); padding is
-/// masked out and
-/// position ids stay per row, so each row decodes as it would alone. Rows that leave are
+/// masked out and position ids stay per row, so each row decodes as it would alone. Rows that leave are
 /// dropped from the cache, and columns every remaining row masks out are trimmed away.
 impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
     fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
@@ -326,12 +331,7 @@ impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
         if !self.ids.is_empty() && self.done != self.len() {
             return Err(Error::InvalidInput("a row joins only after prefill".into()));
         }
-        let vocab = self.model.config().vocab_size;
-        if let Some(bad) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
-            return Err(Error::InvalidInput(format!(
-                "token {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
+        self.check_vocabulary(prompts.iter().flatten())?;
         let mut row = LlamaDecoder::new(self.model, prompts, DecodeMode::Cached)?;
         let logits = row.prefill()?;
         if self.ids.is_empty() {
@@ -366,15 +366,7 @@ impl<B: Backend> RowDecoder for LlamaDecoder<'_, B> {
         pick(&mut self.positions);
         if let Some(embeds) = self.prompt_embeds.take() {
             if !keep.is_empty() {
-                let device = embeds.device();
-                let idx = Tensor::<B, 1, burn::tensor::Int>::from_data(
-                    burn::tensor::TensorData::new(
-                        keep.iter().map(|&r| r as i64).collect::<Vec<_>>(),
-                        [keep.len()],
-                    ),
-                    &device,
-                );
-                self.prompt_embeds = Some(embeds.select(0, idx));
+                self.prompt_embeds = Some(ipfs_accelerate_nn::kv_cache::select_rows(embeds, keep));
             }
         }
         self.cache.select_rows(keep);
