@@ -31,7 +31,9 @@ import sys
 import time
 import traceback
 
-FAMILIES = ("bert", "vit")
+FAMILIES = ("bert", "vit", "clip")
+# Families only the torch peer runs (no ONNX export here).
+TORCH_ONLY = ("clip",)
 GENERATING = ("llama", "qwen2", "t5", "whisper")
 ENGINES = ("torch", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
@@ -133,7 +135,7 @@ def time_calls(fn, warmup, iters):
 
 def build_torch_model(args, tf, torch):
     """The transformers model of the family: the checkpoint of --model-dir, or random weights of --config."""
-    cls = {"bert": tf.BertModel, "vit": tf.ViTModel}[args.family]
+    cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel}[args.family]
     if args.model_dir:
         return cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
     with open(args.config) as f:
@@ -146,7 +148,8 @@ def build_torch_model(args, tf, torch):
 def id_range(args):
     """Token ids to draw from: [low, high) inside the config's vocabulary."""
     with open(args.config) as f:
-        vocab = json.load(f).get("vocab_size", 30522)
+        cfg = json.load(f)
+    vocab = cfg.get("text_config", cfg).get("vocab_size", 30522)
     return (min(1000, vocab // 2), max(min(20000, vocab), 2))
 
 
@@ -154,6 +157,12 @@ def torch_inputs(args, torch, device, dtype):
     if args.family == "vit":
         return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype))
     g = torch.Generator().manual_seed(0)
+    if args.family == "clip":  # --seq text tokens and one image of the config's size per row
+        with open(args.config) as f:
+            side = json.load(f).get("vision_config", {}).get("image_size", 224)
+        ids = torch.randint(*id_range(args), (args.batch, args.seq), generator=g).to(device)
+        return dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                    pixel_values=torch.randn(args.batch, 3, side, side, device=device, dtype=dtype))
     ids = torch.randint(*id_range(args), (args.batch, args.seq), generator=g).to(device)
     return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
 
@@ -391,6 +400,10 @@ def main():
     if args.new and (args.engine != "torch" or args.family not in GENERATING):
         for d in dtypes:
             emit(args, d, "unavailable", f"generation peers: torch on {', '.join(GENERATING)}")
+        return
+    if not args.new and args.engine != "torch" and args.family in TORCH_ONLY:
+        for d in dtypes:
+            emit(args, d, "unavailable", f"the {args.engine} peer has no export of {args.family}")
         return
     if not args.new and args.family not in FAMILIES:
         for d in dtypes:

@@ -9,6 +9,9 @@
 //! The facade's `conformance` module adds loading any compiled-in family on any backend;
 //! family crates use [`family_fixtures`] and [`verify_runner`] in their own tests.
 
+mod spec_reference;
+pub use spec_reference::SpecReference;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -17,6 +17,46 @@ pub enum EncoderActivation {
     GeluTanh,
     /// `max(0, x)`.
     Relu,
+    /// `x · sigmoid(1.702 x)` (CLIP's `quick_gelu`).
+    QuickGelu,
+}
+
+impl EncoderActivation {
+    /// The activation of `x`, in f64 (the reference's arithmetic).
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            EncoderActivation::Gelu => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+            EncoderActivation::GeluTanh => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+            }
+            EncoderActivation::Relu => x.max(0.0),
+            EncoderActivation::QuickGelu => x / (1.0 + (-1.702 * x).exp()),
+        }
+    }
+}
+
+/// The error function (Abramowitz and Stegun 7.1.26 is too coarse for a reference: this is the
+/// series / continued fraction of W. J. Cody's `erf`, to about 1e-15).
+fn erf(x: f64) -> f64 {
+    if x.abs() < 2.0 {
+        // Taylor series: erf(x) = 2/√π Σ (-1)^n x^(2n+1) / (n! (2n+1)).
+        let (mut term, mut sum, x2) = (x, x, x * x);
+        for n in 1..60 {
+            term *= -x2 / n as f64;
+            sum += term / (2 * n + 1) as f64;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(x) = exp(-x²)/(x√π) · continued fraction, for |x| ≥ 2.
+        let a = x.abs();
+        let mut f = 0.0;
+        for n in (1..80).rev() {
+            f = (n as f64 / 2.0) / (a + f);
+        }
+        let erfc = (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + f);
+        (1.0 - erfc).copysign(x)
+    }
 }
 
 /// A dense layer in HF's layout: `weight` is `[out, in]` row-major, `bias` is `[out]`. A layer
@@ -173,14 +213,16 @@ pub enum NormPlacement {
     Pre,
 }
 
-/// Word + absolute position + token type embeddings (BERT).
+/// Word + absolute position (+ token type) embeddings (BERT; CLIP's text tower has no token
+/// types).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenEmbeddings {
     /// Vocabulary size (rows of `word`).
     pub vocab: usize,
     /// Longest sequence (rows of `position`).
     pub max_positions: usize,
-    /// Segment types (rows of `token_type`).
+    /// Segment types (rows of `token_type`); 0 when the model has no token type embeddings
+    /// (then every `token_type_ids` value must be 0).
     pub type_vocab: usize,
     /// `[vocab, hidden]`.
     pub word: Vec<f32>,
@@ -263,6 +305,57 @@ pub struct EncoderSpec {
     pub pooler: Option<DenseWeights>,
     /// The task head, when the checkpoint has one.
     pub head: Option<EncoderHead>,
+    /// Whether attention is causal on top of the padding mask: token `i` sees keys `0..=i`
+    /// (CLIP's text tower).
+    pub causal: bool,
+    /// A projection of one token per row, when the checkpoint has one (CLIP's
+    /// `text_projection` / `visual_projection`).
+    pub projection: Option<EncoderProjection>,
+}
+
+/// Which token of each row a projection reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PooledToken {
+    /// The first token (a class token).
+    First,
+    /// The first position holding this id, or position 0 when the row has none (CLIP's
+    /// `(input_ids == eos_token_id).argmax(-1)`).
+    FirstOf(i64),
+    /// The first position of the row's largest id (CLIP's legacy `input_ids.argmax(-1)`, for
+    /// checkpoints whose `eos_token_id` is 2).
+    LargestId,
+}
+
+impl PooledToken {
+    /// The position read in each row of `ids` (`[rows, seq]` row-major).
+    pub fn positions(self, ids: &[i64], seq: usize) -> Vec<usize> {
+        ids.chunks(seq.max(1))
+            .map(|row| {
+                let key = |id: i64| match self {
+                    PooledToken::First => 0,
+                    PooledToken::FirstOf(eos) => (id == eos) as i64,
+                    PooledToken::LargestId => id,
+                };
+                let best = row.iter().map(|&id| key(id)).max().unwrap_or(0);
+                row.iter().position(|&id| key(id) == best).unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+/// `dense(norm(h[b, token(b)]))`: one token per row projected, after an optional norm of that
+/// token (CLIP: the text tower reads its final-normed end-of-text token; the vision tower applies
+/// `post_layernorm` to the class token).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderProjection {
+    /// The HF output name of the result (`text_embeds`, `image_embeds`).
+    pub output: String,
+    /// Which token it reads.
+    pub token: PooledToken,
+    /// The norm applied to that token first.
+    pub norm: Option<NormWeights>,
+    /// The projection (zero bias where the checkpoint has none).
+    pub dense: DenseWeights,
 }
 
 impl EncoderSpec {
@@ -306,8 +399,8 @@ impl EncoderSpec {
         };
         match &self.input {
             EncoderInput::Tokens(t) => {
-                if t.vocab == 0 || t.max_positions == 0 || t.type_vocab == 0 {
-                    return bad("vocabulary, positions and token types must be positive".into());
+                if t.vocab == 0 || t.max_positions == 0 {
+                    return bad("vocabulary and positions must be positive".into());
                 }
                 check_rows("word_embeddings", &t.word, t.vocab)?;
                 check_rows("position_embeddings", &t.position, t.max_positions)?;
@@ -353,6 +446,18 @@ impl EncoderSpec {
         }
         if let Some(p) = &self.pooler {
             p.check("pooler.dense", h, h)?;
+        }
+        if let Some(p) = &self.projection {
+            if p.dense.out_features == 0 {
+                return bad("the projection has no outputs".into());
+            }
+            p.dense.check(&p.output, p.dense.out_features, h)?;
+            if let Some(n) = &p.norm {
+                check_norm(format!("{}.norm", p.output), n)?;
+            }
+        }
+        if self.causal && matches!(self.input, EncoderInput::Patches(_)) {
+            return bad("causal attention over image patches".into());
         }
         if let Some(head) = &self.head {
             let c = head.dense();
@@ -428,6 +533,8 @@ mod tests {
             final_norm: None,
             pooler: Some(dense(h, h)),
             head: None,
+            causal: false,
+            projection: None,
         }
     }
 

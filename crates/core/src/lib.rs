@@ -15,6 +15,7 @@ mod backend;
 mod config;
 pub mod decoder;
 pub mod encoder;
+pub mod encoder_reference;
 mod error;
 mod metrics;
 mod selector;
@@ -28,9 +29,11 @@ pub use backend::{
 pub use config::{label_count, label_name, softmax, JsonConfig};
 pub use decoder::{DecoderLayerWeights, DecoderSpec, GatedActivation, RotarySpec};
 pub use encoder::{
-    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec,
-    NormPlacement, NormWeights, PatchEmbeddings, TokenEmbeddings,
+    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
+    EncoderProjection, EncoderSpec, NormPlacement, NormWeights, PatchEmbeddings, PooledToken,
+    TokenEmbeddings,
 };
+pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, Stopwatch};
 pub use selector::{Selection, Selector, SkippedBackend};

@@ -28,7 +28,7 @@ pub use error::IoError;
 pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, SpecialTokens};
 pub use mapped::mmap_enabled;
 pub use names::NameMap;
-pub use random::{RandomInit, RandomWeights, RANDOM_GGML_TYPES};
+pub use random::{stored_type, RandomInit, RandomWeights, RANDOM_GGML_TYPES};
 pub use safetensors_file::{quantize_blocks_i8, SafeTensorsFile, WeightStore, SCALE_SUFFIX};
 pub use source::{
     check_file_name, check_model_id, check_revision, resolve, ModelFiles, ModelSource,

@@ -103,8 +103,8 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
 /// tensors count as present; a tensor asked for without a shape is a scalar 0 (HF's logit scales).
 ///
 /// With a ggml type ([`with_ggml_type`](Self::with_ggml_type), `"ggml_type"` in the marker file)
-/// the 2-D `*.weight` tensors whose rows are whole blocks are stored in that format, as a GGUF
-/// file of that type would store them. Their blocks need the shape, which a generated source only
+/// the 2-D `*.weight` tensors are stored in that format, as a GGUF file of that type would store
+/// them (rows that are not whole blocks of a k-quant in llama.cpp's fallback, [`stored_type`]). Their blocks need the shape, which a generated source only
 /// learns from the model: they are served by
 /// [`quantized_blocks_shaped`](TensorSource::quantized_blocks_shaped), which the loaders call
 /// with the shape they expect (as they call [`tensor_shaped`](TensorSource::tensor_shaped)),
@@ -116,13 +116,30 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
 pub struct RandomInit {
     seed: u64,
     std: f32,
-    /// When set, 2-D `*.weight` tensors whose rows are whole blocks are served as these blocks
-    /// (what a GGUF file of that type stores) and their values as the blocks dequantized.
+    /// When set, 2-D `*.weight` tensors are served as blocks of this type (or of llama.cpp's
+    /// fallback for rows that are not whole blocks, [`stored_type`]) as a GGUF file of that type
+    /// stores them, and their values as the blocks dequantized.
     ggml: Option<BlockType>,
 }
 
 /// The ggml formats random weights can be stored in (`"ggml_type"` in the marker file).
 pub const RANDOM_GGML_TYPES: [BlockType; 8] = ipfs_accelerate_kernels::QUANTIZED_FORMATS;
+
+/// The format a GGUF writer stores a weight of `cols` columns in when `ty` is asked for: `ty` when
+/// its rows are whole blocks, else llama.cpp's fallback for a k-quant whose rows are not whole
+/// 256-weight super-blocks (`llama_tensor_get_type`: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0;
+/// Qwen2.5-0.5B's 896-wide rows), else none (f32).
+pub fn stored_type(ty: BlockType, cols: usize) -> Option<BlockType> {
+    let fallback = match ty {
+        BlockType::Q4_K => BlockType::Q5_0,
+        BlockType::Q5_K => BlockType::Q5_1,
+        BlockType::Q6_K => BlockType::Q8_0,
+        _ => ty,
+    };
+    [ty, fallback]
+        .into_iter()
+        .find(|t| cols.is_multiple_of(t.block_size()))
+}
 
 impl RandomInit {
     /// A source seeded with `seed`, weights of standard deviation `std` (HF uses 0.02).
@@ -154,13 +171,12 @@ impl RandomInit {
         let &[rows, cols] = shape else {
             return Ok(None);
         };
-        if !name.ends_with(".weight")
-            || rows == 0
-            || cols == 0
-            || !cols.is_multiple_of(ty.block_size())
-        {
+        if !name.ends_with(".weight") || rows == 0 || cols == 0 {
             return Ok(None);
         }
+        let Some(ty) = stored_type(ty, cols) else {
+            return Ok(None);
+        };
         let values = random_tensor(name, shape, self.seed, self.std)?.to_f32_vec();
         let rows: Vec<Vec<u8>> = values
             .par_chunks(cols)
@@ -372,6 +388,30 @@ mod tests {
         }
     }
 
+    /// Rows that are not whole super-blocks of a k-quant are stored as llama.cpp stores them.
+    #[test]
+    fn k_quant_rows_of_partial_super_blocks_take_llama_cpp_fallbacks() {
+        for (ty, cols, want) in [
+            (BlockType::Q4_K, 896, Some(BlockType::Q5_0)),
+            (BlockType::Q5_K, 96, Some(BlockType::Q5_1)),
+            (BlockType::Q6_K, 32, Some(BlockType::Q8_0)),
+            (BlockType::Q4_K, 512, Some(BlockType::Q4_K)),
+            (BlockType::Q4_0, 96, Some(BlockType::Q4_0)),
+            (BlockType::Q4_K, 100, None),
+        ] {
+            assert_eq!(stored_type(ty, cols), want, "{ty} over {cols}");
+            let blocks = RandomInit::new(5, 0.02)
+                .with_ggml_type(ty)
+                .quantized_blocks_shaped("model.layers.0.mlp.up_proj.weight", [2, cols])
+                .unwrap();
+            assert_eq!(
+                blocks.map(|b| b.ggml_type),
+                want.map(|t| t.id()),
+                "{ty} over {cols}"
+            );
+        }
+    }
+
     #[test]
     fn other_tensors_stay_f32() {
         let init = RandomInit::new(5, 0.02).with_ggml_type(BlockType::Q4_K);
@@ -382,7 +422,6 @@ mod tests {
         // 2-D tensors that are not `*.weight` or whose rows are not whole blocks.
         for (name, shape) in [
             ("model.layers.0.mlp.down_proj.weight", [4, 100]),
-            ("model.layers.0.mlp.down_proj.weight", [4, 32]),
             ("model.layers.0.self_attn.rel_bias", [4, 256]),
             ("model.layers.0.mlp.up_proj.weight", [0, 256]),
         ] {

@@ -346,6 +346,36 @@ pub(crate) fn cublas_encoder_for(
     Ok(Box::new(runner))
 }
 
+/// CLIP on the cuBLAS encoder: both towers' specs ([`ipfs_accelerate_clip::encoder_specs`]) each
+/// on the engine, combined into `CLIPModel`'s outputs by [`ipfs_accelerate_clip::TowerRunner`];
+/// why not, as [`cublas_encoder_for`] says it (images must be of the checkpoint's size).
+#[cfg(all(feature = "cuda", feature = "clip"))]
+pub(crate) fn cublas_clip(
+    kind: BackendKind,
+    dir: &std::path::Path,
+    options: &crate::LoadOptions,
+) -> std::result::Result<ipfs_accelerate_clip::TowerRunner, String> {
+    use ipfs_accelerate_core::JsonConfig;
+    if kind != BackendKind::Cuda {
+        return Err(format!("the cuBLAS encoder runs on cuda, not {kind}"));
+    }
+    let specs = ipfs_accelerate_clip::ClipConfig::from_file(&dir.join("config.json"))
+        .and_then(|config| {
+            let (text, vision, scale) = ipfs_accelerate_clip::encoder_specs(
+                &config,
+                ipfs_accelerate_io::open_weights(dir)?,
+            )?;
+            Ok((config, text, vision, scale))
+        })
+        .map_err(|e| e.to_string())?;
+    let (config, text, vision, scale) = specs;
+    let text = cublas_encoder_for(kind, options, || Ok(text))?;
+    let vision = cublas_encoder_for(kind, options, || Ok(vision))?;
+    Ok(ipfs_accelerate_clip::TowerRunner::new(
+        text, vision, config, scale,
+    ))
+}
+
 /// Whether `IPFS_ACCELERATE_TF32` allows TF32 matmuls.
 fn tf32_allowed() -> bool {
     env_switch(TF32_ENV).unwrap_or(false)

@@ -122,6 +122,22 @@ pub fn load_family_in(
             ),
         }
     }
+    // CLIP on cuda: both towers on the cuBLAS encoder when it can take them, else burn's CubeCL
+    // path.
+    #[cfg(all(feature = "cuda", feature = "clip"))]
+    if backend == BackendKind::Cuda && family == "clip" {
+        let options = crate::LoadOptions {
+            precision,
+            ..Default::default()
+        };
+        match crate::backends::cublas_clip(backend, dir, &options) {
+            Ok(runner) => return Ok(Box::new(runner)),
+            Err(reason) => tracing::info!(
+                "clip on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
+                dir.display()
+            ),
+        }
+    }
     // BERT and ViT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's
     // CubeCL path.
     #[cfg(feature = "cuda")]

@@ -347,6 +347,17 @@ mod zero_shot {
         }
     }
 
+    /// CLIP on the cuBLAS encoder on `cuda` (f32 / f16 float weights, images of the checkpoint's
+    /// size); why not, otherwise.
+    #[cfg(feature = "cuda")]
+    fn engine_clip(
+        kind: ipfs_accelerate_core::BackendKind,
+        dir: &Path,
+        options: &LoadOptions,
+    ) -> std::result::Result<Box<dyn ClipTasks>, String> {
+        Ok(Box::new(crate::backends::cublas_clip(kind, dir, options)?))
+    }
+
     task_type!(
         /// Zero-shot image classification with CLIP: the probability of each free-text label.
         ZeroShotClassifier => ClipTasks {
@@ -358,12 +369,17 @@ mod zero_shot {
     impl ZeroShotClassifier {
         /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
         pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-            let inner = Loaded::load_with_graph(
+            #[cfg(feature = "cuda")]
+            let engine: Option<&crate::loaded::EngineLoader<dyn ClipTasks>> = Some(&engine_clip);
+            #[cfg(not(feature = "cuda"))]
+            let engine = None;
+            let inner = Loaded::load_with_engines(
                 model,
                 options,
                 &[PREPROCESSOR, "tokenizer.json"],
                 LoadClip,
                 graph!(graph_clip),
+                engine,
             )?;
             let side = inner.model.config().vision_config.image_size;
             let processor = image_processor(&inner.dir, ProcessorKind::Clip, Some((side, side)))?;

@@ -189,6 +189,7 @@ pub fn encoder_activation(act: Activation) -> Result<EncoderActivation> {
         Activation::Gelu => EncoderActivation::Gelu,
         Activation::GeluTanh => EncoderActivation::GeluTanh,
         Activation::Relu => EncoderActivation::Relu,
+        Activation::QuickGelu => EncoderActivation::QuickGelu,
         other => {
             return Err(Error::InvalidInput(format!(
                 "the encoder spec has no activation {other:?}"

@@ -238,22 +238,26 @@ __device__ __forceinline__ void load_x(const T* x, float* v) {
 }
 
 // y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
-// one warp per output feature, its weight row (`row_bytes` bytes from w + o * row_bytes) read a
-// unit per lane at a time, the rows of x (which every warp reads, so they stay in L1 / L2) in
-// 16-byte loads; f32 sums. k is a multiple of the unit, x_stride of VEC.
+// `split` warps (1, 2, 4 or 8) per output feature, so a product of few outputs or long rows still
+// has enough loads in flight; their lanes read the weight row (`row_bytes` bytes from
+// w + o * row_bytes) a unit each at a time, the rows of x (which every warp reads, so they stay in
+// L1 / L2) in 16-byte loads; f32 sums, the split's partial sums added in shared memory. k is a
+// multiple of the unit, x_stride of VEC.
 // Prologue: with `gamma`, x' is x's RMSNorm (x / rms(x), rounded to T, times gamma, rounded, as
 // residual_rms_norm writes it), else x itself. Epilogue: the bias when given (rounded with the
 // product, as a linear layer's output), then with `residual` y = residual + that (the residual
 // stream; `residual` may be `y`). Output row r is at y + r * y_stride (a part of a stacked
-// weight writes its own columns). Grid (out / warps per block), block (32 * warps per block).
+// weight writes its own columns). Grid (out / (GEMV_WARPS / split)), block (32 * GEMV_WARPS).
 #define GEMV_ROWS 8
+#define GEMV_WARPS 8
 template <int F>
 __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* x, int x_stride,
                           int rows, int out, int k, const T* gamma, float eps, const T* bias,
-                          const T* residual, T* y, int y_stride) {
+                          const T* residual, T* y, int y_stride, int split) {
     const int N = Unit<F>::N;
     __shared__ float red[32];
     __shared__ float inv[GEMV_ROWS];
+    __shared__ float partial[GEMV_WARPS][GEMV_ROWS];
     if (gamma) {
         for (int r = 0; r < rows; ++r) {
             float ss = 0.f;
@@ -267,16 +271,17 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
         __syncthreads();
     }
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (o >= out) return;
-    const unsigned char* wr = w + (size_t)o * row_bytes;
+    int sub = warp % split;
+    int o = blockIdx.x * (GEMV_WARPS / split) + warp / split;
+    bool active = o < out;
+    const unsigned char* wr = w + (size_t)(active ? o : 0) * row_bytes;
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.f;
-    int units = k / N;
+    int units = active ? k / N : 0, step = 32 * split;
     // Unrolled so each lane has several weight loads in flight (the product is bandwidth-bound).
 #pragma unroll 4
-    for (int u = lane; u < units; u += 32) {
+    for (int u = sub * 32 + lane; u < units; u += step) {
         int c = u * N;
         float wv[N], g[N];
         load_unit<F>(wr, u, wv);
@@ -295,16 +300,23 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
         }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-        if (r < rows) {
-            float v = warp_reduce(acc[r], BLOCK_SUM);
-            if (lane == 0) {
-                size_t at = (size_t)r * y_stride + o;
-                if (bias) v = round_t(v + ld(bias[o]));
-                if (residual) v = ld(residual[at]) + round_t(v);
-                y[at] = st(v);
-            }
-        }
+    for (int r = 0; r < GEMV_ROWS; ++r)
+        if (r < rows) acc[r] = warp_reduce(acc[r], BLOCK_SUM);
+    if (split > 1) {
+        if (lane == 0)
+            for (int r = 0; r < rows; ++r) partial[warp][r] = acc[r];
+        __syncthreads();
+        if (sub != 0) return;
+        for (int r = 0; r < rows; ++r)
+            for (int p = 1; p < split; ++p) acc[r] += partial[warp + p][r];
+    }
+    if (!active || lane != 0) return;
+    for (int r = 0; r < rows; ++r) {
+        float v = acc[r];
+        size_t at = (size_t)r * y_stride + o;
+        if (bias) v = round_t(v + ld(bias[o]));
+        if (residual) v = ld(residual[at]) + round_t(v);
+        y[at] = st(v);
     }
 }
 
@@ -330,20 +342,15 @@ __device__ void dequant_impl(const unsigned char* w, long long row_bytes, const 
     extern "C" __global__ void gemv_##NAME(const unsigned char* w, long long row_bytes,         \
                                            const T* x, int x_stride, int rows, int out, int k,  \
                                            const T* gamma, float eps, const T* bias,            \
-                                           const T* residual, T* y, int y_stride) {             \
+                                           const T* residual, T* y, int y_stride, int split) {  \
         gemv_impl<F>(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias, residual, y,   \
-                     y_stride);                                                                 \
+                     y_stride, split);                                                          \
     }                                                                                           \
     extern "C" __global__ void dequant_##NAME(const unsigned char* w, long long row_bytes,      \
                                               const int* ids, int first, int k, T* out) {       \
         dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \
     }
 WEIGHT_KERNELS(dense, DENSE)
-WEIGHT_KERNELS(q8_0, GGML_Q8_0)
-WEIGHT_KERNELS(q4_0, GGML_Q4_0)
-WEIGHT_KERNELS(q4_1, GGML_Q4_1)
-WEIGHT_KERNELS(q5_0, GGML_Q5_0)
-WEIGHT_KERNELS(q5_1, GGML_Q5_1)
-WEIGHT_KERNELS(q4_k, GGML_Q4_K)
-WEIGHT_KERNELS(q5_k, GGML_Q5_K)
-WEIGHT_KERNELS(q6_k, GGML_Q6_K)
+// The block formats' pairs (`WEIGHT_KERNELS(q4_k, 12)`, ...) follow, appended by the engine for
+// the formats the model stores only (`kernel_source`): they are most of the module's compile
+// time on a fresh machine.

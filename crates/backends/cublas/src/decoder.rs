@@ -51,8 +51,9 @@ struct Kernels {
     cached_attention_scalar: CudaFunction,
     /// The products and row reads of dense weights.
     dense: WeightKernels,
-    /// Those of each ggml block format ([`BLOCK_FORMATS`], same order).
-    blocks: Vec<WeightKernels>,
+    /// Those of each ggml block format ([`BLOCK_FORMATS`], same order) the model stores; the
+    /// others are not compiled.
+    blocks: Vec<Option<WeightKernels>>,
 }
 
 /// The two kernels of one weight storage (`WEIGHT_KERNELS` in decoder.cu).
@@ -65,10 +66,12 @@ struct WeightKernels {
 
 impl Kernels {
     /// The kernels of a weight stored as `storage`.
-    fn of<T>(&self, storage: &Storage<T>) -> &WeightKernels {
+    fn of<T>(&self, storage: &Storage<T>) -> Result<&WeightKernels, EngineError> {
         match storage {
-            Storage::Dense(_) => &self.dense,
-            Storage::Blocks { format, .. } => &self.blocks[format.index],
+            Storage::Dense(_) => Ok(&self.dense),
+            Storage::Blocks { format, .. } => self.blocks[format.index].as_ref().ok_or_else(|| {
+                EngineError::Spec(format!("the {} kernels were not compiled", format.name))
+            }),
         }
     }
 }
@@ -151,6 +154,25 @@ const SCRATCH_VALUES: usize = 4 << 20;
 const GEMV_ROWS: usize = 8;
 /// Warps per block of `gemv_*` (one output feature each).
 const GEMV_WARPS: u32 = 8;
+/// Warps a GEMV launch aims for (about 32 per SM of an H100): below it, outputs get several
+/// warps each.
+const GEMV_FILL_WARPS: usize = 4096;
+
+/// Warps per output feature of a GEMV over `out` outputs of `units` units each (`split` in
+/// decoder.cu): doubled, up to [`GEMV_WARPS`], while the launch has fewer than
+/// [`GEMV_FILL_WARPS`] warps and every lane of the split still gets a unit. A decoding step's
+/// products of few outputs or long rows (Qwen2.5-0.5B's 896 outputs of 4864 values) are
+/// otherwise bound by the latency of a few warps per SM.
+pub(crate) fn gemv_split(out: usize, units: usize) -> u32 {
+    let mut split = 1;
+    while split < GEMV_WARPS
+        && out * (split as usize) < GEMV_FILL_WARPS
+        && units > 32 * split as usize
+    {
+        split *= 2;
+    }
+    split
+}
 
 /// What `gemv_*` does around its product.
 #[derive(Clone, Copy)]
@@ -242,6 +264,15 @@ impl<T> Part<T> {
         match &self.storage {
             Storage::Dense(_) => k * std::mem::size_of::<T>(),
             Storage::Blocks { format, .. } => k / format.block * format.bytes,
+        }
+    }
+
+    /// Values a GEMV lane reads at a time (`Unit` in decoder.cu): 16 bytes of `T`, or 8 weights
+    /// of a block.
+    fn unit(&self) -> usize {
+        match &self.storage {
+            Storage::Dense(_) => crate::engine::vec_width::<T>(),
+            Storage::Blocks { .. } => 8,
         }
     }
 
@@ -488,7 +519,16 @@ where
                 )));
             }
         }
-        let module = compile_module::<T>(stream.context())?;
+        // Only the block formats the model stores are compiled.
+        let formats: Vec<BlockFormat> = BLOCK_FORMATS
+            .iter()
+            .filter(|f| {
+                spec.dense_layers()
+                    .any(|d| d.blocks.as_ref().is_some_and(|b| b.ggml_type == f.id))
+            })
+            .copied()
+            .collect();
+        let module = compile_module::<T>(stream.context(), &formats)?;
         let f = |name: &str| module.load_function(name);
         let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
             Ok(WeightKernels {
@@ -496,6 +536,16 @@ where
                 dequant: f(&format!("dequant_{name}"))?,
             })
         };
+        let dense = weight_kernels("dense")?;
+        let blocks: Vec<Option<WeightKernels>> = BLOCK_FORMATS
+            .iter()
+            .map(|b| {
+                formats
+                    .contains(b)
+                    .then(|| weight_kernels(b.name))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
         let kernels = Kernels {
             gather_rows: f("gather_rows")?,
             append_mask: f("append_mask")?,
@@ -504,11 +554,8 @@ where
             rope_split: f("rope_split")?,
             cached_attention: f("cached_attention")?,
             cached_attention_scalar: f("cached_attention_scalar")?,
-            dense: weight_kernels("dense")?,
-            blocks: BLOCK_FORMATS
-                .iter()
-                .map(|b| weight_kernels(b.name))
-                .collect::<Result<_, _>>()?,
+            dense,
+            blocks,
         };
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
             let mut d =
@@ -760,7 +807,9 @@ where
             let y_part = y + first * size;
             let bias_part = bias.map_or(0, |b| b + first * size);
             let residual = if epilogue.in_place { y_part } else { 0 };
-            let mut args = s.launch_builder(&self.kernels.of(&part.storage).gemv);
+            let split = gemv_split(part.rows, w.in_features / part.unit());
+            let split_i = split as i32;
+            let mut args = s.launch_builder(&self.kernels.of(&part.storage)?.gemv);
             args.arg(&w_ptr)
                 .arg(&row_bytes)
                 .arg(&x)
@@ -773,14 +822,15 @@ where
                 .arg(&bias_part)
                 .arg(&residual)
                 .arg(&y_part)
-                .arg(&y_stride);
+                .arg(&y_stride)
+                .arg(&split_i);
             // SAFETY: `gemv_*(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias,
-            // residual, y, y_stride)` reads the part's `out` rows of `row_bytes`, `rows` rows of
+            // residual, y, y_stride, split)` reads the part's `out` rows of `row_bytes`, `rows` rows of
             // `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out` of the bias,
             // and reads / writes `out` columns of `rows` rows of `y`.
             unsafe {
                 args.launch(LaunchConfig {
-                    grid_dim: ((part.rows as u32).div_ceil(GEMV_WARPS), 1, 1),
+                    grid_dim: ((part.rows as u32).div_ceil(GEMV_WARPS / split), 1, 1),
                     block_dim: (32 * GEMV_WARPS, 1, 1),
                     shared_mem_bytes: 0,
                 })
@@ -807,7 +857,7 @@ where
         };
         let (row_bytes, first_i, k_i) = (part.row_bytes(k) as i64, first as i32, k as i32);
         let w_ptr = part.ptr(s);
-        let mut args = s.launch_builder(&self.kernels.of(&part.storage).dequant);
+        let mut args = s.launch_builder(&self.kernels.of(&part.storage)?.dequant);
         args.arg(&w_ptr)
             .arg(&row_bytes)
             .arg(&ids)

@@ -16,7 +16,7 @@ use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 const HARNESS: &str = r#"
 typedef void (*Gemv)(const unsigned char*, long long, const T*, int, int, int, int, const T*,
-                     float, const T*, const T*, T*, int);
+                     float, const T*, const T*, T*, int, int);
 typedef void (*Deq)(const unsigned char*, long long, const int*, int, int, T*);
 static Gemv gemvs[] = {gemv_dense, gemv_q8_0, gemv_q4_0, gemv_q4_1, gemv_q5_0,
                        gemv_q5_1,  gemv_q4_k, gemv_q5_k, gemv_q6_k};
@@ -34,7 +34,7 @@ static void put(const T* v, size_t n) {
     }
 }
 int main(void) {
-    int* h = take<int>(10);  // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place
+    int* h = take<int>(11);  // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place, split
     long long row_bytes = *take<long long>(1);
     int f = h[0], out = h[1], k = h[2], rows = h[3], xs = h[4], ys = h[5], off = h[6];
     unsigned char* w = (unsigned char*)aligned_alloc(64, ((size_t)out * row_bytes + 63) / 64 * 64);
@@ -45,9 +45,10 @@ int main(void) {
     T* y = to_t(take<float>((size_t)rows * ys), (size_t)rows * ys);
     int n_ids = *take<int>(1);
     int* ids = take<int>(n_ids);
-    emu_launch({(unsigned)(out + 7) / 8, 1, 1}, {256, 1, 1}, [&] {
+    int split = h[10], per_block = 8 / split;
+    emu_launch({(unsigned)((out + per_block - 1) / per_block), 1, 1}, {256, 1, 1}, [&] {
         gemvs[f](w, row_bytes, x, xs, rows, out, k, h[7] ? gamma : nullptr, 1e-6f,
-                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys);
+                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys, split);
     });
     put(y, (size_t)rows * ys);
     T* d = (T*)calloc((size_t)n_ids * k, sizeof(T));
@@ -101,7 +102,7 @@ template <class V> static V* take(size_t n) {
 /// The f32 kernel source on the host with `harness` (its `main`): the emulation first, the
 /// dynamic shared memory a static.
 fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
-    let source = kernel_source::<T>()
+    let source = kernel_source::<T>(&BLOCK_FORMATS)
         .replace(
             "extern __shared__ float dynamic_shared[];",
             "static float dynamic_shared[1 << 16];",
@@ -165,8 +166,10 @@ impl Rng {
     }
 }
 
-/// One case: a part of `out` rows written at column `off` of rows `y_stride` wide.
+/// One case: a part of `out` rows written at column `off` of rows `y_stride` wide, `split` warps
+/// per output.
 struct Case {
+    split: i32,
     rows: usize,
     x_stride: usize,
     y_stride: usize,
@@ -199,9 +202,12 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
         return;
     };
     let size = std::mem::size_of::<T>();
-    let (out, k) = (44, 512); // 44 rows: the last block's warps past the end return early
+    // 21 rows: every split but 8 leaves warps past the end in its last block (they only add to
+    // the split's barrier).
+    let (out, k) = (21, 512);
     let cases = [
         Case {
+            split: 1,
             rows: 1,
             x_stride: k,
             y_stride: out,
@@ -211,6 +217,17 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             in_place: false,
         },
         Case {
+            split: 2,
+            rows: 2,
+            x_stride: k,
+            y_stride: out,
+            off: 0,
+            gamma: true,
+            bias: true,
+            in_place: false,
+        },
+        Case {
+            split: 4,
             rows: 3,
             x_stride: k + 8,
             y_stride: out + 20,
@@ -220,6 +237,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             in_place: true,
         },
         Case {
+            split: 8,
             rows: 8,
             x_stride: k,
             y_stride: out + 4,
@@ -291,6 +309,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                 c.gamma as i32,
                 c.bias as i32,
                 c.in_place as i32,
+                c.split,
             ];
             header.iter().for_each(|v| input.extend(v.to_le_bytes()));
             input.extend((row_bytes as i64).to_le_bytes());
@@ -623,4 +642,159 @@ fn rope_norm_and_gated_activation_match_their_definitions() {
     }
     // Columns of the cache no row wrote stay as they were (zeros).
     assert!(kc[..past * hd].iter().all(|&v| v == 0.0));
+}
+
+const ENCODER_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(4);  // batch, seq, hidden, heads
+    int batch = d[0], seq = d[1], hid = d[2], heads = d[3], rows = batch * seq;
+    size_t score_n = (size_t)batch * heads * seq * seq;
+    int* ids = take<int>(rows);
+    int* mask = take<int>(rows);
+    int* pooled = take<int>(batch);
+    T* word = to_t(take<float>((size_t)8 * hid), (size_t)8 * hid);
+    T* pos = to_t(take<float>((size_t)seq * hid), (size_t)seq * hid);
+    float* scores_f = take<float>(score_n);
+    T* y = to_t(take<float>((size_t)rows * hid), (size_t)rows * hid);
+    T* bias = to_t(take<float>(hid), hid);
+    int* types = (int*)calloc(rows, sizeof(int));
+    T* zero_type = (T*)calloc(hid, sizeof(T));
+    T* emb = (T*)calloc((size_t)rows * hid, sizeof(T));
+    float eps = 1e-5f;
+    int no = 0, causal = 1;
+    emu_launch({(unsigned)rows, 1, 1}, {64, 1, 1}, [&] {
+        embeddings(ids, types, word, pos, zero_type, word, word, eps, seq, hid, no, emb);
+    });
+    put(emb, (size_t)rows * hid);
+    T* block_scores = to_t(scores_f, score_n);
+    long long score_rows = (long long)batch * heads * seq;
+    emu_launch({(unsigned)score_rows, 1, 1}, {32, 1, 1},
+               [&] { masked_softmax(block_scores, mask, heads, seq, seq, causal); });
+    put(block_scores, score_n);
+    T* warp_scores = to_t(scores_f, score_n);
+    emu_launch({(unsigned)((score_rows + 3) / 4), 1, 1}, {32, 4, 1}, [&] {
+        masked_softmax_warp(warp_scores, mask, heads, seq, seq, score_rows, causal);
+    });
+    put(warp_scores, score_n);
+    emu_launch({(unsigned)rows, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { bias_act(y, bias, hid, 6); });
+    put(y, (size_t)rows * hid);
+    T* gathered = (T*)calloc((size_t)batch * hid, sizeof(T));
+    emu_launch({(unsigned)batch, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { gather_rows(pooled, y, hid, gathered); });
+    put(gathered, (size_t)batch * hid);
+    return 0;
+}
+"#;
+
+/// The kernels CLIP's towers added to the encoder, against their definitions: token embeddings
+/// without a norm or token types, the causal padding-masked softmax (block and warp forms; a
+/// query whose only earlier key is padding sees the keys up to its own, as HF's additive mask
+/// gives), quick-GELU, and the row gather a projection reads its token with.
+#[test]
+fn clip_encoder_kernels_match_their_definitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_harness = format!(
+        "{}\n{ENCODER_HARNESS}",
+        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
+    );
+    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+        return;
+    };
+    let (batch, seq, hid, heads) = (2usize, 5usize, 40usize, 2usize);
+    let rows = batch * seq;
+    let mut rng = Rng(0x0bad_5eed_1234_4321);
+    let ids: Vec<i32> = (0..rows as i32).map(|r| (r * 5) % 8).collect();
+    // Row 0 is right-padded; row 1 starts with padding (its first query sees no key).
+    let mask: Vec<i32> = vec![1, 1, 1, 0, 0, 0, 1, 1, 1, 1];
+    let pooled: Vec<i32> = vec![2, seq as i32 + 3];
+    let word = rng.vec(8 * hid, 2.0, 0.0);
+    let pos = rng.vec(seq * hid, 2.0, 0.0);
+    let scores = rng.vec(batch * heads * seq * seq, 6.0, 0.0);
+    let y = rng.vec(rows * hid, 8.0, 0.0);
+    let bias = rng.vec(hid, 1.0, 0.0);
+    let mut input = Vec::new();
+    for v in [batch, seq, hid, heads] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in ids.iter().chain(&mask).chain(&pooled) {
+        input.extend(v.to_le_bytes());
+    }
+    for v in word
+        .iter()
+        .chain(&pos)
+        .chain(&scores)
+        .chain(&y)
+        .chain(&bias)
+    {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "encoder kernels");
+    let n = scores.len();
+    let (emb, rest) = got.split_at(rows * hid);
+    let (block_sm, rest) = rest.split_at(n);
+    let (warp_sm, rest) = rest.split_at(n);
+    let (act, gathered) = rest.split_at(rows * hid);
+    let close = |a: f32, b: f64, what: &str| {
+        assert!(
+            (f64::from(a) - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{what}: {a} against {b}"
+        );
+    };
+    for m in 0..rows {
+        for c in 0..hid {
+            let want = f64::from(word[ids[m] as usize * hid + c] + pos[(m % seq) * hid + c]);
+            close(emb[m * hid + c], want, "embeddings");
+        }
+    }
+    for r in 0..batch * heads * seq {
+        let (b, i) = (r / (heads * seq), r % seq);
+        let visible: Vec<usize> = (0..=i).filter(|&j| mask[b * seq + j] != 0).collect();
+        let visible = if visible.is_empty() {
+            (0..=i).collect()
+        } else {
+            visible
+        };
+        let row = &scores[r * seq..(r + 1) * seq];
+        let mx = visible
+            .iter()
+            .map(|&j| f64::from(row[j]))
+            .fold(f64::MIN, f64::max);
+        let total: f64 = visible
+            .iter()
+            .map(|&j| (f64::from(row[j]) - mx).exp())
+            .sum();
+        for j in 0..seq {
+            let want = if visible.contains(&j) {
+                (f64::from(row[j]) - mx).exp() / total
+            } else {
+                0.0
+            };
+            close(
+                block_sm[r * seq + j],
+                want,
+                &format!("softmax row {r} key {j}"),
+            );
+            close(
+                warp_sm[r * seq + j],
+                want,
+                &format!("warp softmax row {r} key {j}"),
+            );
+        }
+    }
+    for m in 0..rows {
+        for c in 0..hid {
+            let v = f64::from(y[m * hid + c]) + f64::from(bias[c]);
+            close(
+                act[m * hid + c],
+                v / (1.0 + (-1.702 * v).exp()),
+                "quick gelu",
+            );
+        }
+    }
+    for (b, &p) in pooled.iter().enumerate() {
+        for c in 0..hid {
+            assert_eq!(gathered[b * hid + c], act[p as usize * hid + c], "gather");
+        }
+    }
 }

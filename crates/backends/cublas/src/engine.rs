@@ -104,6 +104,7 @@ enum Act {
     Tanh = 3,
     /// The bias alone.
     None = 4,
+    QuickGelu = 6,
 }
 
 impl From<EncoderActivation> for Act {
@@ -112,6 +113,7 @@ impl From<EncoderActivation> for Act {
             EncoderActivation::Gelu => Act::Gelu,
             EncoderActivation::GeluTanh => Act::GeluTanh,
             EncoderActivation::Relu => Act::Relu,
+            EncoderActivation::QuickGelu => Act::QuickGelu,
         }
     }
 }
@@ -133,17 +135,34 @@ struct Kernels {
     layer_norm: CudaFunction,
     layer_norm_vec: CudaFunction,
     patch_embeddings: CudaFunction,
+    gather_rows: CudaFunction,
     patch_rows: CudaFunction,
 }
 
-/// Compiles the engine's kernels (`kernels.cu` and `decoder.cu`) for `T` on `ctx`'s device.
+/// Compiles the engine's kernels (`kernels.cu` and `decoder.cu`) for `T` on `ctx`'s device, with
+/// the products of the ggml block `formats` a model stores.
 pub(crate) fn compile_module<T: Elem>(
     ctx: &Arc<CudaContext>,
+    formats: &[crate::BlockFormat],
 ) -> Result<Arc<cudarc::driver::CudaModule>, EngineError> {
     let (major, minor) = ctx.compute_capability()?;
     let arch = format!("compute_{major}{minor}");
-    let ptx = compile_cached(ptx_cache_dir().as_deref(), &kernel_source::<T>(), &arch)?;
-    Ok(ctx.load_module(ptx)?)
+    let source = kernel_source::<T>(formats);
+    let ptx = compile_cached(ptx_cache_dir().as_deref(), &source, &arch)?;
+    let clock = std::time::Instant::now();
+    let module = ctx.load_module(ptx)?;
+    // The driver turns the PTX into machine code here (its own cache makes later loads quick).
+    slow_step("loaded the kernels into the driver", clock);
+    Ok(module)
+}
+
+/// A progress line on stderr for a step that took more than a second (kernel compiles on a
+/// fresh machine), so a slow first call says where its time went.
+fn slow_step(what: &str, clock: std::time::Instant) {
+    let took = clock.elapsed();
+    if took.as_secs_f64() > 1.0 {
+        eprintln!("cuBLAS engine: {what} in {:.1} s", took.as_secs_f64());
+    }
 }
 
 /// Environment variable naming the kernel cache directory (shared with the CubeCL backends).
@@ -190,8 +209,10 @@ pub(crate) fn compile_cached(
         options: vec![format!("--gpu-architecture={arch}")],
         ..Default::default()
     };
+    let clock = std::time::Instant::now();
     let ptx = compile_ptx_with_opts(source, options)
         .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
+    slow_step(&format!("compiled its kernels for {arch} (NVRTC)"), clock);
     if let Some(file) = file {
         // Written whole, then renamed: a concurrent process never reads half a file.
         let tmp = file.with_extension(format!("{}.tmp", std::process::id()));
@@ -210,12 +231,18 @@ pub(crate) fn compile_cached(
     Ok(ptx)
 }
 
-/// The CUDA source of every kernel of the engine for storage type `T`.
-pub(crate) fn kernel_source<T: Elem>() -> String {
-    format!(
+/// The CUDA source of the engine's kernels for storage type `T`: every kernel, and the product
+/// and row read (`gemv_<name>`, `dequant_<name>`) of dense weights and of each block format of
+/// `formats`.
+pub(crate) fn kernel_source<T: Elem>(formats: &[crate::BlockFormat]) -> String {
+    let mut source = format!(
         "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{GGML_BLOCKS}\n{DECODER_KERNELS}",
         T::PREFIX
-    )
+    );
+    for f in formats {
+        source.push_str(&format!("WEIGHT_KERNELS({}, {})\n", f.name, f.id));
+    }
+    source
 }
 
 /// A context on device `ordinal` with one stream (cudarc's cross-stream events off: every buffer
@@ -232,7 +259,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 
 impl Kernels {
     fn compile<T: Elem>(ctx: &Arc<CudaContext>) -> Result<Kernels, EngineError> {
-        let module = compile_module::<T>(ctx)?;
+        let module = compile_module::<T>(ctx, &[])?;
         let f = |name: &str| module.load_function(name);
         Ok(Kernels {
             embeddings: f("embeddings")?,
@@ -252,6 +279,7 @@ impl Kernels {
             layer_norm_vec: f("layer_norm_vec")?,
             patch_embeddings: f("patch_embeddings")?,
             patch_rows: f("patch_rows")?,
+            gather_rows: f("gather_rows")?,
         })
     }
 }
@@ -289,6 +317,14 @@ pub struct EncoderOutput {
     /// first token or the pooled output, `[batch, seq, labels]` over every token (a span head's
     /// two labels are its start and end logits).
     pub logits: Option<HostTensor>,
+    /// The projection's output `[batch, out]`, when the spec has one.
+    pub projection: Option<HostTensor>,
+}
+
+/// A projection of one token per row ([`ipfs_accelerate_core::EncoderProjection`]) on the device.
+struct DeviceProjection<T> {
+    norm: Option<Norm<T>>,
+    dense: Dense<T>,
 }
 
 /// What a task head reads, on the device.
@@ -333,6 +369,9 @@ pub struct Tokens<'a> {
     pub types: &'a [i32],
     /// 1 for a visible key, 0 for padding.
     pub mask: &'a [i32],
+    /// `[batch]`: the position each row's projection reads (the spec's
+    /// [`ipfs_accelerate_core::PooledToken`]); empty when the spec has no projection.
+    pub pooled: &'a [i32],
 }
 
 /// Images, checked by the caller: `[batch, channels, height, width]` row-major, of the size the
@@ -357,9 +396,10 @@ enum DeviceInput<T> {
     Tokens {
         word: CudaSlice<T>,
         position: CudaSlice<T>,
+        /// One zero row when the spec has no token types.
         token_type: CudaSlice<T>,
         /// BERT's embedding norm, fused into the embeddings kernel.
-        norm: Norm<T>,
+        norm: Option<Norm<T>>,
     },
     Patches {
         projection: Dense<T>,
@@ -391,6 +431,9 @@ pub struct Encoder<T: Elem> {
     final_norm: Option<Norm<T>>,
     pooler: Option<Dense<T>>,
     head: Option<DeviceHead<T>>,
+    /// Causal attention on top of the padding mask.
+    causal: bool,
+    projection: Option<DeviceProjection<T>>,
     /// Page-locked host memory the outputs are copied through (grown to the largest output).
     staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// Page-locked host memory image inputs go up through, in `T` (grown to the largest input).
@@ -642,10 +685,12 @@ where
             EncoderInput::Tokens(t) => DeviceInput::Tokens {
                 word: up(&t.word)?,
                 position: up(&t.position)?,
-                token_type: up(&t.token_type)?,
-                norm: norm(spec.embedding_norm.as_ref().ok_or_else(|| {
-                    EngineError::Spec("token embeddings need their layer norm".into())
-                })?)?,
+                token_type: if t.type_vocab == 0 {
+                    up(&vec![0.0; spec.hidden])?
+                } else {
+                    up(&t.token_type)?
+                },
+                norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
             },
             EncoderInput::Patches(p) => DeviceInput::Patches {
                 projection: dense(&p.projection)?,
@@ -678,6 +723,14 @@ where
                 Some(EncoderHead::EveryToken(d) | EncoderHead::Span(d)) => {
                     Some(DeviceHead::EveryToken(dense(d)?))
                 }
+            },
+            causal: spec.causal,
+            projection: match &spec.projection {
+                None => None,
+                Some(p) => Some(DeviceProjection {
+                    norm: p.norm.as_ref().map(norm).transpose()?,
+                    dense: dense(&p.dense)?,
+                }),
             },
             stream,
             staging: Mutex::new(None),
@@ -815,6 +868,9 @@ where
                 let types = s.clone_htod(tokens.types)?;
                 let mask = s.clone_htod(tokens.mask)?;
                 profile.mark("upload")?;
+                // Without a norm the kernel reads neither table: any buffer stands in.
+                let (gamma, beta) = norm.as_ref().map_or((word, word), |n| (&n.gamma, &n.beta));
+                let normalize = norm.is_some() as i32;
                 // SAFETY: `embeddings` as declared in kernels.cu; ids and types index inside the
                 // tables (checked by the runner).
                 unsafe {
@@ -824,11 +880,12 @@ where
                         .arg(word)
                         .arg(position)
                         .arg(token_type)
-                        .arg(&norm.gamma)
-                        .arg(&norm.beta)
+                        .arg(gamma)
+                        .arg(beta)
                         .arg(&eps)
                         .arg(&seq_i)
                         .arg(&h_i)
+                        .arg(&normalize)
                         .arg(&mut x)
                         .launch(norm_cfg)?;
                 }
@@ -932,14 +989,19 @@ where
             (&self.kernels.masked_softmax, cfg)
         };
         let score_rows_i = score_rows as i64;
+        let causal_i = self.causal as i32;
         let per_head = (seq * dh) as i64;
         let pre = self.placement == NormPlacement::Pre;
         // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
+        // Without a final norm, the last residual add writes the projection's norm of every
+        // token (CLIP's `post_layernorm`, which the projection reads from `h1`).
+        let projection_norm = self.projection.as_ref().and_then(|p| p.norm.as_ref());
         let next_norm = |l: usize| {
             self.layers
                 .get(l)
                 .map(|layer| &layer.attention_norm)
                 .or(self.final_norm.as_ref())
+                .or(projection_norm)
         };
         if pre {
             if let Some(n) = next_norm(0) {
@@ -996,6 +1058,7 @@ where
                 if seq <= WARP_SOFTMAX_KEYS {
                     args.arg(&score_rows_i);
                 }
+                args.arg(&causal_i);
                 args.launch(softmax_cfg)?;
             }
             profile.mark("softmax")?;
@@ -1063,7 +1126,7 @@ where
             profile.mark("add + norm")?;
         }
         // The final hidden states: pre-norm, the final norm of the stream (in h1).
-        let out = if pre && next_norm(self.layers.len()).is_some() {
+        let out = if pre && self.final_norm.is_some() {
             &h1
         } else {
             &x
@@ -1109,6 +1172,44 @@ where
                 Some(self.to_host(&y, vec![batch, seq, d.out_features])?)
             }
         };
+        let projection = match &self.projection {
+            None => None,
+            Some(p) => {
+                let rows: Vec<i32> = match input {
+                    Input::Tokens(t) => (0..batch)
+                        .map(|b| (b * seq) as i32 + t.pooled.get(b).copied().unwrap_or(0))
+                        .collect(),
+                    Input::Pixels(_) => (0..batch).map(|b| (b * seq) as i32).collect(),
+                };
+                let rows = s.clone_htod(&rows)?;
+                // Pre-norm without a final norm: `h1` already holds the projection's norm.
+                let normed_in_h1 = pre && self.final_norm.is_none() && p.norm.is_some();
+                let mut tokens = alloc(batch * h)?;
+                // SAFETY: `gather_rows(rows, src, hidden, out)` (decoder.cu) over `batch` rows
+                // of `hidden`; every index is below `batch · seq` (checked by the runner).
+                unsafe {
+                    self.launch(&self.kernels.gather_rows)
+                        .arg(&rows)
+                        .arg(if normed_in_h1 { &h1 } else { out })
+                        .arg(&h_i)
+                        .arg(&mut tokens)
+                        .launch(rows_by_columns(batch, h))?;
+                }
+                if let (Some(n), false) = (&p.norm, normed_in_h1) {
+                    let op = AddNorm {
+                        cfg: LaunchConfig {
+                            grid_dim: (batch as u32, 1, 1),
+                            ..add_norm.cfg
+                        },
+                        ..add_norm
+                    };
+                    let pooled_tokens = tokens.clone();
+                    self.layer_norm(&op, &pooled_tokens, n, &mut tokens)?;
+                }
+                let y = dense_rows(&tokens, h, batch, &p.dense, Act::None)?;
+                Some(self.to_host(&y, vec![batch, p.dense.out_features])?)
+            }
+        };
         profile.mark("heads")?;
         let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
         profile.mark("download")?;
@@ -1117,6 +1218,7 @@ where
             last_hidden_state,
             pooler_output,
             logits,
+            projection,
         })
     }
 
@@ -1329,9 +1431,12 @@ mod tests {
             .flat_map(|n| [format!("gemv_{n}"), format!("dequant_{n}")])
             .collect();
         for (ptx, ty) in [
-            (compile(kernel_source::<f32>()).expect("f32 kernels"), "f32"),
             (
-                compile(kernel_source::<half::f16>()).expect("f16 kernels"),
+                compile(kernel_source::<f32>(&crate::BLOCK_FORMATS)).expect("f32 kernels"),
+                "f32",
+            ),
+            (
+                compile(kernel_source::<half::f16>(&crate::BLOCK_FORMATS)).expect("f16 kernels"),
                 "f16",
             ),
         ] {

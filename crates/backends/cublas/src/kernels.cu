@@ -45,11 +45,13 @@ __device__ void norm_row(const float* row, int n, const T* gamma, const T* beta,
         out[i] = st((row[i] - mean) * inv * ld(gamma[i]) + ld(beta[i]));
 }
 
-// One block per token: word + token type + position embedding, then layer norm.
-// Shared memory: (hidden + 32) floats.
+// One block per token: word + token type + position embedding, then layer norm (`normalize`;
+// without it `gamma` and `beta` are not read and the sum is written). Shared memory: (hidden +
+// 32) floats.
 extern "C" __global__ void embeddings(const int* ids, const int* types, const T* word,
                                       const T* position, const T* token_type, const T* gamma,
-                                      const T* beta, float eps, int seq, int hidden, T* out) {
+                                      const T* beta, float eps, int seq, int hidden,
+                                      int normalize, T* out) {
     float* shared = shared_floats();
     float* row = shared;
     float* red = shared + hidden;
@@ -58,8 +60,12 @@ extern "C" __global__ void embeddings(const int* ids, const int* types, const T*
     const T* w = word + (long long)ids[m] * hidden;
     const T* t = token_type + (long long)types[m] * hidden;
     const T* p = position + s * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-        row[i] = (ld(w[i]) + ld(t[i])) + ld(p[i]);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float v = (ld(w[i]) + ld(t[i])) + ld(p[i]);
+        row[i] = v;
+        if (!normalize) out[m * hidden + i] = st(v);
+    }
+    if (!normalize) return;
     __syncthreads();
     norm_row(row, hidden, gamma, beta, eps, out + m * hidden, red);
 }
@@ -102,6 +108,7 @@ extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T*
 #define ACT_TANH 3
 #define ACT_NONE 4
 #define ACT_SILU 5
+#define ACT_QUICK_GELU 6
 
 __device__ __forceinline__ float activate(float v, int act) {
     if (act == ACT_NONE) return v;
@@ -110,6 +117,7 @@ __device__ __forceinline__ float activate(float v, int act) {
         return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     if (act == ACT_RELU) return fmaxf(v, 0.f);
     if (act == ACT_SILU) return v / (1.f + expf(-v));
+    if (act == ACT_QUICK_GELU) return v / (1.f + expf(-1.702f * v));
     return tanhf(v);
 }
 
@@ -260,8 +268,9 @@ ROW_KERNELS(, 1)
 ROW_KERNELS(_vec, VEC)
 
 // ---- Masked softmax over score rows `[batch, heads, q_len, k_len]`: probabilities over the keys
-// whose `mask[b, key]` is non-zero (masked keys get 0). A row with no visible key attends to every
-// key, as HF's additive mask (finfo.min on every key) does.
+// whose `mask[b, key]` is non-zero (masked keys get 0), and with `causal` only keys up to the
+// query's position. A row with no visible key attends to every key it may see (every key, or
+// with `causal` the keys up to its own), as HF's additive mask (finfo.min on every key) does.
 
 __device__ __forceinline__ float warp_reduce(float v, int op) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -273,16 +282,18 @@ __device__ __forceinline__ float warp_reduce(float v, int op) {
 
 // One row whose keys j = lane + i * stride (i < PER) sit in this thread's registers; `reduce`
 // combines a value over the threads sharing the row.
+// `limit`: the keys the row may see at all (k_len, or with a causal mask the query's position
+// + 1).
 template <int PER, class Reduce>
-__device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, int lane,
-                                            int stride, Reduce reduce) {
+__device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, int limit,
+                                            int lane, int stride, Reduce reduce) {
     float v[PER];
     bool on[PER];
     float mx = NEG_INF, mx_all = NEG_INF;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         int j = lane + i * stride;
-        bool in = j < k_len;
+        bool in = j < limit;
         v[i] = in ? ld(row[j]) : NEG_INF;
         on[i] = in && keep[j] != 0;
         if (on[i]) mx = fmaxf(mx, v[i]);
@@ -292,7 +303,7 @@ __device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, 
     if (mx == NEG_INF) {
         mx = reduce(mx_all, BLOCK_MAX);
 #pragma unroll
-        for (int i = 0; i < PER; ++i) on[i] = lane + i * stride < k_len;
+        for (int i = 0; i < PER; ++i) on[i] = lane + i * stride < limit;
     }
     float s = 0.f;
 #pragma unroll
@@ -311,22 +322,24 @@ __device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, 
 // One block per row, k_len <= SOFTMAX_PER_THREAD * blockDim.
 #define SOFTMAX_PER_THREAD 8
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
-                                          int k_len) {
+                                          int k_len, int causal) {
     __shared__ float red[32];
     long long r = blockIdx.x;
     long long b = r / ((long long)heads * q_len);
-    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_len, mask + b * k_len, k_len, threadIdx.x,
-                                    blockDim.x,
+    int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
+    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_len, mask + b * k_len, k_len, limit,
+                                    threadIdx.x, blockDim.x,
                                     [&](float v, int op) { return block_reduce(v, red, op); });
 }
 
 // One warp per row (blockDim (32, rows per block)), k_len <= 32 * WARP_KEYS: no block barriers.
 #define WARP_KEYS 8
 extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int heads, int q_len,
-                                               int k_len, long long rows) {
+                                               int k_len, long long rows, int causal) {
     long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
     long long b = r / ((long long)heads * q_len);
-    softmax_row<WARP_KEYS>(scores + r * k_len, mask + b * k_len, k_len, threadIdx.x, 32,
+    int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
+    softmax_row<WARP_KEYS>(scores + r * k_len, mask + b * k_len, k_len, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }

@@ -151,16 +151,15 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    if spec.norm == ipfs_accelerate_core::NormPlacement::Pre && spec.final_norm.is_none() {
-        return Err(EngineError::Spec(
-            "a pre-norm encoder without a final norm is not implemented".into(),
-        ));
-    }
-    if matches!(spec.input, ipfs_accelerate_core::EncoderInput::Tokens(_))
-        && spec.embedding_norm.is_none()
+    let projection_norm = spec.projection.as_ref().is_some_and(|p| p.norm.is_some());
+    if spec.norm == ipfs_accelerate_core::NormPlacement::Pre
+        && spec.final_norm.is_none()
+        && !projection_norm
     {
         return Err(EngineError::Spec(
-            "token embeddings without their layer norm are not implemented".into(),
+            "a pre-norm encoder without a final norm (or a normed projection) is not \
+             implemented"
+                .into(),
         ));
     }
     // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).

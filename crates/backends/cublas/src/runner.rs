@@ -3,8 +3,8 @@
 
 use cudarc::cublas::{CudaBlas, Gemm};
 use ipfs_accelerate_core::{
-    BackendKind, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner, Precision, Result,
-    TensorMap, TokenBatch,
+    BackendKind, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner, PooledToken, Precision,
+    Result, TensorMap, TokenBatch,
 };
 
 use crate::engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
@@ -52,6 +52,8 @@ pub struct EncoderRunner {
     precision: Precision,
     /// Whether the head's two outputs are start and end logits.
     span: bool,
+    /// The projection's output name and the token it reads, when the spec has one.
+    projection: Option<(String, PooledToken)>,
     /// One call at a time: the engine's stream and scratch buffers are shared by its calls.
     engine: std::sync::Mutex<Box<dyn Forward>>,
 }
@@ -82,6 +84,10 @@ impl EncoderRunner {
             expects,
             precision,
             span: matches!(spec.head, Some(ipfs_accelerate_core::EncoderHead::Span(_))),
+            projection: spec
+                .projection
+                .as_ref()
+                .map(|p| (p.output.clone(), p.token)),
             engine: std::sync::Mutex::new(engine),
         })
     }
@@ -155,14 +161,23 @@ impl ModelRunner for EncoderRunner {
                 }
                 let types = t.optional(inputs, "token_type_ids", 0)?;
                 let ids = checked_ids("input_ids", &t.input_ids, vocab)?;
-                let types = checked_ids("token_type_ids", &types, type_vocab)?;
+                // Without token types (type_vocab 0) every type must be 0: one zero row.
+                let types = checked_ids("token_type_ids", &types, type_vocab.max(1))?;
                 let mask: Vec<i32> = t.attention_mask.iter().map(|&m| (m != 0) as i32).collect();
+                let pooled: Vec<i32> = self.projection.as_ref().map_or(Vec::new(), |(_, token)| {
+                    token
+                        .positions(&t.input_ids, t.seq)
+                        .into_iter()
+                        .map(|p| p as i32)
+                        .collect()
+                });
                 self.forward(&Input::Tokens(Tokens {
                     batch: t.batch,
                     seq: t.seq,
                     ids: &ids,
                     types: &types,
                     mask: &mask,
+                    pooled: &pooled,
                 }))?
             }
             Expects::Pixels { channels, image } => {
@@ -195,6 +210,9 @@ impl ModelRunner for EncoderRunner {
                 map.insert("logits".into(), l);
             }
             None => {}
+        }
+        if let (Some((name, _)), Some(p)) = (&self.projection, out.projection) {
+            map.insert(name.clone(), p);
         }
         Ok(map)
     }

@@ -14,6 +14,8 @@
 mod config;
 mod model;
 mod runner;
+mod spec;
+mod towers;
 
 pub use config::{check_tower, ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
 pub use model::{
@@ -21,3 +23,5 @@ pub use model::{
     ClipTextInputs, ClipTextTransformer, ClipVisionOutput, ClipVisionTransformer,
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
+pub use spec::{encoder_specs, text_encoder_spec, vision_encoder_spec};
+pub use towers::TowerRunner;

@@ -122,19 +122,13 @@ impl<B: Backend> ClipTextTransformer<B> {
         })
     }
 
-    /// The position each row is pooled at: the first `eos_token_id`, or with the legacy
-    /// `eos_token_id == 2` the largest id (both as HF's `argmax`, first maximum wins).
+    /// The position each row is pooled at ([`ClipTextConfig::pooled_token`]): the first
+    /// `eos_token_id`, or with the legacy `eos_token_id == 2` the largest id (both as HF's
+    /// `argmax`, first maximum wins).
     pub fn pool_positions(&self, inputs: &ClipTextInputs) -> Vec<usize> {
-        let eos = self.config.eos_token_id.first().unwrap_or(2);
-        inputs
-            .input_ids
-            .chunks(inputs.seq.max(1))
-            .map(|row| {
-                let key = |&id: &i64| if eos == 2 { id } else { (id == eos) as i64 };
-                let best = row.iter().map(key).max().unwrap_or(0);
-                row.iter().position(|id| key(id) == best).unwrap_or(0)
-            })
-            .collect()
+        self.config
+            .pooled_token()
+            .positions(&inputs.input_ids, inputs.seq)
     }
 
     /// Runs the tower: `(last_hidden_state [batch, seq, hidden], pooled [batch, hidden])`.

@@ -105,6 +105,8 @@ pub fn encoder_spec_from(
         final_norm: Some(vit.norm("layernorm", h)?),
         pooler,
         head: classifier,
+        causal: false,
+        projection: None,
     };
     spec.validate()?;
     Ok(spec)
@@ -113,6 +115,22 @@ pub fn encoder_spec_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spec, executed by its f64 reference, computes every fixture's outputs (the
+    /// description itself is checked, without the GPU engine that runs it).
+    #[test]
+    fn the_spec_computes_hf_outputs() {
+        use ipfs_accelerate_conformance::{assert_checks, verify_runner, SpecReference};
+        for fixture in
+            ipfs_accelerate_conformance::family_fixtures("the_spec_computes_hf_outputs", "vit")
+        {
+            let runner = SpecReference::new(encoder_spec(&fixture.dir).unwrap()).unwrap();
+            let checks =
+                verify_runner(&fixture, ipfs_accelerate_core::BackendKind::Cpu, &runner).unwrap();
+            assert!(!checks.is_empty(), "{}", fixture.variant);
+            assert_checks(&checks);
+        }
+    }
 
     #[test]
     fn fixtures_read_as_specs_holding_the_checkpoint_tensors() {

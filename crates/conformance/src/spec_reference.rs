@@ -1,0 +1,103 @@
+//! An [`EncoderSpec`] run by its f64 reference ([`EncoderSpec::reference_forward`]) behind the
+//! [`ModelRunner`] interface, with HF's input and output names: checks that a family's spec
+//! computes its fixtures' outputs, without the engine that runs it on a GPU.
+
+use ipfs_accelerate_core::{
+    BackendKind, EncoderHead, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner,
+    ReferenceInput, Result, TensorMap, TokenBatch,
+};
+
+/// A spec executed by its reference; outputs in f32 (`last_hidden_state`, `pooler_output`,
+/// `logits` or `start_logits` / `end_logits`, and the projection's output name).
+pub struct SpecReference {
+    spec: EncoderSpec,
+}
+
+impl SpecReference {
+    /// Wraps a spec (validated).
+    pub fn new(spec: EncoderSpec) -> Result<Self> {
+        spec.validate()?;
+        Ok(SpecReference { spec })
+    }
+}
+
+fn f32_tensor(shape: Vec<usize>, values: &[f64]) -> Result<HostTensor> {
+    let v: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    HostTensor::from_f32(shape, &v)
+}
+
+impl ModelRunner for SpecReference {
+    fn family(&self) -> &str {
+        &self.spec.family
+    }
+
+    fn backend(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn engine(&self) -> Option<&str> {
+        Some("spec-reference")
+    }
+
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let s = &self.spec;
+        let (out, batch, seq) = match &s.input {
+            EncoderInput::Tokens(_) => {
+                let t = TokenBatch::from_tensors(inputs)?;
+                let types = t.optional(inputs, "token_type_ids", 0)?;
+                let out = s.reference_forward(&ReferenceInput::Tokens {
+                    batch: t.batch,
+                    seq: t.seq,
+                    ids: &t.input_ids,
+                    types: &types,
+                    mask: &t.attention_mask,
+                })?;
+                (out, t.batch, t.seq)
+            }
+            EncoderInput::Patches(p) => {
+                let px = inputs
+                    .get("pixel_values")
+                    .ok_or_else(|| Error::InvalidInput("missing input `pixel_values`".into()))?;
+                let batch = px.shape().first().copied().unwrap_or(0);
+                let out = s.reference_forward(&ReferenceInput::Pixels {
+                    batch,
+                    values: &px.to_f32_vec(),
+                })?;
+                (out, batch, p.tokens())
+            }
+        };
+        let h = s.hidden;
+        let mut map = TensorMap::new();
+        map.insert(
+            "last_hidden_state".into(),
+            f32_tensor(vec![batch, seq, h], &out.last_hidden_state)?,
+        );
+        if let Some(p) = &out.pooler_output {
+            map.insert("pooler_output".into(), f32_tensor(vec![batch, h], p)?);
+        }
+        if let (Some(head), Some(l)) = (&s.head, &out.logits) {
+            let n = head.dense().out_features;
+            match head {
+                EncoderHead::FirstToken(_) | EncoderHead::Pooled(_) => {
+                    map.insert("logits".into(), f32_tensor(vec![batch, n], l)?);
+                }
+                EncoderHead::EveryToken(_) => {
+                    map.insert("logits".into(), f32_tensor(vec![batch, seq, n], l)?);
+                }
+                EncoderHead::Span(_) => {
+                    let (start, end): (Vec<f64>, Vec<f64>) =
+                        l.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
+                    map.insert("start_logits".into(), f32_tensor(vec![batch, seq], &start)?);
+                    map.insert("end_logits".into(), f32_tensor(vec![batch, seq], &end)?);
+                }
+            }
+        }
+        if let (Some(p), Some(v)) = (&s.projection, &out.projection) {
+            map.insert(
+                p.output.clone(),
+                f32_tensor(vec![batch, p.dense.out_features], v)?,
+            );
+        }
+        Ok(map)
+    }
+}

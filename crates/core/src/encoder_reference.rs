@@ -1,0 +1,280 @@
+//! What an [`EncoderSpec`] means, executed in plain f64 loops on the host: the reference the
+//! engines that run the spec are tested against, and the check that a family's spec computes
+//! its HF outputs (without a GPU). Slow by design; not an inference path.
+
+use crate::encoder::{
+    DenseWeights, EncoderHead, EncoderInput, EncoderSpec, NormPlacement, NormWeights, PooledToken,
+};
+use crate::{Error, Result};
+
+/// The inputs of [`EncoderSpec::reference_forward`].
+#[derive(Debug, Clone, Copy)]
+pub enum ReferenceInput<'a> {
+    /// `[batch, seq]` token ids, token types and attention mask (1 = token, 0 = padding).
+    Tokens {
+        /// Rows.
+        batch: usize,
+        /// Columns.
+        seq: usize,
+        /// Token ids.
+        ids: &'a [i64],
+        /// Token types (all 0 for a model without them).
+        types: &'a [i64],
+        /// Attention mask.
+        mask: &'a [i64],
+    },
+    /// `[batch, channels, height, width]` pixel values.
+    Pixels {
+        /// Images.
+        batch: usize,
+        /// Pixel values.
+        values: &'a [f32],
+    },
+}
+
+/// The outputs of [`EncoderSpec::reference_forward`], row-major f64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceOutput {
+    /// `[batch, seq, hidden]`.
+    pub last_hidden_state: Vec<f64>,
+    /// `[batch, hidden]`, when the spec has a pooler.
+    pub pooler_output: Option<Vec<f64>>,
+    /// The head's outputs: `[batch, labels]` for first-token and pooled heads, `[batch, seq,
+    /// labels]` for every-token and span heads.
+    pub logits: Option<Vec<f64>>,
+    /// `[batch, out]`, when the spec has a projection.
+    pub projection: Option<Vec<f64>>,
+}
+
+/// `dense(x)` of one row.
+fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
+    (0..d.out_features)
+        .map(|o| {
+            let w = &d.weight[o * d.in_features..(o + 1) * d.in_features];
+            d.bias[o] as f64 + w.iter().zip(x).map(|(&w, &x)| w as f64 * x).sum::<f64>()
+        })
+        .collect()
+}
+
+/// Layer norm of one row.
+fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
+    let len = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / len;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    x.iter()
+        .enumerate()
+        .map(|(i, v)| (v - mean) * inv * n.gamma[i] as f64 + n.beta[i] as f64)
+        .collect()
+}
+
+impl EncoderSpec {
+    /// Runs the spec on `input` in f64 (weights in blocks are not read: such specs are refused).
+    pub fn reference_forward(&self, input: &ReferenceInput<'_>) -> Result<ReferenceOutput> {
+        self.validate()?;
+        let h = self.hidden;
+        let bad = |m: String| Err(Error::InvalidInput(format!("reference forward: {m}")));
+        // x: [batch][seq][hidden]; keep: which keys each row may see.
+        let (batch, seq, mut x, keep, ids) = match (input, &self.input) {
+            (
+                ReferenceInput::Tokens {
+                    batch,
+                    seq,
+                    ids,
+                    types,
+                    mask,
+                },
+                EncoderInput::Tokens(t),
+            ) => {
+                let n = batch * seq;
+                if ids.len() != n || types.len() != n || mask.len() != n || *seq > t.max_positions {
+                    return bad(format!("inputs do not hold [{batch}, {seq}] values"));
+                }
+                let mut x = vec![vec![vec![0.0f64; h]; *seq]; *batch];
+                for (m, row) in x.iter_mut().flatten().enumerate() {
+                    let (id, ty, s) = (ids[m] as usize, types[m] as usize, m % seq);
+                    if id >= t.vocab || (ty > 0 && ty >= t.type_vocab) {
+                        return bad(format!("token {id} / type {ty} out of range"));
+                    }
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = t.word[id * h + c] as f64 + t.position[s * h + c] as f64;
+                        if t.type_vocab > 0 {
+                            *v += t.token_type[ty * h + c] as f64;
+                        }
+                    }
+                }
+                (*batch, *seq, x, mask.to_vec(), Some(*ids))
+            }
+            (ReferenceInput::Pixels { batch, values }, EncoderInput::Patches(p)) => {
+                let (ih, iw) = p.image;
+                let (c, pp) = (p.channels, p.patch);
+                if values.len() != batch * c * ih * iw {
+                    return bad(format!(
+                        "pixels do not hold [{batch}, {c}, {ih}, {iw}] values"
+                    ));
+                }
+                let seq = p.tokens();
+                let gw = iw / pp;
+                let mut x = vec![vec![vec![0.0f64; h]; seq]; *batch];
+                for (b, image) in x.iter_mut().enumerate() {
+                    for (s, row) in image.iter_mut().enumerate() {
+                        let v = if s == 0 {
+                            p.class.iter().map(|&v| v as f64).collect()
+                        } else {
+                            let (gy, gx) = ((s - 1) / gw, (s - 1) % gw);
+                            let mut patch = Vec::with_capacity(c * pp * pp);
+                            for ch in 0..c {
+                                for y in 0..pp {
+                                    for xx in 0..pp {
+                                        let at =
+                                            ((b * c + ch) * ih + gy * pp + y) * iw + gx * pp + xx;
+                                        patch.push(values[at] as f64);
+                                    }
+                                }
+                            }
+                            dense(&p.projection, &patch)
+                        };
+                        for (k, out) in row.iter_mut().enumerate() {
+                            *out = v[k] + p.position[s * h + k] as f64;
+                        }
+                    }
+                }
+                (*batch, seq, x, vec![1; batch * seq], None)
+            }
+            _ => return bad("the input is not the kind the spec reads".into()),
+        };
+        if self
+            .layers
+            .iter()
+            .any(|l| l.query.blocks.is_some() || l.intermediate.blocks.is_some())
+        {
+            return bad("weights kept in blocks".into());
+        }
+        let eps = self.eps;
+        if let Some(n) = &self.embedding_norm {
+            for row in x.iter_mut().flatten() {
+                *row = norm(n, eps, row);
+            }
+        }
+        let heads = self.heads;
+        let dh = self.head_dim();
+        let scale = 1.0 / (dh as f64).sqrt();
+        let pre = self.norm == NormPlacement::Pre;
+        for layer in &self.layers {
+            for (b, rows) in x.iter_mut().enumerate() {
+                let input: Vec<Vec<f64>> = rows
+                    .iter()
+                    .map(|r| {
+                        if pre {
+                            norm(&layer.attention_norm, eps, r)
+                        } else {
+                            r.clone()
+                        }
+                    })
+                    .collect();
+                let q: Vec<_> = input.iter().map(|r| dense(&layer.query, r)).collect();
+                let k: Vec<_> = input.iter().map(|r| dense(&layer.key, r)).collect();
+                let v: Vec<_> = input.iter().map(|r| dense(&layer.value, r)).collect();
+                let mut ctx = vec![vec![0.0f64; h]; seq];
+                for (i, out) in ctx.iter_mut().enumerate() {
+                    let limit = if self.causal { i + 1 } else { seq };
+                    let visible: Vec<usize> =
+                        (0..limit).filter(|&j| keep[b * seq + j] != 0).collect();
+                    // A query that sees no key attends to every key it may see, as HF's
+                    // additive mask (the same large negative on every key) does.
+                    let visible = if visible.is_empty() {
+                        (0..limit).collect()
+                    } else {
+                        visible
+                    };
+                    for hd in 0..heads {
+                        let r = hd * dh..(hd + 1) * dh;
+                        let s: Vec<f64> = visible
+                            .iter()
+                            .map(|&j| {
+                                scale
+                                    * q[i][r.clone()]
+                                        .iter()
+                                        .zip(&k[j][r.clone()])
+                                        .map(|(a, b)| a * b)
+                                        .sum::<f64>()
+                            })
+                            .collect();
+                        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                        let total: f64 = e.iter().sum();
+                        for (p, &j) in e.iter().zip(&visible) {
+                            for (o, vv) in out[r.clone()].iter_mut().zip(&v[j][r.clone()]) {
+                                *o += p / total * vv;
+                            }
+                        }
+                    }
+                }
+                for (row, c) in rows.iter_mut().zip(&ctx) {
+                    let a = dense(&layer.attention_output, c);
+                    let sum: Vec<f64> = row.iter().zip(&a).map(|(x, a)| x + a).collect();
+                    *row = if pre {
+                        sum
+                    } else {
+                        norm(&layer.attention_norm, eps, &sum)
+                    };
+                    let ffn_in = if pre {
+                        norm(&layer.output_norm, eps, row)
+                    } else {
+                        row.clone()
+                    };
+                    let mut up = dense(&layer.intermediate, &ffn_in);
+                    for u in &mut up {
+                        *u = self.activation.apply(*u);
+                    }
+                    let down = dense(&layer.output, &up);
+                    let sum: Vec<f64> = row.iter().zip(&down).map(|(x, d)| x + d).collect();
+                    *row = if pre {
+                        sum
+                    } else {
+                        norm(&layer.output_norm, eps, &sum)
+                    };
+                }
+            }
+        }
+        if let Some(n) = &self.final_norm {
+            for row in x.iter_mut().flatten() {
+                *row = norm(n, eps, row);
+            }
+        }
+        let pooled: Option<Vec<Vec<f64>>> = self.pooler.as_ref().map(|p| {
+            x.iter()
+                .map(|rows| dense(p, &rows[0]).into_iter().map(f64::tanh).collect())
+                .collect()
+        });
+        let logits = self.head.as_ref().map(|head| match head {
+            EncoderHead::FirstToken(d) => x.iter().flat_map(|rows| dense(d, &rows[0])).collect(),
+            EncoderHead::Pooled(d) => pooled.iter().flatten().flat_map(|p| dense(d, p)).collect(),
+            EncoderHead::EveryToken(d) | EncoderHead::Span(d) => {
+                x.iter().flatten().flat_map(|r| dense(d, r)).collect()
+            }
+        });
+        let projection = self.projection.as_ref().map(|p| {
+            let positions = match ids {
+                Some(ids) => p.token.positions(ids, seq),
+                None => PooledToken::First.positions(&vec![0; batch * seq], seq),
+            };
+            x.iter()
+                .zip(positions)
+                .flat_map(|(rows, t)| {
+                    let v = match &p.norm {
+                        Some(n) => norm(n, eps, &rows[t]),
+                        None => rows[t].clone(),
+                    };
+                    dense(&p.dense, &v)
+                })
+                .collect()
+        });
+        Ok(ReferenceOutput {
+            last_hidden_state: x.into_iter().flatten().flatten().collect(),
+            pooler_output: pooled.map(|p| p.into_iter().flatten().collect()),
+            logits,
+            projection,
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! CLIP's two towers as backend-neutral [`EncoderSpec`]s, for engines that do not run through
+//! burn (the cuBLAS encoder of the `cuda` feature): the text tower (token + position embeddings,
+//! causal pre-norm layers, final norm, the end-of-text token projected) and the vision tower
+//! (bias-free patch embedding, class token, `pre_layrnorm`, pre-norm layers, `post_layernorm` on
+//! the class token, projected). The names come from the tables the burn model loads with
+//! (`PreLnNames::CLIP`); [`TowerRunner`](crate::TowerRunner) combines two towers into
+//! `CLIPModel`'s outputs.
+
+use std::sync::Arc;
+
+use ipfs_accelerate_core::{
+    EncoderInput, EncoderProjection, EncoderSpec, NormPlacement, PatchEmbeddings, PooledToken,
+    Result, TensorSource, TokenEmbeddings,
+};
+use ipfs_accelerate_nn::{
+    spec::{encoder_activation, SpecReader},
+    transformer::PreLnNames,
+};
+
+use crate::{ClipConfig, ClipTextConfig};
+
+impl ClipTextConfig {
+    /// The token each text row is pooled at: the first `eos_token_id`, or with the legacy
+    /// `eos_token_id == 2` the largest id.
+    pub fn pooled_token(&self) -> PooledToken {
+        match self.eos_token_id.first().unwrap_or(2) {
+            2 => PooledToken::LargestId,
+            eos => PooledToken::FirstOf(eos),
+        }
+    }
+}
+
+/// The layers of a tower under `reader` (`<tower>.encoder.layers.N`).
+fn layers(
+    reader: &SpecReader<'_>,
+    count: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<Vec<ipfs_accelerate_core::EncoderLayerWeights>> {
+    (0..count)
+        .map(|n| {
+            reader.pp(&format!("encoder.layers.{n}")).pre_ln_layer(
+                &PreLnNames::CLIP,
+                hidden,
+                intermediate,
+                true,
+            )
+        })
+        .collect()
+}
+
+/// The text tower of a `CLIPModel` checkpoint (`text_model.*`, `text_projection`), its output
+/// `text_embeds` before normalisation.
+pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let c = &config.text_config;
+    let h = c.hidden_size;
+    let root = SpecReader::new(source, "");
+    let text = SpecReader::new(source, "text_model");
+    let emb = text.pp("embeddings");
+    let spec = EncoderSpec {
+        family: "clip".into(),
+        hidden: h,
+        heads: c.num_attention_heads,
+        intermediate: c.intermediate_size,
+        eps: c.layer_norm_eps as f32,
+        activation: encoder_activation(c.hidden_act)?,
+        input: EncoderInput::Tokens(TokenEmbeddings {
+            vocab: c.vocab_size,
+            max_positions: c.max_position_embeddings,
+            type_vocab: 0,
+            word: emb.read("token_embedding.weight", &[c.vocab_size, h])?,
+            position: emb.read("position_embedding.weight", &[c.max_position_embeddings, h])?,
+            token_type: Vec::new(),
+        }),
+        embedding_norm: None,
+        norm: NormPlacement::Pre,
+        layers: layers(&text, c.num_hidden_layers, h, c.intermediate_size)?,
+        final_norm: Some(text.norm("final_layer_norm", h)?),
+        pooler: None,
+        head: None,
+        causal: true,
+        projection: Some(EncoderProjection {
+            output: "text_embeds".into(),
+            token: c.pooled_token(),
+            norm: None,
+            dense: root.dense_with("text_projection", config.projection_dim, h, false)?,
+        }),
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The vision tower of a `CLIPModel` checkpoint (`vision_model.*`, `visual_projection`), its
+/// output `image_embeds` before normalisation. Images must be of the configured size (the burn
+/// model interpolates the positions for others).
+pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let c = &config.vision_config;
+    let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
+    let root = SpecReader::new(source, "");
+    let vision = SpecReader::new(source, "vision_model");
+    let emb = vision.pp("embeddings");
+    let tokens = c.grid() * c.grid() + 1;
+    let spec = EncoderSpec {
+        family: "clip".into(),
+        hidden: h,
+        heads: c.num_attention_heads,
+        intermediate: c.intermediate_size,
+        eps: c.layer_norm_eps as f32,
+        activation: encoder_activation(c.hidden_act)?,
+        input: EncoderInput::Patches(PatchEmbeddings {
+            channels: ch,
+            patch: p,
+            image: (c.image_size, c.image_size),
+            projection: ipfs_accelerate_core::DenseWeights::new(
+                h,
+                ch * p * p,
+                emb.read("patch_embedding.weight", &[h, ch, p, p])?,
+                vec![0.0; h],
+            ),
+            class: emb.read("class_embedding", &[h])?,
+            position: emb.read("position_embedding.weight", &[tokens, h])?,
+        }),
+        embedding_norm: Some(vision.norm("pre_layrnorm", h)?),
+        norm: NormPlacement::Pre,
+        layers: layers(&vision, c.num_hidden_layers, h, c.intermediate_size)?,
+        final_norm: None,
+        pooler: None,
+        head: None,
+        causal: false,
+        projection: Some(EncoderProjection {
+            output: "image_embeds".into(),
+            token: PooledToken::First,
+            norm: Some(vision.norm("post_layernorm", h)?),
+            dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
+        }),
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Both towers' specs and the checkpoint's `logit_scale`.
+pub fn encoder_specs(
+    config: &ClipConfig,
+    source: Arc<dyn TensorSource>,
+) -> Result<(EncoderSpec, EncoderSpec, f32)> {
+    Ok((
+        text_encoder_spec(config, source.as_ref())?,
+        vision_encoder_spec(config, source.as_ref())?,
+        crate::load_logit_scale(source.as_ref())?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipfs_accelerate_conformance::{
+        assert_checks, family_fixtures, verify_runner, SpecReference,
+    };
+    use ipfs_accelerate_core::{BackendKind, JsonConfig};
+
+    /// The towers' specs, executed by their f64 reference and combined by [`TowerRunner`],
+    /// compute the fixtures' `text_embeds`, `image_embeds` and `logits_per_image`.
+    #[test]
+    fn the_tower_specs_compute_hf_outputs() {
+        for fixture in family_fixtures("the_tower_specs_compute_hf_outputs", "clip") {
+            let config = ClipConfig::from_file(&fixture.dir.join("config.json")).unwrap();
+            let source = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
+            let (text, vision, scale) = encoder_specs(&config, source).unwrap();
+            assert!(text.causal && !vision.causal);
+            let runner = crate::TowerRunner::new(
+                Box::new(SpecReference::new(text).unwrap()),
+                Box::new(SpecReference::new(vision).unwrap()),
+                config,
+                scale,
+            );
+            let checks = verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
+            assert_eq!(checks.len(), 3, "{}", fixture.variant);
+            assert_checks(&checks);
+        }
+    }
+
+    #[test]
+    fn pooled_tokens_follow_hf_argmax() {
+        let ids = [5, 98, 98, 0, /* row 2 */ 7, 9, 3, 9];
+        assert_eq!(PooledToken::FirstOf(98).positions(&ids, 4), vec![1, 0]);
+        assert_eq!(PooledToken::LargestId.positions(&ids, 4), vec![1, 1]);
+        assert_eq!(PooledToken::First.positions(&ids, 4), vec![0, 0]);
+    }
+}
