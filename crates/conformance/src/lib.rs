@@ -10,7 +10,7 @@
 //! family crates use [`family_fixtures`] and [`verify_runner`] in their own tests.
 
 mod spec_reference;
-pub use spec_reference::SpecReference;
+pub use spec_reference::{assert_spec_computes_fixtures, SpecReference};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -21,6 +21,22 @@ impl SpecReference {
     }
 }
 
+/// Asserts that the spec `read` makes of each of `family`'s fixtures, run by its reference,
+/// computes the fixture's outputs within its tolerances (every fixture folder found, as
+/// [`crate::family_fixtures`] finds them for the test named `test`).
+pub fn assert_spec_computes_fixtures(
+    test: &str,
+    family: &str,
+    read: impl Fn(&std::path::Path) -> Result<EncoderSpec>,
+) {
+    for fixture in crate::family_fixtures(test, family) {
+        let runner = SpecReference::new(read(&fixture.dir).unwrap()).unwrap();
+        let checks = crate::verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
+        assert!(!checks.is_empty(), "{}", fixture.variant);
+        crate::assert_checks(&checks);
+    }
+}
+
 fn f32_tensor(shape: Vec<usize>, values: &[f64]) -> Result<HostTensor> {
     let v: Vec<f32> = values.iter().map(|&v| v as f32).collect();
     HostTensor::from_f32(shape, &v)

@@ -152,6 +152,15 @@ fn run(exe: &Path, input: &[u8], what: &str) -> Vec<f32> {
         .collect()
 }
 
+/// Asserts that a kernel's `a` is within 1e-5 (relative, plus 1e-5 absolute) of the definition's
+/// `b`.
+fn close(a: f32, b: f64, what: &str) {
+    assert!(
+        (f64::from(a) - b).abs() <= 1e-5 * (1.0 + b.abs()),
+        "{what}: {a} against {b}"
+    );
+}
+
 struct Rng(u64);
 
 impl Rng {
@@ -580,12 +589,6 @@ fn rope_norm_and_gated_activation_match_their_definitions() {
     let (vc, rest) = rest.split_at(cache_len);
     let (x_out, rest) = rest.split_at(rows * hid);
     let (normed, act) = rest.split_at(rows * hid);
-    let close = |a: f32, b: f64, what: &str| {
-        assert!(
-            (f64::from(a) - b).abs() <= 1e-5 * (1.0 + b.abs()),
-            "{what}: {a} against {b}"
-        );
-    };
     for r in 0..rows {
         let (b, i) = (r / n_new, r % n_new);
         for slot in 0..heads + 2 * kv {
@@ -735,12 +738,6 @@ fn clip_encoder_kernels_match_their_definitions() {
     let (block_sm, rest) = rest.split_at(n);
     let (warp_sm, rest) = rest.split_at(n);
     let (act, gathered) = rest.split_at(rows * hid);
-    let close = |a: f32, b: f64, what: &str| {
-        assert!(
-            (f64::from(a) - b).abs() <= 1e-5 * (1.0 + b.abs()),
-            "{what}: {a} against {b}"
-        );
-    };
     for m in 0..rows {
         for c in 0..hid {
             let want = f64::from(word[ids[m] as usize * hid + c] + pos[(m % seq) * hid + c]);

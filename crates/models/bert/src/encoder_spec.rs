@@ -116,16 +116,11 @@ mod tests {
     /// description itself is checked, without the GPU engine that runs it).
     #[test]
     fn the_spec_computes_hf_outputs() {
-        use ipfs_accelerate_conformance::{assert_checks, verify_runner, SpecReference};
-        for fixture in
-            ipfs_accelerate_conformance::family_fixtures("the_spec_computes_hf_outputs", "bert")
-        {
-            let runner = SpecReference::new(encoder_spec(&fixture.dir).unwrap()).unwrap();
-            let checks =
-                verify_runner(&fixture, ipfs_accelerate_core::BackendKind::Cpu, &runner).unwrap();
-            assert!(!checks.is_empty(), "{}", fixture.variant);
-            assert_checks(&checks);
-        }
+        ipfs_accelerate_conformance::assert_spec_computes_fixtures(
+            "the_spec_computes_hf_outputs",
+            "bert",
+            encoder_spec,
+        );
     }
 
     #[test]

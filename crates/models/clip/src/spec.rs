@@ -30,23 +30,62 @@ impl ClipTextConfig {
     }
 }
 
-/// The layers of a tower under `reader` (`<tower>.encoder.layers.N`).
-fn layers(
+/// [`trunk`] from a tower's config (`ClipTextConfig` and `ClipVisionConfig` name their sizes
+/// alike).
+macro_rules! tower_trunk {
+    ($reader:expr, $c:expr, $input:expr) => {
+        trunk(
+            $reader,
+            $c.hidden_size,
+            $c.num_attention_heads,
+            $c.intermediate_size,
+            $c.num_hidden_layers,
+            $c.layer_norm_eps,
+            $c.hidden_act,
+            $input,
+        )?
+    };
+}
+
+/// A tower's trunk as both towers fill it: its sizes, its pre-norm CLIP layers under `reader`
+/// (`<tower>.encoder.layers.N`) and `input`; no norms, pooler, head or projection yet.
+#[allow(clippy::too_many_arguments)]
+fn trunk(
     reader: &SpecReader<'_>,
-    count: usize,
     hidden: usize,
+    heads: usize,
     intermediate: usize,
-) -> Result<Vec<ipfs_accelerate_core::EncoderLayerWeights>> {
-    (0..count)
-        .map(|n| {
-            reader.pp(&format!("encoder.layers.{n}")).pre_ln_layer(
-                &PreLnNames::CLIP,
-                hidden,
-                intermediate,
-                true,
-            )
-        })
-        .collect()
+    layers: usize,
+    eps: f64,
+    act: ipfs_accelerate_nn::Activation,
+    input: EncoderInput,
+) -> Result<EncoderSpec> {
+    Ok(EncoderSpec {
+        family: "clip".into(),
+        hidden,
+        heads,
+        intermediate,
+        eps: eps as f32,
+        activation: encoder_activation(act)?,
+        input,
+        embedding_norm: None,
+        norm: NormPlacement::Pre,
+        layers: (0..layers)
+            .map(|n| {
+                reader.pp(&format!("encoder.layers.{n}")).pre_ln_layer(
+                    &PreLnNames::CLIP,
+                    hidden,
+                    intermediate,
+                    true,
+                )
+            })
+            .collect::<Result<_>>()?,
+        final_norm: None,
+        pooler: None,
+        head: None,
+        causal: false,
+        projection: None,
+    })
 }
 
 /// The text tower of a `CLIPModel` checkpoint (`text_model.*`, `text_projection`), its output
@@ -57,27 +96,16 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
     let root = SpecReader::new(source, "");
     let text = SpecReader::new(source, "text_model");
     let emb = text.pp("embeddings");
+    let input = EncoderInput::Tokens(TokenEmbeddings {
+        vocab: c.vocab_size,
+        max_positions: c.max_position_embeddings,
+        type_vocab: 0,
+        word: emb.read("token_embedding.weight", &[c.vocab_size, h])?,
+        position: emb.read("position_embedding.weight", &[c.max_position_embeddings, h])?,
+        token_type: Vec::new(),
+    });
     let spec = EncoderSpec {
-        family: "clip".into(),
-        hidden: h,
-        heads: c.num_attention_heads,
-        intermediate: c.intermediate_size,
-        eps: c.layer_norm_eps as f32,
-        activation: encoder_activation(c.hidden_act)?,
-        input: EncoderInput::Tokens(TokenEmbeddings {
-            vocab: c.vocab_size,
-            max_positions: c.max_position_embeddings,
-            type_vocab: 0,
-            word: emb.read("token_embedding.weight", &[c.vocab_size, h])?,
-            position: emb.read("position_embedding.weight", &[c.max_position_embeddings, h])?,
-            token_type: Vec::new(),
-        }),
-        embedding_norm: None,
-        norm: NormPlacement::Pre,
-        layers: layers(&text, c.num_hidden_layers, h, c.intermediate_size)?,
         final_norm: Some(text.norm("final_layer_norm", h)?),
-        pooler: None,
-        head: None,
         causal: true,
         projection: Some(EncoderProjection {
             output: "text_embeds".into(),
@@ -85,6 +113,7 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
             norm: None,
             dense: root.dense_with("text_projection", config.projection_dim, h, false)?,
         }),
+        ..tower_trunk!(&text, c, input)
     };
     spec.validate()?;
     Ok(spec)
@@ -100,39 +129,28 @@ pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Re
     let vision = SpecReader::new(source, "vision_model");
     let emb = vision.pp("embeddings");
     let tokens = c.grid() * c.grid() + 1;
+    let input = EncoderInput::Patches(PatchEmbeddings {
+        channels: ch,
+        patch: p,
+        image: (c.image_size, c.image_size),
+        projection: ipfs_accelerate_core::DenseWeights::new(
+            h,
+            ch * p * p,
+            emb.read("patch_embedding.weight", &[h, ch, p, p])?,
+            vec![0.0; h],
+        ),
+        class: emb.read("class_embedding", &[h])?,
+        position: emb.read("position_embedding.weight", &[tokens, h])?,
+    });
     let spec = EncoderSpec {
-        family: "clip".into(),
-        hidden: h,
-        heads: c.num_attention_heads,
-        intermediate: c.intermediate_size,
-        eps: c.layer_norm_eps as f32,
-        activation: encoder_activation(c.hidden_act)?,
-        input: EncoderInput::Patches(PatchEmbeddings {
-            channels: ch,
-            patch: p,
-            image: (c.image_size, c.image_size),
-            projection: ipfs_accelerate_core::DenseWeights::new(
-                h,
-                ch * p * p,
-                emb.read("patch_embedding.weight", &[h, ch, p, p])?,
-                vec![0.0; h],
-            ),
-            class: emb.read("class_embedding", &[h])?,
-            position: emb.read("position_embedding.weight", &[tokens, h])?,
-        }),
         embedding_norm: Some(vision.norm("pre_layrnorm", h)?),
-        norm: NormPlacement::Pre,
-        layers: layers(&vision, c.num_hidden_layers, h, c.intermediate_size)?,
-        final_norm: None,
-        pooler: None,
-        head: None,
-        causal: false,
         projection: Some(EncoderProjection {
             output: "image_embeds".into(),
             token: PooledToken::First,
             norm: Some(vision.norm("post_layernorm", h)?),
             dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
         }),
+        ..tower_trunk!(&vision, c, input)
     };
     spec.validate()?;
     Ok(spec)
