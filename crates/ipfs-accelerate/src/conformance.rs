@@ -122,33 +122,23 @@ pub fn load_family_in(
             ),
         }
     }
-    // CLIP on cuda: both towers on the cuBLAS encoder when it can take them, else burn's CubeCL
-    // path.
-    #[cfg(all(feature = "cuda", feature = "clip"))]
-    if backend == BackendKind::Cuda && family == "clip" {
-        let options = crate::LoadOptions {
-            precision,
-            ..Default::default()
-        };
-        match crate::backends::cublas_clip(backend, dir, &options) {
-            Ok(runner) => return Ok(Box::new(runner)),
-            Err(reason) => tracing::info!(
-                "clip on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",
-                dir.display()
-            ),
-        }
-    }
-    // BERT and ViT on cuda: the cuBLAS encoder when it can take the checkpoint, else burn's
-    // CubeCL path.
+    // BERT, ViT and CLIP (both towers) on cuda: the cuBLAS encoder when it can take the
+    // checkpoint, else burn's CubeCL path.
     #[cfg(feature = "cuda")]
     if backend == BackendKind::Cuda {
         let options = crate::LoadOptions {
             precision,
             ..Default::default()
         };
-        match crate::backends::cublas_encoder_for(backend, &options, || {
-            crate::backends::encoder_spec_of(family, dir)
-        }) {
+        let engine = match family {
+            #[cfg(feature = "clip")]
+            "clip" => crate::backends::cublas_clip(backend, dir, &options)
+                .map(|r| Box::new(r) as Box<dyn ModelRunner>),
+            _ => crate::backends::cublas_encoder_for(backend, &options, || {
+                crate::backends::encoder_spec_of(family, dir)
+            }),
+        };
+        match engine {
             Ok(runner) => return Ok(runner),
             Err(reason) => tracing::info!(
                 "{family} on cuda: the cuBLAS encoder cannot run {} ({reason}); using CubeCL",

@@ -520,14 +520,12 @@ where
             }
         }
         // Only the block formats the model stores are compiled.
-        let formats: Vec<BlockFormat> = BLOCK_FORMATS
-            .iter()
-            .filter(|f| {
-                spec.dense_layers()
-                    .any(|d| d.blocks.as_ref().is_some_and(|b| b.ggml_type == f.id))
-            })
-            .copied()
+        let mut formats: Vec<BlockFormat> = spec
+            .dense_layers()
+            .filter_map(|d| BlockFormat::of(d.blocks.as_ref()?.ggml_type))
             .collect();
+        formats.sort_by_key(|f| f.index);
+        formats.dedup();
         let module = compile_module::<T>(stream.context(), &formats)?;
         let f = |name: &str| module.load_function(name);
         let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {

@@ -161,7 +161,10 @@ impl ModelRunner for TowerRunner {
             }
             (Some(t), Some(i)) => {
                 let per_image = logits(i, t, self.logit_scale);
-                let per_text = logits(t, i, self.logit_scale);
+                // HF's logits_per_text is the transpose.
+                let per_text: Vec<Vec<f32>> = (0..t.len())
+                    .map(|x| per_image.iter().map(|row| row[x]).collect())
+                    .collect();
                 out.insert("logits_per_image".into(), tensor(&per_image, t.len())?);
                 out.insert("logits_per_text".into(), tensor(&per_text, i.len())?);
             }
