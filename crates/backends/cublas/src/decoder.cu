@@ -17,6 +17,31 @@ __device__ __forceinline__ float rms_value(float x, float inv, float gamma) {
     return round_t(gamma * round_t(x * inv));
 }
 
+// Programmatic dependent launch (compute capability 9.0 and later; no-ops before and on the
+// host). A kernel the engine launches overlapped with the one before it (`launch_overlapped` in
+// decoder.rs) may start while that one finishes: it calls wait_for_previous() before it reads
+// anything the kernel before wrote, or writes anything. allow_next() lets the kernel after this
+// one start early (once every block of this one has called it or exited).
+__device__ __forceinline__ void wait_for_previous() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+// Fetches the first `bytes` of p into L2: 128-byte lines `first`, `first + stride`, ... (nothing
+// waits for them).
+__device__ __forceinline__ void prefetch_l2(const unsigned char* p, long long bytes, int first,
+                                            int stride) {
+#if defined(__CUDA_ARCH__)
+    for (long long b = (long long)first * 128; b < bytes; b += (long long)stride * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+#endif
+}
+
 // Rows of the token embedding: out[r] = table[ids[r]]; grid (rows, blocks of ROW_THREADS).
 extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -82,6 +107,7 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
                                       const float* inv_freq, const int* past, int heads,
                                       int kv_heads, int head_dim, int n_new, int cap, T* q,
                                       T* k_cache, T* v_cache) {
+    allow_next();
     int r = blockIdx.x, slot = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
     int b = r / n_new, s = r - b * n_new;
     size_t width = (size_t)(heads + 2 * kv_heads) * head_dim;
@@ -122,6 +148,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
                                       const int* mask, const int* past, int heads, int kv_heads,
                                       int head_dim, int n_new, int cap, int window, float scale,
                                       T* out) {
+    allow_next();
     float* qs = shared_floats();
     float* ps = qs + head_dim;
     float* accs = ps + blockDim.x;
@@ -237,27 +264,74 @@ __device__ __forceinline__ void load_x(const T* x, float* v) {
     }
 }
 
-// y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= GEMV_ROWS):
-// `split` warps (1, 2, 4 or 8) per output feature, so a product of few outputs or long rows still
-// has enough loads in flight; their lanes read the weight row (`row_bytes` bytes from
-// w + o * row_bytes) a unit each at a time, the rows of x (which every warp reads, so they stay in
-// L1 / L2) in 16-byte loads; f32 sums, the split's partial sums added in shared memory. k is a
-// multiple of the unit, x_stride of VEC.
+#define GEMV_ROWS 8
+
+// acc[r] += sum_e wv[e] * x'[r, c + e] for one unit of a weight row (N values from column c) and
+// each of the `rows` (<= R) rows of x; x' is x's RMSNorm with `gamma` (`inv[r]` = 1 / rms of row
+// r), else x itself (see gemv_impl).
+template <int N, int R>
+__device__ __forceinline__ void gemv_unit(const float* wv, int c, const T* x, int x_stride,
+                                          int rows, const T* gamma, const float* inv,
+                                          float* acc) {
+    float g[N];
+    if (gamma) load_x<N>(gamma + c, g);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+            float xv[N];
+            load_x<N>(x + (size_t)r * x_stride + c, xv);
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+                float xe = gamma ? rms_value(xv[e], inv[r], g[e]) : xv[e];
+                acc[r] += wv[e] * xe;
+            }
+        }
+    }
+}
+
+// y[r, o] = sum_c w[o, c] * x'[r, c] for the few rows of a decoding step (rows <= R, R = 1 or
+// GEMV_ROWS): `split` warps (1, 2, 4 or 8) per output feature, so a product of few outputs or
+// long rows still has enough loads in flight; their lanes read the weight row (`row_bytes` bytes
+// from w + o * row_bytes) in units, the rows of x (which every warp reads, so they stay in L1 /
+// L2) in 16-byte loads; f32 sums, the split's partial sums added in shared memory. k is a
+// multiple of the unit, x_stride of VEC. The one-row kernel (R = 1, the decoding step of one
+// sequence) takes its units GEMV_BATCH at a time, every load of a batch issued before its
+// arithmetic: with one load in flight per lane the product reached about a third of the
+// bandwidth. The GEMV_ROWS kernel takes one at a time (a batch's registers over 8 rows would cost
+// resident blocks).
 // Prologue: with `gamma`, x' is x's RMSNorm (x / rms(x), rounded to T, times gamma, rounded, as
 // residual_rms_norm writes it), else x itself. Epilogue: the bias when given (rounded with the
 // product, as a linear layer's output), then with `residual` y = residual + that (the residual
 // stream; `residual` may be `y`). Output row r is at y + r * y_stride (a part of a stacked
 // weight writes its own columns). Grid (out / (GEMV_WARPS / split)), block (32 * GEMV_WARPS).
-#define GEMV_ROWS 8
+// Gated (`gated` an activation code, not -1): w holds 2 * out rows, the gate's then the up
+// projection's, and y[r, j] = act(gate_j + bias_j) * (up_j + bias_{out + j}) as gated_act
+// computes it; the block's first half of output slots takes gate features, the second half the
+// same features of the up projection (split at most GEMV_WARPS / 2). Grid (out / pairs), pairs =
+// GEMV_WARPS / split / 2.
 #define GEMV_WARPS 8
-template <int F>
+#define GEMV_BATCH 4
+template <int F, int R>
 __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* x, int x_stride,
                           int rows, int out, int k, const T* gamma, float eps, const T* bias,
-                          const T* residual, T* y, int y_stride, int split) {
+                          const T* residual, T* y, int y_stride, int split, int gated) {
     const int N = Unit<F>::N;
+    const int B = R == 1 ? GEMV_BATCH : 1;
     __shared__ float red[32];
-    __shared__ float inv[GEMV_ROWS];
-    __shared__ float partial[GEMV_WARPS][GEMV_ROWS];
+    __shared__ float inv[R];
+    __shared__ float partial[GEMV_WARPS][R];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int sub = warp % split, slot = warp / split, slots = GEMV_WARPS / split, pairs = slots / 2;
+    // The feature of the slot (gated: of the gate's or the up projection's half) and its row.
+    int j = gated < 0 ? blockIdx.x * slots + slot : blockIdx.x * pairs + slot % pairs;
+    bool active = j < out;
+    int o = gated < 0 ? j : j + (slot / pairs) * out;
+    const unsigned char* wr = w + (size_t)(active ? o : 0) * row_bytes;
+    // The weights do not depend on the kernel before: this warp's part of its row is on its way
+    // to L2 while that kernel finishes.
+    if (active) prefetch_l2(wr, row_bytes, sub * 32 + lane, 32 * split);
+    wait_for_previous();
+    allow_next();
     if (gamma) {
         for (int r = 0; r < rows; ++r) {
             float ss = 0.f;
@@ -270,39 +344,29 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
         }
         __syncthreads();
     }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int sub = warp % split;
-    int o = blockIdx.x * (GEMV_WARPS / split) + warp / split;
-    bool active = o < out;
-    const unsigned char* wr = w + (size_t)(active ? o : 0) * row_bytes;
-    float acc[GEMV_ROWS];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) acc[r] = 0.f;
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
     int units = active ? k / N : 0, step = 32 * split;
-    // Unrolled so each lane has several weight loads in flight (the product is bandwidth-bound).
-#pragma unroll 4
-    for (int u = sub * 32 + lane; u < units; u += step) {
-        int c = u * N;
-        float wv[N], g[N];
+    int u = sub * 32 + lane;
+    // Whole batches: no branch between the loads, so they are all in flight at once.
+    for (; u + (B - 1) * step < units; u += B * step) {
+        float wv[B][N];
+#pragma unroll
+        for (int i = 0; i < B; ++i) load_unit<F>(wr, u + i * step, wv[i]);
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+            gemv_unit<N, R>(wv[i], (u + i * step) * N, x, x_stride, rows, gamma, inv, acc);
+    }
+    for (; u < units; u += step) {
+        float wv[N];
         load_unit<F>(wr, u, wv);
-        if (gamma) load_x<N>(gamma + c, g);
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) {
-            if (r < rows) {
-                float xv[N];
-                load_x<N>(x + (size_t)r * x_stride + c, xv);
-#pragma unroll
-                for (int e = 0; e < N; ++e) {
-                    float xe = gamma ? rms_value(xv[e], inv[r], g[e]) : xv[e];
-                    acc[r] += wv[e] * xe;
-                }
-            }
-        }
+        gemv_unit<N, R>(wv, u * N, x, x_stride, rows, gamma, inv, acc);
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
+    for (int r = 0; r < R; ++r)
         if (r < rows) acc[r] = warp_reduce(acc[r], BLOCK_SUM);
-    if (split > 1) {
+    if (split > 1 || gated >= 0) {
         if (lane == 0)
             for (int r = 0; r < rows; ++r) partial[warp][r] = acc[r];
         __syncthreads();
@@ -311,6 +375,21 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
             for (int p = 1; p < split; ++p) acc[r] += partial[warp + p][r];
     }
     if (!active || lane != 0) return;
+    if (gated >= 0) {
+        if (slot >= pairs) return;  // an up feature: the gate's warp reads its sums
+        for (int r = 0; r < rows; ++r) {
+            float u = 0.f;
+            for (int p = 0; p < split; ++p) u += partial[(slot + pairs) * split + p][r];
+            float g = round_t(acc[r]);
+            u = round_t(u);
+            if (bias) {
+                g = round_t(g + ld(bias[j]));
+                u = round_t(u + ld(bias[out + j]));
+            }
+            y[(size_t)r * y_stride + j] = st(round_t(activate(g, gated)) * u);
+        }
+        return;
+    }
     for (int r = 0; r < rows; ++r) {
         float v = acc[r];
         size_t at = (size_t)r * y_stride + o;
@@ -337,15 +416,19 @@ __device__ void dequant_impl(const unsigned char* w, long long row_bytes, const 
     for (int e = 0; e < N; ++e) dst[e] = st(v[e]);
 }
 
-// One pair of entry points per format: gemv_<name> and dequant_<name>.
+// The entry points of each format: gemv_<name> (up to GEMV_ROWS rows), gemv1_<name> (one row)
+// and dequant_<name>.
+#define GEMV_ENTRY(NAME, F, R)                                                                  \
+    extern "C" __global__ void NAME(const unsigned char* w, long long row_bytes, const T* x,    \
+                                    int x_stride, int rows, int out, int k, const T* gamma,     \
+                                    float eps, const T* bias, const T* residual, T* y,          \
+                                    int y_stride, int split, int gated) {                       \
+        gemv_impl<F, R>(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias, residual, y, \
+                        y_stride, split, gated);                                                \
+    }
 #define WEIGHT_KERNELS(NAME, F)                                                                 \
-    extern "C" __global__ void gemv_##NAME(const unsigned char* w, long long row_bytes,         \
-                                           const T* x, int x_stride, int rows, int out, int k,  \
-                                           const T* gamma, float eps, const T* bias,            \
-                                           const T* residual, T* y, int y_stride, int split) {  \
-        gemv_impl<F>(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias, residual, y,   \
-                     y_stride, split);                                                          \
-    }                                                                                           \
+    GEMV_ENTRY(gemv_##NAME, F, GEMV_ROWS)                                                       \
+    GEMV_ENTRY(gemv1_##NAME, F, 1)                                                              \
     extern "C" __global__ void dequant_##NAME(const unsigned char* w, long long row_bytes,      \
                                               const int* ids, int first, int k, T* out) {       \
         dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \

@@ -56,10 +56,12 @@ struct Kernels {
     blocks: Vec<Option<WeightKernels>>,
 }
 
-/// The two kernels of one weight storage (`WEIGHT_KERNELS` in decoder.cu).
+/// The kernels of one weight storage (`WEIGHT_KERNELS` in decoder.cu).
 struct WeightKernels {
     /// `gemv_<name>`: few-row products with the fused norm / bias / residual.
     gemv: CudaFunction,
+    /// `gemv1_<name>`: the same for one row (fewer registers, several loads in flight per lane).
+    gemv1: CudaFunction,
     /// `dequant_<name>`: rows dequantized to `T`.
     dequant: CudaFunction,
 }
@@ -150,8 +152,14 @@ const BLOCK_UNIT: usize = 8;
 /// with cuBLAS), at most.
 const SCRATCH_VALUES: usize = 4 << 20;
 
-/// Rows up to which a product runs on `gemv_*` instead of cuBLAS (`GEMV_ROWS` in decoder.cu).
+/// Rows up to which a product can run on `gemv_*` instead of cuBLAS (`GEMV_ROWS` in decoder.cu):
+/// the default for a model that stores block weights (cuBLAS would need them dequantized first).
 const GEMV_ROWS: usize = 8;
+/// The default for a model of dense weights: past it cuBLAS's tensor-core GEMM is faster (the
+/// GEMV normalises and multiplies every row of x once per output feature). Llama-3.2-1B f16 on
+/// an H100, decode ms per step with the GEMV / cuBLAS: 2 rows 3.15 / 2.02, 4 rows 4.82 / 2.76,
+/// 8 rows 8.39 / 3.50.
+const DENSE_GEMV_ROWS: usize = 1;
 /// Warps per block of `gemv_*` (one output feature each).
 const GEMV_WARPS: u32 = 8;
 /// Warps a GEMV launch aims for (about 32 per SM of an H100): below it, outputs get several
@@ -183,6 +191,9 @@ struct Epilogue<'a, T> {
     bias: Option<&'a CudaSlice<T>>,
     /// Add the product into the output (the residual stream) instead of overwriting it.
     in_place: bool,
+    /// The weight is a gated MLP's gate then up projection: write `act(gate) * up` with this
+    /// activation (`act_code`) instead of both products.
+    gated: Option<i32>,
 }
 
 impl<T> Default for Epilogue<'_, T> {
@@ -191,6 +202,7 @@ impl<T> Default for Epilogue<'_, T> {
             gamma: None,
             bias: None,
             in_place: false,
+            gated: None,
         }
     }
 }
@@ -200,6 +212,17 @@ impl<'a, T> Epilogue<'a, T> {
     fn norm(gamma: &'a CudaSlice<T>) -> Self {
         Epilogue {
             gamma: Some(gamma),
+            ..Epilogue::default()
+        }
+    }
+
+    /// `act(gate + bias) * (up + bias)` of the input's RMSNorm (scale `gamma`), the weight holding
+    /// the gate's rows then the up projection's.
+    fn gated_norm(gamma: &'a CudaSlice<T>, bias: Option<&'a CudaSlice<T>>, act: i32) -> Self {
+        Epilogue {
+            gamma: Some(gamma),
+            bias,
+            gated: Some(act),
             ..Epilogue::default()
         }
     }
@@ -226,9 +249,38 @@ fn arg_or_null<'a, T>(args: &mut LaunchArgs<'a>, value: Option<&'a CudaSlice<T>>
     };
 }
 
-/// Set to `0` / `off` to run every product of the decoder on cuBLAS (the decoding step's
-/// few-row products otherwise run on the engine's own GEMV kernel).
+/// Set to `0` / `off` to run every product of the decoder on cuBLAS, or to a number of rows
+/// (1 to 8) up to which products run on the engine's own GEMV kernel (default: 8 for a model that
+/// stores block weights, 1 for one of dense weights).
 pub const GEMV_ENV: &str = "IPFS_ACCELERATE_CUDA_GEMV";
+
+/// The rows up to which products run on `gemv_*` ([`GEMV_ENV`], else the default of a model
+/// that stores block weights or not).
+fn gemv_rows(blocks: bool) -> usize {
+    let set = std::env::var(GEMV_ENV).ok();
+    match set.as_deref().map(str::trim) {
+        Some(v) if switched_off(GEMV_ENV) => {
+            tracing::debug!("{GEMV_ENV}={v}: every product on cuBLAS");
+            0
+        }
+        Some(v) => match v.parse::<usize>() {
+            Ok(n @ 1..=GEMV_ROWS) => n,
+            _ => {
+                tracing::warn!("{GEMV_ENV}={v} is not 0 / off or 1 to {GEMV_ROWS}: ignored");
+                gemv_rows_default(blocks)
+            }
+        },
+        None => gemv_rows_default(blocks),
+    }
+}
+
+fn gemv_rows_default(blocks: bool) -> usize {
+    if blocks {
+        GEMV_ROWS
+    } else {
+        DENSE_GEMV_ROWS
+    }
+}
 
 /// Whether the switch variable `name` is set to off.
 fn switched_off(name: &str) -> bool {
@@ -239,6 +291,82 @@ fn switched_off(name: &str) -> bool {
             .as_deref(),
         Ok("0" | "off" | "false")
     )
+}
+
+/// Set to `0` / `off` to launch the decoding step's GEMVs as ordinary kernels instead of
+/// overlapped with the kernel before them (programmatic dependent launch, compute capability 9.0
+/// and later).
+pub const OVERLAP_ENV: &str = "IPFS_ACCELERATE_CUDA_OVERLAP";
+
+/// Kernel arguments for `cuLaunchKernelEx`, each value in its own 8-byte slot (the driver reads a
+/// parameter's own size from the start of its slot, so a value of up to 8 bytes fits).
+#[derive(Default)]
+struct RawArgs(Vec<u64>);
+
+impl RawArgs {
+    fn arg<V: bytemuck::NoUninit>(&mut self, value: V) -> &mut Self {
+        let bytes = bytemuck::bytes_of(&value);
+        assert!(
+            bytes.len() <= 8,
+            "a kernel argument of {} bytes",
+            bytes.len()
+        );
+        let mut slot = [0u8; 8];
+        slot[..bytes.len()].copy_from_slice(bytes);
+        self.0.push(u64::from_ne_bytes(slot));
+        self
+    }
+}
+
+/// Launches `func` on `stream` with `args`; with `overlap`, allowed to start while the kernel
+/// before it on the stream finishes (programmatic dependent launch: the kernel waits with
+/// `griddepcontrol.wait` before it touches that kernel's outputs, `wait_for_previous` in
+/// decoder.cu). Graph capture keeps the overlap as a programmatic edge.
+///
+/// # Safety
+/// `args` must match the kernel's parameters in number, order and size, and every buffer they
+/// point to must hold what the grid reads and writes.
+unsafe fn launch_raw(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut RawArgs,
+    overlap: bool,
+) -> Result<(), EngineError> {
+    use cudarc::driver::sys;
+    // SAFETY: a zeroed attribute is valid; its id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(overlap),
+    };
+    let mut params: Vec<*mut std::ffi::c_void> = args
+        .0
+        .iter_mut()
+        .map(|slot| slot as *mut u64 as *mut std::ffi::c_void)
+        .collect();
+    // SAFETY: the caller's contract; `params` points into `args`, alive for the call (the driver
+    // copies the values at launch).
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+    }?;
+    Ok(())
 }
 
 /// How a part of a weight is kept on the device.
@@ -403,8 +531,11 @@ pub struct Decoder<T: Elem> {
     staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// cuBLAS's workspace, set explicitly so GEMMs can be captured into graphs.
     _workspace: CudaSlice<u8>,
-    /// Whether few-row products run on `gemv_*` ([`GEMV_ENV`]).
-    gemv: bool,
+    /// Rows up to which products run on `gemv_*` ([`GEMV_ENV`]; 0: none).
+    gemv_rows: usize,
+    /// Whether GEMVs start overlapped with the kernel before them ([`OVERLAP_ENV`]; compute
+    /// capability 9.0 and later).
+    overlap: bool,
     /// Values of the scratch a call dequantizes block weights into for cuBLAS (0: no block
     /// weights).
     scratch_values: usize,
@@ -531,6 +662,7 @@ where
         let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
             Ok(WeightKernels {
                 gemv: f(&format!("gemv_{name}"))?,
+                gemv1: f(&format!("gemv1_{name}"))?,
                 dequant: f(&format!("dequant_{name}"))?,
             })
         };
@@ -722,7 +854,8 @@ where
             weight_bytes,
             staging: Mutex::new(None),
             _workspace: workspace,
-            gemv: !switched_off(GEMV_ENV),
+            gemv_rows: gemv_rows(scratch_values > 0),
+            overlap: stream.context().compute_capability()?.0 >= 9 && !switched_off(OVERLAP_ENV),
             profile: std::env::var(crate::engine::PROFILE_ENV).is_ok_and(|v| v == "1"),
             blas,
             stream,
@@ -775,16 +908,16 @@ where
     }
 
     /// Whether a product of `rows` rows of `k` values (row stride `x_stride`) runs on the GEMV
-    /// kernels: they are on, the rows are few, and the rows are 16-byte aligned.
+    /// kernels: the rows are few enough ([`GEMV_ENV`]) and 16-byte aligned.
     fn gemv_fits(&self, k: usize, x_stride: usize, rows: usize) -> bool {
         let vec = crate::engine::vec_width::<T>();
-        self.gemv && rows <= GEMV_ROWS && k.is_multiple_of(vec) && x_stride.is_multiple_of(vec)
+        rows <= self.gemv_rows && k.is_multiple_of(vec) && x_stride.is_multiple_of(vec)
     }
 
     /// `gemv_*` launches, one per part of `w`: `y = [residual +] (x' · Wᵀ [+ bias])`, x' the
     /// RMSNorm of x with `gamma` when given (see decoder.cu). `x` is a device pointer and row
     /// stride; `y` (and the residual, which is `y` itself when `in_place`) a device pointer to
-    /// rows of `w.out_features` values.
+    /// rows of `w.out_features` values — half of them when the epilogue is `gated` (one part).
     fn gemv(
         &self,
         w: &Weight<T>,
@@ -798,41 +931,68 @@ where
         let (stride_i, rows_i) = (x_stride as i32, rows as i32);
         let (k_i, y_stride) = (w.in_features as i32, w.out_features as i32);
         let bias = epilogue.bias.map(|b| b.device_ptr(s).0);
+        let gamma = epilogue.gamma.map_or(0, |g| g.device_ptr(s).0);
+        let gated_i = epilogue.gated.unwrap_or(-1);
+        if epilogue.gated.is_some() && (w.parts.len() != 1 || epilogue.in_place) {
+            return Err(EngineError::Spec(
+                "a gated product takes one part and writes its own output".into(),
+            ));
+        }
+        let y_stride = if epilogue.gated.is_some() {
+            y_stride / 2
+        } else {
+            y_stride
+        };
         let mut first = 0u64;
         for part in &w.parts {
-            let (out_i, row_bytes) = (part.rows as i32, part.row_bytes(w.in_features) as i64);
+            let row_bytes = part.row_bytes(w.in_features) as i64;
             let w_ptr = part.ptr(s);
             let y_part = y + first * size;
             let bias_part = bias.map_or(0, |b| b + first * size);
             let residual = if epilogue.in_place { y_part } else { 0 };
-            let split = gemv_split(part.rows, w.in_features / part.unit());
-            let split_i = split as i32;
-            let mut args = s.launch_builder(&self.kernels.of(&part.storage)?.gemv);
-            args.arg(&w_ptr)
-                .arg(&row_bytes)
-                .arg(&x)
-                .arg(&stride_i)
-                .arg(&rows_i)
-                .arg(&out_i)
-                .arg(&k_i);
-            arg_or_null(&mut args, epilogue.gamma);
-            args.arg(&self.dims.eps)
-                .arg(&bias_part)
-                .arg(&residual)
-                .arg(&y_part)
-                .arg(&y_stride)
-                .arg(&split_i);
-            // SAFETY: `gemv_*(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias,
-            // residual, y, y_stride, split)` reads the part's `out` rows of `row_bytes`, `rows` rows of
-            // `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of gamma, `out` of the bias,
-            // and reads / writes `out` columns of `rows` rows of `y`.
-            unsafe {
-                args.launch(LaunchConfig {
-                    grid_dim: ((part.rows as u32).div_ceil(GEMV_WARPS / split), 1, 1),
-                    block_dim: (32 * GEMV_WARPS, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }?;
+            let mut split = gemv_split(part.rows, w.in_features / part.unit());
+            // Outputs a block computes: gated, pairs of a gate and an up feature.
+            let (out, per_block) = if epilogue.gated.is_some() {
+                split = split.min(GEMV_WARPS / 2);
+                (part.rows / 2, GEMV_WARPS / split / 2)
+            } else {
+                (part.rows, GEMV_WARPS / split)
+            };
+            let (out_i, split_i) = (out as i32, split as i32);
+            let kernels = self.kernels.of(&part.storage)?;
+            let func = if rows == 1 {
+                &kernels.gemv1
+            } else {
+                &kernels.gemv
+            };
+            let mut args = RawArgs::default();
+            args.arg(w_ptr)
+                .arg(row_bytes)
+                .arg(x)
+                .arg(stride_i)
+                .arg(rows_i)
+                .arg(out_i)
+                .arg(k_i)
+                .arg(gamma)
+                .arg(self.dims.eps)
+                .arg(bias_part)
+                .arg(residual)
+                .arg(y_part)
+                .arg(y_stride)
+                .arg(split_i)
+                .arg(gated_i);
+            let cfg = LaunchConfig {
+                grid_dim: ((out as u32).div_ceil(per_block), 1, 1),
+                block_dim: (32 * GEMV_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `gemv[1]_*(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias,
+            // residual, y, y_stride, split, gated)` (8-byte pointers and row_bytes, 4-byte
+            // integers and eps, in this order) reads the part's rows of `row_bytes` (`out`, or 2 ×
+            // `out` gated), `rows` rows of `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of
+            // gamma, as many bias values as weight rows, and reads / writes `out` columns of
+            // `rows` rows of `y`.
+            unsafe { launch_raw(s, func, cfg, &mut args, self.overlap) }?;
             first += part.rows as u64;
         }
         Ok(())
@@ -1294,7 +1454,15 @@ where
             prof.mark("attention")?;
             let o = &layer.output;
             let gup = &layer.gate_up;
-            if fused {
+            // A gate / up weight of one format computes act(gate) * up in the GEMV's epilogue.
+            let gated = fused && gup.parts.len() == 1;
+            if gated {
+                let add = Epilogue::add_into(o.bias.as_ref());
+                self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
+                prof.mark("o")?;
+                let act = Epilogue::gated_norm(&layer.post_norm, gup.bias.as_ref(), d.act);
+                self.gemv(gup, (x_ptr, h), rows, act, act_ptr)?;
+            } else if fused {
                 let add = Epilogue::add_into(o.bias.as_ref());
                 self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
                 prof.mark("o")?;
@@ -1309,16 +1477,18 @@ where
                 self.linear(gup, (hb_ptr, h), rows, gu_ptr, b.scratch.as_mut())?;
             }
             prof.mark("gate_up")?;
-            unsafe {
-                let mut args = s.launch_builder(&self.kernels.gated_act);
-                args.arg(&b.gu);
-                arg_or_null(&mut args, gup.bias.as_ref());
-                args.arg(&inter_i)
-                    .arg(&d.act)
-                    .arg(&mut b.act)
-                    .launch(rows_by_columns(rows, inter))?;
+            if !gated {
+                unsafe {
+                    let mut args = s.launch_builder(&self.kernels.gated_act);
+                    args.arg(&b.gu);
+                    arg_or_null(&mut args, gup.bias.as_ref());
+                    args.arg(&inter_i)
+                        .arg(&d.act)
+                        .arg(&mut b.act)
+                        .launch(rows_by_columns(rows, inter))?;
+                }
+                prof.mark("act")?;
             }
-            prof.mark("act")?;
             let dn = &layer.down;
             if fused {
                 let add = Epilogue::add_into(dn.bias.as_ref());

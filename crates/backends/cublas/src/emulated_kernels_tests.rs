@@ -16,10 +16,12 @@ use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 const HARNESS: &str = r#"
 typedef void (*Gemv)(const unsigned char*, long long, const T*, int, int, int, int, const T*,
-                     float, const T*, const T*, T*, int, int);
+                     float, const T*, const T*, T*, int, int, int);
 typedef void (*Deq)(const unsigned char*, long long, const int*, int, int, T*);
 static Gemv gemvs[] = {gemv_dense, gemv_q8_0, gemv_q4_0, gemv_q4_1, gemv_q5_0,
                        gemv_q5_1,  gemv_q4_k, gemv_q5_k, gemv_q6_k};
+static Gemv gemv1s[] = {gemv1_dense, gemv1_q8_0, gemv1_q4_0, gemv1_q4_1, gemv1_q5_0,
+                        gemv1_q5_1,  gemv1_q4_k, gemv1_q5_k, gemv1_q6_k};
 static Deq deqs[] = {dequant_dense, dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q5_0,
                      dequant_q5_1,  dequant_q4_k, dequant_q5_k, dequant_q6_k};
 static T* to_t(const float* v, size_t n) {
@@ -34,7 +36,8 @@ static void put(const T* v, size_t n) {
     }
 }
 int main(void) {
-    int* h = take<int>(11);  // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place, split
+    // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place, split, gated
+    int* h = take<int>(12);
     long long row_bytes = *take<long long>(1);
     int f = h[0], out = h[1], k = h[2], rows = h[3], xs = h[4], ys = h[5], off = h[6];
     unsigned char* w = (unsigned char*)aligned_alloc(64, ((size_t)out * row_bytes + 63) / 64 * 64);
@@ -45,10 +48,12 @@ int main(void) {
     T* y = to_t(take<float>((size_t)rows * ys), (size_t)rows * ys);
     int n_ids = *take<int>(1);
     int* ids = take<int>(n_ids);
-    int split = h[10], per_block = 8 / split;
-    emu_launch({(unsigned)((out + per_block - 1) / per_block), 1, 1}, {256, 1, 1}, [&] {
-        gemvs[f](w, row_bytes, x, xs, rows, out, k, h[7] ? gamma : nullptr, 1e-6f,
-                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys, split);
+    // Gated: the first 2 * (out / 2) rows are out / 2 gate rows, then as many up rows.
+    int split = h[10], gated = h[11];
+    int outputs = gated < 0 ? out : out / 2, per_block = gated < 0 ? 8 / split : 4 / split;
+    emu_launch({(unsigned)((outputs + per_block - 1) / per_block), 1, 1}, {256, 1, 1}, [&] {
+        (rows == 1 ? gemv1s : gemvs)[f](w, row_bytes, x, xs, rows, outputs, k, h[7] ? gamma : nullptr, 1e-6f,
+                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys, split, gated);
     });
     put(y, (size_t)rows * ys);
     T* d = (T*)calloc((size_t)n_ids * k, sizeof(T));
@@ -176,7 +181,7 @@ impl Rng {
 }
 
 /// One case: a part of `out` rows written at column `off` of rows `y_stride` wide, `split` warps
-/// per output.
+/// per output; `gated`: SiLU(gate) × up of the first `out / 2` rows and the next as many.
 struct Case {
     split: i32,
     rows: usize,
@@ -186,6 +191,7 @@ struct Case {
     gamma: bool,
     bias: bool,
     in_place: bool,
+    gated: bool,
 }
 
 #[test]
@@ -212,8 +218,9 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
     };
     let size = std::mem::size_of::<T>();
     // 21 rows: every split but 8 leaves warps past the end in its last block (they only add to
-    // the split's barrier).
-    let (out, k) = (21, 512);
+    // the split's barrier). 1280 columns: whole batches of loads and a remainder at split 1 (and
+    // at split 2 for f32's 4-value units), a remainder alone at larger splits.
+    let (out, k) = (21, 1280);
     let cases = [
         Case {
             split: 1,
@@ -224,6 +231,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             gamma: false,
             bias: false,
             in_place: false,
+            gated: false,
         },
         Case {
             split: 2,
@@ -234,6 +242,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             gamma: true,
             bias: true,
             in_place: false,
+            gated: false,
         },
         Case {
             split: 4,
@@ -244,6 +253,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             gamma: true,
             bias: true,
             in_place: true,
+            gated: false,
         },
         Case {
             split: 8,
@@ -254,6 +264,29 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             gamma: true,
             bias: false,
             in_place: false,
+            gated: false,
+        },
+        Case {
+            split: 1,
+            rows: 3,
+            x_stride: k,
+            y_stride: out,
+            off: 0,
+            gamma: true,
+            bias: true,
+            in_place: false,
+            gated: true,
+        },
+        Case {
+            split: 4,
+            rows: 1,
+            x_stride: k,
+            y_stride: out / 2 + 3,
+            off: 3,
+            gamma: true,
+            bias: false,
+            in_place: false,
+            gated: true,
         },
     ];
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
@@ -302,7 +335,12 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                     .collect()
             };
             let x = values(c.rows * c.x_stride, 2.0, 0.0);
-            let gamma = values(k, 0.5, 1.0);
+            // A gated product multiplies two sums: smaller scales keep it inside f16's range.
+            let gamma = if c.gated {
+                values(k, 0.05, 0.1)
+            } else {
+                values(k, 0.5, 1.0)
+            };
             let bias = values(out, 1.0, 0.0);
             let y0 = values(c.rows * c.y_stride, 1.0, 0.0);
             let ids: Vec<i32> = vec![5, 0, (out - 1) as i32];
@@ -319,6 +357,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                 c.bias as i32,
                 c.in_place as i32,
                 c.split,
+                if c.gated { 5 } else { -1 },
             ];
             header.iter().for_each(|v| input.extend(v.to_le_bytes()));
             input.extend((row_bytes as i64).to_le_bytes());
@@ -344,18 +383,28 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                 } else {
                     xr.iter().map(|&v| f64::from(v)).collect()
                 };
-                for o in 0..out {
+                let linear = |o: usize| -> f64 {
                     let dot: f64 = weights[o * k..(o + 1) * k]
                         .iter()
                         .zip(&xn)
                         .map(|(&w, &v)| f64::from(w) * v)
                         .sum();
-                    let b = if c.bias { f64::from(bias[o]) } else { 0.0 };
+                    dot + if c.bias { f64::from(bias[o]) } else { 0.0 }
+                };
+                if c.gated {
+                    let pairs = out / 2;
+                    for j in 0..pairs {
+                        let (g, u) = (linear(j), linear(pairs + j));
+                        want[r * c.y_stride + c.off + j] = g / (1.0 + (-g).exp()) * u;
+                    }
+                    continue;
+                }
+                for o in 0..out {
                     let at = r * c.y_stride + c.off + o;
                     want[at] = if c.in_place {
-                        want[at] + dot + b
+                        want[at] + linear(o)
                     } else {
-                        dot + b
+                        linear(o)
                     };
                 }
             }

@@ -231,9 +231,9 @@ pub(crate) fn compile_cached(
     Ok(ptx)
 }
 
-/// The CUDA source of the engine's kernels for storage type `T`: every kernel, and the product
-/// and row read (`gemv_<name>`, `dequant_<name>`) of dense weights and of each block format of
-/// `formats`.
+/// The CUDA source of the engine's kernels for storage type `T`: every kernel, and the products
+/// and row read (`gemv_<name>`, `gemv1_<name>`, `dequant_<name>`) of dense weights and of each
+/// block format of `formats`.
 pub(crate) fn kernel_source<T: Elem>(formats: &[crate::BlockFormat]) -> String {
     let mut source = format!(
         "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{GGML_BLOCKS}\n{DECODER_KERNELS}",
@@ -1428,7 +1428,13 @@ mod tests {
         // Every weight storage has its product and row reader (the names the decoder loads).
         let names: Vec<String> = std::iter::once("dense")
             .chain(crate::decoder::BLOCK_FORMATS.iter().map(|f| f.name))
-            .flat_map(|n| [format!("gemv_{n}"), format!("dequant_{n}")])
+            .flat_map(|n| {
+                [
+                    format!("gemv_{n}"),
+                    format!("gemv1_{n}"),
+                    format!("dequant_{n}"),
+                ]
+            })
             .collect();
         for (ptx, ty) in [
             (
