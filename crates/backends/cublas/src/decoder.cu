@@ -1,7 +1,7 @@
 // The decoder kernels of the cuBLAS engine (LLaMA-style causal LMs), compiled after kernels.cu
-// (`T`, `ld`, `st`, `block_reduce`, `shared_floats`, `Pack`, `activate`). Every kernel reads the
-// number of columns already in the KV cache from device memory (`past[0]`), so one decoding step
-// is the same launches every time (and can be replayed as a CUDA graph).
+// (`T`, `ld`, `st`, `block_reduce`, `shared_floats`, `Pack`, `activate`, `gather_rows`). Every
+// kernel reads the number of columns already in the KV cache from device memory (`past[0]`), so
+// one decoding step is the same launches every time (and can be replayed as a CUDA graph).
 //
 // Rounding follows HF in half precision: values a framework keeps in `T` between operations are
 // rounded to `T` here too (the residual stream, the normalised activations, cos / sin tables).
@@ -40,14 +40,6 @@ __device__ __forceinline__ void prefetch_l2(const unsigned char* p, long long by
     for (long long b = (long long)first * 128; b < bytes; b += (long long)stride * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
 #endif
-}
-
-// Rows of the token embedding: out[r] = table[ids[r]]; grid (rows, blocks of ROW_THREADS).
-extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
-    int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= hidden) return;
-    long long r = blockIdx.x;
-    out[r * hidden + c] = table[(long long)ids[r] * hidden + c];
 }
 
 // mask[b, past + j] = fresh[b, j] for the call's new columns; grid (batch), block (any).

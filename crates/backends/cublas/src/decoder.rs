@@ -20,7 +20,9 @@ use ipfs_accelerate_core::{
     DType, DecoderSpec, DenseWeights, GatedActivation, HostTensor, Precision,
 };
 
-use crate::engine::{compile_module, device_buffer, open_stream, read_back, rows_by_columns, Elem};
+use crate::engine::{
+    compile_module, device_buffer, open_stream, read_back, rows_by_columns, Elem, KernelSet,
+};
 use crate::{probe, EngineError};
 
 /// `activate`'s code in kernels.cu for a gated activation.
@@ -236,6 +238,18 @@ impl<'a, T> Epilogue<'a, T> {
         }
     }
 }
+
+/// The entry points the decoder loads besides the weight kernels (checked against the compiled
+/// module by the tests).
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 7] = [
+    "gather_rows",
+    "append_mask",
+    "residual_rms_norm",
+    "gated_act",
+    "rope_split",
+    "cached_attention",
+    "cached_attention_scalar",
+];
 
 /// The null pointer a kernel reads as "no such input".
 static NULL: u64 = 0;
@@ -657,7 +671,7 @@ where
             .collect();
         formats.sort_by_key(|f| f.index);
         formats.dedup();
-        let module = compile_module::<T>(stream.context(), &formats)?;
+        let module = compile_module::<T>(stream.context(), KernelSet::decoder(&formats))?;
         let f = |name: &str| module.load_function(name);
         let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
             Ok(WeightKernels {
@@ -676,14 +690,18 @@ where
                     .transpose()
             })
             .collect::<Result<_, _>>()?;
+        let named = |name: &str| {
+            debug_assert!(DECODER_KERNEL_NAMES.contains(&name), "{name}");
+            f(name)
+        };
         let kernels = Kernels {
-            gather_rows: f("gather_rows")?,
-            append_mask: f("append_mask")?,
-            residual_rms_norm: f("residual_rms_norm")?,
-            gated_act: f("gated_act")?,
-            rope_split: f("rope_split")?,
-            cached_attention: f("cached_attention")?,
-            cached_attention_scalar: f("cached_attention_scalar")?,
+            gather_rows: named("gather_rows")?,
+            append_mask: named("append_mask")?,
+            residual_rms_norm: named("residual_rms_norm")?,
+            gated_act: named("gated_act")?,
+            rope_split: named("rope_split")?,
+            cached_attention: named("cached_attention")?,
+            cached_attention_scalar: named("cached_attention_scalar")?,
             dense,
             blocks,
         };

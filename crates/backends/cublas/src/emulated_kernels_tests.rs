@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::decoder::BLOCK_FORMATS;
-use crate::engine::{kernel_source, Elem};
+use crate::engine::{kernel_source, Elem, KernelSet};
 use crate::ggml_blocks_tests::{f16_fields, random_rows};
 use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
@@ -107,7 +107,11 @@ template <class V> static V* take(size_t n) {
 /// The f32 kernel source on the host with `harness` (its `main`): the emulation first, the
 /// dynamic shared memory a static.
 fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
-    let source = kernel_source::<T>(&BLOCK_FORMATS)
+    let every = KernelSet {
+        encoder: true,
+        decoder: Some(&BLOCK_FORMATS),
+    };
+    let source = kernel_source::<T>(every)
         .replace(
             "extern __shared__ float dynamic_shared[];",
             "static float dynamic_shared[1 << 16];",

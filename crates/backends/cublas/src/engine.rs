@@ -139,15 +139,43 @@ struct Kernels {
     patch_rows: CudaFunction,
 }
 
-/// Compiles the engine's kernels (`kernels.cu` and `decoder.cu`) for `T` on `ctx`'s device, with
-/// the products of the ggml block `formats` a model stores.
+/// Which of the engine's kernels a module holds: an encoder's (`kernels.cu`) or a decoder's
+/// (`decoder.cu` and the products of the ggml block formats a model stores, on `kernels.cu`'s
+/// helpers), or both (the host-side tests). A module compiles only what its engine launches: on a
+/// fresh machine NVRTC and the driver's translation of the other set are a second of the first
+/// call.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelSet<'a> {
+    /// `kernels.cu`'s entry points (embeddings, row kernels, softmax).
+    pub encoder: bool,
+    /// `decoder.cu` with the products of these block formats (dense weights always).
+    pub decoder: Option<&'a [crate::BlockFormat]>,
+}
+
+impl KernelSet<'_> {
+    /// The encoder engine's kernels.
+    pub const ENCODER: KernelSet<'static> = KernelSet {
+        encoder: true,
+        decoder: None,
+    };
+
+    /// The decoder's kernels with the products of `formats`.
+    pub fn decoder(formats: &[crate::BlockFormat]) -> KernelSet<'_> {
+        KernelSet {
+            encoder: false,
+            decoder: Some(formats),
+        }
+    }
+}
+
+/// Compiles the kernels of `set` for `T` on `ctx`'s device.
 pub(crate) fn compile_module<T: Elem>(
     ctx: &Arc<CudaContext>,
-    formats: &[crate::BlockFormat],
+    set: KernelSet<'_>,
 ) -> Result<Arc<cudarc::driver::CudaModule>, EngineError> {
     let (major, minor) = ctx.compute_capability()?;
     let arch = format!("compute_{major}{minor}");
-    let source = kernel_source::<T>(formats);
+    let source = kernel_source::<T>(set);
     let ptx = compile_cached(ptx_cache_dir().as_deref(), &source, &arch)?;
     let clock = std::time::Instant::now();
     let module = ctx.load_module(ptx)?;
@@ -231,16 +259,24 @@ pub(crate) fn compile_cached(
     Ok(ptx)
 }
 
-/// The CUDA source of the engine's kernels for storage type `T`: every kernel, and the products
-/// and row read (`gemv_<name>`, `gemv1_<name>`, `dequant_<name>`) of dense weights and of each
-/// block format of `formats`.
-pub(crate) fn kernel_source<T: Elem>(formats: &[crate::BlockFormat]) -> String {
+/// The CUDA source of the kernels of `set` for storage type `T`: `kernels.cu` (its entry points
+/// when `set.encoder`), then for a decoder `decoder.cu` with the products and row read
+/// (`gemv_<name>`, `gemv1_<name>`, `dequant_<name>`) of dense weights and of each block format.
+pub(crate) fn kernel_source<T: Elem>(set: KernelSet<'_>) -> String {
+    let encoder = if set.encoder {
+        "#define ENCODER_KERNELS\n"
+    } else {
+        ""
+    };
     let mut source = format!(
-        "#define NEG_INF __int_as_float(0xff800000)\n{}{KERNELS}\n{GGML_BLOCKS}\n{DECODER_KERNELS}",
+        "#define NEG_INF __int_as_float(0xff800000)\n{encoder}{}{KERNELS}\n",
         T::PREFIX
     );
-    for f in formats {
-        source.push_str(&format!("WEIGHT_KERNELS({}, {})\n", f.name, f.id));
+    if let Some(formats) = set.decoder {
+        source.push_str(&format!("{GGML_BLOCKS}\n{DECODER_KERNELS}"));
+        for f in formats {
+            source.push_str(&format!("WEIGHT_KERNELS({}, {})\n", f.name, f.id));
+        }
     }
     source
 }
@@ -257,10 +293,35 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
     Ok((stream, blas))
 }
 
+/// The entry points the encoder engine loads (checked against the compiled module by the tests).
+const ENCODER_KERNEL_NAMES: [&str; 18] = [
+    "embeddings",
+    "bias_residual_norm",
+    "bias_act",
+    "split_heads",
+    "merge_heads",
+    "masked_softmax",
+    "split_heads_vec",
+    "merge_heads_vec",
+    "bias_act_vec",
+    "bias_residual_norm_vec",
+    "masked_softmax_warp",
+    "add_norm_sum",
+    "add_norm_sum_vec",
+    "layer_norm",
+    "layer_norm_vec",
+    "patch_embeddings",
+    "patch_rows",
+    "gather_rows",
+];
+
 impl Kernels {
     fn compile<T: Elem>(ctx: &Arc<CudaContext>) -> Result<Kernels, EngineError> {
-        let module = compile_module::<T>(ctx, &[])?;
-        let f = |name: &str| module.load_function(name);
+        let module = compile_module::<T>(ctx, KernelSet::ENCODER)?;
+        let f = |name: &str| {
+            debug_assert!(ENCODER_KERNEL_NAMES.contains(&name), "{name}");
+            module.load_function(name)
+        };
         Ok(Kernels {
             embeddings: f("embeddings")?,
             bias_residual_norm: f("bias_residual_norm")?,
@@ -1425,33 +1486,47 @@ mod tests {
             };
             compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))
         };
-        // Every weight storage has its product and row reader (the names the decoder loads).
-        let names: Vec<String> = std::iter::once("dense")
-            .chain(crate::decoder::BLOCK_FORMATS.iter().map(|f| f.name))
-            .flat_map(|n| {
-                [
-                    format!("gemv_{n}"),
-                    format!("gemv1_{n}"),
-                    format!("dequant_{n}"),
-                ]
-            })
-            .collect();
-        for (ptx, ty) in [
-            (
-                compile(kernel_source::<f32>(&crate::BLOCK_FORMATS)).expect("f32 kernels"),
-                "f32",
-            ),
-            (
-                compile(kernel_source::<half::f16>(&crate::BLOCK_FORMATS)).expect("f16 kernels"),
-                "f16",
-            ),
+        // Each module has the kernels its engine loads, and not the other's: the encoder's (as
+        // `Kernels::compile` names them), the decoder's with every weight storage's products and
+        // row reader.
+        let encoder_names = ENCODER_KERNEL_NAMES.map(String::from).to_vec();
+        let mut decoder_names: Vec<String> = crate::decoder::DECODER_KERNEL_NAMES
+            .map(String::from)
+            .to_vec();
+        decoder_names.extend(
+            std::iter::once("dense")
+                .chain(crate::decoder::BLOCK_FORMATS.iter().map(|f| f.name))
+                .flat_map(|n| {
+                    [
+                        format!("gemv_{n}"),
+                        format!("gemv1_{n}"),
+                        format!("dequant_{n}"),
+                    ]
+                }),
+        );
+        let decoder = KernelSet::decoder(&crate::BLOCK_FORMATS);
+        for (set, has, lacks) in [
+            (KernelSet::ENCODER, &encoder_names, "gemv1_dense"),
+            (decoder, &decoder_names, "masked_softmax"),
         ] {
-            let text = ptx.to_src();
-            for name in &names {
-                assert!(
-                    text.contains(&format!(".entry {name}(")),
-                    "{ty}: no kernel {name}"
-                );
+            for (ptx, ty) in [
+                (
+                    compile(kernel_source::<f32>(set)).expect("f32 kernels"),
+                    "f32",
+                ),
+                (
+                    compile(kernel_source::<half::f16>(set)).expect("f16 kernels"),
+                    "f16",
+                ),
+            ] {
+                let text = ptx.to_src();
+                for name in has {
+                    assert!(
+                        text.contains(&format!(".entry {name}(")),
+                        "{ty}: no kernel {name}"
+                    );
+                }
+                assert!(!text.contains(&format!(".entry {lacks}(")), "{ty}: {lacks}");
             }
         }
     }

@@ -45,6 +45,9 @@ __device__ void norm_row(const float* row, int n, const T* gamma, const T* beta,
         out[i] = st((row[i] - mean) * inv * ld(gamma[i]) + ld(beta[i]));
 }
 
+// The encoder's entry points are compiled into the encoder engine's module only
+// (`ENCODER_KERNELS`, `KernelSet` in engine.rs); the helpers serve the decoder's too.
+#ifdef ENCODER_KERNELS
 // One block per token: word + token type + position embedding, then layer norm (`normalize`;
 // without it `gamma` and `beta` are not read and the sum is written). Shared memory: (hidden +
 // 32) floats.
@@ -101,6 +104,7 @@ extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T*
                      : ld(pe[(b * (seq - 1) + s - 1) * hidden + c]) + ld(bias[c]);
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
 }
+#endif  // ENCODER_KERNELS
 
 #define ACT_GELU 0
 #define ACT_GELU_TANH 1
@@ -264,8 +268,10 @@ __device__ void merge_heads_impl(const T* ctx, int seq, int heads, int head_dim,
         merge_heads_impl<W>(ctx, seq, heads, head_dim, out);                                    \
     }
 
+#ifdef ENCODER_KERNELS
 ROW_KERNELS(, 1)
 ROW_KERNELS(_vec, VEC)
+#endif
 
 // ---- Masked softmax over score rows `[batch, heads, q_len, k_len]`: probabilities over the keys
 // whose `mask[b, key]` is non-zero (masked keys get 0), and with `causal` only keys up to the
@@ -319,6 +325,16 @@ __device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, 
     }
 }
 
+// Rows of a table: out[r] = table[ids[r]] (the token embedding of a decoder, the pooled tokens
+// of an encoder's projection); grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    long long r = blockIdx.x;
+    out[r * hidden + c] = table[(long long)ids[r] * hidden + c];
+}
+
+#ifdef ENCODER_KERNELS
 // One block per row, k_len <= SOFTMAX_PER_THREAD * blockDim.
 #define SOFTMAX_PER_THREAD 8
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
@@ -343,3 +359,4 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
     softmax_row<WARP_KEYS>(scores + r * k_len, mask + b * k_len, k_len, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }
+#endif  // ENCODER_KERNELS
