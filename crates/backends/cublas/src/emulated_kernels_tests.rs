@@ -225,74 +225,28 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
     // the split's barrier). 1280 columns: whole batches of loads and a remainder at split 1 (and
     // at split 2 for f32's 4-value units), a remainder alone at larger splits.
     let (out, k) = (21, 1280);
+    // (split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated)
     let cases = [
-        Case {
-            split: 1,
-            rows: 1,
-            x_stride: k,
-            y_stride: out,
-            off: 0,
-            gamma: false,
-            bias: false,
-            in_place: false,
-            gated: false,
+        (1, 1, k, out, 0, false, false, false, false),
+        (2, 2, k, out, 0, true, true, false, false),
+        (4, 3, k + 8, out + 20, 12, true, true, true, false),
+        (8, 8, k, out + 4, 4, true, false, false, false),
+        (1, 3, k, out, 0, true, true, false, true),
+        (4, 1, k, out / 2 + 3, 3, true, false, false, true),
+    ]
+    .map(
+        |(split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated)| Case {
+            split,
+            rows,
+            x_stride,
+            y_stride,
+            off,
+            gamma,
+            bias,
+            in_place,
+            gated,
         },
-        Case {
-            split: 2,
-            rows: 2,
-            x_stride: k,
-            y_stride: out,
-            off: 0,
-            gamma: true,
-            bias: true,
-            in_place: false,
-            gated: false,
-        },
-        Case {
-            split: 4,
-            rows: 3,
-            x_stride: k + 8,
-            y_stride: out + 20,
-            off: 12,
-            gamma: true,
-            bias: true,
-            in_place: true,
-            gated: false,
-        },
-        Case {
-            split: 8,
-            rows: 8,
-            x_stride: k,
-            y_stride: out + 4,
-            off: 4,
-            gamma: true,
-            bias: false,
-            in_place: false,
-            gated: false,
-        },
-        Case {
-            split: 1,
-            rows: 3,
-            x_stride: k,
-            y_stride: out,
-            off: 0,
-            gamma: true,
-            bias: true,
-            in_place: false,
-            gated: true,
-        },
-        Case {
-            split: 4,
-            rows: 1,
-            x_stride: k,
-            y_stride: out / 2 + 3,
-            off: 3,
-            gamma: true,
-            bias: false,
-            in_place: false,
-            gated: true,
-        },
-    ];
+    );
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     // (name, ggml id) of every storage, dense first, in the harness's order.
     let storages: Vec<(&str, Option<u32>)> = std::iter::once(("dense", None))
