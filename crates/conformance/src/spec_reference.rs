@@ -81,6 +81,17 @@ impl ModelRunner for SpecReference {
                 })?;
                 (out, batch, p.tokens())
             }
+            EncoderInput::Frames(f) => {
+                let features = inputs
+                    .get("input_features")
+                    .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
+                let batch = features.shape().first().copied().unwrap_or(0);
+                let out = s.reference_forward(&ReferenceInput::Frames {
+                    batch,
+                    values: &features.to_f32_vec(),
+                })?;
+                (out, batch, f.tokens())
+            }
         };
         let h = s.hidden;
         let mut map = TensorMap::new();

@@ -265,6 +265,58 @@ impl PatchEmbeddings {
     }
 }
 
+/// A 1-D convolution over frames: `conv` holds the `[out, in, kernel]` weight as
+/// `[out, in · kernel]` rows (an im2col row's order) and its bias; zero `padding` on both sides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameConv {
+    /// The weight as a dense layer and the bias.
+    pub conv: DenseWeights,
+    /// Kernel width in frames.
+    pub kernel: usize,
+    /// Stride in frames.
+    pub stride: usize,
+    /// Zero frames added before the first and after the last.
+    pub padding: usize,
+}
+
+impl FrameConv {
+    /// Input channels: the weight's inputs per kernel tap.
+    pub fn in_channels(&self) -> usize {
+        self.conv.in_features / self.kernel.max(1)
+    }
+
+    /// Output frames for `frames` input frames (0 when the input is shorter than the kernel).
+    pub fn out_frames(&self, frames: usize) -> usize {
+        (frames + 2 * self.padding)
+            .checked_sub(self.kernel)
+            .map_or(0, |n| n / self.stride.max(1) + 1)
+    }
+}
+
+/// Feature frames (Whisper's log-mel `[batch, channels, frames]`) through a convolutional front
+/// end: each convolution followed by `activation`, the last one's output read as `[tokens,
+/// hidden]`, plus learned position embeddings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameEmbeddings {
+    /// Feature channels (mel bins).
+    pub channels: usize,
+    /// Input frames; inputs must have exactly this many (HF pads log-mels to it).
+    pub frames: usize,
+    /// The convolutions, first to last.
+    pub convs: Vec<FrameConv>,
+    /// The activation after each convolution.
+    pub activation: EncoderActivation,
+    /// `[tokens, hidden]`: position embeddings.
+    pub position: Vec<f32>,
+}
+
+impl FrameEmbeddings {
+    /// Tokens per input: the last convolution's output frames.
+    pub fn tokens(&self) -> usize {
+        self.convs.iter().fold(self.frames, |n, c| c.out_frames(n))
+    }
+}
+
 /// What the encoder reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EncoderInput {
@@ -272,6 +324,8 @@ pub enum EncoderInput {
     Tokens(TokenEmbeddings),
     /// Images (`pixel_values`, `[batch, channels, height, width]`).
     Patches(PatchEmbeddings),
+    /// Feature frames (`input_features`, `[batch, channels, frames]`).
+    Frames(FrameEmbeddings),
 }
 
 /// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
@@ -425,6 +479,34 @@ impl EncoderSpec {
                 check_rows("cls_token", &p.class, 1)?;
                 check_rows("position_embeddings", &p.position, p.tokens())?;
             }
+            EncoderInput::Frames(f) => {
+                if f.channels == 0 || f.frames == 0 || f.convs.is_empty() {
+                    return bad("channels, frames and convolutions must be positive".into());
+                }
+                let mut channels = f.channels;
+                let mut frames = f.frames;
+                for (n, c) in f.convs.iter().enumerate() {
+                    if c.kernel == 0 || c.stride == 0 {
+                        return bad(format!("convolution {n} has a zero kernel or stride"));
+                    }
+                    let out = if n + 1 == f.convs.len() {
+                        h
+                    } else {
+                        c.conv.out_features
+                    };
+                    c.conv
+                        .check(&format!("conv{}", n + 1), out, channels * c.kernel)?;
+                    frames = c.out_frames(frames);
+                    if frames == 0 {
+                        return bad(format!(
+                            "{} frames leave nothing after convolution {n}",
+                            f.frames
+                        ));
+                    }
+                    channels = out;
+                }
+                check_rows("embed_positions", &f.position, frames)?;
+            }
         }
         if let Some(n) = &self.embedding_norm {
             check_norm("embeddings.LayerNorm".into(), n)?;
@@ -456,8 +538,8 @@ impl EncoderSpec {
                 check_norm(format!("{}.norm", p.output), n)?;
             }
         }
-        if self.causal && matches!(self.input, EncoderInput::Patches(_)) {
-            return bad("causal attention over image patches".into());
+        if self.causal && !matches!(self.input, EncoderInput::Tokens(_)) {
+            return bad("causal attention over image patches or feature frames".into());
         }
         if let Some(head) = &self.head {
             let c = head.dense();
@@ -536,6 +618,60 @@ mod tests {
             causal: false,
             projection: None,
         }
+    }
+
+    /// Whisper's front end on 5 channels × 12 frames: kernel 3, padding 1, strides 1 and 2 give
+    /// 12 then 6 tokens; a wrong position table, a kernel longer than the input and causal
+    /// attention are refused.
+    #[test]
+    fn frame_inputs_count_their_tokens_and_are_checked() {
+        let h = 8;
+        let conv = |inp: usize, stride: usize| FrameConv {
+            conv: dense(h, inp * 3),
+            kernel: 3,
+            stride,
+            padding: 1,
+        };
+        let frames = FrameEmbeddings {
+            channels: 5,
+            frames: 12,
+            convs: vec![conv(5, 1), conv(h, 2)],
+            activation: EncoderActivation::Gelu,
+            position: vec![0.0; 6 * h],
+        };
+        assert_eq!(frames.convs[0].out_frames(12), 12);
+        assert_eq!(frames.convs[1].out_frames(12), 6);
+        assert_eq!(frames.tokens(), 6);
+        let with = |f: FrameEmbeddings| EncoderSpec {
+            input: EncoderInput::Frames(f),
+            norm: NormPlacement::Pre,
+            final_norm: Some(norm(h)),
+            ..spec(h, 2 * h)
+        };
+        with(frames.clone()).validate().unwrap();
+        let short = FrameEmbeddings {
+            position: vec![0.0; 5 * h],
+            ..frames.clone()
+        };
+        assert!(with(short).validate().is_err());
+        let tiny = FrameConv {
+            kernel: 9,
+            padding: 0,
+            conv: dense(h, 5 * 9),
+            stride: 1,
+        };
+        assert_eq!(tiny.out_frames(4), 0);
+        let none_left = FrameEmbeddings {
+            frames: 4,
+            convs: vec![tiny],
+            ..frames.clone()
+        };
+        assert!(with(none_left).validate().is_err());
+        let causal = EncoderSpec {
+            causal: true,
+            ..with(frames)
+        };
+        assert!(causal.validate().is_err());
     }
 
     /// A ViT-shaped spec: 3 channels, 4-pixel patches of an 8 × 12 image (6 patches).

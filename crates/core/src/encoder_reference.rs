@@ -3,7 +3,8 @@
 //! its HF outputs (without a GPU). Slow by design; not an inference path.
 
 use crate::encoder::{
-    DenseWeights, EncoderHead, EncoderInput, EncoderSpec, NormPlacement, NormWeights, PooledToken,
+    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, FrameConv,
+    NormPlacement, NormWeights, PooledToken,
 };
 use crate::{Error, Result};
 
@@ -28,6 +29,13 @@ pub enum ReferenceInput<'a> {
         /// Images.
         batch: usize,
         /// Pixel values.
+        values: &'a [f32],
+    },
+    /// `[batch, channels, frames]` feature frames.
+    Frames {
+        /// Inputs.
+        batch: usize,
+        /// Feature values.
         values: &'a [f32],
     },
 }
@@ -65,6 +73,30 @@ fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
     x.iter()
         .enumerate()
         .map(|(i, v)| (v - mean) * inv * n.gamma[i] as f64 + n.beta[i] as f64)
+        .collect()
+}
+
+/// `act(conv(x))` of one input: `x` `[frames][channels]`, the result `[out frames][out
+/// channels]`.
+fn conv_frames(c: &FrameConv, act: EncoderActivation, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let channels = c.in_channels();
+    (0..c.out_frames(x.len()))
+        .map(|t| {
+            // The im2col row: channel-major, then kernel tap, as the weight's rows are laid out.
+            let mut window = vec![0.0f64; channels * c.kernel];
+            for tap in 0..c.kernel {
+                let at = (t * c.stride + tap).checked_sub(c.padding);
+                if let Some(frame) = at.and_then(|a| x.get(a)) {
+                    for (ch, v) in frame.iter().enumerate() {
+                        window[ch * c.kernel + tap] = *v;
+                    }
+                }
+            }
+            dense(&c.conv, &window)
+                .into_iter()
+                .map(|v| act.apply(v))
+                .collect()
+        })
         .collect()
 }
 
@@ -139,6 +171,31 @@ impl EncoderSpec {
                         }
                     }
                 }
+                (*batch, seq, x, vec![1; batch * seq], None)
+            }
+            (ReferenceInput::Frames { batch, values }, EncoderInput::Frames(f)) => {
+                let (c, n) = (f.channels, f.frames);
+                if values.len() != batch * c * n {
+                    return bad(format!("features do not hold [{batch}, {c}, {n}] values"));
+                }
+                let seq = f.tokens();
+                let x = (0..*batch)
+                    .map(|b| {
+                        let input = &values[b * c * n..(b + 1) * c * n];
+                        let mut frames: Vec<Vec<f64>> = (0..n)
+                            .map(|t| (0..c).map(|ch| input[ch * n + t] as f64).collect())
+                            .collect();
+                        for conv in &f.convs {
+                            frames = conv_frames(conv, f.activation, &frames);
+                        }
+                        for (s, row) in frames.iter_mut().enumerate() {
+                            for (k, v) in row.iter_mut().enumerate() {
+                                *v += f.position[s * h + k] as f64;
+                            }
+                        }
+                        frames
+                    })
+                    .collect();
                 (*batch, seq, x, vec![1; batch * seq], None)
             }
             _ => return bad("the input is not the kind the spec reads".into()),

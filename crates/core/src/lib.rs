@@ -30,8 +30,8 @@ pub use config::{label_count, label_name, softmax, JsonConfig};
 pub use decoder::{DecoderLayerWeights, DecoderSpec, GatedActivation, RotarySpec};
 pub use encoder::{
     DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
-    EncoderProjection, EncoderSpec, NormPlacement, NormWeights, PatchEmbeddings, PooledToken,
-    TokenEmbeddings,
+    EncoderProjection, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights,
+    PatchEmbeddings, PooledToken, TokenEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};

@@ -179,6 +179,16 @@ impl ProjectionBias {
         v: false,
         o: false,
     };
+
+    /// q, k and v with a bias or not (ViT's `qkv_bias`), the output projection with one.
+    pub const fn qkv(bias: bool) -> ProjectionBias {
+        ProjectionBias {
+            q: bias,
+            k: bias,
+            v: bias,
+            o: true,
+        }
+    }
 }
 
 /// The weight names of the four projections relative to the attention module's prefix, e.g.

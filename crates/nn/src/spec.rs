@@ -10,7 +10,7 @@ use ipfs_accelerate_core::{
 pub use ipfs_accelerate_kernels::BlockType;
 use ipfs_accelerate_kernels::{dequantize_row, quantize_row};
 
-use crate::{transformer::PreLnNames, Activation};
+use crate::{attention::ProjectionBias, transformer::PreLnNames, Activation};
 
 /// Reads f32 copies of a checkpoint's tensors under a prefix (`"vit."`, `""`), or (see
 /// [`SpecReader::keeping_blocks`]) a dense layer's ggml blocks as the file stores them.
@@ -159,21 +159,22 @@ impl<'a> SpecReader<'a> {
     }
 
     /// One pre-norm layer (`names` under this reader's prefix) as the spec's layer: the norm
-    /// before attention is `attention_norm`, the one before the MLP `output_norm`.
+    /// before attention is `attention_norm`, the one before the MLP `output_norm`; a projection
+    /// without a bias in `bias` gets zeros.
     pub fn pre_ln_layer(
         &self,
         names: &PreLnNames<'_>,
         hidden: usize,
         intermediate: usize,
-        qkv_bias: bool,
+        bias: ProjectionBias,
     ) -> Result<EncoderLayerWeights> {
         let (h, i) = (hidden, intermediate);
         let a = &names.attention;
         Ok(EncoderLayerWeights {
-            query: self.dense_with(a.q, h, h, qkv_bias)?,
-            key: self.dense_with(a.k, h, h, qkv_bias)?,
-            value: self.dense_with(a.v, h, h, qkv_bias)?,
-            attention_output: self.dense(a.o, h, h)?,
+            query: self.dense_with(a.q, h, h, bias.q)?,
+            key: self.dense_with(a.k, h, h, bias.k)?,
+            value: self.dense_with(a.v, h, h, bias.v)?,
+            attention_output: self.dense_with(a.o, h, h, bias.o)?,
             attention_norm: self.norm(names.norm1, h)?,
             intermediate: self.dense(names.fc1, i, h)?,
             output: self.dense(names.fc2, h, i)?,

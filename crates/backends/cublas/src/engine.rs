@@ -763,6 +763,7 @@ where
                 tokens: p.tokens(),
                 norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
             },
+            EncoderInput::Frames(_) => unreachable!("refused by check_spec"),
         };
         let encoder = Encoder {
             blas,

@@ -78,6 +78,7 @@ impl EncoderRunner {
                 channels: p.channels,
                 image: p.image,
             },
+            EncoderInput::Frames(_) => unreachable!("refused by check_spec when loading"),
         };
         Ok(EncoderRunner {
             family: spec.family.clone(),

@@ -160,7 +160,7 @@ mod tests {
                     "embeddings.word_embeddings.weight",
                     match &spec.input {
                         EncoderInput::Tokens(t) => &t.word,
-                        EncoderInput::Patches(_) => unreachable!("BERT reads tokens"),
+                        _ => unreachable!("BERT reads tokens"),
                     },
                 ),
                 (

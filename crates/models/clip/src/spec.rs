@@ -13,6 +13,7 @@ use ipfs_accelerate_core::{
     Result, TensorSource, TokenEmbeddings,
 };
 use ipfs_accelerate_nn::{
+    attention::ProjectionBias,
     spec::{encoder_activation, SpecReader},
     transformer::PreLnNames,
 };
@@ -76,7 +77,7 @@ fn trunk(
                     &PreLnNames::CLIP,
                     hidden,
                     intermediate,
-                    true,
+                    ProjectionBias::ALL,
                 )
             })
             .collect::<Result<_>>()?,

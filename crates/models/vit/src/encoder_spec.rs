@@ -10,6 +10,7 @@ use ipfs_accelerate_core::{
     PatchEmbeddings, Result, TensorSource,
 };
 use ipfs_accelerate_nn::{
+    attention::ProjectionBias,
     spec::{encoder_activation, SpecReader},
     Activation,
 };
@@ -64,8 +65,12 @@ pub fn encoder_spec_from(
     });
     let layers = (0..c.num_hidden_layers)
         .map(|n| {
-            vit.pp(&format!("{}.{n}", layout.layers))
-                .pre_ln_layer(&layout.names, h, i, c.qkv_bias)
+            vit.pp(&format!("{}.{n}", layout.layers)).pre_ln_layer(
+                &layout.names,
+                h,
+                i,
+                ProjectionBias::qkv(c.qkv_bias),
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     let pooler = if vit.has("pooler.dense.weight") {

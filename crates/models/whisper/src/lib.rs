@@ -13,6 +13,7 @@ mod config;
 mod generate;
 mod model;
 mod runner;
+mod spec;
 
 pub use config::{WhisperConfig, WhisperGenerationConfig, LAYER_NORM_EPS};
 pub use generate::{pick_language, Suppressed, Suppression, WhisperTokenDecoder};
@@ -21,3 +22,4 @@ pub use runner::{
     TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor, WhisperFamily, WhisperRunner,
     WhisperTasks,
 };
+pub use spec::encoder_spec;

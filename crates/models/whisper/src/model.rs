@@ -19,7 +19,7 @@ use ipfs_accelerate_nn::{
 use crate::config::{WhisperConfig, LAYER_NORM_EPS};
 
 /// Whisper's attention projections: `k_proj` has no bias, the other three do.
-const WHISPER_BIAS: ProjectionBias = ProjectionBias {
+pub(crate) const WHISPER_BIAS: ProjectionBias = ProjectionBias {
     q: true,
     k: false,
     v: true,
@@ -27,7 +27,7 @@ const WHISPER_BIAS: ProjectionBias = ProjectionBias {
 };
 
 /// The weight names of `WhisperEncoderLayer` for the shared pre-LN layer.
-const ENCODER_LAYER_NAMES: PreLnNames<'static> = PreLnNames {
+pub(crate) const ENCODER_LAYER_NAMES: PreLnNames<'static> = PreLnNames {
     norm1: "self_attn_layer_norm",
     attention: ProjectionNames {
         q: "self_attn.q_proj",
