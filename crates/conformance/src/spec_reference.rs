@@ -4,7 +4,7 @@
 
 use ipfs_accelerate_core::{
     BackendKind, EncoderHead, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner,
-    ReferenceInput, Result, TensorMap, TokenBatch,
+    ReferenceInput, ReferenceOutput, Result, TensorMap, TokenBatch,
 };
 
 /// A spec executed by its reference; outputs in f32 (`last_hidden_state`, `pooler_output`,
@@ -37,6 +37,14 @@ pub fn assert_spec_computes_fixtures(
     }
 }
 
+/// The float input `name`: its first dimension (the batch) and its values.
+fn batched_floats(inputs: &TensorMap, name: &str) -> Result<(usize, Vec<f32>)> {
+    let t = inputs
+        .get(name)
+        .ok_or_else(|| Error::InvalidInput(format!("missing input `{name}`")))?;
+    Ok((t.shape().first().copied().unwrap_or(0), t.to_f32_vec()))
+}
+
 fn f32_tensor(shape: Vec<usize>, values: &[f64]) -> Result<HostTensor> {
     let v: Vec<f32> = values.iter().map(|&v| v as f32).collect();
     HostTensor::from_f32(shape, &v)
@@ -57,6 +65,14 @@ impl ModelRunner for SpecReference {
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
         let s = &self.spec;
+        // A float input `[batch, ...]` named `name`, read as `input` makes it, into `tokens` rows.
+        let floats = |name: &str,
+                      tokens: usize,
+                      input: for<'v> fn(usize, &'v [f32]) -> ReferenceInput<'v>|
+         -> Result<(ReferenceOutput, usize, usize)> {
+            let (batch, values) = batched_floats(inputs, name)?;
+            Ok((s.reference_forward(&input(batch, &values))?, batch, tokens))
+        };
         let (out, batch, seq) = match &s.input {
             EncoderInput::Tokens(_) => {
                 let t = TokenBatch::from_tensors(inputs)?;
@@ -70,28 +86,12 @@ impl ModelRunner for SpecReference {
                 })?;
                 (out, t.batch, t.seq)
             }
-            EncoderInput::Patches(p) => {
-                let px = inputs
-                    .get("pixel_values")
-                    .ok_or_else(|| Error::InvalidInput("missing input `pixel_values`".into()))?;
-                let batch = px.shape().first().copied().unwrap_or(0);
-                let out = s.reference_forward(&ReferenceInput::Pixels {
-                    batch,
-                    values: &px.to_f32_vec(),
-                })?;
-                (out, batch, p.tokens())
-            }
-            EncoderInput::Frames(f) => {
-                let features = inputs
-                    .get("input_features")
-                    .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
-                let batch = features.shape().first().copied().unwrap_or(0);
-                let out = s.reference_forward(&ReferenceInput::Frames {
-                    batch,
-                    values: &features.to_f32_vec(),
-                })?;
-                (out, batch, f.tokens())
-            }
+            EncoderInput::Patches(p) => floats("pixel_values", p.tokens(), |batch, values| {
+                ReferenceInput::Pixels { batch, values }
+            })?,
+            EncoderInput::Frames(f) => floats("input_features", f.tokens(), |batch, values| {
+                ReferenceInput::Frames { batch, values }
+            })?,
         };
         let h = s.hidden;
         let mut map = TensorMap::new();

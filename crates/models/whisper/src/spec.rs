@@ -44,6 +44,11 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
     });
     let spec = EncoderSpec {
         family: "whisper".into(),
+        // An encoder's last hidden states alone: no pooler, head or projection.
+        pooler: None,
+        head: None,
+        projection: None,
+        causal: false,
         hidden: d,
         heads: c.encoder_attention_heads,
         intermediate: c.encoder_ffn_dim,
@@ -63,13 +68,8 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
             })
             .collect::<Result<_>>()?,
         final_norm: Some(enc.norm("layer_norm", d)?),
-        pooler: None,
-        head: None,
-        causal: false,
-        projection: None,
     };
-    spec.validate()?;
-    Ok(spec)
+    spec.validate().map(|()| spec)
 }
 
 #[cfg(test)]
