@@ -18,8 +18,8 @@ __device__ __forceinline__ float rms_value(float x, float inv, float gamma) {
 }
 
 // Programmatic dependent launch (compute capability 9.0 and later; no-ops before and on the
-// host). A kernel the engine launches overlapped with the one before it (`launch_overlapped` in
-// decoder.rs) may start while that one finishes: it calls wait_for_previous() before it reads
+// host). A kernel the engine launches overlapped with the one before it (`launch_raw` in decoder.rs
+// with `overlap`) may start while that one finishes: it calls wait_for_previous() before it reads
 // anything the kernel before wrote, or writes anything. allow_next() lets the kernel after this
 // one start early (once every block of this one has called it or exited).
 __device__ __forceinline__ void wait_for_previous() {

@@ -273,7 +273,7 @@ pub const GEMV_ENV: &str = "IPFS_ACCELERATE_CUDA_GEMV";
 fn gemv_rows(blocks: bool) -> usize {
     let set = std::env::var(GEMV_ENV).ok();
     match set.as_deref().map(str::trim) {
-        Some(v) if switched_off(GEMV_ENV) => {
+        Some(v) if is_off(v) => {
             tracing::debug!("{GEMV_ENV}={v}: every product on cuBLAS");
             0
         }
@@ -298,13 +298,12 @@ fn gemv_rows_default(blocks: bool) -> usize {
 
 /// Whether the switch variable `name` is set to off.
 fn switched_off(name: &str) -> bool {
-    matches!(
-        std::env::var(name)
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref(),
-        Ok("0" | "off" | "false")
-    )
+    std::env::var(name).is_ok_and(|v| is_off(&v))
+}
+
+/// Whether a switch's value says off (`0`, `off`, `false`, any case).
+fn is_off(value: &str) -> bool {
+    matches!(value.to_ascii_lowercase().as_str(), "0" | "off" | "false")
 }
 
 /// Set to `0` / `off` to launch the decoding step's GEMVs as ordinary kernels instead of
@@ -1474,18 +1473,17 @@ where
             let gup = &layer.gate_up;
             // A gate / up weight of one format computes act(gate) * up in the GEMV's epilogue.
             let gated = fused && gup.parts.len() == 1;
-            if gated {
+            if fused {
                 let add = Epilogue::add_into(o.bias.as_ref());
                 self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
                 prof.mark("o")?;
-                let act = Epilogue::gated_norm(&layer.post_norm, gup.bias.as_ref(), d.act);
-                self.gemv(gup, (x_ptr, h), rows, act, act_ptr)?;
-            } else if fused {
-                let add = Epilogue::add_into(o.bias.as_ref());
-                self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
-                prof.mark("o")?;
-                let norm = Epilogue::norm(&layer.post_norm);
-                self.gemv(gup, (x_ptr, h), rows, norm, gu_ptr)?;
+                if gated {
+                    let act = Epilogue::gated_norm(&layer.post_norm, gup.bias.as_ref(), d.act);
+                    self.gemv(gup, (x_ptr, h), rows, act, act_ptr)?;
+                } else {
+                    let norm = Epilogue::norm(&layer.post_norm);
+                    self.gemv(gup, (x_ptr, h), rows, norm, gu_ptr)?;
+                }
             } else {
                 self.linear(o, (ctx_ptr, q_width), rows, y_ptr, b.scratch.as_mut())?;
                 prof.mark("o")?;

@@ -115,12 +115,7 @@ impl<B: Backend> SwinBlock<B> {
             window / 2
         };
         let attn = vb.pp("attention");
-        let bias = ProjectionBias {
-            q: config.qkv_bias,
-            k: config.qkv_bias,
-            v: config.qkv_bias,
-            o: true,
-        };
+        let bias = ProjectionBias::qkv(config.qkv_bias);
         let attention = MultiHeadAttention::load(
             &attn,
             AttentionConfig::new(dim, heads, bias),

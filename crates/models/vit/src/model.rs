@@ -96,12 +96,7 @@ impl<B: Backend> VitModel<B> {
     /// Loads the encoder from `vb` (rooted where `embeddings.` lives) in `layout`.
     pub fn load(vb: &VarBuilder<B>, config: &VitConfig, layout: &VitLayout) -> Result<Self> {
         let c = config;
-        let bias = ProjectionBias {
-            q: c.qkv_bias,
-            k: c.qkv_bias,
-            v: c.qkv_bias,
-            o: true,
-        };
+        let bias = ProjectionBias::qkv(c.qkv_bias);
         let layer = PreLnConfig {
             hidden: c.hidden_size,
             heads: c.num_attention_heads,
