@@ -122,6 +122,18 @@ pub fn load_family_in(
             ),
         }
     }
+    // Whisper: on cuda its encoder on the cuBLAS engine when it can take the checkpoint.
+    #[cfg(feature = "whisper")]
+    if family == "whisper" {
+        let work = crate::speech::LoadWhisper {
+            dir: dir.to_path_buf(),
+            options: crate::LoadOptions {
+                precision,
+                ..Default::default()
+            },
+        };
+        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    }
     // BERT, ViT and CLIP (both towers) on cuda: the cuBLAS encoder when it can take the
     // checkpoint, else burn's CubeCL path.
     #[cfg(feature = "cuda")]

@@ -28,11 +28,50 @@ use ipfs_accelerate_wav2vec2::{Wav2Vec2Runner, Wav2Vec2Tasks};
 #[cfg(feature = "whisper")]
 use ipfs_accelerate_whisper::{TranscribeOptions, WhisperRunner, WhisperTasks};
 
+/// Loads a Whisper checkpoint folder. On `cuda` its encoder runs on the cuBLAS engine
+/// (`ipfs_accelerate_whisper::encoder_spec`) when the engine can take the checkpoint, and the
+/// decoder on burn's; otherwise burn runs both, and the reason is logged.
 #[cfg(feature = "whisper")]
-dir_loader!(
-    /// Loads a Whisper checkpoint folder.
-    LoadWhisper => WhisperTasks, WhisperRunner::from_dir
-);
+pub(crate) struct LoadWhisper {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) options: LoadOptions,
+}
+
+#[cfg(feature = "whisper")]
+impl LoadWhisper {
+    fn runner<B: burn::tensor::backend::Backend>(
+        self,
+        device: &B::Device,
+        kind: ipfs_accelerate_core::BackendKind,
+    ) -> Result<WhisperRunner<B>> {
+        let runner = WhisperRunner::<B>::from_dir(&self.dir, device, kind)?;
+        #[cfg(feature = "cuda")]
+        if kind == ipfs_accelerate_core::BackendKind::Cuda {
+            let engine = crate::backends::cublas_encoder_for(kind, &self.options, || {
+                let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
+                ipfs_accelerate_whisper::encoder_spec(&runner.assets().config, weights.as_ref())
+            });
+            match engine {
+                Ok(engine) => return Ok(runner.with_encoder_engine(engine)),
+                Err(reason) => tracing::info!(
+                    "whisper on cuda: the cuBLAS encoder cannot run {} ({reason}); burn encodes",
+                    self.dir.display()
+                ),
+            }
+        }
+        let _ = &self.options;
+        Ok(runner)
+    }
+}
+
+#[cfg(feature = "whisper")]
+impl crate::backends::WithBackend for LoadWhisper {
+    type Output = Box<dyn WhisperTasks>;
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        Ok(Box::new(self.runner::<H::Burn>(&hal.device(), hal.kind())?))
+    }
+}
 #[cfg(feature = "wav2vec2")]
 dir_loader!(
     /// Loads a Wav2Vec2 checkpoint folder.
@@ -166,7 +205,10 @@ impl Transcriber {
                     dir,
                     options,
                     clock,
-                    LoadWhisper,
+                    |dir| LoadWhisper {
+                        dir,
+                        options: options.clone(),
+                    },
                     graph!(whisper_graph),
                     None,
                 )?)

@@ -802,3 +802,140 @@ fn clip_encoder_kernels_match_their_definitions() {
         }
     }
 }
+
+const FRAMES_HARNESS: &str = r#"
+// rows [n, k] · w [out, k]ᵀ on the host (the engine's cuBLAS product).
+static T* product(const T* rows, const T* w, int n, int k, int out) {
+    T* y = (T*)calloc((size_t)n * out, sizeof(T));
+    for (int r = 0; r < n; ++r)
+        for (int o = 0; o < out; ++o) {
+            float s = 0.f;
+            for (int j = 0; j < k; ++j) s += ld(rows[(size_t)r * k + j]) * ld(w[(size_t)o * k + j]);
+            y[(size_t)r * out + o] = st(s);
+        }
+    return y;
+}
+int main(void) {
+    int* d = take<int>(4);  // batch, channels, frames, hidden
+    int batch = d[0], ch = d[1], frames = d[2], hid = d[3];
+    // conv1: ch → hid, kernel 3, stride 1, padding 1; conv2: hid → hid, kernel 3, stride 2,
+    // padding 1 (Whisper's front end).
+    int f1 = frames, f2 = (frames + 2 - 3) / 2 + 1;
+    T* x = to_t(take<float>((size_t)batch * ch * frames), (size_t)batch * ch * frames);
+    T* w1 = to_t(take<float>((size_t)hid * ch * 3), (size_t)hid * ch * 3);
+    T* b1 = to_t(take<float>(hid), hid);
+    T* w2 = to_t(take<float>((size_t)hid * hid * 3), (size_t)hid * hid * 3);
+    T* b2 = to_t(take<float>(hid), hid);
+    T* pos = to_t(take<float>((size_t)f2 * hid), (size_t)f2 * hid);
+    int rows1 = batch * f1, cols1 = ch * 3, rows2 = batch * f2, cols2 = hid * 3;
+    T* win1 = (T*)calloc((size_t)rows1 * cols1, sizeof(T));
+    emu_launch({(unsigned)rows1, (unsigned)((cols1 + 255) / 256), 1}, {256, 1, 1}, [&] {
+        frame_rows(x, (long long)ch * frames, frames, 1, ch, frames, 3, 1, 1, f1, win1);
+    });
+    T* y1 = product(win1, w1, rows1, cols1, hid);
+    emu_launch({(unsigned)rows1, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { bias_act(y1, b1, hid, 0); });
+    T* win2 = (T*)calloc((size_t)rows2 * cols2, sizeof(T));
+    emu_launch({(unsigned)rows2, (unsigned)((cols2 + 255) / 256), 1}, {256, 1, 1}, [&] {
+        frame_rows(y1, (long long)hid * f1, 1, hid, hid, f1, 3, 2, 1, f2, win2);
+    });
+    T* y2 = product(win2, w2, rows2, cols2, hid);
+    T* out = (T*)calloc((size_t)rows2 * hid, sizeof(T));
+    emu_launch({(unsigned)rows2, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { frame_embeddings(y2, b2, pos, f2, hid, 0, out); });
+    put(out, (size_t)rows2 * hid);
+    return 0;
+}
+"#;
+
+/// A 1-D convolution in f64 over `x` `[frames][channels]` with the weight's rows in (channel,
+/// tap) order, then GELU (erf).
+fn conv_gelu(
+    x: &[Vec<f64>],
+    w: &[f32],
+    b: &[f32],
+    (kernel, stride, padding): (usize, usize, usize),
+) -> Vec<Vec<f64>> {
+    let channels = x[0].len();
+    let out = b.len();
+    let frames = (x.len() + 2 * padding - kernel) / stride + 1;
+    (0..frames)
+        .map(|t| {
+            (0..out)
+                .map(|o| {
+                    let mut s = f64::from(b[o]);
+                    for c in 0..channels {
+                        for tap in 0..kernel {
+                            let at = (t * stride + tap).checked_sub(padding);
+                            if let Some(v) = at.and_then(|a| x.get(a)) {
+                                s += v[c] * f64::from(w[(o * channels + c) * kernel + tap]);
+                            }
+                        }
+                    }
+                    ipfs_accelerate_core::EncoderActivation::Gelu.apply(s)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whisper's front end on the engine's kernels (`frame_rows` over channel-major features and over
+/// a frame-major convolution output, the products on the host, `bias_act`, `frame_embeddings`)
+/// against the convolutions' definition: padding at both ends, stride 2, an odd frame count.
+#[test]
+fn frame_kernels_compute_the_convolutional_front_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_harness = format!(
+        "{}\n{FRAMES_HARNESS}",
+        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
+    );
+    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+        return;
+    };
+    let (batch, ch, frames, hid) = (2usize, 5usize, 9usize, 12usize);
+    let f2 = (frames + 2 - 3) / 2 + 1;
+    let mut rng = Rng(0x5eed_f4a3_0000_0017);
+    let x = rng.vec(batch * ch * frames, 2.0, 0.0);
+    let w1 = rng.vec(hid * ch * 3, 1.0, 0.0);
+    let b1 = rng.vec(hid, 0.5, 0.0);
+    let w2 = rng.vec(hid * hid * 3, 0.5, 0.0);
+    let b2 = rng.vec(hid, 0.5, 0.0);
+    let pos = rng.vec(f2 * hid, 1.0, 0.0);
+    let mut input = Vec::new();
+    for v in [batch, ch, frames, hid] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in x
+        .iter()
+        .chain(&w1)
+        .chain(&b1)
+        .chain(&w2)
+        .chain(&b2)
+        .chain(&pos)
+    {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "frame kernels");
+    assert_eq!(got.len(), batch * f2 * hid);
+    for b in 0..batch {
+        let features: Vec<Vec<f64>> = (0..frames)
+            .map(|t| {
+                (0..ch)
+                    .map(|c| f64::from(x[(b * ch + c) * frames + t]))
+                    .collect()
+            })
+            .collect();
+        let h1 = conv_gelu(&features, &w1, &b1, (3, 1, 1));
+        let h2 = conv_gelu(&h1, &w2, &b2, (3, 2, 1));
+        for (t, row) in h2.iter().enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                let want = v + f64::from(pos[t * hid + c]);
+                close(
+                    got[(b * f2 + t) * hid + c],
+                    want,
+                    &format!("input {b} frame {t} channel {c}"),
+                );
+            }
+        }
+    }
+}

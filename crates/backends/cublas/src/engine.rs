@@ -137,6 +137,8 @@ struct Kernels {
     patch_embeddings: CudaFunction,
     gather_rows: CudaFunction,
     patch_rows: CudaFunction,
+    frame_rows: CudaFunction,
+    frame_embeddings: CudaFunction,
 }
 
 /// Which of the engine's kernels a module holds: an encoder's (`kernels.cu`) or a decoder's
@@ -294,7 +296,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-const ENCODER_KERNEL_NAMES: [&str; 18] = [
+const ENCODER_KERNEL_NAMES: [&str; 20] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -312,6 +314,8 @@ const ENCODER_KERNEL_NAMES: [&str; 18] = [
     "layer_norm_vec",
     "patch_embeddings",
     "patch_rows",
+    "frame_rows",
+    "frame_embeddings",
     "gather_rows",
 ];
 
@@ -340,6 +344,8 @@ impl Kernels {
             layer_norm_vec: f("layer_norm_vec")?,
             patch_embeddings: f("patch_embeddings")?,
             patch_rows: f("patch_rows")?,
+            frame_rows: f("frame_rows")?,
+            frame_embeddings: f("frame_embeddings")?,
             gather_rows: f("gather_rows")?,
         })
     }
@@ -435,12 +441,13 @@ pub struct Tokens<'a> {
     pub pooled: &'a [i32],
 }
 
-/// Images, checked by the caller: `[batch, channels, height, width]` row-major, of the size the
-/// spec's patch embeddings were trained for.
-pub struct Pixels<'a> {
-    /// Images.
+/// Float inputs of the shape the spec's embeddings read, checked by the caller: images
+/// `[batch, channels, height, width]` of the trained size, or feature frames
+/// `[batch, channels, frames]` of the trained length, row-major.
+pub struct Floats<'a> {
+    /// Inputs.
     pub batch: usize,
-    /// The pixel values.
+    /// The values.
     pub values: &'a [f32],
 }
 
@@ -449,7 +456,29 @@ pub enum Input<'a> {
     /// Token ids (an encoder of [`EncoderInput::Tokens`]).
     Tokens(Tokens<'a>),
     /// Images (an encoder of [`EncoderInput::Patches`]).
-    Pixels(Pixels<'a>),
+    Pixels(Floats<'a>),
+    /// Feature frames (an encoder of [`EncoderInput::Frames`]).
+    Frames(Floats<'a>),
+}
+
+impl Input<'_> {
+    /// What it holds, for messages.
+    fn what(&self) -> &'static str {
+        match self {
+            Input::Tokens(_) => "tokens",
+            Input::Pixels(_) => "images",
+            Input::Frames(_) => "feature frames",
+        }
+    }
+}
+
+/// A 1-D convolution of a frame front end on the device: its weight as im2col rows
+/// (`[out, in · kernel]`) and its geometry.
+struct DeviceConv<T> {
+    dense: Dense<T>,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
 }
 
 /// The embeddings on the device.
@@ -474,6 +503,26 @@ enum DeviceInput<T> {
         /// The norm after the embeddings, when the spec has one.
         norm: Option<Norm<T>>,
     },
+    Frames {
+        convs: Vec<DeviceConv<T>>,
+        activation: Act,
+        position: CudaSlice<T>,
+        channels: usize,
+        frames: usize,
+        /// Tokens per input: the last convolution's output frames.
+        tokens: usize,
+    },
+}
+
+impl<T> DeviceInput<T> {
+    /// What it reads, for messages.
+    fn what(&self) -> &'static str {
+        match self {
+            DeviceInput::Tokens { .. } => "tokens",
+            DeviceInput::Patches { .. } => "images",
+            DeviceInput::Frames { .. } => "feature frames",
+        }
+    }
 }
 
 /// An [`EncoderSpec`] resident on the GPU in `T`.
@@ -763,7 +812,25 @@ where
                 tokens: p.tokens(),
                 norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
             },
-            EncoderInput::Frames(_) => unreachable!("refused by check_spec"),
+            EncoderInput::Frames(f) => DeviceInput::Frames {
+                convs: f
+                    .convs
+                    .iter()
+                    .map(|c| {
+                        Ok(DeviceConv {
+                            dense: dense(&c.conv)?,
+                            kernel: c.kernel,
+                            stride: c.stride,
+                            padding: c.padding,
+                        })
+                    })
+                    .collect::<Result<_, EngineError>>()?,
+                activation: f.activation.into(),
+                position: up(&f.position)?,
+                channels: f.channels,
+                frames: f.frames,
+                tokens: f.tokens(),
+            },
         };
         let encoder = Encoder {
             blas,
@@ -850,16 +917,14 @@ where
     pub fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
         let (batch, seq) = match (input, &self.input) {
             (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
-            (Input::Pixels(p), DeviceInput::Patches { tokens, .. }) => (p.batch, *tokens),
-            (Input::Tokens(_), _) => {
-                return Err(EngineError::Spec(
-                    "this encoder reads images, not tokens".into(),
-                ))
-            }
-            (Input::Pixels(_), _) => {
-                return Err(EngineError::Spec(
-                    "this encoder reads tokens, not images".into(),
-                ))
+            (Input::Pixels(p), DeviceInput::Patches { tokens, .. })
+            | (Input::Frames(p), DeviceInput::Frames { tokens, .. }) => (p.batch, *tokens),
+            _ => {
+                return Err(EngineError::Spec(format!(
+                    "this encoder reads {}, not {}",
+                    self.input.what(),
+                    input.what()
+                )))
             }
         };
         let (h, heads, inter) = (self.hidden, self.heads, self.intermediate);
@@ -1012,6 +1077,30 @@ where
                     let y = x.clone();
                     self.layer_norm(&add_norm, &y, n, &mut x)?;
                 }
+                mask
+            }
+            (
+                Input::Frames(features),
+                DeviceInput::Frames {
+                    convs,
+                    activation,
+                    position,
+                    channels,
+                    frames,
+                    ..
+                },
+            ) => {
+                let mask = s.clone_htod(&vec![1i32; m])?;
+                let px = self.upload_converted(features.values)?;
+                profile.mark("upload")?;
+                self.frame_convolutions(
+                    px,
+                    (batch, *channels, *frames),
+                    convs,
+                    *activation,
+                    position,
+                    &mut x,
+                )?;
                 mask
             }
             _ => unreachable!("matched above"),
@@ -1241,7 +1330,9 @@ where
                     Input::Tokens(t) => (0..batch)
                         .map(|b| (b * seq) as i32 + t.pooled.get(b).copied().unwrap_or(0))
                         .collect(),
-                    Input::Pixels(_) => (0..batch).map(|b| (b * seq) as i32).collect(),
+                    Input::Pixels(_) | Input::Frames(_) => {
+                        (0..batch).map(|b| (b * seq) as i32).collect()
+                    }
                 };
                 let rows = s.clone_htod(&rows)?;
                 // Pre-norm without a final norm: `h1` already holds the projection's norm.
@@ -1371,6 +1462,96 @@ where
                 .arg(&op.hidden)
                 .arg(out)
                 .launch(op.cfg)?;
+        }
+        Ok(())
+    }
+
+    /// The frame front end: each convolution as im2col rows and one GEMM, its bias and the
+    /// activation, then the position embeddings, into `x` `[batch · tokens, hidden]`. `features`
+    /// holds `batch` inputs of `[channels, frames]`.
+    fn frame_convolutions(
+        &self,
+        features: CudaSlice<T>,
+        (batch, channels, frames): (usize, usize, usize),
+        convs: &[DeviceConv<T>],
+        activation: Act,
+        position: &CudaSlice<T>,
+        x: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let alloc = |n: usize| -> Result<CudaSlice<T>, EngineError> {
+            // SAFETY: every buffer is written in full before it is read.
+            unsafe {
+                device_buffer(&self.stream, n, || {
+                    format!("a buffer of {n} values for {batch} input(s) of {frames} frames")
+                })
+            }
+        };
+        // The value of channel c at frame t of input b sits at b · per_input + c · channel_step +
+        // t · frame_step: the input is channel-major, every convolution's output frame-major.
+        let (mut src, mut channels, mut frames) = (features, channels, frames);
+        let (mut channel_step, mut frame_step) = (frames, 1);
+        for (i, conv) in convs.iter().enumerate() {
+            let out_frames = (frames + 2 * conv.padding - conv.kernel) / conv.stride + 1;
+            let rows = batch * out_frames;
+            let cols = conv.dense.in_features;
+            let mut windows = alloc(rows * cols)?;
+            let ints = [
+                channel_step,
+                frame_step,
+                channels,
+                frames,
+                conv.kernel,
+                conv.stride,
+            ];
+            let [channel_i, frame_i, channels_i, frames_i, kernel_i, stride_i] =
+                ints.map(|v| v as i32);
+            let (padding_i, out_i, per_input) = (
+                conv.padding as i32,
+                out_frames as i32,
+                (channels * frames) as i64,
+            );
+            // SAFETY: `frame_rows` as declared in kernels.cu over `rows × cols` values, cols =
+            // channels · kernel (checked by the spec); every read is inside `src`'s `batch`
+            // inputs of `channels × frames`.
+            unsafe {
+                self.launch(&self.kernels.frame_rows)
+                    .arg(&src)
+                    .arg(&per_input)
+                    .arg(&channel_i)
+                    .arg(&frame_i)
+                    .arg(&channels_i)
+                    .arg(&frames_i)
+                    .arg(&kernel_i)
+                    .arg(&stride_i)
+                    .arg(&padding_i)
+                    .arg(&out_i)
+                    .arg(&mut windows)
+                    .launch(rows_by_columns(rows, cols))?;
+            }
+            let out = conv.dense.out_features;
+            let mut y = alloc(rows * out)?;
+            self.linear(&windows, cols, rows, &conv.dense, &mut y)?;
+            if i + 1 < convs.len() {
+                self.bias_act(&mut y, &conv.dense.bias, rows, out, activation)?;
+            } else {
+                let (seq_i, out_features_i, act_i) = (out_i, out as i32, activation as i32);
+                // SAFETY: `frame_embeddings(conv, bias, pos, seq, hidden, act, out)` over
+                // `batch · seq` rows of `hidden` (= out, checked by the spec); `pos` holds `seq`
+                // rows.
+                unsafe {
+                    self.launch(&self.kernels.frame_embeddings)
+                        .arg(&y)
+                        .arg(&conv.dense.bias)
+                        .arg(position)
+                        .arg(&seq_i)
+                        .arg(&out_features_i)
+                        .arg(&act_i)
+                        .arg(&mut *x)
+                        .launch(rows_by_columns(rows, out))?;
+                }
+            }
+            (src, channels, frames) = (y, out, out_frames);
+            (channel_step, frame_step) = (1, out);
         }
         Ok(())
     }

@@ -335,6 +335,41 @@ extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidde
 }
 
 #ifdef ENCODER_KERNELS
+// Feature frames as im2col rows for a 1-D convolution: the value of channel c at frame t of
+// input b is `x[b * batch_stride + c * channel_stride + t * frame_stride]` (channel-major input
+// features, frame-major convolution outputs); row b * out_frames + t holds the window of output
+// frame t in the weight's (channel, tap) order, zero outside the frames (padding). Grid
+// (batch * out_frames, blocks of ROW_THREADS columns).
+extern "C" __global__ void frame_rows(const T* x, long long batch_stride, int channel_stride,
+                                      int frame_stride, int channels, int frames, int kernel,
+                                      int stride, int padding, int out_frames, T* out) {
+    int cols = channels * kernel;
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    long long r = blockIdx.x;
+    long long b = r / out_frames;
+    int t = (int)(r - b * out_frames);
+    int c = j / kernel, tap = j - c * kernel;
+    int at = t * stride + tap - padding;
+    out[r * cols + j] = at >= 0 && at < frames
+                            ? x[b * batch_stride + (long long)c * channel_stride +
+                                (long long)at * frame_stride]
+                            : st(0.f);
+}
+
+// The last convolution's output (`conv` `[batch * seq, hidden]`, without its bias) plus the bias,
+// through the activation, plus the position embedding of the frame. Grid (batch * seq, blocks of
+// ROW_THREADS columns).
+extern "C" __global__ void frame_embeddings(const T* conv, const T* bias, const T* pos, int seq,
+                                            int hidden, int act, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    long long m = blockIdx.x;
+    long long s = m % seq;
+    float v = activate(ld(conv[m * hidden + c]) + ld(bias[c]), act);
+    out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
+}
+
 // One block per row, k_len <= SOFTMAX_PER_THREAD * blockDim.
 #define SOFTMAX_PER_THREAD 8
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,

@@ -48,7 +48,7 @@ mod runner;
 pub use decoder::{
     check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, LogitsOf, BLOCK_FORMATS,
 };
-pub use engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
+pub use engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
 pub use runner::EncoderRunner;
 
 use ipfs_accelerate_core::EncoderSpec;
@@ -151,11 +151,6 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    if matches!(spec.input, ipfs_accelerate_core::EncoderInput::Frames(_)) {
-        return Err(EngineError::Spec(
-            "feature frames (a convolutional front end) are not implemented on the engine".into(),
-        ));
-    }
     let projection_norm = spec.projection.as_ref().is_some_and(|p| p.norm.is_some());
     if spec.norm == ipfs_accelerate_core::NormPlacement::Pre
         && spec.final_norm.is_none()

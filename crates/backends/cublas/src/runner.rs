@@ -7,7 +7,7 @@ use ipfs_accelerate_core::{
     Result, TensorMap, TokenBatch,
 };
 
-use crate::engine::{Elem, Encoder, EncoderOutput, Input, Pixels, Tokens};
+use crate::engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
 use crate::{probe, EngineError};
 
 /// An encoder of either storage type.
@@ -39,11 +39,16 @@ enum Expects {
         channels: usize,
         image: (usize, usize),
     },
+    Frames {
+        channels: usize,
+        frames: usize,
+    },
 }
 
 /// An [`EncoderSpec`] loaded on CUDA device 0 through cuBLAS, run as a [`ModelRunner`]: token
 /// encoders take `input_ids`, `attention_mask`, `token_type_ids`; image encoders `pixel_values`
-/// `[batch, channels, height, width]`. Outputs (HF's names): `last_hidden_state`, and
+/// `[batch, channels, height, width]`; feature-frame encoders (Whisper's) `input_features`
+/// `[batch, channels, frames]`. Outputs (HF's names): `last_hidden_state`, and
 /// `pooler_output` when the spec has a pooler; the head's `logits`, or for a span head
 /// `start_logits` and `end_logits` (`[batch, seq]`, f32).
 pub struct EncoderRunner {
@@ -78,7 +83,10 @@ impl EncoderRunner {
                 channels: p.channels,
                 image: p.image,
             },
-            EncoderInput::Frames(_) => unreachable!("refused by check_spec when loading"),
+            EncoderInput::Frames(f) => Expects::Frames {
+                channels: f.channels,
+                frames: f.frames,
+            },
         };
         Ok(EncoderRunner {
             family: spec.family.clone(),
@@ -182,8 +190,27 @@ impl ModelRunner for EncoderRunner {
                 }))?
             }
             Expects::Pixels { channels, image } => {
-                let (batch, values) = checked_pixels(inputs, channels, image)?;
-                self.forward(&Input::Pixels(Pixels {
+                let (batch, values) = checked_floats(
+                    inputs,
+                    "pixel_values",
+                    ["channels", "height", "width"],
+                    [channels, image.0, image.1],
+                    "the checkpoint's image size",
+                )?;
+                self.forward(&Input::Pixels(Floats {
+                    batch,
+                    values: &values,
+                }))?
+            }
+            Expects::Frames { channels, frames } => {
+                let (batch, values) = checked_floats(
+                    inputs,
+                    "input_features",
+                    ["channels", "frames"],
+                    [channels, frames],
+                    "the checkpoint's feature bins and frames",
+                )?;
+                self.forward(&Input::Frames(Floats {
                     batch,
                     values: &values,
                 }))?
@@ -229,30 +256,44 @@ impl EncoderRunner {
     }
 }
 
-/// `pixel_values` checked to be `[batch ≥ 1, channels, height, width]` of the trained image size
-/// with finite values: the batch and the values as f32 (borrowed when the tensor holds f32).
-fn checked_pixels(
-    inputs: &TensorMap,
-    channels: usize,
-    (height, width): (usize, usize),
-) -> Result<(usize, std::borrow::Cow<'_, [f32]>)> {
+/// The float input `name` checked to be `[batch ≥ 1, item…]` (`dims` names the item's axes,
+/// `trained` says where its sizes come from) with finite values: the batch and the values as
+/// f32 (borrowed when the tensor holds f32).
+fn checked_floats<'a, const N: usize>(
+    inputs: &'a TensorMap,
+    name: &str,
+    dims: [&str; N],
+    item: [usize; N],
+    trained: &str,
+) -> Result<(usize, std::borrow::Cow<'a, [f32]>)> {
     use rayon::prelude::*;
     let t = inputs
-        .get("pixel_values")
-        .ok_or_else(|| Error::InvalidInput("missing input `pixel_values`".into()))?;
-    let &[batch, c, h, w] = t.shape() else {
+        .get(name)
+        .ok_or_else(|| Error::InvalidInput(format!("missing input `{name}`")))?;
+    let shape = t.shape();
+    if shape.len() != N + 1 {
         return Err(Error::InvalidInput(format!(
-            "pixel_values must be [batch, channels, height, width], got {:?}",
-            t.shape()
+            "{name} must be [batch, {}], got {shape:?}",
+            dims.join(", ")
         )));
-    };
-    if batch == 0 {
-        return Err(Error::InvalidInput("empty input: no images".into()));
     }
-    if (c, h, w) != (channels, height, width) {
+    let batch = shape[0];
+    if batch == 0 {
         return Err(Error::InvalidInput(format!(
-            "pixel_values is [{batch}, {c}, {h}, {w}]; the cuBLAS encoder takes \
-             [batch, {channels}, {height}, {width}] (the checkpoint's image size)"
+            "empty input: {name} has no rows"
+        )));
+    }
+    if shape[1..] != item {
+        let sizes = |s: &[usize]| {
+            s.iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(Error::InvalidInput(format!(
+            "{name} is [{batch}, {}]; the cuBLAS encoder takes [batch, {}] ({trained})",
+            sizes(&shape[1..]),
+            sizes(&item)
         )));
     }
     let values = match t.as_f32() {
@@ -266,7 +307,7 @@ fn checked_pixels(
         .find_map_first(|(i, c)| c.iter().position(|v| !v.is_finite()).map(|j| i * CHUNK + j));
     if let Some(i) = bad {
         return Err(Error::InvalidInput(format!(
-            "pixel_values holds {} at index {i}",
+            "{name} holds {} at index {i}",
             values[i]
         )));
     }
@@ -278,7 +319,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pixels_of_another_shape_or_not_finite_are_named_errors() {
+    fn float_inputs_of_another_shape_or_not_finite_are_named_errors() {
         let pixels = |shape: Vec<usize>, fill: f32| {
             let n = shape.iter().product();
             let mut map = TensorMap::new();
@@ -288,8 +329,25 @@ mod tests {
             );
             map
         };
+        let checked_pixels = |map: &TensorMap, c, (h, w)| {
+            checked_floats(
+                map,
+                "pixel_values",
+                ["channels", "height", "width"],
+                [c, h, w],
+                "",
+            )
+            .map(|(b, v)| (b, v.into_owned()))
+        };
         let ok = pixels(vec![2, 3, 4, 8], 0.5);
-        let (batch, values) = checked_pixels(&ok, 3, (4, 8)).unwrap();
+        let (batch, values) = checked_floats(
+            &ok,
+            "pixel_values",
+            ["channels", "height", "width"],
+            [3, 4, 8],
+            "",
+        )
+        .unwrap();
         assert_eq!((batch, values.len()), (2, 2 * 3 * 4 * 8));
         assert!(
             matches!(values, std::borrow::Cow::Borrowed(_)),

@@ -304,6 +304,11 @@ pub struct WhisperRunner<B: Backend> {
     assets: WhisperAssets,
     device: B::Device,
     kind: BackendKind,
+    /// Another executor of [`crate::encoder_spec`] that encodes instead of the burn encoder
+    /// (the cuBLAS engine on `cuda`): `input_features` in, `last_hidden_state` out.
+    encoder_engine: Option<Box<dyn ModelRunner>>,
+    /// `<engine> encoder`, the label of [`ModelRunner::engine`] with an encoder engine.
+    engine_label: Option<String>,
 }
 
 impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
@@ -314,6 +319,10 @@ impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
     }
 
     fn encode(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
+        if self.encoder_engine.is_some() {
+            let x = HostTensor::from_f32(vec![1, features.mels, features.frames], &features.data)?;
+            return self.encode_host(&x);
+        }
         let x = Tensor::from_data(
             TensorData::new(features.data.clone(), [1, features.mels, features.frames]),
             &self.device,
@@ -346,7 +355,18 @@ impl<B: Backend> WhisperRunner<B> {
             assets,
             device: device.clone(),
             kind,
+            encoder_engine: None,
+            engine_label: None,
         })
+    }
+
+    /// Encodes with `engine` instead of the burn encoder: a runner of this checkpoint's
+    /// [`crate::encoder_spec`] (`input_features` in, `last_hidden_state` out), such as the cuBLAS
+    /// engine on `cuda`. Its states are handed to the decoder once per request.
+    pub fn with_encoder_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
+        self.engine_label = Some(format!("{} encoder", engine.engine().unwrap_or("engine")));
+        self.encoder_engine = Some(engine);
+        self
     }
 
     /// Loads the model from a weight source with a feature extractor config (which must produce
@@ -364,6 +384,8 @@ impl<B: Backend> WhisperRunner<B> {
             assets,
             device: device.clone(),
             kind,
+            encoder_engine: None,
+            engine_label: None,
         })
     }
 
@@ -433,8 +455,24 @@ impl<B: Backend> WhisperRunner<B> {
         let features = inputs
             .get("input_features")
             .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
-        self.model
-            .encode(float_from_host::<B, 3>(features, &self.device)?)
+        self.encode_host(features)
+    }
+
+    /// The encoder output of `features` `[batch, mels, frames]`, by the encoder engine when
+    /// there is one.
+    fn encode_host(&self, features: &HostTensor) -> Result<Tensor<B, 3>> {
+        let Some(engine) = &self.encoder_engine else {
+            return self
+                .model
+                .encode(float_from_host::<B, 3>(features, &self.device)?);
+        };
+        let mut inputs = TensorMap::new();
+        inputs.insert("input_features".into(), features.clone());
+        let states = engine.run(&inputs)?;
+        let states = states.get("last_hidden_state").ok_or_else(|| {
+            Error::Compute("the encoder engine returned no last_hidden_state".into())
+        })?;
+        float_from_host::<B, 3>(states, &self.device)
     }
 }
 
@@ -445,6 +483,10 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
 
     fn backend(&self) -> BackendKind {
         self.kind
+    }
+
+    fn engine(&self) -> Option<&str> {
+        self.engine_label.as_deref()
     }
 
     /// Inputs: `input_features` `[batch, mels, frames]`; optional `decoder_input_ids` `[batch, n]`
