@@ -10,8 +10,9 @@ Engines:
                f32, and int8 through onnxruntime.quantization.quantize_dynamic (cached beside it).
 Weights: the checkpoint in --model-dir when given (a local folder with config.json + weights), otherwise random
 weights of --config (seeded; the shapes, not the values, matter for timing).
-Families: bert (input_ids, attention_mask, token_type_ids of batch x seq) and vit (pixel_values of
-batch x 3 x seq x seq); with --new N (torch only), llama, qwen2, t5 and whisper generation: a prompt of --seq
+Families: bert (input_ids, attention_mask, token_type_ids of batch x seq), vit (pixel_values of
+batch x 3 x seq x seq), clip (seq text tokens and one image per row) and whisper's encoder (input_features of
+batch x mels x seq frames); with --new N (torch only), llama, qwen2, t5 and whisper generation: a prompt of --seq
 token ids (the same ids ours uses; t5: the encoder's; whisper: --seq log-mel frames), N new tokens, greedy, no
 stop at end-of-sequence, `model.generate` with the KV cache;
 its line then has ttft_ms (time to the first new token) and decode_ms (ms per new token after the first), one
@@ -31,9 +32,9 @@ import sys
 import time
 import traceback
 
-FAMILIES = ("bert", "vit", "clip")
+FAMILIES = ("bert", "vit", "clip", "whisper")
 # Families only the torch peer runs (no ONNX export here).
-TORCH_ONLY = ("clip",)
+TORCH_ONLY = ("clip", "whisper")
 GENERATING = ("llama", "qwen2", "t5", "whisper")
 ENGINES = ("torch", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
@@ -135,14 +136,17 @@ def time_calls(fn, warmup, iters):
 
 def build_torch_model(args, tf, torch):
     """The transformers model of the family: the checkpoint of --model-dir, or random weights of --config."""
-    cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel}[args.family]
+    cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel, "whisper": tf.WhisperModel}[args.family]
     if args.model_dir:
-        return cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
-    with open(args.config) as f:
-        cfg = json.load(f)
-    config = tf.AutoConfig.for_model(**cfg)
-    torch.manual_seed(0)
-    return cls(config).eval()
+        model = cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
+    else:
+        with open(args.config) as f:
+            cfg = json.load(f)
+        config = tf.AutoConfig.for_model(**cfg)
+        torch.manual_seed(0)
+        model = cls(config).eval()
+    # Whisper: the encoder alone, as ours measures it (decoding is the generation benchmark's).
+    return model.get_encoder() if args.family == "whisper" else model
 
 
 def id_range(args):
@@ -154,6 +158,10 @@ def id_range(args):
 
 
 def torch_inputs(args, torch, device, dtype):
+    if args.family == "whisper":  # --seq log-mel frames of the config's mel bins
+        with open(args.config) as f:
+            mels = json.load(f).get("num_mel_bins", 80)
+        return dict(input_features=torch.randn(args.batch, mels, args.seq, device=device, dtype=dtype))
     if args.family == "vit":
         return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype))
     g = torch.Generator().manual_seed(0)

@@ -46,13 +46,9 @@ pub fn forward_flops(family: &str, config: &Value, inputs: &TensorMap) -> Option
         }
         "whisper" => {
             let feats = dims("input_features")?;
-            let dec = dims("decoder_input_ids")?;
-            whisper(
-                config,
-                feats[0] as f64,
-                *feats.get(2)? as f64,
-                *dec.get(1)? as f64,
-            )
+            // Without decoder tokens the encoder alone runs.
+            let dec = dims("decoder_input_ids").map_or(Some(0), |d| d.get(1).copied())?;
+            whisper(config, feats[0] as f64, *feats.get(2)? as f64, dec as f64)
         }
         "wav2vec2" => {
             let values = dims("input_values")?;
@@ -188,7 +184,8 @@ pub fn t5(config: &Value, batch: f64, seq: f64, dec: f64) -> Option<f64> {
 }
 
 /// Whisper: the two-convolution front end over `frames` mel frames, the encoder over `frames / 2`
-/// positions, and the decoder over `batch × dec` tokens with cross-attention and the LM head.
+/// positions, and the decoder over `batch × dec` tokens with cross-attention and the LM head
+/// (none without decoder tokens).
 pub fn whisper(config: &Value, batch: f64, frames: f64, dec: f64) -> Option<f64> {
     let d = num(config, "d_model")?;
     let mels = num(config, "num_mel_bins")?;
@@ -197,6 +194,9 @@ pub fn whisper(config: &Value, batch: f64, frames: f64, dec: f64) -> Option<f64>
     let convs = 2.0 * batch * frames * mels * 3.0 * d + 2.0 * batch * enc_seq * 3.0 * d * d;
     let encoder = num(config, "encoder_layers")?
         * encoder_layer(batch, enc_seq, d, num(config, "encoder_ffn_dim")?);
+    if dec == 0.0 {
+        return Some(convs + encoder);
+    }
     let (te, td) = (batch * enc_seq, batch * dec);
     let dec_layer = 2.0 * td * (6.0 * d * d + 2.0 * d * num(config, "decoder_ffn_dim")?)
         + 2.0 * te * 2.0 * d * d

@@ -142,6 +142,30 @@ impl TokenDecoder for EngineTokens<'_> {
     }
 
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.step_with(tokens, |session, columns| {
+            session.forward(columns, 1, LogitsOf::Last)
+        })
+    }
+
+    /// Greedy steps pick on the device: `batch` token ids come back instead of `batch × vocab`
+    /// logits.
+    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+        Some(self.step_with(tokens, |session, columns| {
+            session.forward_argmax(columns, 1)
+        }))
+    }
+}
+
+impl EngineTokens<'_> {
+    /// Feeds one token per row (after the prefill) through `run` and advances the positions.
+    fn step_with<R>(
+        &mut self,
+        tokens: &[u32],
+        run: impl FnOnce(
+            &mut DecodeSession<'_>,
+            &Columns<'_>,
+        ) -> std::result::Result<R, ipfs_accelerate_backend_cublas::EngineError>,
+    ) -> Result<R> {
         if self.prompt.is_some() {
             return Err(Error::InvalidInput("step called before prefill".into()));
         }
@@ -155,17 +179,16 @@ impl TokenDecoder for EngineTokens<'_> {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let positions = self.next.clone();
         let mask = vec![1; tokens.len()];
-        let logits = self.session.forward(
+        let out = run(
+            &mut self.session,
             &Columns {
                 ids: &ids,
                 positions: &positions,
                 mask: &mask,
             },
-            1,
-            LogitsOf::Last,
         )?;
         self.next.iter_mut().for_each(|p| *p += 1);
-        Ok(logits)
+        Ok(out)
     }
 }
 

@@ -19,6 +19,14 @@ pub trait TokenDecoder {
     fn prefill(&mut self) -> Result<Vec<f32>>;
     /// Feeds one new token per row and returns the logits of the next token, `[batch, vocab]`.
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// [`step`](Self::step) when every row decodes greedily (no repetition penalty): the argmax
+    /// of each row's next-token logits (the first on ties; an error for NaN logits), picked where
+    /// the logits are (a GPU) instead of sending them back. `None` (the default) when the decoder
+    /// cannot; the caller then steps and picks from the logits.
+    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+        let _ = tokens;
+        None
+    }
 }
 
 /// A boxed decoder (an executor chosen at run time) is a decoder.
@@ -34,6 +42,9 @@ impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
     }
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         (**self).step(tokens)
+    }
+    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+        (**self).step_greedy(tokens)
     }
 }
 
@@ -513,22 +524,45 @@ fn run_rows(
     if done.iter().all(|d| *d) {
         return Ok(out);
     }
+    // Every row greedy without a penalty: the decoder may pick on its device.
+    let device_greedy = limits
+        .iter()
+        .all(|c| c.sampling == Sampling::Greedy && c.repetition_penalty == 1.0);
     let mut logits = decoder.prefill()?;
+    // The tokens the decoder picked itself in the last step, instead of `logits`.
+    let mut picked: Option<Vec<u32>> = None;
     loop {
-        if logits.len() != batch * vocab {
-            return Err(Error::Compute(format!(
-                "decoder returned {} logits for batch {batch} × vocab {vocab}",
-                logits.len()
-            )));
+        match &picked {
+            Some(tokens) => {
+                if tokens.len() != batch || tokens.iter().any(|&t| t as usize >= vocab) {
+                    return Err(Error::Compute(format!(
+                        "decoder picked {tokens:?} for batch {batch} × vocab {vocab}"
+                    )));
+                }
+            }
+            None if logits.len() != batch * vocab => {
+                return Err(Error::Compute(format!(
+                    "decoder returned {} logits for batch {batch} × vocab {vocab}",
+                    logits.len()
+                )));
+            }
+            None => {}
         }
         let mut next = Vec::with_capacity(batch);
         let mut stop = false;
-        for (row, chunk) in logits.chunks_mut(vocab).enumerate() {
+        for row in 0..batch {
             if done[row] {
                 next.push(history[row].last().copied().unwrap_or(0));
                 continue;
             }
-            let token = pick(row, chunk, &history[row])?;
+            let token = match &picked {
+                Some(tokens) => tokens[row],
+                None => pick(
+                    row,
+                    &mut logits[row * vocab..(row + 1) * vocab],
+                    &history[row],
+                )?,
+            };
             history[row].push(token);
             out[row].push(token);
             let limit = limits[row];
@@ -546,7 +580,13 @@ fn run_rows(
         if stop || done.iter().all(|d| *d) {
             return Ok(out);
         }
-        logits = decoder.step(&next)?;
+        picked = match device_greedy.then(|| decoder.step_greedy(&next)).flatten() {
+            Some(tokens) => Some(tokens?),
+            None => {
+                logits = decoder.step(&next)?;
+                None
+            }
+        };
     }
 }
 
@@ -638,6 +678,67 @@ mod tests {
         .unwrap();
         assert_eq!(out, vec![vec![1, 2, 3], vec![3]]);
         assert_eq!(streamed.len(), 4);
+    }
+
+    /// A bigram decoder that picks greedy tokens itself, counting the steps it picked.
+    struct PicksItself(Bigram, usize);
+
+    impl TokenDecoder for PicksItself {
+        fn batch(&self) -> usize {
+            self.0.batch()
+        }
+        fn vocab(&self) -> usize {
+            self.0.vocab()
+        }
+        fn prefill(&mut self) -> Result<Vec<f32>> {
+            self.0.prefill()
+        }
+        fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+            self.0.step(tokens)
+        }
+        fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+            self.1 += 1;
+            let vocab = self.0.vocab();
+            Some(
+                self.0
+                    .step(tokens)
+                    .map(|l| l.chunks(vocab).map(argmax).collect()),
+            )
+        }
+    }
+
+    #[test]
+    fn decoders_that_pick_greedy_tokens_give_the_same_tokens() {
+        let prompts = [vec![0], vec![2]];
+        let greedy = GenerationConfig {
+            max_new_tokens: 5,
+            stop_tokens: vec![3],
+            ..Default::default()
+        };
+        let on_host = generate(&mut bigram(vec![0, 2]), &prompts, &greedy, |_, _| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let mut itself = PicksItself(bigram(vec![0, 2]), 0);
+        let picked = generate(&mut itself, &prompts, &greedy, |_, _| {
+            ControlFlow::Continue(())
+        });
+        assert_eq!(picked.unwrap(), on_host);
+        assert_eq!(
+            itself.1, 2,
+            "every step after the prefill picked by the decoder"
+        );
+        // A penalty (or sampling) needs the logits: the decoder is not asked.
+        let penalized = GenerationConfig {
+            repetition_penalty: 1.5,
+            ..greedy
+        };
+        let mut asked = PicksItself(bigram(vec![0, 2]), 0);
+        generate(&mut asked, &prompts, &penalized, |_, _| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(asked.1, 0);
     }
 
     #[test]

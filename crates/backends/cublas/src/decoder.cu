@@ -75,6 +75,37 @@ extern "C" __global__ void residual_rms_norm(const T* y, const T* bias, T* x, co
         out[base + c] = st(rms_value(row[c], inv, ld(gamma[c])));
 }
 
+// Greedy decoding on the device: one block of ARGMAX_THREADS per row of `logits` `[rows, vocab]`
+// writes the index of the row's largest value, the lowest such index on ties (0 when every value
+// is -inf), as the host's argmax picks it; -1 when the row holds NaN.
+#define ARGMAX_THREADS 256
+extern "C" __global__ void argmax_rows(const T* logits, int vocab, int* out) {
+    __shared__ float best[ARGMAX_THREADS];
+    __shared__ int index[ARGMAX_THREADS];
+    __shared__ int nan[ARGMAX_THREADS];
+    const T* row = logits + (size_t)blockIdx.x * vocab;
+    int t = threadIdx.x;
+    float v = NEG_INF;
+    int at = 0x7fffffff, seen_nan = 0;
+    for (int i = t; i < vocab; i += ARGMAX_THREADS) {
+        float x = ld(row[i]);
+        if (x != x) seen_nan = 1;
+        else if (x > v) v = x, at = i;
+    }
+    best[t] = v, index[t] = at, nan[t] = seen_nan;
+    __syncthreads();
+    for (int half = ARGMAX_THREADS / 2; half > 0; half /= 2) {
+        if (t < half) {
+            float o = best[t + half];
+            int oi = index[t + half];
+            if (o > best[t] || (o == best[t] && oi < index[t])) best[t] = o, index[t] = oi;
+            nan[t] |= nan[t + half];
+        }
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = nan[0] ? -1 : (index[0] == 0x7fffffff ? 0 : index[0]);
+}
+
 // The gated MLP's middle: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
 // gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise.
 // Grid (rows, blocks of ROW_THREADS).

@@ -47,6 +47,7 @@ struct Kernels {
     append_mask: CudaFunction,
     residual_rms_norm: CudaFunction,
     gated_act: CudaFunction,
+    argmax_rows: CudaFunction,
     rope_split: CudaFunction,
     cached_attention: CudaFunction,
     /// `cached_attention` reading single values (heads that are not a whole number of packs).
@@ -241,11 +242,12 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 7] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 8] = [
     "gather_rows",
     "append_mask",
     "residual_rms_norm",
     "gated_act",
+    "argmax_rows",
     "rope_split",
     "cached_attention",
     "cached_attention_scalar",
@@ -262,6 +264,9 @@ fn arg_or_null<'a, T>(args: &mut LaunchArgs<'a>, value: Option<&'a CudaSlice<T>>
         None => args.arg(&NULL),
     };
 }
+
+/// Threads of `argmax_rows` (`ARGMAX_THREADS` in decoder.cu).
+const ARGMAX_THREADS: u32 = 256;
 
 /// Set to `0` / `off` to run every product of the decoder on cuBLAS, or to a number of rows
 /// (1 to 8) up to which products run on the engine's own GEMV kernel (default: 8 for a model that
@@ -698,6 +703,7 @@ where
             append_mask: named("append_mask")?,
             residual_rms_norm: named("residual_rms_norm")?,
             gated_act: named("gated_act")?,
+            argmax_rows: named("argmax_rows")?,
             rope_split: named("rope_split")?,
             cached_attention: named("cached_attention")?,
             cached_attention_scalar: named("cached_attention_scalar")?,
@@ -1125,12 +1131,75 @@ where
         new: usize,
         of: LogitsOf,
     ) -> Result<Vec<f32>, EngineError> {
+        self.compute(state, columns, new, of, |logits| self.download(logits))
+    }
+
+    /// [`Decoder::forward`] of the last column, greedy on the device: each row's argmax (the
+    /// lowest index on ties, as the host's argmax), `batch` indices to the host instead of
+    /// `batch × vocab` logits. NaN logits are an error.
+    pub fn forward_argmax(
+        &self,
+        state: &mut State<T>,
+        columns: &Columns<'_>,
+        new: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let batch = state.cache.batch;
+        self.compute(state, columns, new, LogitsOf::Last, |logits| {
+            self.argmax(logits, batch)
+        })
+    }
+
+    /// The index of the largest value of each of `rows` rows of `logits`.
+    fn argmax(&self, logits: &CudaSlice<T>, rows: usize) -> Result<Vec<u32>, EngineError> {
+        let vocab = (logits.len() / rows) as i32;
+        // SAFETY: written in full by the launch below before it is read.
+        let mut out = unsafe {
+            device_buffer::<i32>(&self.stream, rows, || format!("{rows} greedy tokens"))
+        }?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (ARGMAX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `argmax_rows(logits, vocab, out)` (decoder.cu) over `rows` rows of `vocab`
+        // values with ARGMAX_THREADS threads; `out` holds `rows` indices.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.argmax_rows)
+                .arg(logits)
+                .arg(&vocab)
+                .arg(&mut out)
+                .launch(cfg)?;
+        }
+        let picked = self.stream.clone_dtoh(&out)?;
+        picked
+            .into_iter()
+            .map(|i| {
+                u32::try_from(i)
+                    .map_err(|_| EngineError::Numeric("the model produced NaN logits".into()))
+            })
+            .collect()
+    }
+
+    /// Runs the columns as [`Decoder::forward`] does and hands the logits on the device to
+    /// `finish`.
+    fn compute<R>(
+        &self,
+        state: &mut State<T>,
+        columns: &Columns<'_>,
+        new: usize,
+        of: LogitsOf,
+        finish: impl FnOnce(&CudaSlice<T>) -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
         let host = self.check_columns(state, columns, new)?;
         let batch = state.cache.batch;
         self.stream.context().bind_to_thread()?;
         if new == 1 && of == LogitsOf::Last && state.graphs {
             match self.graph_step(state, &host) {
-                Ok(logits) => return Ok(logits),
+                Ok(()) => match &state.step {
+                    Some(step) => return finish(&step.buffers.logits),
+                    None => unreachable!("graph_step keeps the step"),
+                },
                 Err(e) => {
                     tracing::warn!(
                         "cuBLAS decoder: the decoding step could not run as a CUDA graph ({e}); \
@@ -1149,11 +1218,12 @@ where
         self.stream.memcpy_htod(&host, &mut buffers.input)?;
         self.run(&mut state.cache, &mut buffers, new, of, self.profile)?;
         state.past += new;
-        self.download(&buffers.logits)
+        finish(&buffers.logits)
     }
 
-    /// One token per row through the session's graph (captured now if it is the first step).
-    fn graph_step(&self, state: &mut State<T>, host: &[i32]) -> Result<Vec<f32>, EngineError> {
+    /// One token per row through the session's graph (captured now if it is the first step);
+    /// the logits end in the step's buffers.
+    fn graph_step(&self, state: &mut State<T>, host: &[i32]) -> Result<(), EngineError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let batch = state.cache.batch;
         if state.step.is_none() {
@@ -1186,7 +1256,7 @@ where
             graph.launch()?;
         }
         state.past += 1;
-        self.download(&step.buffers.logits)
+        Ok(())
     }
 
     /// Checks a call's columns against the model and the cache; the upload `[past, ids,
@@ -1582,6 +1652,12 @@ trait AnyDecoder: Send + Sync {
         new: usize,
         of: LogitsOf,
     ) -> Result<Vec<f32>, EngineError>;
+    fn forward_argmax(
+        &self,
+        state: &mut (dyn Any + Send),
+        columns: &Columns<'_>,
+        new: usize,
+    ) -> Result<Vec<u32>, EngineError>;
 }
 
 impl<T: Elem> AnyDecoder for Decoder<T>
@@ -1607,11 +1683,24 @@ where
         new: usize,
         of: LogitsOf,
     ) -> Result<Vec<f32>, EngineError> {
-        let state = state
-            .downcast_mut::<State<T>>()
-            .ok_or_else(|| EngineError::Spec("a cache of another precision".into()))?;
-        Decoder::forward(self, state, columns, new, of)
+        Decoder::forward(self, own_state(state)?, columns, new, of)
     }
+
+    fn forward_argmax(
+        &self,
+        state: &mut (dyn Any + Send),
+        columns: &Columns<'_>,
+        new: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        Decoder::forward_argmax(self, own_state(state)?, columns, new)
+    }
+}
+
+/// A session's state as the decoder of storage type `T` keeps it.
+fn own_state<T: Elem>(state: &mut (dyn Any + Send)) -> Result<&mut State<T>, EngineError> {
+    state
+        .downcast_mut::<State<T>>()
+        .ok_or_else(|| EngineError::Spec("a cache of another precision".into()))
 }
 
 /// A [`DecoderSpec`] on CUDA device 0 in f32 or f16, whichever was asked: load it once, then
@@ -1702,6 +1791,18 @@ impl DecodeSession<'_> {
         self.engine
             .inner
             .forward(self.state.as_mut(), columns, new, of)
+    }
+
+    /// Runs `new` columns per row and returns each row's greedy next token, picked on the device
+    /// (the argmax of its logits, the lowest index on ties); NaN logits are an error.
+    pub fn forward_argmax(
+        &mut self,
+        columns: &Columns<'_>,
+        new: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        self.engine
+            .inner
+            .forward_argmax(self.state.as_mut(), columns, new)
     }
 }
 

@@ -939,3 +939,61 @@ fn frame_kernels_compute_the_convolutional_front_end() {
         }
     }
 }
+
+const ARGMAX_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(2);  // rows, vocab
+    int rows = d[0], vocab = d[1];
+    T* logits = to_t(take<float>((size_t)rows * vocab), (size_t)rows * vocab);
+    int* out = (int*)calloc(rows, sizeof(int));
+    emu_launch({(unsigned)rows, 1, 1}, {ARGMAX_THREADS, 1, 1},
+               [&] { argmax_rows(logits, vocab, out); });
+    for (int r = 0; r < rows; ++r) {
+        float f = (float)out[r];
+        fwrite(&f, sizeof(float), 1, stdout);
+    }
+    return 0;
+}
+"#;
+
+/// Greedy decoding's `argmax_rows` against the host's argmax (the first index of the largest
+/// value): ties across threads' strides, a maximum in the last column, a row of -inf (index 0)
+/// and a row with NaN (-1).
+#[test]
+fn argmax_rows_picks_the_first_largest_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_harness = format!(
+        "{}\n{ARGMAX_HARNESS}",
+        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
+    );
+    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+        return;
+    };
+    let vocab = 1000usize;
+    let mut rng = Rng(0xa4a3_0000_1111_2222);
+    let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(vocab, 4.0, 0.0)).collect();
+    // Ties: the same maximum at columns 700 (a late stride) and 300.
+    rows[0][700] = 9.0;
+    rows[0][300] = 9.0;
+    rows[1][vocab - 1] = 5.0;
+    rows.push(vec![f32::NEG_INFINITY; vocab]);
+    let mut nan = rng.vec(vocab, 1.0, 0.0);
+    nan[517] = f32::NAN;
+    rows.push(nan);
+    let mut input = Vec::new();
+    for v in [rows.len(), vocab] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in rows.iter().flatten() {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "argmax_rows");
+    let want: Vec<f32> = rows[..4]
+        .iter()
+        // The host's greedy pick: the first index of the largest value.
+        .map(|r| (0..vocab).fold(0, |best, i| if r[i] > r[best] { i } else { best }) as f32)
+        .chain([-1.0])
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got[0], 300.0);
+}

@@ -75,6 +75,9 @@ pub enum EngineError {
     /// columns than the cache holds).
     #[error("{0}")]
     Input(String),
+    /// The computation produced values it cannot go on from (NaN logits).
+    #[error("{0}")]
+    Numeric(String),
     /// The precision is not one the engine runs.
     #[error("the cuBLAS engine runs f32 and f16, not {0}")]
     Precision(String),
