@@ -19,6 +19,10 @@ use ipfs_accelerate_nn::WeightQuantization;
 /// it then runs on burn's CubeCL kernels in f32.
 pub const CUDA_DECODER_ENV: &str = "IPFS_ACCELERATE_CUDA_DECODER";
 
+/// The environment variable that makes greedy decoding on the cuBLAS decoder send every row's
+/// logits to the host and pick there (`0` / `off`), instead of picking on the device.
+pub const DEVICE_GREEDY_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_GREEDY";
+
 /// A decoder LM loaded on the cuBLAS engine.
 pub struct CudaDecoder {
     engine: DecoderEngine,
@@ -70,6 +74,7 @@ impl CudaDecoder {
             }),
             next,
             vocab: self.engine.vocab(),
+            device_greedy: crate::backends::env_switch(DEVICE_GREEDY_ENV) != Some(false),
         })
     }
 
@@ -117,6 +122,8 @@ struct EngineTokens<'e> {
     /// The next position of each row.
     next: Vec<i32>,
     vocab: usize,
+    /// Greedy steps pick on the device ([`DEVICE_GREEDY_ENV`]).
+    device_greedy: bool,
 }
 
 impl TokenDecoder for EngineTokens<'_> {
@@ -150,6 +157,9 @@ impl TokenDecoder for EngineTokens<'_> {
     /// Greedy steps pick on the device: `batch` token ids come back instead of `batch × vocab`
     /// logits.
     fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+        if !self.device_greedy {
+            return None;
+        }
         Some(self.step_with(tokens, |session, columns| {
             session.forward_argmax(columns, 1)
         }))
