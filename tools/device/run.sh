@@ -3,17 +3,16 @@
 #   cargo build --release -p xtask --features cuda
 #   strip -o /tmp/xtask target/release/xtask && xz -T2 -6 -c /tmp/xtask > .devcarry/xtask.xz
 #   xz -6 -c ~/.cache/ipfs-accelerate/duckdb/libduckdb.so > .devcarry/libduckdb.so.xz   (xtask fetch-duckdb)
-#   cp -r ../shared/fixtures/{llama,qwen2,bert,vit,clip} .devcarry/fixtures/ (without the ONNX exports)
+#   cp -r ../shared/fixtures/{llama,qwen2,bert,vit,clip,whisper/base} .devcarry/fixtures/ (without the
+#   ONNX exports; whisper/base under fixtures/whisper/)
 #   cp tools/device/run.sh .devcarry/
-# then run `bash .devcarry/run.sh` with `carry: [".devcarry"]`; rows land in $OUT/gpu.duckdb, and
-# everything printed also goes to $OUT/log.txt (a call that runs out of time still returns it).
-# Session 20's last call: a fresh machine's first generate of SmolLM2 f16 from a checkpoint
-# folder (safetensors written by transformers' save_pretrained, random weights of the real
-# config); conformance in f32 and f16; overlapped launches on / off (alternating); Qwen2.5-0.5B
-# in every weight format; Llama-3.2-1B batch 1 and 8; per-stage profiles; SmolLM2 against
-# PyTorch. (The session's first call measured the GEMV / cuBLAS crossover for dense weights with
-# IPFS_ACCELERATE_CUDA_GEMV=8 and =1 at batch 2, 4 and 8; the second, Llama-3.2-1B against
-# PyTorch at batch 1 and 8.)
+# then run `bash .devcarry/run.sh PART` with `carry: [".devcarry"]`; rows land in $OUT/gpu.duckdb,
+# and everything printed also goes to $OUT/log.txt (a call that runs out of time still returns it).
+# Session 21: part 1 (a fresh machine) times the first generate of SmolLM2 f16 from a checkpoint
+# folder (safetensors written by transformers' save_pretrained, random weights of the real config)
+# with the split kernel modules, Whisper-tiny's encoder (30 s, batch 8) against PyTorch, and
+# conformance in f32 and f16 (Whisper's encoder now on the engine); part 2 greedy picks on the
+# device against on the host (Llama-3.2-1B batch 1 and 8, alternating) and SmolLM2 against PyTorch.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -25,6 +24,8 @@ DB=$OUT/gpu.duckdb
 G="could not run as a CUDA graph"
 now() { python3 -c 'import time; print(time.time())'; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+PART=${1:-1}
+if [ "$PART" = 1 ]; then
 echo "== a SmolLM2-135M checkpoint folder (f16 safetensors, random weights of the real config)"
 cat > /tmp/save.py <<'PY'
 import json, torch, transformers
@@ -41,23 +42,22 @@ echo "== fresh machine: whole process, SmolLM2-135M f16 from the checkpoint fold
 t0=$(now)
 timeout 60 ./xtask bench --dev --backend cuda --no-db --config /tmp/smollm2 --prompt 128 --new 8 --dtype f16 --iters 1 --warmup 0 2>&1 | grep -E "prefill|decode|rror|cuBLAS engine"
 t1=$(now); python3 -c "print('process wall s', round($t1 - $t0, 2))"
-echo "== verify f32 and f16 (fixtures, then the block formats)"
-timeout 150 ./xtask verify --fixtures fixtures --family llama,qwen2,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -26
-timeout 150 ./xtask verify --fixtures fixtures --family llama,qwen2,bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -26
-echo "== overlapped launches on / off, alternating: SmolLM2 f16, Qwen2.5 f16 and q4_k"
-for i in 1 2; do for o in 1 0; do
-  echo "-- IPFS_ACCELERATE_CUDA_OVERLAP=$o"
-  IPFS_ACCELERATE_CUDA_OVERLAP=$o timeout 60 ./xtask bench --dev --backend cuda --no-db --config llama-135m --prompt 128 --new 128 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
-  IPFS_ACCELERATE_CUDA_OVERLAP=$o timeout 60 ./xtask bench --dev --backend cuda --no-db --config qwen2-0.5b --prompt 128 --new 128 --dtype f16,q4_k --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
+echo "== Whisper-tiny encoder, 30 s (3000 frames), batch 1 and 8, f16, against PyTorch f16"
+timeout 200 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+echo "== per-stage device times: Whisper-tiny encoder batch 8, ViT-base batch 32 (f16)"
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --batch 8 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "cublas encoder|rror" | tail -1
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config vit-base --batch 32 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "cublas encoder|rror" | tail -1
+echo "== verify f32 and f16 (fixtures; Whisper: encoder on the engine, decoder on CubeCL)"
+timeout 200 ./xtask verify --fixtures fixtures --family whisper,llama,qwen2,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -34
+timeout 120 ./xtask verify --fixtures fixtures --family whisper,llama,qwen2,bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -34
+fi
+if [ "$PART" = 2 ]; then
+echo "== greedy picks on the device (1) or the host (0), alternating: Llama-3.2-1B f16 batch 1 and 8"
+for i in 1 2; do for g in 1 0; do
+  echo "-- IPFS_ACCELERATE_CUDA_DEVICE_GREEDY=$g"
+  IPFS_ACCELERATE_CUDA_DEVICE_GREEDY=$g timeout 90 ./xtask bench --dev --backend cuda --db $DB --config llama-1b --prompt 128 --new 128 --batch 1,8 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
 done; done
-echo "== Qwen2.5-0.5B int8 (Q8_0 blocks) and q8_0, with memory"
-timeout 90 ./xtask bench --dev --backend cuda --db $DB --config qwen2-0.5b --prompt 128 --new 128 --dtype int8,q8_0 --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
-echo "== Llama-3.2-1B f16, batch 1 and 8"
-timeout 90 ./xtask bench --dev --backend cuda --db $DB --config llama-1b --prompt 128 --new 128 --batch 1,8 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
-echo "== profile of one decoding step (graphs off): Llama-3.2-1B f16 batch 8 and 1"
-for b in 8 1; do
-  IPFS_ACCELERATE_CUBLAS_PROFILE=1 IPFS_ACCELERATE_CUDA_GRAPHS=0 timeout 60 ./xtask bench --dev --backend cuda --no-db --config llama-1b --prompt 16 --new 3 --batch $b --dtype f16 --iters 1 --warmup 0 2>&1 | grep "cublas decoder" | tail -1
-done
 echo "== SmolLM2-135M vs torch f16"
 timeout 150 ./xtask compare --dev --backend cuda --db $DB --config llama-135m --prompt 128 --new 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|$G"
+fi
 ls -la $OUT

@@ -679,11 +679,11 @@ int main(void) {
     T* block_scores = to_t(scores_f, score_n);
     long long score_rows = (long long)batch * heads * seq;
     emu_launch({(unsigned)score_rows, 1, 1}, {32, 1, 1},
-               [&] { masked_softmax(block_scores, mask, heads, seq, seq, causal); });
+               [&] { masked_softmax(block_scores, mask, heads, seq, seq, seq, causal); });
     put(block_scores, score_n);
     T* warp_scores = to_t(scores_f, score_n);
     emu_launch({(unsigned)((score_rows + 3) / 4), 1, 1}, {32, 4, 1}, [&] {
-        masked_softmax_warp(warp_scores, mask, heads, seq, seq, score_rows, causal);
+        masked_softmax_warp(warp_scores, mask, heads, seq, seq, seq, score_rows, causal);
     });
     put(warp_scores, score_n);
     emu_launch({(unsigned)rows, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},

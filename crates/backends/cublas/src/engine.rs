@@ -1106,8 +1106,22 @@ where
             _ => unreachable!("matched above"),
         };
         let mut qkv = alloc(m * 3 * h)?;
-        let (mut q, mut k, mut v) = (alloc(m * h)?, alloc(m * h)?, alloc(m * h)?);
-        let mut scores = alloc(batch * heads * seq * seq)?;
+        // Each head's keys and values padded to a multiple of 8 rows (kept zero), and score rows
+        // as long: the attention products then read aligned rows, which cuBLAS's tensor-core
+        // kernels need (ViT's 197 tokens or Whisper's 1500 otherwise fall to slow ones).
+        let keys = seq.next_multiple_of(8);
+        let head_values = batch * heads * keys * dh;
+        let (mut q, mut k, mut v) = (
+            alloc(head_values)?,
+            alloc(head_values)?,
+            alloc(head_values)?,
+        );
+        if keys != seq {
+            for buffer in [&mut q, &mut k, &mut v] {
+                s.memset_zeros(buffer)?;
+            }
+        }
+        let mut scores = alloc(batch * heads * seq * keys)?;
         let mut ctx = alloc(m * h)?;
         let mut merged = alloc(m * h)?;
         let mut y = alloc(m * h)?;
@@ -1124,7 +1138,7 @@ where
         profile.mark("embeddings")?;
         let scale = 1.0 / (dh as f32).sqrt();
         let score_rows = batch * heads * seq;
-        let (softmax, softmax_cfg) = if seq <= WARP_SOFTMAX_KEYS {
+        let (softmax, softmax_cfg) = if keys <= WARP_SOFTMAX_KEYS {
             let cfg = LaunchConfig {
                 grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
                 block_dim: (32, WARP_SOFTMAX_ROWS, 1),
@@ -1134,14 +1148,15 @@ where
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (score_rows as u32, 1, 1),
-                block_dim: (softmax_threads(seq), 1, 1),
+                block_dim: (softmax_threads(keys), 1, 1),
                 shared_mem_bytes: 0,
             };
             (&self.kernels.masked_softmax, cfg)
         };
         let score_rows_i = score_rows as i64;
         let causal_i = self.causal as i32;
-        let per_head = (seq * dh) as i64;
+        let per_head = (keys * dh) as i64;
+        let keys_i = keys as i32;
         let pre = self.placement == NormPlacement::Pre;
         // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
         // Without a final norm, the last residual add writes the projection's norm of every
@@ -1167,6 +1182,7 @@ where
                     .arg(&qkv)
                     .arg(&layer.qkv.bias)
                     .arg(&seq_i)
+                    .arg(&keys_i)
                     .arg(&heads_i)
                     .arg(&dh_i)
                     .arg(&mut q)
@@ -1175,24 +1191,25 @@ where
                     .launch(rows_by_columns(m, split_cols))?;
             }
             profile.mark("split heads")?;
-            // scores[b, h] = scale · q kᵀ, `[seq_q, seq_k]` row-major per head.
+            // scores[b, h] = scale · q kᵀ, `[seq_q, keys]` row-major per head (the padding keys'
+            // scores are 0, and the softmax writes 0 for them).
             let scores_cfg = StridedBatchedConfig {
                 gemm: GemmConfig {
                     transa: CUBLAS_OP_T,
                     transb: CUBLAS_OP_N,
-                    m: seq_i,
+                    m: keys_i,
                     n: seq_i,
                     k: dh_i,
                     alpha: T::from_f32(scale),
                     lda: dh_i,
                     ldb: dh_i,
                     beta: T::from_f32(0.0),
-                    ldc: seq_i,
+                    ldc: keys_i,
                 },
                 batch_size: (batch * heads) as i32,
                 stride_a: per_head,
                 stride_b: per_head,
-                stride_c: (seq * seq) as i64,
+                stride_c: (seq * keys) as i64,
             };
             unsafe {
                 self.blas
@@ -1205,8 +1222,9 @@ where
                     .arg(&mask)
                     .arg(&heads_i)
                     .arg(&seq_i)
-                    .arg(&seq_i);
-                if seq <= WARP_SOFTMAX_KEYS {
+                    .arg(&seq_i)
+                    .arg(&keys_i);
+                if keys <= WARP_SOFTMAX_KEYS {
                     args.arg(&score_rows_i);
                 }
                 args.arg(&causal_i);
@@ -1220,17 +1238,17 @@ where
                     transb: CUBLAS_OP_N,
                     m: dh_i,
                     n: seq_i,
-                    k: seq_i,
+                    k: keys_i,
                     alpha: T::from_f32(1.0),
                     lda: dh_i,
-                    ldb: seq_i,
+                    ldb: keys_i,
                     beta: T::from_f32(0.0),
                     ldc: dh_i,
                 },
                 batch_size: (batch * heads) as i32,
                 stride_a: per_head,
-                stride_b: (seq * seq) as i64,
-                stride_c: per_head,
+                stride_b: (seq * keys) as i64,
+                stride_c: (seq * dh) as i64,
             };
             unsafe {
                 self.blas

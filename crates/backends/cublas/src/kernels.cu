@@ -208,10 +208,11 @@ __device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
 }
 
 // Row m of the fused QKV projection `[batch * seq, 3 * hidden]` plus its bias, split into q, k, v
-// laid out `[batch, heads, seq, head_dim]`; grid (tokens, blocks of packs).
+// laid out `[batch, heads, head_rows, head_dim]` (head_rows ≥ seq: rows past seq are padding the
+// engine keeps zero); grid (tokens, blocks of packs).
 template <int W>
-__device__ void split_heads_impl(const T* qkv, const T* bias, int seq, int heads, int head_dim,
-                                 T* q, T* k, T* v) {
+__device__ void split_heads_impl(const T* qkv, const T* bias, int seq, int head_rows, int heads,
+                                 int head_dim, T* q, T* k, T* v) {
     int hidden = heads * head_dim;
     int j = (blockIdx.y * blockDim.x + threadIdx.x) * W;
     if (j >= 3 * hidden) return;
@@ -223,7 +224,7 @@ __device__ void split_heads_impl(const T* qkv, const T* bias, int seq, int heads
     Pack<W> x = load_pack<W>(qkv + (size_t)m * 3 * hidden + j), bb = load_pack<W>(bias + j), o;
 #pragma unroll
     for (int e = 0; e < W; ++e) o.v[e] = st(ld(x.v[e]) + ld(bb.v[e]));
-    store_pack<W>(dst + (((size_t)b * heads + h) * seq + s) * head_dim + d, o);
+    store_pack<W>(dst + (((size_t)b * heads + h) * head_rows + s) * head_dim + d, o);
 }
 
 // `[batch, heads, seq, head_dim]` back to `[batch, seq, heads * head_dim]`; grid (tokens, blocks of
@@ -260,8 +261,9 @@ __device__ void merge_heads_impl(const T* ctx, int seq, int heads, int head_dim,
         bias_act_impl<W>(y, bias, cols, act);                                                   \
     }                                                                                           \
     extern "C" __global__ void split_heads##SUFFIX(const T* qkv, const T* bias, int seq,        \
-                                                   int heads, int head_dim, T* q, T* k, T* v) { \
-        split_heads_impl<W>(qkv, bias, seq, heads, head_dim, q, k, v);                          \
+                                                   int head_rows, int heads, int head_dim, T* q,  \
+                                                   T* k, T* v) {                                  \
+        split_heads_impl<W>(qkv, bias, seq, head_rows, heads, head_dim, q, k, v);               \
     }                                                                                           \
     extern "C" __global__ void merge_heads##SUFFIX(const T* ctx, int seq, int heads,            \
                                                    int head_dim, T* out) {                      \
@@ -289,9 +291,10 @@ __device__ __forceinline__ float warp_reduce(float v, int op) {
 // One row whose keys j = lane + i * stride (i < PER) sit in this thread's registers; `reduce`
 // combines a value over the threads sharing the row.
 // `limit`: the keys the row may see at all (k_len, or with a causal mask the query's position
-// + 1).
+// + 1); `row_len` (≥ k_len): the values written, zeros past the keys (the padding that keeps
+// the product with V aligned).
 template <int PER, class Reduce>
-__device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, int limit,
+__device__ __forceinline__ void softmax_row(T* row, const int* keep, int row_len, int limit,
                                             int lane, int stride, Reduce reduce) {
     float v[PER];
     bool on[PER];
@@ -321,7 +324,7 @@ __device__ __forceinline__ void softmax_row(T* row, const int* keep, int k_len, 
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         int j = lane + i * stride;
-        if (j < k_len) row[j] = st(v[i] * inv);
+        if (j < row_len) row[j] = st(v[i] * inv);
     }
 }
 
@@ -370,28 +373,31 @@ extern "C" __global__ void frame_embeddings(const T* conv, const T* bias, const 
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
 }
 
-// One block per row, k_len <= SOFTMAX_PER_THREAD * blockDim.
+// One block per row of `k_stride` values holding `k_len` keys (the rest written 0),
+// k_stride <= SOFTMAX_PER_THREAD * blockDim.
 #define SOFTMAX_PER_THREAD 8
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
-                                          int k_len, int causal) {
+                                          int k_len, int k_stride, int causal) {
     __shared__ float red[32];
     long long r = blockIdx.x;
     long long b = r / ((long long)heads * q_len);
     int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
-    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_len, mask + b * k_len, k_len, limit,
+    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_stride, mask + b * k_len, k_stride, limit,
                                     threadIdx.x, blockDim.x,
                                     [&](float v, int op) { return block_reduce(v, red, op); });
 }
 
-// One warp per row (blockDim (32, rows per block)), k_len <= 32 * WARP_KEYS: no block barriers.
+// One warp per row (blockDim (32, rows per block)), k_stride <= 32 * WARP_KEYS: no block
+// barriers.
 #define WARP_KEYS 8
 extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int heads, int q_len,
-                                               int k_len, long long rows, int causal) {
+                                               int k_len, int k_stride, long long rows,
+                                               int causal) {
     long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
     long long b = r / ((long long)heads * q_len);
     int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
-    softmax_row<WARP_KEYS>(scores + r * k_len, mask + b * k_len, k_len, limit, threadIdx.x, 32,
+    softmax_row<WARP_KEYS>(scores + r * k_stride, mask + b * k_len, k_stride, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }
 #endif  // ENCODER_KERNELS

@@ -321,7 +321,9 @@ impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
     fn encode(&self, features: &LogMel) -> Result<Tensor<B, 3>> {
         if self.encoder_engine.is_some() {
             let x = HostTensor::from_f32(vec![1, features.mels, features.frames], &features.data)?;
-            return self.encode_host(&x);
+            let mut inputs = TensorMap::new();
+            inputs.insert("input_features".into(), x);
+            return self.encode_inputs(&inputs);
         }
         let x = Tensor::from_data(
             TensorData::new(features.data.clone(), [1, features.mels, features.frames]),
@@ -451,28 +453,32 @@ fn int_rows(inputs: &TensorMap, name: &str, batch: usize) -> Result<Option<(Vec<
 
 impl<B: Backend> WhisperRunner<B> {
     /// The encoder output of the input `input_features` `[batch, mels, frames]`.
+    /// By the encoder engine when there is one.
     fn encode_inputs(&self, inputs: &TensorMap) -> Result<Tensor<B, 3>> {
+        if self.encoder_engine.is_some() {
+            let states = self.engine_states(inputs)?;
+            return float_from_host::<B, 3>(&states, &self.device);
+        }
         let features = inputs
             .get("input_features")
             .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
-        self.encode_host(features)
+        self.model
+            .encode(float_from_host::<B, 3>(features, &self.device)?)
     }
 
-    /// The encoder output of `features` `[batch, mels, frames]`, by the encoder engine when
-    /// there is one.
-    fn encode_host(&self, features: &HostTensor) -> Result<Tensor<B, 3>> {
-        let Some(engine) = &self.encoder_engine else {
-            return self
-                .model
-                .encode(float_from_host::<B, 3>(features, &self.device)?);
-        };
-        let mut inputs = TensorMap::new();
-        inputs.insert("input_features".into(), features.clone());
-        let states = engine.run(&inputs)?;
-        let states = states.get("last_hidden_state").ok_or_else(|| {
-            Error::Compute("the encoder engine returned no last_hidden_state".into())
-        })?;
-        float_from_host::<B, 3>(states, &self.device)
+    /// The encoder engine's `last_hidden_state` of `inputs`' `input_features` (the engine reads
+    /// no other input).
+    fn engine_states(&self, inputs: &TensorMap) -> Result<HostTensor> {
+        let engine = self
+            .encoder_engine
+            .as_ref()
+            .ok_or_else(|| Error::Compute("no encoder engine".into()))?;
+        engine
+            .run(inputs)?
+            .remove("last_hidden_state")
+            .ok_or_else(|| {
+                Error::Compute("the encoder engine returned no last_hidden_state".into())
+            })
     }
 }
 
@@ -513,7 +519,27 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let encoder = self.encode_inputs(inputs)?;
+        let decodes = ["decoder_input_ids", "greedy_steps"]
+            .iter()
+            .any(|name| inputs.contains_key(*name));
+        // With an encoder engine its states are the output as they are, and go to the decoder's
+        // device only when something decodes.
+        let engine_states = match &self.encoder_engine {
+            Some(_) => Some(self.engine_states(inputs)?),
+            None => None,
+        };
+        let engine_states = match engine_states {
+            Some(states) if !decodes => {
+                let mut out = TensorMap::new();
+                out.insert("encoder_last_hidden_state".into(), states);
+                return Ok(out);
+            }
+            other => other,
+        };
+        let encoder = match &engine_states {
+            Some(states) => float_from_host::<B, 3>(states, &self.device)?,
+            None => self.encode_inputs(inputs)?,
+        };
         let batch = encoder.dims()[0];
         let mut out = TensorMap::new();
         if let Some((ids, len)) = int_rows(inputs, "decoder_input_ids", batch)? {
@@ -571,7 +597,11 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
                 HostTensor::from_i64(vec![batch, steps], &flat)?,
             );
         }
-        out.insert("encoder_last_hidden_state".into(), float_to_host(encoder)?);
+        let states = match engine_states {
+            Some(states) => states,
+            None => float_to_host(encoder)?,
+        };
+        out.insert("encoder_last_hidden_state".into(), states);
         Ok(out)
     }
 }
