@@ -997,3 +997,82 @@ fn argmax_rows_picks_the_first_largest_value() {
     assert_eq!(got, want);
     assert_eq!(got[0], 300.0);
 }
+
+const PADDED_SOFTMAX_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(3);  // rows (one head, one input), keys, row stride
+    int rows = d[0], keys = d[1], stride = d[2];
+    int* mask = take<int>(keys);
+    float* scores_f = take<float>((size_t)rows * stride);
+    T* block = to_t(scores_f, (size_t)rows * stride);
+    emu_launch({(unsigned)rows, 1, 1}, {32, 1, 1},
+               [&] { masked_softmax(block, mask, 1, rows, keys, stride, 0); });
+    put(block, (size_t)rows * stride);
+    T* warp = to_t(scores_f, (size_t)rows * stride);
+    emu_launch({(unsigned)((rows + 3) / 4), 1, 1}, {32, 4, 1},
+               [&] { masked_softmax_warp(warp, mask, 1, rows, keys, stride, (long long)rows, 0); });
+    put(warp, (size_t)rows * stride);
+    return 0;
+}
+"#;
+
+/// The softmax over score rows padded past the keys (the engine pads them to a multiple of 8 for
+/// aligned products): each row's keys as the unpadded softmax gives them, the padding written 0
+/// whatever it held (block and warp forms).
+#[test]
+fn padded_score_rows_get_zeros_past_the_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_harness = format!(
+        "{}\n{PADDED_SOFTMAX_HARNESS}",
+        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
+    );
+    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+        return;
+    };
+    let (rows, keys, stride) = (5usize, 13usize, 16usize);
+    let mut rng = Rng(0x7777_0000_abcd_0001);
+    let mask: Vec<i32> = (0..keys as i32).map(|j| (j % 5 != 3) as i32).collect();
+    let mut scores = rng.vec(rows * stride, 6.0, 0.0);
+    for r in 0..rows {
+        for j in keys..stride {
+            scores[r * stride + j] = 1e4;
+        }
+    }
+    let mut input = Vec::new();
+    for v in [rows, keys, stride] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in &mask {
+        input.extend(v.to_le_bytes());
+    }
+    for v in &scores {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "padded softmax");
+    let (block, warp) = got.split_at(rows * stride);
+    for r in 0..rows {
+        let row = &scores[r * stride..r * stride + keys];
+        let visible: Vec<usize> = (0..keys).filter(|&j| mask[j] != 0).collect();
+        let mx = visible
+            .iter()
+            .map(|&j| f64::from(row[j]))
+            .fold(f64::MIN, f64::max);
+        let total: f64 = visible
+            .iter()
+            .map(|&j| (f64::from(row[j]) - mx).exp())
+            .sum();
+        for j in 0..stride {
+            let want = if j < keys && mask[j] != 0 {
+                (f64::from(row[j]) - mx).exp() / total
+            } else {
+                0.0
+            };
+            close(block[r * stride + j], want, &format!("row {r} column {j}"));
+            close(
+                warp[r * stride + j],
+                want,
+                &format!("warp row {r} column {j}"),
+            );
+        }
+    }
+}
