@@ -658,7 +658,8 @@ const ENCODER_HARNESS: &str = r#"
 int main(void) {
     int* d = take<int>(4);  // batch, seq, hidden, heads
     int batch = d[0], seq = d[1], hid = d[2], heads = d[3], rows = batch * seq;
-    size_t score_n = (size_t)batch * heads * seq * seq;
+    int ks = (seq + 7) / 8 * 8;  // score rows padded as the engine pads them
+    size_t score_n = (size_t)batch * heads * seq * ks;
     int* ids = take<int>(rows);
     int* mask = take<int>(rows);
     int* pooled = take<int>(batch);
@@ -679,11 +680,11 @@ int main(void) {
     T* block_scores = to_t(scores_f, score_n);
     long long score_rows = (long long)batch * heads * seq;
     emu_launch({(unsigned)score_rows, 1, 1}, {32, 1, 1},
-               [&] { masked_softmax(block_scores, mask, heads, seq, seq, seq, causal); });
+               [&] { masked_softmax(block_scores, mask, heads, seq, seq, ks, causal); });
     put(block_scores, score_n);
     T* warp_scores = to_t(scores_f, score_n);
     emu_launch({(unsigned)((score_rows + 3) / 4), 1, 1}, {32, 4, 1}, [&] {
-        masked_softmax_warp(warp_scores, mask, heads, seq, seq, seq, score_rows, causal);
+        masked_softmax_warp(warp_scores, mask, heads, seq, seq, ks, score_rows, causal);
     });
     put(warp_scores, score_n);
     emu_launch({(unsigned)rows, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
@@ -720,7 +721,9 @@ fn clip_encoder_kernels_match_their_definitions() {
     let pooled: Vec<i32> = vec![2, seq as i32 + 3];
     let word = rng.vec(8 * hid, 2.0, 0.0);
     let pos = rng.vec(seq * hid, 2.0, 0.0);
-    let scores = rng.vec(batch * heads * seq * seq, 6.0, 0.0);
+    // Score rows padded to a multiple of 8, as the engine lays them out.
+    let ks = seq.next_multiple_of(8);
+    let scores = rng.vec(batch * heads * seq * ks, 6.0, 0.0);
     let y = rng.vec(rows * hid, 8.0, 0.0);
     let bias = rng.vec(hid, 1.0, 0.0);
     let mut input = Vec::new();
@@ -759,7 +762,7 @@ fn clip_encoder_kernels_match_their_definitions() {
         } else {
             visible
         };
-        let row = &scores[r * seq..(r + 1) * seq];
+        let row = &scores[r * ks..r * ks + seq];
         let mx = visible
             .iter()
             .map(|&j| f64::from(row[j]))
@@ -768,19 +771,19 @@ fn clip_encoder_kernels_match_their_definitions() {
             .iter()
             .map(|&j| (f64::from(row[j]) - mx).exp())
             .sum();
-        for j in 0..seq {
+        for j in 0..ks {
             let want = if visible.contains(&j) {
                 (f64::from(row[j]) - mx).exp() / total
             } else {
                 0.0
             };
             close(
-                block_sm[r * seq + j],
+                block_sm[r * ks + j],
                 want,
                 &format!("softmax row {r} key {j}"),
             );
             close(
-                warp_sm[r * seq + j],
+                warp_sm[r * ks + j],
                 want,
                 &format!("warp softmax row {r} key {j}"),
             );

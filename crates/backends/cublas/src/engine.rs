@@ -85,14 +85,15 @@ const DECODER_KERNELS: &str = include_str!("decoder.cu");
 const GGML_BLOCKS: &str = include_str!("ggml_blocks.cuh");
 /// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
 const ROW_THREADS: u32 = 256;
-/// Keys one softmax thread holds in registers (`SOFTMAX_PER_THREAD` in kernels.cu).
-const SOFTMAX_PER_THREAD: usize = 8;
-/// The longest key row the softmax kernel takes (1024 threads × [`SOFTMAX_PER_THREAD`]).
-pub const MAX_KEYS: usize = 1024 * SOFTMAX_PER_THREAD;
+/// 16-byte packs of keys one softmax thread holds in registers (`SOFTMAX_PACKS` in kernels.cu).
+const SOFTMAX_PACKS: usize = 2;
+/// The longest key row the softmax kernel takes: 1024 threads × [`SOFTMAX_PACKS`] packs of 4 f32
+/// (f16 packs hold 8).
+pub const MAX_KEYS: usize = 1024 * SOFTMAX_PACKS * 4;
 
-/// Threads per softmax row: about four keys each, a multiple of 32, at most 1024.
-fn softmax_threads(keys: usize) -> u32 {
-    (keys.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
+/// Threads per softmax row of `keys` values in packs of `vec`: a multiple of 32, at most 1024.
+fn softmax_threads(keys: usize, vec: usize) -> u32 {
+    (keys.div_ceil(SOFTMAX_PACKS * vec).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// The activation codes of `bias_act` in `kernels.cu`.
@@ -685,8 +686,8 @@ pub(crate) fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
 }
 
-/// Keys per row the warp-per-row softmax takes (32 lanes × `WARP_KEYS`).
-const WARP_SOFTMAX_KEYS: usize = 32 * 8;
+/// Keys per row the warp-per-row softmax takes (32 lanes × `WARP_PACKS` packs in kernels.cu).
+const WARP_SOFTMAX_KEYS: usize = 256;
 /// Rows (warps) per block of the warp-per-row softmax.
 const WARP_SOFTMAX_ROWS: u32 = 4;
 
@@ -1148,7 +1149,7 @@ where
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (score_rows as u32, 1, 1),
-                block_dim: (softmax_threads(keys), 1, 1),
+                block_dim: (softmax_threads(keys, vec), 1, 1),
                 shared_mem_bytes: 0,
             };
             (&self.kernels.masked_softmax, cfg)
@@ -1780,13 +1781,15 @@ mod tests {
 
     #[test]
     fn softmax_threads_cover_the_row_within_a_block() {
-        for keys in [1, 7, 128, 256, 257, 4000, MAX_KEYS] {
-            let t = softmax_threads(keys) as usize;
-            assert!(
-                t.is_multiple_of(32) && (32..=1024).contains(&t),
-                "{keys}: {t}"
-            );
-            assert!(t * SOFTMAX_PER_THREAD >= keys, "{keys}: {t}");
+        for vec in [4, 8] {
+            for keys in [8, 128, 256, 264, 4000, MAX_KEYS] {
+                let t = softmax_threads(keys, vec) as usize;
+                assert!(
+                    t.is_multiple_of(32) && (32..=1024).contains(&t),
+                    "{keys}: {t}"
+                );
+                assert!(t * SOFTMAX_PACKS * vec >= keys, "{keys}: {t}");
+            }
         }
     }
 

@@ -288,43 +288,57 @@ __device__ __forceinline__ float warp_reduce(float v, int op) {
     return v;
 }
 
-// One row whose keys j = lane + i * stride (i < PER) sit in this thread's registers; `reduce`
-// combines a value over the threads sharing the row.
-// `limit`: the keys the row may see at all (k_len, or with a causal mask the query's position
-// + 1); `row_len` (≥ k_len): the values written, zeros past the keys (the padding that keeps
-// the product with V aligned).
+// One row of `row_len` values (a multiple of VEC, the row 16-byte aligned) whose packs p = lane +
+// i * stride (i < PER), keys p * VEC ... p * VEC + VEC - 1, sit in this thread's registers; `reduce`
+// combines a value over the threads sharing the row. `limit`: the keys the row may see at all
+// (k_len, or with a causal mask the query's position + 1); the values past k_len (the padding that
+// keeps the product with V aligned) are written 0.
 template <int PER, class Reduce>
 __device__ __forceinline__ void softmax_row(T* row, const int* keep, int row_len, int limit,
                                             int lane, int stride, Reduce reduce) {
-    float v[PER];
-    bool on[PER];
+    float v[PER][VEC];
+    bool on[PER][VEC];
     float mx = NEG_INF, mx_all = NEG_INF;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-        int j = lane + i * stride;
-        bool in = j < limit;
-        v[i] = in ? ld(row[j]) : NEG_INF;
-        on[i] = in && keep[j] != 0;
-        if (on[i]) mx = fmaxf(mx, v[i]);
-        if (in) mx_all = fmaxf(mx_all, v[i]);
+        int base = (lane + i * stride) * VEC;
+        Pack<VEC> x;
+        if (base < row_len) x = load_pack<VEC>(row + base);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            int j = base + e;
+            bool in = j < limit;
+            v[i][e] = in ? ld(x.v[e]) : NEG_INF;
+            on[i][e] = in && keep[j] != 0;
+            if (on[i][e]) mx = fmaxf(mx, v[i][e]);
+            if (in) mx_all = fmaxf(mx_all, v[i][e]);
+        }
     }
     mx = reduce(mx, BLOCK_MAX);
     if (mx == NEG_INF) {
         mx = reduce(mx_all, BLOCK_MAX);
 #pragma unroll
-        for (int i = 0; i < PER; ++i) on[i] = lane + i * stride < limit;
+        for (int i = 0; i < PER; ++i)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) on[i][e] = (lane + i * stride) * VEC + e < limit;
     }
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        v[i] = on[i] ? expf(v[i] - mx) : 0.f;
-        s += v[i];
-    }
+    for (int i = 0; i < PER; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            v[i][e] = on[i][e] ? expf(v[i][e] - mx) : 0.f;
+            s += v[i][e];
+        }
     float inv = 1.f / reduce(s, BLOCK_SUM);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-        int j = lane + i * stride;
-        if (j < row_len) row[j] = st(v[i] * inv);
+        int base = (lane + i * stride) * VEC;
+        if (base >= row_len) continue;
+        Pack<VEC> o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = st(v[i][e] * inv);
+        store_pack<VEC>(row + base, o);
     }
 }
 
@@ -373,23 +387,23 @@ extern "C" __global__ void frame_embeddings(const T* conv, const T* bias, const 
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
 }
 
-// One block per row of `k_stride` values holding `k_len` keys (the rest written 0),
-// k_stride <= SOFTMAX_PER_THREAD * blockDim.
-#define SOFTMAX_PER_THREAD 8
+// One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
+// written 0), k_stride <= SOFTMAX_PACKS * VEC * blockDim.
+#define SOFTMAX_PACKS 2
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
                                           int k_len, int k_stride, int causal) {
     __shared__ float red[32];
     long long r = blockIdx.x;
     long long b = r / ((long long)heads * q_len);
     int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
-    softmax_row<SOFTMAX_PER_THREAD>(scores + r * k_stride, mask + b * k_len, k_stride, limit,
+    softmax_row<SOFTMAX_PACKS>(scores + r * k_stride, mask + b * k_len, k_stride, limit,
                                     threadIdx.x, blockDim.x,
                                     [&](float v, int op) { return block_reduce(v, red, op); });
 }
 
-// One warp per row (blockDim (32, rows per block)), k_stride <= 32 * WARP_KEYS: no block
-// barriers.
-#define WARP_KEYS 8
+// One warp per row (blockDim (32, rows per block)), k_stride <= 256 (a multiple of VEC): no
+// block barriers.
+#define WARP_PACKS (256 / (32 * VEC))
 extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int heads, int q_len,
                                                int k_len, int k_stride, long long rows,
                                                int causal) {
@@ -397,7 +411,7 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
     if (r >= rows) return;
     long long b = r / ((long long)heads * q_len);
     int limit = causal ? min(k_len, (int)(r % q_len) + 1) : k_len;
-    softmax_row<WARP_KEYS>(scores + r * k_stride, mask + b * k_len, k_stride, limit, threadIdx.x, 32,
+    softmax_row<WARP_PACKS>(scores + r * k_stride, mask + b * k_len, k_stride, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }
 #endif  // ENCODER_KERNELS
