@@ -15,7 +15,9 @@
 # keys were padded to a multiple of 8, per-stage profiles and Whisper-tiny / ViT-base against
 # PyTorch, greedy picks on the device against on the host (Llama-3.2-1B batch 1 and 8,
 # alternating) and conformance in f16 (which ran out of time: CubeCL compiling Whisper's f16
-# decoder kernels on a fresh machine); part 3 conformance with the padded attention.
+# decoder kernels on a fresh machine); part 3 conformance with the padded attention; part 4, after
+# the softmax moved to 16-byte packs, profiles and encoders against PyTorch; part 5 conformance,
+# Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -74,5 +76,28 @@ echo "== verify with the padded attention: f16 (without Whisper), f32 (all), the
 timeout 100 ./xtask verify --fixtures fixtures --family llama,qwen2,bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -26
 timeout 150 ./xtask verify --fixtures fixtures --family whisper,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -20
 timeout 230 ./xtask verify --fixtures fixtures --family whisper --backend cuda --precision f16 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -6
+fi
+if [ "$PART" = 4 ]; then
+echo "== per-stage device times (softmax in packs): Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --batch 8 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config vit-base --batch 32 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config bert-base --batch 128 --seq 128 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+echo "== Whisper-tiny encoder (30 s), ViT-base batch 32, BERT-base batch 1 / 32 / 128 against PyTorch f16"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 120 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
+fi
+if [ "$PART" = 5 ]; then
+echo "== verify with the packed softmax: f32 and f16, then Whisper in f16"
+timeout 150 ./xtask verify --fixtures fixtures --family whisper,llama,qwen2,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -28
+timeout 100 ./xtask verify --fixtures fixtures --family llama,qwen2,bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
+echo "== Qwen2.5-0.5B f16, int8, q4_k with greedy picks on the device, and SmolLM2 against PyTorch f16"
+timeout 90 ./xtask bench --dev --backend cuda --db $DB --config qwen2-0.5b --prompt 128 --new 128 --dtype f16,int8,q4_k --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config llama-135m --prompt 128 --new 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|$G"
+timeout 200 ./xtask verify --fixtures fixtures --family whisper --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -6
+fi
+if [ "$PART" = 6 ]; then
+echo "== Whisper-tiny transcription of 30 s: the encoder on the engine, greedy decoding on CubeCL (f16), against PyTorch generate f16"
+timeout 400 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --new 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror"
 fi
 ls -la $OUT
