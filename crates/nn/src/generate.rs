@@ -533,13 +533,14 @@ fn run_rows(
     let mut picked: Option<Vec<u32>> = None;
     loop {
         match &picked {
-            Some(tokens) => {
-                if tokens.len() != batch || tokens.iter().any(|&t| t as usize >= vocab) {
-                    return Err(Error::Compute(format!(
-                        "decoder picked {tokens:?} for batch {batch} × vocab {vocab}"
-                    )));
-                }
+            Some(tokens)
+                if tokens.len() != batch || tokens.iter().any(|&t| t as usize >= vocab) =>
+            {
+                return Err(Error::Compute(format!(
+                    "decoder picked {tokens:?} for batch {batch} × vocab {vocab}"
+                )));
             }
+            Some(_) => {}
             None if logits.len() != batch * vocab => {
                 return Err(Error::Compute(format!(
                     "decoder returned {} logits for batch {batch} × vocab {vocab}",

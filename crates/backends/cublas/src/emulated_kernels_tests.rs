@@ -144,6 +144,33 @@ fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
     }
 }
 
+/// The f32 kernels with the harness's input helpers and another `main`.
+fn build_main(dir: &Path, main: &str) -> Option<std::path::PathBuf> {
+    let helpers = &HARNESS[..HARNESS.find("int main(void)").unwrap()];
+    build::<f32>(dir, &format!("{helpers}\n{main}"))
+}
+
+/// The softmax of `row` over the keys `visible`, as `len` values (0 for the others).
+fn softmax_over(row: &[f32], visible: &[usize], len: usize) -> Vec<f64> {
+    let mx = visible
+        .iter()
+        .map(|&j| f64::from(row[j]))
+        .fold(f64::MIN, f64::max);
+    let total: f64 = visible
+        .iter()
+        .map(|&j| (f64::from(row[j]) - mx).exp())
+        .sum();
+    (0..len)
+        .map(|j| {
+            if visible.contains(&j) {
+                (f64::from(row[j]) - mx).exp() / total
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
 /// Runs the harness on `input`; its output as f32 values.
 fn run(exe: &Path, input: &[u8], what: &str) -> Vec<f32> {
     let mut child = Command::new(exe)
@@ -705,11 +732,7 @@ int main(void) {
 #[test]
 fn clip_encoder_kernels_match_their_definitions() {
     let dir = tempfile::tempdir().unwrap();
-    let source_harness = format!(
-        "{}\n{ENCODER_HARNESS}",
-        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
-    );
-    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+    let Some(exe) = build_main(dir.path(), ENCODER_HARNESS) else {
         return;
     };
     let (batch, seq, hid, heads) = (2usize, 5usize, 40usize, 2usize);
@@ -763,20 +786,7 @@ fn clip_encoder_kernels_match_their_definitions() {
             visible
         };
         let row = &scores[r * ks..r * ks + seq];
-        let mx = visible
-            .iter()
-            .map(|&j| f64::from(row[j]))
-            .fold(f64::MIN, f64::max);
-        let total: f64 = visible
-            .iter()
-            .map(|&j| (f64::from(row[j]) - mx).exp())
-            .sum();
-        for j in 0..ks {
-            let want = if visible.contains(&j) {
-                (f64::from(row[j]) - mx).exp() / total
-            } else {
-                0.0
-            };
+        for (j, &want) in softmax_over(row, &visible, ks).iter().enumerate() {
             close(
                 block_sm[r * ks + j],
                 want,
@@ -888,11 +898,7 @@ fn conv_gelu(
 #[test]
 fn frame_kernels_compute_the_convolutional_front_end() {
     let dir = tempfile::tempdir().unwrap();
-    let source_harness = format!(
-        "{}\n{FRAMES_HARNESS}",
-        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
-    );
-    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+    let Some(exe) = build_main(dir.path(), FRAMES_HARNESS) else {
         return;
     };
     let (batch, ch, frames, hid) = (2usize, 5usize, 9usize, 12usize);
@@ -965,11 +971,7 @@ int main(void) {
 #[test]
 fn argmax_rows_picks_the_first_largest_value() {
     let dir = tempfile::tempdir().unwrap();
-    let source_harness = format!(
-        "{}\n{ARGMAX_HARNESS}",
-        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
-    );
-    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+    let Some(exe) = build_main(dir.path(), ARGMAX_HARNESS) else {
         return;
     };
     let vocab = 1000usize;
@@ -1025,11 +1027,7 @@ int main(void) {
 #[test]
 fn padded_score_rows_get_zeros_past_the_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let source_harness = format!(
-        "{}\n{PADDED_SOFTMAX_HARNESS}",
-        &HARNESS[..HARNESS.find("int main(void)").unwrap()]
-    );
-    let Some(exe) = build::<f32>(dir.path(), &source_harness) else {
+    let Some(exe) = build_main(dir.path(), PADDED_SOFTMAX_HARNESS) else {
         return;
     };
     let (rows, keys, stride) = (5usize, 13usize, 16usize);
@@ -1056,20 +1054,7 @@ fn padded_score_rows_get_zeros_past_the_keys() {
     for r in 0..rows {
         let row = &scores[r * stride..r * stride + keys];
         let visible: Vec<usize> = (0..keys).filter(|&j| mask[j] != 0).collect();
-        let mx = visible
-            .iter()
-            .map(|&j| f64::from(row[j]))
-            .fold(f64::MIN, f64::max);
-        let total: f64 = visible
-            .iter()
-            .map(|&j| (f64::from(row[j]) - mx).exp())
-            .sum();
-        for j in 0..stride {
-            let want = if j < keys && mask[j] != 0 {
-                (f64::from(row[j]) - mx).exp() / total
-            } else {
-                0.0
-            };
+        for (j, &want) in softmax_over(row, &visible, stride).iter().enumerate() {
             close(block[r * stride + j], want, &format!("row {r} column {j}"));
             close(
                 warp[r * stride + j],
