@@ -44,15 +44,23 @@ impl LoadWhisper {
         device: &B::Device,
         kind: ipfs_accelerate_core::BackendKind,
     ) -> Result<WhisperRunner<B>> {
-        let runner = WhisperRunner::<B>::from_dir(&self.dir, device, kind)?;
         #[cfg(feature = "cuda")]
         if kind == ipfs_accelerate_core::BackendKind::Cuda {
+            use ipfs_accelerate_core::JsonConfig;
             let engine = crate::backends::cublas_encoder_for(kind, &self.options, || {
+                let config = ipfs_accelerate_whisper::WhisperConfig::from_file(
+                    &self.dir.join("config.json"),
+                )?;
                 let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
-                ipfs_accelerate_whisper::encoder_spec(&runner.assets().config, weights.as_ref())
+                ipfs_accelerate_whisper::encoder_spec(&config, weights.as_ref())
             });
             match engine {
-                Ok(engine) => return Ok(runner.with_encoder_engine(engine)),
+                // The burn encoder's weights are then not loaded.
+                Ok(engine) => {
+                    return Ok(WhisperRunner::<B>::from_dir_with_encoder_engine(
+                        &self.dir, device, kind, engine,
+                    )?)
+                }
                 Err(reason) => tracing::info!(
                     "whisper on cuda: the cuBLAS encoder cannot run {} ({reason}); burn encodes",
                     self.dir.display()
@@ -60,7 +68,7 @@ impl LoadWhisper {
             }
         }
         let _ = &self.options;
-        Ok(runner)
+        Ok(WhisperRunner::<B>::from_dir(&self.dir, device, kind)?)
     }
 }
 

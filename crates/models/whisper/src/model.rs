@@ -286,8 +286,8 @@ impl<B: Backend> WhisperDecoder<B> {
 
 /// `WhisperForConditionalGeneration`: encoder, decoder and the output projection.
 pub struct Whisper<B: Backend> {
-    /// The encoder.
-    pub encoder: WhisperEncoder<B>,
+    /// The encoder; `None` when loaded without it ([`Whisper::load_without_encoder`]).
+    pub encoder: Option<WhisperEncoder<B>>,
     /// The decoder.
     pub decoder: WhisperDecoder<B>,
     proj_out: Linear<B>,
@@ -303,13 +303,34 @@ impl<B: Backend> Whisper<B> {
         config: &WhisperConfig,
         device: &B::Device,
     ) -> Result<Self> {
+        Self::load_parts(source, config, device, true)
+    }
+
+    /// [`Whisper::load`] without the encoder's weights, for a model whose encoder runs elsewhere
+    /// (an engine of [`crate::encoder_spec`]): [`Whisper::encode`] is then an error.
+    pub fn load_without_encoder(
+        source: Arc<dyn TensorSource>,
+        config: &WhisperConfig,
+        device: &B::Device,
+    ) -> Result<Self> {
+        Self::load_parts(source, config, device, false)
+    }
+
+    fn load_parts(
+        source: Arc<dyn TensorSource>,
+        config: &WhisperConfig,
+        device: &B::Device,
+        with_encoder: bool,
+    ) -> Result<Self> {
         let root = VarBuilder::<B>::new(source.clone(), device);
         let base = if source.contains("model.encoder.conv1.weight") {
             root.pp("model")
         } else {
             root.clone()
         };
-        let encoder = WhisperEncoder::load(&base.pp("encoder"), config)?;
+        let encoder = with_encoder
+            .then(|| WhisperEncoder::load(&base.pp("encoder"), config))
+            .transpose()?;
         let decoder = WhisperDecoder::load(&base.pp("decoder"), config)?;
         let proj_out = if config.tie_word_embeddings {
             Linear::from_tensors(decoder.embed_tokens.weight().clone(), None)
@@ -336,7 +357,15 @@ impl<B: Backend> Whisper<B> {
 
     /// Encodes log-mel features `[batch, num_mel_bins, frames]`.
     pub fn encode(&self, features: Tensor<B, 3>) -> Result<Tensor<B, 3>> {
-        self.encoder.forward(features)
+        self.encoder
+            .as_ref()
+            .ok_or_else(|| {
+                Error::InvalidInput(
+                    "this Whisper was loaded without its encoder (an encoder engine encodes)"
+                        .into(),
+                )
+            })?
+            .forward(features)
     }
 
     /// A decoding cache over an encoder output.

@@ -362,6 +362,28 @@ impl<B: Backend> WhisperRunner<B> {
         })
     }
 
+    /// Loads the decoder of a checkpoint folder (and its [`WhisperAssets`]) and encodes with
+    /// `engine` ([`WhisperRunner::with_encoder_engine`]); the burn encoder's weights are not
+    /// loaded.
+    pub fn from_dir_with_encoder_engine(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+        engine: Box<dyn ModelRunner>,
+    ) -> Result<Self> {
+        let assets = WhisperAssets::from_dir(dir)?;
+        let weights = ipfs_accelerate_io::open_weights(dir)?;
+        let runner = WhisperRunner {
+            model: Whisper::load_without_encoder(weights, &assets.config, device)?,
+            assets,
+            device: device.clone(),
+            kind,
+            encoder_engine: None,
+            engine_label: None,
+        };
+        Ok(runner.with_encoder_engine(engine))
+    }
+
     /// Encodes with `engine` instead of the burn encoder: a runner of this checkpoint's
     /// [`crate::encoder_spec`] (`input_features` in, `last_hidden_state` out), such as the cuBLAS
     /// engine on `cuda`. Its states are handed to the decoder once per request.

@@ -30,6 +30,49 @@ fn matches_hf_reference() {
     }
 }
 
+/// The decoder on burn with an encoder engine in place of the burn encoder (the path `cuda`
+/// takes with the cuBLAS engine): here the encoder spec executed by its f64 reference, so the
+/// burn encoder's weights are never loaded and every fixture output still matches HF's.
+#[test]
+fn an_encoder_engine_replaces_the_burn_encoder() {
+    use ipfs_accelerate_core::JsonConfig;
+    for f in family_fixtures("an_encoder_engine_replaces_the_burn_encoder", "whisper") {
+        if !f.dir.join("model.safetensors").is_file() {
+            continue; // the feature extractor's fixture: no model
+        }
+        let config =
+            ipfs_accelerate_whisper::WhisperConfig::from_file(&f.dir.join("config.json")).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(&f.dir).unwrap();
+        let spec = ipfs_accelerate_whisper::encoder_spec(&config, weights.as_ref()).unwrap();
+        let engine = ipfs_accelerate_conformance::SpecReference::new(spec).unwrap();
+        let model = WhisperRunner::<Flex>::from_dir_with_encoder_engine(
+            &f.dir,
+            &Default::default(),
+            BackendKind::Cpu,
+            Box::new(engine),
+        )
+        .unwrap();
+        assert!(model.model().encoder.is_none(), "{}", f.variant);
+        let checks = verify_runner(&f, BackendKind::Cpu, &model).unwrap();
+        assert!(
+            checks.iter().any(|c| c.output == "logits"),
+            "{}: {checks:?}",
+            f.variant
+        );
+        assert_checks(&checks);
+        // Without the engine, a model loaded without its encoder names why it cannot encode.
+        let bare = ipfs_accelerate_whisper::Whisper::<Flex>::load_without_encoder(
+            weights,
+            &config,
+            &Default::default(),
+        )
+        .unwrap();
+        let features = Tensor::<Flex, 3>::zeros([1, config.num_mel_bins, 8], &Default::default());
+        let e = bare.encode(features).unwrap_err().to_string();
+        assert!(e.contains("without its encoder"), "{e}");
+    }
+}
+
 #[test]
 fn cached_generation_equals_full_recompute() {
     for f in family_fixtures("cached_generation_equals_full_recompute", "whisper") {
