@@ -17,7 +17,8 @@
 # alternating) and conformance in f16 (which ran out of time: CubeCL compiling Whisper's f16
 # decoder kernels on a fresh machine); part 3 conformance with the padded attention; part 4, after
 # the softmax moved to 16-byte packs, profiles and encoders against PyTorch; part 5 conformance,
-# Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription.
+# Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription; part 7
+# Whisper with the engine's encoder and a decoder-only burn model.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -99,5 +100,11 @@ fi
 if [ "$PART" = 6 ]; then
 echo "== Whisper-tiny transcription of 30 s: the encoder on the engine, greedy decoding on CubeCL (f16), against PyTorch generate f16"
 timeout 400 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --new 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror"
+fi
+if [ "$PART" = 7 ]; then
+echo "== Whisper with the engine's encoder and a decoder-only burn model: verify f32, transcription bench, verify f16"
+timeout 150 ./xtask verify --fixtures fixtures --family whisper --backend cuda 2>&1 | grep -v "^ *$" | tail -5
+timeout 120 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --new 32 --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "prefill|decode|rror"
+timeout 250 ./xtask verify --fixtures fixtures --family whisper --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -5
 fi
 ls -la $OUT
