@@ -474,12 +474,15 @@ impl Input<'_> {
 }
 
 /// A 1-D convolution of a frame front end on the device: its weight as im2col rows
-/// (`[out, in · kernel]`) and its geometry.
+/// (`[out, in · kernel]`), its geometry, and the frames it reads and writes (fixed by the spec's
+/// input length).
 struct DeviceConv<T> {
     dense: Dense<T>,
     kernel: usize,
     stride: usize,
     padding: usize,
+    in_frames: usize,
+    out_frames: usize,
 }
 
 /// The embeddings on the device.
@@ -509,7 +512,6 @@ enum DeviceInput<T> {
         activation: Act,
         position: CudaSlice<T>,
         channels: usize,
-        frames: usize,
         /// Tokens per input: the last convolution's output frames.
         tokens: usize,
     },
@@ -817,19 +819,22 @@ where
                 convs: f
                     .convs
                     .iter()
-                    .map(|c| {
-                        Ok(DeviceConv {
-                            dense: dense(&c.conv)?,
+                    .scan(f.frames, |frames, c| {
+                        let in_frames = *frames;
+                        *frames = c.out_frames(in_frames);
+                        Some(dense(&c.conv).map(|dense| DeviceConv {
+                            dense,
                             kernel: c.kernel,
                             stride: c.stride,
                             padding: c.padding,
-                        })
+                            in_frames,
+                            out_frames: *frames,
+                        }))
                     })
                     .collect::<Result<_, EngineError>>()?,
                 activation: f.activation.into(),
                 position: up(&f.position)?,
                 channels: f.channels,
-                frames: f.frames,
                 tokens: f.tokens(),
             },
         };
@@ -1087,7 +1092,6 @@ where
                     activation,
                     position,
                     channels,
-                    frames,
                     ..
                 },
             ) => {
@@ -1096,7 +1100,7 @@ where
                 profile.mark("upload")?;
                 self.frame_convolutions(
                     px,
-                    (batch, *channels, *frames),
+                    (batch, *channels),
                     convs,
                     *activation,
                     position,
@@ -1117,8 +1121,10 @@ where
             alloc(head_values)?,
             alloc(head_values)?,
         );
+        // The query GEMM operand reads only the `seq` real rows, so only keys and values are
+        // cleared.
         if keys != seq {
-            for buffer in [&mut q, &mut k, &mut v] {
+            for buffer in [&mut k, &mut v] {
                 s.memset_zeros(buffer)?;
             }
         }
@@ -1487,11 +1493,11 @@ where
 
     /// The frame front end: each convolution as im2col rows and one GEMM, its bias and the
     /// activation, then the position embeddings, into `x` `[batch · tokens, hidden]`. `features`
-    /// holds `batch` inputs of `[channels, frames]`.
+    /// holds `batch` inputs of `[channels, frames]` (the first convolution's input frames).
     fn frame_convolutions(
         &self,
         features: CudaSlice<T>,
-        (batch, channels, frames): (usize, usize, usize),
+        (batch, channels): (usize, usize),
         convs: &[DeviceConv<T>],
         activation: Act,
         position: &CudaSlice<T>,
@@ -1501,16 +1507,17 @@ where
             // SAFETY: every buffer is written in full before it is read.
             unsafe {
                 device_buffer(&self.stream, n, || {
-                    format!("a buffer of {n} values for {batch} input(s) of {frames} frames")
+                    format!("a buffer of {n} values for the front end of {batch} input(s)")
                 })
             }
         };
         // The value of channel c at frame t of input b sits at b · per_input + c · channel_step +
         // t · frame_step: the input is channel-major, every convolution's output frame-major.
-        let (mut src, mut channels, mut frames) = (features, channels, frames);
-        let (mut channel_step, mut frame_step) = (frames, 1);
+        let (mut src, mut channels) = (features, channels);
+        let mut channel_step = convs.first().map_or(0, |c| c.in_frames);
+        let mut frame_step = 1;
         for (i, conv) in convs.iter().enumerate() {
-            let out_frames = (frames + 2 * conv.padding - conv.kernel) / conv.stride + 1;
+            let (frames, out_frames) = (conv.in_frames, conv.out_frames);
             let rows = batch * out_frames;
             let cols = conv.dense.in_features;
             let mut windows = alloc(rows * cols)?;
@@ -1569,7 +1576,7 @@ where
                         .launch(rows_by_columns(rows, out))?;
                 }
             }
-            (src, channels, frames) = (y, out, out_frames);
+            (src, channels) = (y, out);
             (channel_step, frame_step) = (1, out);
         }
         Ok(())

@@ -304,11 +304,28 @@ pub struct WhisperRunner<B: Backend> {
     assets: WhisperAssets,
     device: B::Device,
     kind: BackendKind,
-    /// Another executor of [`crate::encoder_spec`] that encodes instead of the burn encoder
-    /// (the cuBLAS engine on `cuda`): `input_features` in, `last_hidden_state` out.
-    encoder_engine: Option<Box<dyn ModelRunner>>,
-    /// `<engine> encoder`, the label of [`ModelRunner::engine`] with an encoder engine.
-    engine_label: Option<String>,
+    /// Another executor of [`crate::encoder_spec`] that encodes instead of the burn encoder.
+    encoder_engine: Option<EncoderEngine>,
+}
+
+/// A runner of [`crate::encoder_spec`] (the cuBLAS engine on `cuda`): `input_features` in,
+/// `last_hidden_state` out.
+struct EncoderEngine {
+    runner: Box<dyn ModelRunner>,
+    /// `<engine> encoder`, what [`ModelRunner::engine`] says of the Whisper runner.
+    label: String,
+}
+
+impl EncoderEngine {
+    /// The `last_hidden_state` of `inputs`' `input_features` (the engine reads no other input).
+    fn states(&self, inputs: &TensorMap) -> Result<HostTensor> {
+        self.runner
+            .run(inputs)?
+            .remove("last_hidden_state")
+            .ok_or_else(|| {
+                Error::Compute("the encoder engine returned no last_hidden_state".into())
+            })
+    }
 }
 
 impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
@@ -358,7 +375,6 @@ impl<B: Backend> WhisperRunner<B> {
             device: device.clone(),
             kind,
             encoder_engine: None,
-            engine_label: None,
         })
     }
 
@@ -379,7 +395,6 @@ impl<B: Backend> WhisperRunner<B> {
             device: device.clone(),
             kind,
             encoder_engine: None,
-            engine_label: None,
         };
         Ok(runner.with_encoder_engine(engine))
     }
@@ -388,8 +403,11 @@ impl<B: Backend> WhisperRunner<B> {
     /// [`crate::encoder_spec`] (`input_features` in, `last_hidden_state` out), such as the cuBLAS
     /// engine on `cuda`. Its states are handed to the decoder once per request.
     pub fn with_encoder_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
-        self.engine_label = Some(format!("{} encoder", engine.engine().unwrap_or("engine")));
-        self.encoder_engine = Some(engine);
+        let label = format!("{} encoder", engine.engine().unwrap_or("engine"));
+        self.encoder_engine = Some(EncoderEngine {
+            runner: engine,
+            label,
+        });
         self
     }
 
@@ -409,7 +427,6 @@ impl<B: Backend> WhisperRunner<B> {
             device: device.clone(),
             kind,
             encoder_engine: None,
-            engine_label: None,
         })
     }
 
@@ -474,33 +491,17 @@ fn int_rows(inputs: &TensorMap, name: &str, batch: usize) -> Result<Option<(Vec<
 }
 
 impl<B: Backend> WhisperRunner<B> {
-    /// The encoder output of the input `input_features` `[batch, mels, frames]`.
-    /// By the encoder engine when there is one.
+    /// The encoder output of the input `input_features` `[batch, mels, frames]`, by the encoder
+    /// engine when there is one.
     fn encode_inputs(&self, inputs: &TensorMap) -> Result<Tensor<B, 3>> {
-        if self.encoder_engine.is_some() {
-            let states = self.engine_states(inputs)?;
-            return float_from_host::<B, 3>(&states, &self.device);
+        if let Some(engine) = &self.encoder_engine {
+            return float_from_host::<B, 3>(&engine.states(inputs)?, &self.device);
         }
         let features = inputs
             .get("input_features")
             .ok_or_else(|| Error::InvalidInput("missing input `input_features`".into()))?;
         self.model
             .encode(float_from_host::<B, 3>(features, &self.device)?)
-    }
-
-    /// The encoder engine's `last_hidden_state` of `inputs`' `input_features` (the engine reads
-    /// no other input).
-    fn engine_states(&self, inputs: &TensorMap) -> Result<HostTensor> {
-        let engine = self
-            .encoder_engine
-            .as_ref()
-            .ok_or_else(|| Error::Compute("no encoder engine".into()))?;
-        engine
-            .run(inputs)?
-            .remove("last_hidden_state")
-            .ok_or_else(|| {
-                Error::Compute("the encoder engine returned no last_hidden_state".into())
-            })
     }
 }
 
@@ -514,7 +515,7 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
     }
 
     fn engine(&self) -> Option<&str> {
-        self.engine_label.as_deref()
+        self.encoder_engine.as_ref().map(|e| e.label.as_str())
     }
 
     /// Inputs: `input_features` `[batch, mels, frames]`; optional `decoder_input_ids` `[batch, n]`
@@ -547,7 +548,7 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
         // With an encoder engine its states are the output as they are, and go to the decoder's
         // device only when something decodes.
         let engine_states = match &self.encoder_engine {
-            Some(_) => Some(self.engine_states(inputs)?),
+            Some(engine) => Some(engine.states(inputs)?),
             None => None,
         };
         let engine_states = match engine_states {
