@@ -18,7 +18,7 @@
 # decoder kernels on a fresh machine); part 3 conformance with the padded attention; part 4, after
 # the softmax moved to 16-byte packs, profiles and encoders against PyTorch; part 5 conformance,
 # Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription; part 7
-# Whisper with the engine's encoder and a decoder-only burn model.
+# Whisper with the engine's encoder and a decoder-only burn model; part 8 conformance after the review.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -106,5 +106,9 @@ echo "== Whisper with the engine's encoder and a decoder-only burn model: verify
 timeout 150 ./xtask verify --fixtures fixtures --family whisper --backend cuda 2>&1 | grep -v "^ *$" | tail -5
 timeout 120 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --new 32 --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "prefill|decode|rror"
 timeout 250 ./xtask verify --fixtures fixtures --family whisper --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -5
+fi
+if [ "$PART" = 8 ]; then
+echo "== after the review: verify f32 (Whisper's front end and padded attention on the engine)"
+timeout 200 ./xtask verify --fixtures fixtures --family whisper,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -17
 fi
 ls -la $OUT
