@@ -302,7 +302,7 @@ fn gemv_rows_default(blocks: bool) -> usize {
 }
 
 /// Whether the switch variable `name` is set to off.
-fn switched_off(name: &str) -> bool {
+pub(crate) fn switched_off(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| is_off(&v))
 }
 

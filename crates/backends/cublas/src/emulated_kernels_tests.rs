@@ -69,28 +69,8 @@ int main(void) {
 /// rounded to nearest even.
 const HOST_F16_PREFIX: &str = r#"
 typedef unsigned short T;
-// ggml_blocks.cuh's reader of f16 bits (defined further down, after kernels.cu).
-static inline float half_bits(const unsigned char* p);
-static inline float ld(T h) {
-    unsigned char b[2] = {(unsigned char)(h & 0xff), (unsigned char)(h >> 8)};
-    return half_bits(b);
-}
-static inline T st(float f) {
-    unsigned int x; memcpy(&x, &f, 4);
-    unsigned int sign = (x >> 16) & 0x8000u; int exp = (int)((x >> 23) & 0xff) - 127 + 15; unsigned int man = x & 0x7fffffu;
-    if (((x >> 23) & 0xff) == 0xff) return (T)(sign | 0x7c00u | (man ? 0x200u : 0u));
-    if (exp >= 0x1f) return (T)(sign | 0x7c00u);
-    if (exp <= 0) {
-        if (exp < -10) return (T)sign;
-        unsigned int m = man | 0x800000u, shift = (unsigned int)(14 - exp), half = 1u << (shift - 1);
-        unsigned int rest = m & ((1u << shift) - 1), hv = m >> shift;
-        if (rest > half || (rest == half && (hv & 1))) ++hv;
-        return (T)(sign | hv);
-    }
-    unsigned int hv = ((unsigned int)exp << 10) | (man >> 13), rest = man & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (hv & 1))) ++hv;
-    return (T)(sign | hv);
-}
+static inline float ld(T h) { return emu_f16_value(h); }
+static inline T st(float f) { return emu_f16_bits(f); }
 "#;
 
 /// What every harness reads its input with: `n` values of `V` from stdin.
@@ -1061,6 +1041,115 @@ fn padded_score_rows_get_zeros_past_the_keys() {
                 want,
                 &format!("warp row {r} column {j}"),
             );
+        }
+    }
+}
+
+const FLASH_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(5);  // batch, seq, heads, head size, causal
+    int batch = d[0], seq = d[1], heads = d[2], size = d[3], causal = d[4];
+    size_t hidden = (size_t)heads * size, tokens = (size_t)batch * seq;
+    int* mask = take<int>(tokens);
+    T* qkv = to_t(take<float>(tokens * 3 * hidden), tokens * 3 * hidden);
+    T* bias = to_t(take<float>(3 * hidden), 3 * hidden);
+    T* out = to_t(take<float>(tokens * hidden), tokens * hidden);
+    float scale_log2 = 1.4426950408889634f / sqrtf((float)size);
+    emu_launch({(unsigned)((seq + 63) / 64), (unsigned)(batch * heads), 1}, {128, 1, 1}, [&] {
+        (size == 32 ? flash_attention_32 : flash_attention_64)(qkv, bias, mask, seq, heads,
+                                                               scale_log2, causal, out);
+    });
+    put(out, tokens * hidden);
+    return 0;
+}
+"#;
+
+/// The fused attention (mma.sync tiles emulated in the PTX register layout) against the
+/// definition: q, k and v (projection plus bias, rounded to f16 as the kernel's operands are),
+/// softmax(q kᵀ / √d) over the visible keys in f64, times v. Head sizes 32 and 64, sequences that
+/// end inside a tile and span several, padding holes in the mask, causal rows.
+#[test]
+fn fused_attention_matches_the_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main(dir.path(), FLASH_HARNESS) else {
+        return;
+    };
+    let f16 = |x: f32| f64::from(half::f16::from_f32(x).to_f32());
+    let mut rng = Rng(0x5eed_f1a5_0000_0007);
+    for (batch, seq, heads, size, causal) in [
+        (2usize, 77usize, 2usize, 64usize, false),
+        (1, 130, 3, 32, true),
+        (2, 5, 1, 64, true),
+    ] {
+        let hidden = heads * size;
+        let tokens = batch * seq;
+        // Input 0 sees every key; input 1 has holes and padding at the end (key 0 stays
+        // visible, so no row is left without a key).
+        let mask: Vec<i32> = (0..tokens)
+            .map(|i| {
+                let (b, j) = (i / seq, i % seq);
+                i32::from(b == 0 || (j % 5 != 2 && j < seq - seq / 4))
+            })
+            .collect();
+        let qkv = rng.vec(tokens * 3 * hidden, 4.0, 0.0);
+        let bias = rng.vec(3 * hidden, 1.0, 0.0);
+        let mut input = Vec::new();
+        for v in [batch, seq, heads, size, usize::from(causal)] {
+            input.extend((v as i32).to_le_bytes());
+        }
+        for v in &mask {
+            input.extend(v.to_le_bytes());
+        }
+        for v in qkv
+            .iter()
+            .chain(&bias)
+            .chain(&vec![7.0f32; tokens * hidden])
+        {
+            input.extend(v.to_le_bytes());
+        }
+        let got = run(&exe, &input, "fused attention");
+        let part = |m: usize, which: usize, c: usize| {
+            f16(qkv[m * 3 * hidden + which * hidden + c] + bias[which * hidden + c])
+        };
+        let scale = 1.0 / (size as f64).sqrt();
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..seq {
+                    let visible: Vec<usize> = (0..seq)
+                        .filter(|&j| mask[b * seq + j] != 0 && (!causal || j <= i))
+                        .collect();
+                    let scores: Vec<f64> = visible
+                        .iter()
+                        .map(|&j| {
+                            (0..size)
+                                .map(|d| {
+                                    part(b * seq + i, 0, h * size + d)
+                                        * part(b * seq + j, 1, h * size + d)
+                                })
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let mx = scores.iter().copied().fold(f64::MIN, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for d in 0..size {
+                        let want: f64 = visible
+                            .iter()
+                            .zip(&weights)
+                            .map(|(&j, w)| w / total * part(b * seq + j, 2, h * size + d))
+                            .sum();
+                        let at = (b * seq + i) * hidden + h * size + d;
+                        // The probabilities are f16 operands (relative error 2⁻¹¹ each).
+                        assert!(
+                            (f64::from(got[at]) - want).abs() <= 4e-3,
+                            "batch {b} head {h} query {i} column {d} (seq {seq}, size {size}, \
+                             causal {causal}): {} against {want}",
+                            got[at]
+                        );
+                    }
+                }
+            }
         }
     }
 }

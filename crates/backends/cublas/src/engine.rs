@@ -140,6 +140,8 @@ struct Kernels {
     patch_rows: CudaFunction,
     frame_rows: CudaFunction,
     frame_embeddings: CudaFunction,
+    flash_attention_32: CudaFunction,
+    flash_attention_64: CudaFunction,
 }
 
 /// Which of the engine's kernels a module holds: an encoder's (`kernels.cu`) or a decoder's
@@ -297,7 +299,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-const ENCODER_KERNEL_NAMES: [&str; 20] = [
+const ENCODER_KERNEL_NAMES: [&str; 22] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -318,6 +320,8 @@ const ENCODER_KERNEL_NAMES: [&str; 20] = [
     "frame_rows",
     "frame_embeddings",
     "gather_rows",
+    "flash_attention_32",
+    "flash_attention_64",
 ];
 
 impl Kernels {
@@ -348,6 +352,8 @@ impl Kernels {
             frame_rows: f("frame_rows")?,
             frame_embeddings: f("frame_embeddings")?,
             gather_rows: f("gather_rows")?,
+            flash_attention_32: f("flash_attention_32")?,
+            flash_attention_64: f("flash_attention_64")?,
         })
     }
 }
@@ -553,10 +559,34 @@ pub struct Encoder<T: Elem> {
     input_staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// Per-stage device times on stderr after every call ([`PROFILE_ENV`]).
     profile: bool,
+    /// Whether attention may run fused on tensor cores (f16 storage, compute capability 8.0
+    /// or later, not switched off by [`FUSED_ATTENTION_ENV`]); a call also needs a head size
+    /// the kernel takes and a key for every query ([`fused_attention_takes`]).
+    fused_attention: bool,
 }
 
 /// Set to `1` to print the device time of each stage of every call to stderr.
 pub const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
+
+/// Set to `0` (or `off`) to run attention unfused (split into heads, score GEMM, softmax,
+/// context GEMM, merge) where the fused kernel would run.
+pub const FUSED_ATTENTION_ENV: &str = "IPFS_ACCELERATE_CUDA_FUSED_ATTENTION";
+
+/// Whether the fused attention kernel computes attention for these inputs: a head size it is
+/// built for (32 or 64) and, in every input, a visible key for every query (the first key with a
+/// causal mask, any key without). A query that sees no key attends to every key it may see in
+/// HF's additive mask; the unfused softmax does that, the fused kernel does not.
+fn fused_attention_takes(head_size: usize, mask: &[i32], seq: usize, causal: bool) -> bool {
+    matches!(head_size, 32 | 64)
+        && seq > 0
+        && mask.chunks(seq).all(|row| {
+            if causal {
+                row[0] != 0
+            } else {
+                row.iter().any(|&m| m != 0)
+            }
+        })
+}
 
 /// Lets the device's default memory pool keep what is freed instead of returning it to the
 /// driver at every synchronisation, so the per-call activation buffers (allocated and freed in
@@ -686,6 +716,21 @@ enum Residual<'a, T> {
 /// Values of `T` in one 16-byte access of the `_vec` kernels (`VEC` in kernels.cu).
 pub(crate) fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
+}
+
+/// Queries per block of the fused attention kernel (`FLASH_ROWS` in kernels.cu; two threads
+/// each).
+const FLASH_ROWS: usize = 64;
+
+/// One layer's attention buffers when it runs unfused: q, k and v split into heads (`[batch,
+/// heads, keys, head size]`, keys padded to a multiple of 8), the score rows and the context
+/// per head.
+struct HeadBuffers<T> {
+    q: CudaSlice<T>,
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    scores: CudaSlice<T>,
+    ctx: CudaSlice<T>,
 }
 
 /// Keys per row the warp-per-row softmax takes (32 lanes × `WARP_PACKS` packs in kernels.cu).
@@ -838,6 +883,9 @@ where
                 tokens: f.tokens(),
             },
         };
+        let fused_attention = T::DTYPE == DType::F16
+            && stream.context().compute_capability()?.0 >= 8
+            && !crate::decoder::switched_off(FUSED_ATTENTION_ENV);
         let encoder = Encoder {
             blas,
             kernels,
@@ -871,6 +919,7 @@ where
             staging: Mutex::new(None),
             input_staging: Mutex::new(None),
             profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
+            fused_attention,
         };
         encoder.stream.synchronize()?;
         Ok(encoder)
@@ -1111,25 +1160,40 @@ where
             _ => unreachable!("matched above"),
         };
         let mut qkv = alloc(m * 3 * h)?;
-        // Each head's keys and values padded to a multiple of 8 rows (kept zero), and score rows
-        // as long: the attention products then read aligned rows, which cuBLAS's tensor-core
-        // kernels need (ViT's 197 tokens or Whisper's 1500 otherwise fall to slow ones).
+        let fused = self.fused_attention
+            && match input {
+                Input::Tokens(t) => fused_attention_takes(dh, t.mask, seq, self.causal),
+                _ => fused_attention_takes(dh, &[], seq, self.causal),
+            };
+        // Unfused, each head's keys and values are padded to a multiple of 8 rows (kept zero),
+        // and score rows as long: the attention products then read aligned rows, which cuBLAS's
+        // tensor-core kernels need (ViT's 197 tokens or Whisper's 1500 otherwise fall to slow
+        // ones).
         let keys = seq.next_multiple_of(8);
-        let head_values = batch * heads * keys * dh;
-        let (mut q, mut k, mut v) = (
-            alloc(head_values)?,
-            alloc(head_values)?,
-            alloc(head_values)?,
-        );
-        // The query GEMM operand reads only the `seq` real rows, so only keys and values are
-        // cleared.
-        if keys != seq {
-            for buffer in [&mut k, &mut v] {
-                s.memset_zeros(buffer)?;
+        let mut unfused = if fused {
+            None
+        } else {
+            let head_values = batch * heads * keys * dh;
+            let (q, mut k, mut v) = (
+                alloc(head_values)?,
+                alloc(head_values)?,
+                alloc(head_values)?,
+            );
+            // The query GEMM operand reads only the `seq` real rows, so only keys and values
+            // are cleared.
+            if keys != seq {
+                for buffer in [&mut k, &mut v] {
+                    s.memset_zeros(buffer)?;
+                }
             }
-        }
-        let mut scores = alloc(batch * heads * seq * keys)?;
-        let mut ctx = alloc(m * h)?;
+            Some(HeadBuffers {
+                q,
+                k,
+                v,
+                scores: alloc(batch * heads * seq * keys)?,
+                ctx: alloc(m * h)?,
+            })
+        };
         let mut merged = alloc(m * h)?;
         let mut y = alloc(m * h)?;
         let mut h1 = alloc(m * h)?;
@@ -1144,6 +1208,7 @@ where
         };
         profile.mark("embeddings")?;
         let scale = 1.0 / (dh as f32).sqrt();
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
         let score_rows = batch * heads * seq;
         let (softmax, softmax_cfg) = if keys <= WARP_SOFTMAX_KEYS {
             let cfg = LaunchConfig {
@@ -1184,94 +1249,124 @@ where
         for (l, layer) in self.layers.iter().enumerate() {
             self.linear(if pre { &h1 } else { &x }, h, m, &layer.qkv, &mut qkv)?;
             profile.mark("qkv gemm")?;
-            unsafe {
-                self.launch(split)
-                    .arg(&qkv)
-                    .arg(&layer.qkv.bias)
-                    .arg(&seq_i)
-                    .arg(&keys_i)
-                    .arg(&heads_i)
-                    .arg(&dh_i)
-                    .arg(&mut q)
-                    .arg(&mut k)
-                    .arg(&mut v)
-                    .launch(rows_by_columns(m, split_cols))?;
-            }
-            profile.mark("split heads")?;
-            // scores[b, h] = scale · q kᵀ, `[seq_q, keys]` row-major per head (the padding keys'
-            // scores are 0, and the softmax writes 0 for them).
-            let scores_cfg = StridedBatchedConfig {
-                gemm: GemmConfig {
-                    transa: CUBLAS_OP_T,
-                    transb: CUBLAS_OP_N,
-                    m: keys_i,
-                    n: seq_i,
-                    k: dh_i,
-                    alpha: T::from_f32(scale),
-                    lda: dh_i,
-                    ldb: dh_i,
-                    beta: T::from_f32(0.0),
-                    ldc: keys_i,
-                },
-                batch_size: (batch * heads) as i32,
-                stride_a: per_head,
-                stride_b: per_head,
-                stride_c: (seq * keys) as i64,
-            };
-            unsafe {
-                self.blas
-                    .gemm_strided_batched(scores_cfg, &k, &q, &mut scores)
-            }?;
-            profile.mark("scores gemm")?;
-            unsafe {
-                let mut args = self.launch(softmax);
-                args.arg(&mut scores)
-                    .arg(&mask)
-                    .arg(&heads_i)
-                    .arg(&seq_i)
-                    .arg(&seq_i)
-                    .arg(&keys_i);
-                if keys <= WARP_SOFTMAX_KEYS {
-                    args.arg(&score_rows_i);
+            if let Some(u) = unfused.as_mut() {
+                unsafe {
+                    self.launch(split)
+                        .arg(&qkv)
+                        .arg(&layer.qkv.bias)
+                        .arg(&seq_i)
+                        .arg(&keys_i)
+                        .arg(&heads_i)
+                        .arg(&dh_i)
+                        .arg(&mut u.q)
+                        .arg(&mut u.k)
+                        .arg(&mut u.v)
+                        .launch(rows_by_columns(m, split_cols))?;
                 }
-                args.arg(&causal_i);
-                args.launch(softmax_cfg)?;
+                profile.mark("split heads")?;
+                // scores[b, h] = scale · q kᵀ, `[seq_q, keys]` row-major per head (the padding
+                // keys' scores are 0, and the softmax writes 0 for them).
+                let scores_cfg = StridedBatchedConfig {
+                    gemm: GemmConfig {
+                        transa: CUBLAS_OP_T,
+                        transb: CUBLAS_OP_N,
+                        m: keys_i,
+                        n: seq_i,
+                        k: dh_i,
+                        alpha: T::from_f32(scale),
+                        lda: dh_i,
+                        ldb: dh_i,
+                        beta: T::from_f32(0.0),
+                        ldc: keys_i,
+                    },
+                    batch_size: (batch * heads) as i32,
+                    stride_a: per_head,
+                    stride_b: per_head,
+                    stride_c: (seq * keys) as i64,
+                };
+                unsafe {
+                    self.blas
+                        .gemm_strided_batched(scores_cfg, &u.k, &u.q, &mut u.scores)
+                }?;
+                profile.mark("scores gemm")?;
+                unsafe {
+                    let mut args = self.launch(softmax);
+                    args.arg(&mut u.scores)
+                        .arg(&mask)
+                        .arg(&heads_i)
+                        .arg(&seq_i)
+                        .arg(&seq_i)
+                        .arg(&keys_i);
+                    if keys <= WARP_SOFTMAX_KEYS {
+                        args.arg(&score_rows_i);
+                    }
+                    args.arg(&causal_i);
+                    args.launch(softmax_cfg)?;
+                }
+                profile.mark("softmax")?;
+                // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
+                let ctx_cfg = StridedBatchedConfig {
+                    gemm: GemmConfig {
+                        transa: CUBLAS_OP_N,
+                        transb: CUBLAS_OP_N,
+                        m: dh_i,
+                        n: seq_i,
+                        k: keys_i,
+                        alpha: T::from_f32(1.0),
+                        lda: dh_i,
+                        ldb: keys_i,
+                        beta: T::from_f32(0.0),
+                        ldc: dh_i,
+                    },
+                    batch_size: (batch * heads) as i32,
+                    stride_a: per_head,
+                    stride_b: (seq * keys) as i64,
+                    stride_c: (seq * dh) as i64,
+                };
+                unsafe {
+                    self.blas
+                        .gemm_strided_batched(ctx_cfg, &u.v, &u.scores, &mut u.ctx)
+                }?;
+                profile.mark("context gemm")?;
+                unsafe {
+                    self.launch(merge)
+                        .arg(&u.ctx)
+                        .arg(&seq_i)
+                        .arg(&heads_i)
+                        .arg(&dh_i)
+                        .arg(&mut merged)
+                        .launch(rows_by_columns(m, merge_cols))?;
+                }
+                profile.mark("merge heads")?;
+            } else {
+                // SAFETY: `flash_attention_<dh>(qkv, bias, mask, seq, heads, scale_log2,
+                // causal, out)` over a grid of (query tiles, batch · heads) blocks of 128
+                // threads; `qkv` holds `m` rows of `3h`, `merged` `m` rows of `h`, `mask` `m`
+                // values.
+                let kernel = if dh == 32 {
+                    &self.kernels.flash_attention_32
+                } else {
+                    &self.kernels.flash_attention_64
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (seq.div_ceil(FLASH_ROWS) as u32, (batch * heads) as u32, 1),
+                    block_dim: (2 * FLASH_ROWS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                unsafe {
+                    self.launch(kernel)
+                        .arg(&qkv)
+                        .arg(&layer.qkv.bias)
+                        .arg(&mask)
+                        .arg(&seq_i)
+                        .arg(&heads_i)
+                        .arg(&scale_log2)
+                        .arg(&causal_i)
+                        .arg(&mut merged)
+                        .launch(cfg)?;
+                }
+                profile.mark("fused attention")?;
             }
-            profile.mark("softmax")?;
-            // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
-            let ctx_cfg = StridedBatchedConfig {
-                gemm: GemmConfig {
-                    transa: CUBLAS_OP_N,
-                    transb: CUBLAS_OP_N,
-                    m: dh_i,
-                    n: seq_i,
-                    k: keys_i,
-                    alpha: T::from_f32(1.0),
-                    lda: dh_i,
-                    ldb: keys_i,
-                    beta: T::from_f32(0.0),
-                    ldc: dh_i,
-                },
-                batch_size: (batch * heads) as i32,
-                stride_a: per_head,
-                stride_b: (seq * keys) as i64,
-                stride_c: (seq * dh) as i64,
-            };
-            unsafe {
-                self.blas
-                    .gemm_strided_batched(ctx_cfg, &v, &scores, &mut ctx)
-            }?;
-            profile.mark("context gemm")?;
-            unsafe {
-                self.launch(merge)
-                    .arg(&ctx)
-                    .arg(&seq_i)
-                    .arg(&heads_i)
-                    .arg(&dh_i)
-                    .arg(&mut merged)
-                    .launch(rows_by_columns(m, merge_cols))?;
-            }
-            profile.mark("merge heads")?;
             self.linear(&merged, h, m, &layer.attention_output, &mut y)?;
             profile.mark("attention output gemm")?;
             if pre {

@@ -23,6 +23,58 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     emu_warp_barriers[w]->arrive_and_wait();
     return r;
 }
+// The f16 bits of `f`, rounded to nearest even (the device's cvt.rn.f16.f32).
+static inline unsigned short emu_f16_bits(float f) {
+    unsigned int x; memcpy(&x, &f, 4);
+    unsigned int sign = (x >> 16) & 0x8000u; int exp = (int)((x >> 23) & 0xff) - 127 + 15; unsigned int man = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff) return (unsigned short)(sign | 0x7c00u | (man ? 0x200u : 0u));
+    if (exp >= 0x1f) return (unsigned short)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (unsigned short)sign;
+        unsigned int m = man | 0x800000u, shift = (unsigned int)(14 - exp), half = 1u << (shift - 1);
+        unsigned int rest = m & ((1u << shift) - 1), hv = m >> shift;
+        if (rest > half || (rest == half && (hv & 1))) ++hv;
+        return (unsigned short)(sign | hv);
+    }
+    unsigned int hv = ((unsigned int)exp << 10) | (man >> 13), rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (hv & 1))) ++hv;
+    return (unsigned short)(sign | hv);
+}
+// ggml_blocks.cuh's reader of f16 bits (defined after kernels.cu).
+static inline float half_bits(const unsigned char* p);
+static inline float emu_f16_value(unsigned short h) {
+    unsigned char b[2] = {(unsigned char)(h & 0xff), (unsigned char)(h >> 8)};
+    return half_bits(b);
+}
+// mma.sync.m16n8k16 (f16 operands, f32 accumulators) over a warp: every lane puts its fragments
+// in shared arrays, then computes its four outputs from the whole tiles, in the register layout
+// of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type").
+static unsigned emu_fragments[1024][6];
+static inline void emu_mma_16816(float* d, const unsigned* a, const unsigned* b) {
+    int t = threadIdx.x + threadIdx.y * blockDim.x, w = t >> 5, lane = t & 31, first = t & ~31;
+    for (int i = 0; i < 4; ++i) emu_fragments[t][i] = a[i];
+    emu_fragments[t][4] = b[0];
+    emu_fragments[t][5] = b[1];
+    emu_warp_barriers[w]->arrive_and_wait();
+    auto pick = [&](int from, int reg, int k) {
+        unsigned v = emu_fragments[first + from][reg];
+        return emu_f16_value((unsigned short)((k & 1) ? v >> 16 : v & 0xffff));
+    };
+    // A[r][k]: lane 4 (r % 8) + (k % 8) / 2, register (r >= 8) + 2 (k >= 8).
+    // B[k][n]: lane 4 n + (k % 8) / 2, register (k >= 8).
+    int g = lane >> 2, tg = lane & 3;
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        int r = g + 8 * (e >> 1), n = 2 * tg + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 16; ++k)
+            acc += pick(4 * (r & 7) + (k & 7) / 2, (r >= 8) + 2 * (k >= 8), k) *
+                   pick(4 * n + (k & 7) / 2, 4 + (k >= 8), k);
+        out[e] = acc;
+    }
+    emu_warp_barriers[w]->arrive_and_wait();
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
 using std::max;
 using std::min;
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

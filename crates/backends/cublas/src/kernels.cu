@@ -414,4 +414,222 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
     softmax_row<WARP_PACKS>(scores + r * k_stride, mask + b * k_len, k_stride, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }
+
+// ---- Fused attention on tensor cores (flash-style): softmax(scale · q kᵀ + mask) v for one head
+// and 64 queries per block, reading q, k and v from the fused QKV projection `[batch * seq, 3 *
+// hidden]` (plus its bias) and writing the context into `[batch * seq, hidden]` at the head's
+// columns, so neither the split into heads, the score rows nor the merge touch global memory.
+// The products are mma.sync m16n8k16 (f16 operands, f32 accumulators; compute capability 8.0 and
+// later, which the engine checks): q, k and v are rounded to f16 as the split does, the scores
+// stay f32, and the softmax runs online over tiles of 64 keys (FlashAttention-2), its
+// unnormalised probabilities rounded to f16 for the product with v. Keys whose `mask[b, key]` is
+// 0, keys past `seq`, and with `causal` keys after the query get probability 0; the engine sends
+// a batch with a row that sees no key at all to the unfused kernels (whose softmax then attends
+// to every key, as HF does).
+
+#define FLASH_ROWS 64  // queries per block: 4 warps of 16
+#define FLASH_KEYS 64  // keys per tile
+#define FLASH_PAD 8    // halves past each shared row (spreads a fragment's loads over the banks)
+
+// The f16 bits of `x`, rounded to nearest even.
+__device__ __forceinline__ unsigned short f16_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    return emu_f16_bits(x);
+#endif
+}
+
+// Two f16 in one register: `lo` in bits 0-15, `hi` in 16-31 (an mma operand's pair of columns).
+__device__ __forceinline__ unsigned f16_pair(float lo, float hi) {
+    return (unsigned)f16_bits(lo) | ((unsigned)f16_bits(hi) << 16);
+}
+
+// d += a · b for a 16 × 16 f16 tile `a` (row major) and a 16 × 8 f16 tile `b` (column major),
+// f32 `d` (16 × 8), in the register layout of PTX's mma.m16n8k16 (lane = 4 · group + thread
+// in group).
+__device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const unsigned* b) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+#else
+    emu_mma_16816(d, a, b);
+#endif
+}
+
+// Rows [row0, row0 + rows) of one head's `D` columns of a QKV part (`src` at the head's first
+// column, rows `stride` apart) plus `bias`, as f16 bits into shared memory: row r at
+// `dst[r * pitch]` (`transpose`: column c of row r at `dst[c * pitch + r]`); rows past `seq` are 0.
+template <int D>
+__device__ __forceinline__ void stage_rows(const T* src, const T* bias, long long stride,
+                                           int row0, int rows, int seq, unsigned short* dst,
+                                           int pitch, bool transpose) {
+    constexpr int PACKS = D / VEC;
+    for (int i = threadIdx.x; i < rows * PACKS; i += blockDim.x) {
+        int r = i / PACKS, c = (i - r * PACKS) * VEC;
+        Pack<VEC> x, bb = load_pack<VEC>(bias + c);
+        bool in = row0 + r < seq;
+        if (in) x = load_pack<VEC>(src + (row0 + r) * stride + c);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            unsigned short h = in ? f16_bits(ld(x.v[e]) + ld(bb.v[e])) : 0;
+            dst[transpose ? (c + e) * pitch + r : r * pitch + c + e] = h;
+        }
+    }
+}
+
+// Two f16 at `p` (4-byte aligned) as one register.
+__device__ __forceinline__ unsigned shared_pair(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+
+// Grid (ceil(seq / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; `D` = the head size (a
+// multiple of 16 and of VEC). `scale_log2` = scale · log2(e).
+template <int D>
+__device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mask, int seq,
+                                     int heads, float scale_log2, int causal, T* out) {
+    constexpr int LD = D + FLASH_PAD, LDV = FLASH_KEYS + FLASH_PAD;
+    // f16 bits in 4-byte words (operand pairs are read as words).
+    __shared__ unsigned q_words[FLASH_ROWS * LD / 2], k_words[FLASH_KEYS * LD / 2],
+        v_words[D * LDV / 2];
+    __shared__ int keep[FLASH_KEYS];
+    unsigned short* qs = reinterpret_cast<unsigned short*>(q_words);
+    unsigned short* ks = reinterpret_cast<unsigned short*>(k_words);
+    unsigned short* vt = reinterpret_cast<unsigned short*>(v_words);
+    int hidden = heads * D;
+    long long stride = 3LL * hidden;
+    int b = blockIdx.y / heads, h = blockIdx.y - b * heads;
+    const T* rows = qkv + (long long)b * seq * stride + h * D;
+    const int* visible = mask + (long long)b * seq;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int q0 = blockIdx.x * FLASH_ROWS;
+    stage_rows<D>(rows, bias + h * D, stride, q0, FLASH_ROWS, seq, qs, LD, false);
+    __syncthreads();
+    // This warp's 16 queries as the A operand, D / 16 tiles of 16 columns.
+    unsigned qa[D / 16][4];
+    int r0 = warp * 16 + g;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned short* p = qs + r0 * LD + kk * 16 + 2 * t;
+        qa[kk][0] = shared_pair(p);
+        qa[kk][1] = shared_pair(p + 8 * LD);
+        qa[kk][2] = shared_pair(p + 8);
+        qa[kk][3] = shared_pair(p + 8 * LD + 8);
+    }
+    // This thread's two query rows (g and g + 8 of the warp's 16): the running max (of scores
+    // times scale_log2), the running sum of its keys' probabilities, and its output columns.
+    int query[2] = {q0 + r0, q0 + r0 + 8};
+    float run_max[2] = {NEG_INF, NEG_INF}, run_sum[2] = {0.f, 0.f};
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+    int tiles = (seq + FLASH_KEYS - 1) / FLASH_KEYS;
+    if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1) / FLASH_KEYS + 1);
+    for (int tile = 0; tile < tiles; ++tile) {
+        int k0 = tile * FLASH_KEYS;
+        __syncthreads();  // every warp is done with the previous tile
+        stage_rows<D>(rows + hidden, bias + hidden + h * D, stride, k0, FLASH_KEYS, seq, ks, LD,
+                      false);
+        stage_rows<D>(rows + 2 * hidden, bias + 2 * hidden + h * D, stride, k0, FLASH_KEYS, seq,
+                      vt, LDV, true);
+        for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x)
+            keep[i] = k0 + i < seq && visible[k0 + i] != 0;
+        __syncthreads();
+        // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles.
+        float s[FLASH_KEYS / 8][4];
+#pragma unroll
+        for (int j = 0; j < FLASH_KEYS / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const unsigned short* p = ks + (j * 8 + g) * LD + kk * 16 + 2 * t;
+                unsigned kb[2] = {shared_pair(p), shared_pair(p + 8)};
+                mma_16816(s[j], qa[kk], kb);
+            }
+        }
+        // Mask, then the online softmax: element e of tile j is query row e / 2, key
+        // j * 8 + 2t + e % 2.
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < FLASH_KEYS / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
+                bool on = keep[key] && (!causal || k0 + key <= query[row]);
+                s[j][e] = on ? s[j][e] * scale_log2 : NEG_INF;
+                tile_max[row] = fmaxf(tile_max[row], s[j][e]);
+            }
+        float base[2];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            // The 4 threads of a group hold the row's 64 keys.
+            float m = fmaxf(tile_max[row], __shfl_xor_sync(0xffffffffu, tile_max[row], 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            float next = fmaxf(run_max[row], m);
+            // No visible key yet: every probability so far is 0 (and exp2(-inf - 0) is 0).
+            base[row] = next == NEG_INF ? 0.f : next;
+            float alpha = exp2f(run_max[row] - base[row]);
+            run_max[row] = next;
+            run_sum[row] *= alpha;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[j][2 * row] *= alpha;
+                o[j][2 * row + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < FLASH_KEYS / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = exp2f(s[j][e] - base[e >> 1]);
+                run_sum[e >> 1] += s[j][e];
+            }
+        // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15.
+#pragma unroll
+        for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
+            unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
+                              f16_pair(s[2 * kk][2], s[2 * kk][3]),
+                              f16_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              f16_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                const unsigned short* p = vt + (j * 8 + g) * LDV + kk * 16 + 2 * t;
+                unsigned vb[2] = {shared_pair(p), shared_pair(p + 8)};
+                mma_16816(o[j], pa, vb);
+            }
+        }
+    }
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+        float total = run_sum[row] + __shfl_xor_sync(0xffffffffu, run_sum[row], 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        float inv = total > 0.f ? 1.f / total : 0.f;
+        if (query[row] >= seq) continue;
+        T* dst = out + ((long long)b * seq + query[row]) * hidden + h * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            dst[j * 8] = st(o[j][2 * row] * inv);
+            dst[j * 8 + 1] = st(o[j][2 * row + 1] * inv);
+        }
+    }
+}
+
+#define FLASH_ATTENTION(D)                                                                        \
+    extern "C" __global__ void flash_attention_##D(const T* qkv, const T* bias, const int* mask,  \
+                                                   int seq, int heads, float scale_log2,         \
+                                                   int causal, T* out) {                         \
+        flash_attention_impl<D>(qkv, bias, mask, seq, heads, scale_log2, causal, out);           \
+    }
+FLASH_ATTENTION(32)
+FLASH_ATTENTION(64)
 #endif  // ENCODER_KERNELS
