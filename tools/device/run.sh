@@ -19,6 +19,8 @@
 # the softmax moved to 16-byte packs, profiles and encoders against PyTorch; part 5 conformance,
 # Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription; part 7
 # Whisper with the engine's encoder and a decoder-only burn model; part 8 conformance after the review.
+# Session 22: part 9 (a fresh machine) the fused attention kernel: conformance in f16 (fused) and f32
+# (unfused), per-stage profiles, fused against unfused (alternating) and the encoders against PyTorch.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -110,5 +112,26 @@ fi
 if [ "$PART" = 8 ]; then
 echo "== after the review: verify f32 (Whisper's front end and padded attention on the engine)"
 timeout 200 ./xtask verify --fixtures fixtures --family whisper,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -17
+fi
+if [ "$PART" = 9 ]; then
+echo "== verify f16 with the fused attention (bert, vit, clip), then f32 (unfused)"
+timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -14
+timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -6
+echo "== per-stage device times with the fused attention: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
+for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+done
+echo "== fused (1) against unfused (0) attention, alternating, bench p50 of 10"
+for i in 1 2; do for f in 1 0; do
+  echo "-- IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f"
+  for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
+  IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "p50|rror" | tail -1
+  done
+done; done
+echo "== Whisper-tiny encoder (30 s), ViT-base b32, CLIP ViT-B/32 b32, BERT-base b1 / 32 / 128 against PyTorch f16"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 120 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 120 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
 fi
 ls -la $OUT

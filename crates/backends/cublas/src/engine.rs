@@ -718,6 +718,9 @@ pub(crate) fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
 }
 
+/// Values per chunk of a large upload or download (2 MB in f16): see `Encoder::download`.
+const DOWNLOAD_CHUNK: usize = 1 << 20;
+
 /// Queries per block of the fused attention kernel (`FLASH_ROWS` in kernels.cu; two threads
 /// each).
 const FLASH_ROWS: usize = 64;
@@ -1718,23 +1721,81 @@ where
             .input_staging
             .lock()
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
-        // SAFETY: written in full below before it is copied.
+        // SAFETY: each chunk is written in full below before it is copied.
         let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        host.par_chunks_mut(CHUNK)
-            .zip(values.par_chunks(CHUNK))
-            .for_each(|(d, s)| T::convert_into(s, d));
-        // SAFETY (allocation): written in full by the copy.
+        // SAFETY (allocation): written in full by the copies.
         let mut device =
             unsafe { device_buffer(&self.stream, n, || format!("the {n} input values")) }?;
-        self.stream.memcpy_htod(&*host, &mut device)?;
+        // In chunks of DOWNLOAD_CHUNK values: the device copies a chunk while the host converts
+        // the next.
+        for (i, (d, s)) in host
+            .chunks_mut(DOWNLOAD_CHUNK)
+            .zip(values.chunks(DOWNLOAD_CHUNK))
+            .enumerate()
+        {
+            d.par_chunks_mut(CHUNK)
+                .zip(s.par_chunks(CHUNK))
+                .for_each(|(d, s)| T::convert_into(s, d));
+            let start = i * DOWNLOAD_CHUNK;
+            self.stream
+                .memcpy_htod(&*d, &mut device.slice_mut(start..start + d.len()))?;
+        }
         Ok(device)
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
-    /// staging buffer.
+    /// staging buffer ([`Self::download`]).
     fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
-        let values = read_back(&self.stream, &self.staging, x, parallel_copy)?;
+        let values = self.download(x)?;
         HostTensor::from_vec(shape, T::DTYPE, values).map_err(|e| EngineError::Spec(e.to_string()))
+    }
+
+    /// `x` in a new vector, through the page-locked staging buffer in chunks of
+    /// [`DOWNLOAD_CHUNK`] values: the host copies a chunk out (touching the new vector's pages
+    /// for the first time) while the device sends the next.
+    fn download(&self, x: &CudaSlice<T>) -> Result<Vec<T>, EngineError> {
+        use rayon::prelude::*;
+        let n = x.len();
+        if n <= DOWNLOAD_CHUNK {
+            return read_back(&self.stream, &self.staging, x, parallel_copy);
+        }
+        let mut staging = self
+            .staging
+            .lock()
+            .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
+        // SAFETY: each chunk is written by its copy before it is read (after its event).
+        let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
+        let mut sent = Vec::with_capacity(n.div_ceil(DOWNLOAD_CHUNK));
+        for (i, chunk) in host.chunks_mut(DOWNLOAD_CHUNK).enumerate() {
+            let start = i * DOWNLOAD_CHUNK;
+            self.stream
+                .memcpy_dtoh(&x.slice(start..start + chunk.len()), chunk)?;
+            sent.push(self.stream.record_event(None)?);
+        }
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        let spare = &mut out.spare_capacity_mut()[..n];
+        for ((event, src), dst) in sent
+            .iter()
+            .zip(host.chunks(DOWNLOAD_CHUNK))
+            .zip(spare.chunks_mut(DOWNLOAD_CHUNK))
+        {
+            event.synchronize()?;
+            dst.par_chunks_mut(1 << 16)
+                .zip(src.par_chunks(1 << 16))
+                .for_each(|(d, s)| {
+                    // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            s.as_ptr(),
+                            d.as_mut_ptr().cast::<T>(),
+                            s.len(),
+                        )
+                    }
+                });
+        }
+        // SAFETY: the chunks above initialised all `n` values.
+        unsafe { out.set_len(n) };
+        Ok(out)
     }
 }
 

@@ -75,6 +75,27 @@ static inline void emu_mma_16816(float* d, const unsigned* a, const unsigned* b)
     emu_warp_barriers[w]->arrive_and_wait();
     for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
+// ldmatrix.x4 over a warp: every lane puts its row address in a shared array; lane l then takes
+// from matrix i (rows given by lanes 8i ... 8i + 7) row l / 4, columns 2 (l % 4) and + 1, or with
+// `trans` column l / 4 of rows 2 (l % 4) and + 1.
+static const unsigned short* emu_rows[1024];
+static inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* row, bool trans) {
+    int t = threadIdx.x + threadIdx.y * blockDim.x, w = t >> 5, lane = t & 31, first = t & ~31;
+    emu_rows[t] = row;
+    emu_warp_barriers[w]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo, hi;
+        if (trans) {
+            lo = emu_rows[first + 8 * i + 2 * (lane & 3)][lane >> 2];
+            hi = emu_rows[first + 8 * i + 2 * (lane & 3) + 1][lane >> 2];
+        } else {
+            lo = emu_rows[first + 8 * i + (lane >> 2)][2 * (lane & 3)];
+            hi = emu_rows[first + 8 * i + (lane >> 2)][2 * (lane & 3) + 1];
+        }
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    emu_warp_barriers[w]->arrive_and_wait();
+}
 using std::max;
 using std::min;
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

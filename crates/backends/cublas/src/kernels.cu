@@ -417,19 +417,23 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
 
 // ---- Fused attention on tensor cores (flash-style): softmax(scale · q kᵀ + mask) v for one head
 // and 64 queries per block, reading q, k and v from the fused QKV projection `[batch * seq, 3 *
-// hidden]` (plus its bias) and writing the context into `[batch * seq, hidden]` at the head's
-// columns, so neither the split into heads, the score rows nor the merge touch global memory.
-// The products are mma.sync m16n8k16 (f16 operands, f32 accumulators; compute capability 8.0 and
-// later, which the engine checks): q, k and v are rounded to f16 as the split does, the scores
-// stay f32, and the softmax runs online over tiles of 64 keys (FlashAttention-2), its
-// unnormalised probabilities rounded to f16 for the product with v. Keys whose `mask[b, key]` is
-// 0, keys past `seq`, and with `causal` keys after the query get probability 0; the engine sends
-// a batch with a row that sees no key at all to the unfused kernels (whose softmax then attends
-// to every key, as HF does).
+// hidden]` and writing the context into `[batch * seq, hidden]` at the head's columns, so neither
+// the split into heads, the score rows nor the merge touch global memory.
+// - The products are mma.sync m16n8k16 (f16 operands, f32 accumulators; compute capability 8.0 and
+//   later, which the engine checks), their operands read from shared memory by ldmatrix.
+// - The softmax runs online over tiles of 64 keys (FlashAttention-2); its unnormalised
+//   probabilities are rounded to f16 for the product with v. The scores stay f32.
+// - The biases: q's is added as its tile is staged (rounded to f16, as the unfused split does).
+//   k's shifts every score of a query by the same q · bias, which the softmax cancels, so it is
+//   left out; v's is added to the output (the probabilities sum to 1). So k and v tiles are plain
+//   copies (cp.async, double-buffered: the next tile loads while this one computes).
+// - Keys whose `mask[b, key]` is 0, keys past `seq`, and with `causal` keys after the query get
+//   probability 0. The engine sends a batch with a row that sees no key at all to the unfused
+//   kernels (whose softmax then attends to every key, as HF does).
 
 #define FLASH_ROWS 64  // queries per block: 4 warps of 16
 #define FLASH_KEYS 64  // keys per tile
-#define FLASH_PAD 8    // halves past each shared row (spreads a fragment's loads over the banks)
+#define FLASH_PAD 8    // halves past each shared row (spreads ldmatrix's rows over the banks)
 
 // The f16 bits of `x`, rounded to nearest even.
 __device__ __forceinline__ unsigned short f16_bits(float x) {
@@ -464,45 +468,94 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
-// Rows [row0, row0 + rows) of one head's `D` columns of a QKV part (`src` at the head's first
-// column, rows `stride` apart) plus `bias`, as f16 bits into shared memory: row r at
-// `dst[r * pitch]` (`transpose`: column c of row r at `dst[c * pitch + r]`); rows past `seq` are 0.
-template <int D>
-__device__ __forceinline__ void stage_rows(const T* src, const T* bias, long long stride,
-                                           int row0, int rows, int seq, unsigned short* dst,
-                                           int pitch, bool transpose) {
-    constexpr int PACKS = D / VEC;
-    for (int i = threadIdx.x; i < rows * PACKS; i += blockDim.x) {
-        int r = i / PACKS, c = (i - r * PACKS) * VEC;
-        Pack<VEC> x, bb = load_pack<VEC>(bias + c);
-        bool in = row0 + r < seq;
-        if (in) x = load_pack<VEC>(src + (row0 + r) * stride + c);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            unsigned short h = in ? f16_bits(ld(x.v[e]) + ld(bb.v[e])) : 0;
-            dst[transpose ? (c + e) * pitch + r : r * pitch + c + e] = h;
-        }
-    }
+// ldmatrix.x4: lanes 8i ... 8i + 7 give the rows (8 f16 each, 16-byte aligned) of 8 × 8 matrix
+// i, and r[i] gets this lane's pair of it: row lane / 4, columns 2 (lane % 4) and + 1, or with
+// `TRANS` column lane / 4 of rows 2 (lane % 4) and + 1.
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* row) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(row));
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#endif
+#else
+    emu_ldmatrix_x4(r, row, TRANS);
+#endif
 }
 
-// Two f16 at `p` (4-byte aligned) as one register.
-__device__ __forceinline__ unsigned shared_pair(const unsigned short* p) {
-    return *reinterpret_cast<const unsigned*>(p);
+// 8 values of a row (16-byte aligned) into shared memory as f16: an asynchronous 16-byte copy
+// when they are f16 already (flash_commit, flash_wait), else converted here (the f32 build, which
+// the engine never launches, and the host emulation).
+__device__ __forceinline__ void stage8(unsigned short* dst, const T* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (sizeof(T) == 2) {
+        unsigned a;
+        asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+        return;
+    }
+#endif
+    for (int e = 0; e < 8; ++e) dst[e] = f16_bits(ld(src[e]));
+}
+
+// Closes the group of the asynchronous copies issued since the last one.
+__device__ __forceinline__ void flash_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `pending` groups of asynchronous copies are in flight.
+template <int pending>
+__device__ __forceinline__ void flash_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+#endif
+}
+
+// Keys [k0, k0 + FLASH_KEYS) of one head (`k`, `v` at the head's first column, rows `stride`
+// apart) into shared memory, row r at `r * pitch` (rows past `seq` are 0), and each key's
+// additive mask (0, or -inf for a key that is masked or past `seq`).
+template <int D>
+__device__ __forceinline__ void stage_keys(const T* k, const T* v, long long stride, int k0,
+                                           int seq, const int* visible, unsigned short* ks,
+                                           unsigned short* vs, float* add, int pitch) {
+    constexpr int CHUNKS = D / 8;
+    for (int i = threadIdx.x; i < FLASH_KEYS * CHUNKS; i += blockDim.x) {
+        int r = i / CHUNKS, c = (i - r * CHUNKS) * 8;
+        unsigned short *kd = ks + r * pitch + c, *vd = vs + r * pitch + c;
+        if (k0 + r < seq) {
+            stage8(kd, k + (k0 + r) * stride + c);
+            stage8(vd, v + (k0 + r) * stride + c);
+        } else {
+            for (int e = 0; e < 8; ++e) kd[e] = vd[e] = 0;
+        }
+    }
+    for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x)
+        add[i] = k0 + i < seq && visible[k0 + i] != 0 ? 0.f : NEG_INF;
 }
 
 // Grid (ceil(seq / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; `D` = the head size (a
-// multiple of 16 and of VEC). `scale_log2` = scale · log2(e).
+// multiple of 16). `scale_log2` = scale · log2(e).
 template <int D>
 __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mask, int seq,
                                      int heads, float scale_log2, int causal, T* out) {
-    constexpr int LD = D + FLASH_PAD, LDV = FLASH_KEYS + FLASH_PAD;
-    // f16 bits in 4-byte words (operand pairs are read as words).
-    __shared__ unsigned q_words[FLASH_ROWS * LD / 2], k_words[FLASH_KEYS * LD / 2],
-        v_words[D * LDV / 2];
-    __shared__ int keep[FLASH_KEYS];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    constexpr int LD = D + FLASH_PAD, TILE = FLASH_KEYS * LD;
+    // f16 bits in 16-byte words (ldmatrix and cp.async address 16-byte rows): the queries, then
+    // two buffers of keys and of values.
+    __shared__ unsigned q_words[FLASH_ROWS * LD / 2], kv_words[4 * TILE / 2];
+    __shared__ float mask_add[2][FLASH_KEYS];
     unsigned short* qs = reinterpret_cast<unsigned short*>(q_words);
-    unsigned short* ks = reinterpret_cast<unsigned short*>(k_words);
-    unsigned short* vt = reinterpret_cast<unsigned short*>(v_words);
+    unsigned short* kv = reinterpret_cast<unsigned short*>(kv_words);
     int hidden = heads * D;
     long long stride = 3LL * hidden;
     int b = blockIdx.y / heads, h = blockIdx.y - b * heads;
@@ -510,51 +563,61 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
     const int* visible = mask + (long long)b * seq;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = blockIdx.x * FLASH_ROWS;
-    stage_rows<D>(rows, bias + h * D, stride, q0, FLASH_ROWS, seq, qs, LD, false);
-    __syncthreads();
-    // This warp's 16 queries as the A operand, D / 16 tiles of 16 columns.
-    unsigned qa[D / 16][4];
-    int r0 = warp * 16 + g;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned short* p = qs + r0 * LD + kk * 16 + 2 * t;
-        qa[kk][0] = shared_pair(p);
-        qa[kk][1] = shared_pair(p + 8 * LD);
-        qa[kk][2] = shared_pair(p + 8);
-        qa[kk][3] = shared_pair(p + 8 * LD + 8);
+    int tiles = (seq + FLASH_KEYS - 1) / FLASH_KEYS;
+    if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1) / FLASH_KEYS + 1);
+    // The first key tile loads while the queries are staged.
+    stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, 0, seq, visible, kv, kv + TILE,
+                  mask_add[0], LD);
+    flash_commit();
+    const T* qb = bias + h * D;
+    for (int i = threadIdx.x; i < FLASH_ROWS * D; i += blockDim.x) {
+        int r = i / D, c = i - r * D;
+        qs[r * LD + c] = q0 + r < seq ? f16_bits(ld(rows[(q0 + r) * stride + c]) + ld(qb[c])) : 0;
     }
+    __syncthreads();
+    // This warp's 16 queries as the A operand, D / 16 tiles of 16 columns: matrices (rows 0-7,
+    // columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns 8-15).
+    unsigned qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4<false>(qa[kk], qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
     // This thread's two query rows (g and g + 8 of the warp's 16): the running max (of scores
     // times scale_log2), the running sum of its keys' probabilities, and its output columns.
-    int query[2] = {q0 + r0, q0 + r0 + 8};
+    int query[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     float run_max[2] = {NEG_INF, NEG_INF}, run_sum[2] = {0.f, 0.f};
     float o[D / 8][4];
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-    int tiles = (seq + FLASH_KEYS - 1) / FLASH_KEYS;
-    if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1) / FLASH_KEYS + 1);
     for (int tile = 0; tile < tiles; ++tile) {
-        int k0 = tile * FLASH_KEYS;
-        __syncthreads();  // every warp is done with the previous tile
-        stage_rows<D>(rows + hidden, bias + hidden + h * D, stride, k0, FLASH_KEYS, seq, ks, LD,
-                      false);
-        stage_rows<D>(rows + 2 * hidden, bias + 2 * hidden + h * D, stride, k0, FLASH_KEYS, seq,
-                      vt, LDV, true);
-        for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x)
-            keep[i] = k0 + i < seq && visible[k0 + i] != 0;
-        __syncthreads();
-        // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles.
+        int buf = tile & 1, k0 = tile * FLASH_KEYS;
+        if (tile + 1 < tiles) {
+            unsigned short* next = kv + (buf ^ 1) * 2 * TILE;
+            stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, k0 + FLASH_KEYS, seq,
+                          visible, next, next + TILE, mask_add[buf ^ 1], LD);
+            flash_commit();
+            flash_wait<1>();
+        } else {
+            flash_wait<0>();
+        }
+        __syncthreads();  // this tile is in shared memory for every warp
+        const unsigned short* ks = kv + buf * 2 * TILE;
+        const unsigned short* vs = ks + TILE;
+        const float* add = mask_add[buf];
+        // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles. ldmatrix gives the B operand of
+        // key tile j for two 16-column steps: rows = keys j * 8 + lane % 8, columns 8 (lane / 8).
         float s[FLASH_KEYS / 8][4];
 #pragma unroll
         for (int j = 0; j < FLASH_KEYS / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const unsigned short* p = ks + (j * 8 + g) * LD + kk * 16 + 2 * t;
-                unsigned kb[2] = {shared_pair(p), shared_pair(p + 8)};
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                unsigned kb[4];
+                ldmatrix_x4<false>(kb, ks + (j * 8 + (lane & 7)) * LD + kk * 16 + (lane >> 3) * 8);
                 mma_16816(s[j], qa[kk], kb);
+                mma_16816(s[j], qa[kk + 1], kb + 2);
             }
         }
         // Mask, then the online softmax: element e of tile j is query row e / 2, key
@@ -565,9 +628,10 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                bool on = keep[key] && (!causal || k0 + key <= query[row]);
-                s[j][e] = on ? s[j][e] * scale_log2 : NEG_INF;
-                tile_max[row] = fmaxf(tile_max[row], s[j][e]);
+                float x = s[j][e] * scale_log2 + add[key];
+                if (causal && k0 + key > query[row]) x = NEG_INF;
+                s[j][e] = x;
+                tile_max[row] = fmaxf(tile_max[row], x);
             }
         float base[2];
 #pragma unroll
@@ -594,7 +658,9 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
                 s[j][e] = exp2f(s[j][e] - base[e >> 1]);
                 run_sum[e >> 1] += s[j][e];
             }
-        // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15.
+        // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15;
+        // ldmatrix.trans gives the B operand of two 8-column tiles of v: rows = keys 16kk +
+        // lane % 16, columns 8 (lane / 16) past the pair's first.
 #pragma unroll
         for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
             unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
@@ -602,13 +668,16 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
                               f16_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                               f16_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const unsigned short* p = vt + (j * 8 + g) * LDV + kk * 16 + 2 * t;
-                unsigned vb[2] = {shared_pair(p), shared_pair(p + 8)};
+            for (int j = 0; j < D / 8; j += 2) {
+                unsigned vb[4];
+                ldmatrix_x4<true>(vb, vs + (kk * 16 + (lane & 15)) * LD + j * 8 + (lane >> 4) * 8);
                 mma_16816(o[j], pa, vb);
+                mma_16816(o[j + 1], pa, vb + 2);
             }
         }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
     }
+    const T* vb = bias + 2 * hidden + h * D + 2 * t;
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
         float total = run_sum[row] + __shfl_xor_sync(0xffffffffu, run_sum[row], 1);
@@ -618,10 +687,11 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         T* dst = out + ((long long)b * seq + query[row]) * hidden + h * D + 2 * t;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            dst[j * 8] = st(o[j][2 * row] * inv);
-            dst[j * 8 + 1] = st(o[j][2 * row + 1] * inv);
+            dst[j * 8] = st(o[j][2 * row] * inv + ld(vb[j * 8]));
+            dst[j * 8 + 1] = st(o[j][2 * row + 1] * inv + ld(vb[j * 8 + 1]));
         }
     }
+#endif
 }
 
 #define FLASH_ATTENTION(D)                                                                        \
