@@ -5,6 +5,7 @@
 #   xz -6 -c ~/.cache/ipfs-accelerate/duckdb/libduckdb.so > .devcarry/libduckdb.so.xz   (xtask fetch-duckdb)
 #   cp -r ../shared/fixtures/{llama,qwen2,bert,vit,clip,whisper/base} .devcarry/fixtures/ (without the
 #   ONNX exports; whisper/base under fixtures/whisper/)
+#   tools/make_{bert,vit,clip}_fixture.py into .devcarry/fused/ (part 9: heads of 64 and 32)
 #   cp tools/device/run.sh .devcarry/
 # then run `bash .devcarry/run.sh PART` with `carry: [".devcarry"]`; rows land in $OUT/gpu.duckdb,
 # and everything printed also goes to $OUT/log.txt (a call that runs out of time still returns it).
@@ -20,7 +21,9 @@
 # Qwen2.5 and SmolLM2 with greedy picks on the device; part 6 Whisper-tiny's transcription; part 7
 # Whisper with the engine's encoder and a decoder-only burn model; part 8 conformance after the review.
 # Session 22: part 9 (a fresh machine) the fused attention kernel: conformance in f16 (fused) and f32
-# (unfused), per-stage profiles, fused against unfused (alternating) and the encoders against PyTorch.
+# (unfused), per-stage profiles, fused against unfused (alternating) and the encoders against PyTorch;
+# part 10 the same after the fused kernel's copies became asynchronous (no load waited on in the
+# loop), with chunked against one-piece copies.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -114,9 +117,11 @@ echo "== after the review: verify f32 (Whisper's front end and padded attention 
 timeout 200 ./xtask verify --fixtures fixtures --family whisper,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -17
 fi
 if [ "$PART" = 9 ]; then
-echo "== verify f16 with the fused attention (bert, vit, clip), then f32 (unfused)"
-timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -14
-timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -6
+echo "== verify f16 with the fused attention, then f32 (unfused): fixtures with heads of 64 and 32 (fused/, made by"
+echo "   tools/make_{bert,vit,clip}_fixture.py) and the shipped ones (heads of 8: unfused in both)"
+timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -10
+timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -10
+timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -1
 echo "== per-stage device times with the fused attention: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
 for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
@@ -133,5 +138,26 @@ timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny 
 timeout 120 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
 timeout 120 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
 timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
+fi
+if [ "$PART" = 10 ]; then
+echo "== verify f16 with the fused attention (heads of 64 and 32), the shipped fixtures in f16 (heads of 8: unfused)"
+timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -10
+timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -1
+echo "== per-stage device times: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
+for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+done
+echo "== alternating, bench p50 of 10: fused / unfused attention, then chunked / one-piece copies"
+for v in "FUSED_ATTENTION=1" "FUSED_ATTENTION=0" "CHUNKED_COPIES=1" "CHUNKED_COPIES=0" "CHUNKED_COPIES=1" "CHUNKED_COPIES=0"; do
+  echo "-- IPFS_ACCELERATE_CUDA_$v"
+  for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
+  env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "p50|rror" | tail -1
+  done
+done
+echo "== Whisper-tiny encoder (30 s), ViT-base b32, CLIP ViT-B/32 b32, BERT-base b1 / 32 / 128 against PyTorch f16"
+timeout 120 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 100 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 100 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
+timeout 130 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
 fi
 ls -la $OUT

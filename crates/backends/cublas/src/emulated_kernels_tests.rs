@@ -1065,13 +1065,24 @@ int main(void) {
 "#;
 
 /// The fused attention (mma.sync and ldmatrix emulated in the PTX register layout) against the
-/// definition in f64: q, k and v the projection plus its bias, softmax(q kᵀ / √d) over the
-/// visible keys, times v (the kernel's operands are f16, so the bar is 4e-3). Head sizes 32 and
+/// definition in f64: q, k and v the (stored) projection plus its bias, softmax(q kᵀ / √d) over
+/// the visible keys, times v (the kernel's operands are f16, so the bar is 4e-3). Head sizes 32 and
 /// 64, sequences that end inside a tile and span several, padding holes in the mask, causal rows.
 #[test]
-fn fused_attention_matches_the_definition() {
+fn fused_attention_matches_the_definition_f32() {
+    check_fused_attention::<f32>();
+}
+
+/// As above with f16 storage (the engine's: the output pairs are stored as one word).
+#[test]
+fn fused_attention_matches_the_definition_f16() {
+    check_fused_attention::<half::f16>();
+}
+
+fn check_fused_attention<T: Elem>() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_main(dir.path(), FLASH_HARNESS) else {
+    let helpers = &HARNESS[..HARNESS.find("int main(void)").unwrap()];
+    let Some(exe) = build::<T>(dir.path(), &format!("{helpers}\n{FLASH_HARNESS}")) else {
         return;
     };
     let mut rng = Rng(0x5eed_f1a5_0000_0007);
@@ -1108,8 +1119,8 @@ fn fused_attention_matches_the_definition() {
         }
         let got = run(&exe, &input, "fused attention");
         let part = |m: usize, which: usize, c: usize| {
-            f64::from(qkv[m * 3 * hidden + which * hidden + c])
-                + f64::from(bias[which * hidden + c])
+            f64::from(stored::<T>(qkv[m * 3 * hidden + which * hidden + c]))
+                + f64::from(stored::<T>(bias[which * hidden + c]))
         };
         let scale = 1.0 / (size as f64).sqrt();
         for b in 0..batch {

@@ -563,6 +563,9 @@ pub struct Encoder<T: Elem> {
     /// or later, not switched off by [`FUSED_ATTENTION_ENV`]); a call also needs a head size
     /// the kernel takes and a key for every query ([`fused_attention_takes`]).
     fused_attention: bool,
+    /// Values per piece of an upload or download ([`COPY_CHUNK`], or everything in one piece
+    /// when [`CHUNKED_COPIES_ENV`] is off).
+    copy_chunk: usize,
 }
 
 /// Set to `1` to print the device time of each stage of every call to stderr.
@@ -719,7 +722,10 @@ pub(crate) fn vec_width<T>() -> usize {
 }
 
 /// Values per chunk of a large upload or download (2 MB in f16): see `Encoder::download`.
-const DOWNLOAD_CHUNK: usize = 1 << 20;
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Set to `0` (or `off`) to copy inputs and outputs in one piece instead of [`COPY_CHUNK`]s.
+pub const CHUNKED_COPIES_ENV: &str = "IPFS_ACCELERATE_CUDA_CHUNKED_COPIES";
 
 /// Queries per block of the fused attention kernel (`FLASH_ROWS` in kernels.cu; two threads
 /// each).
@@ -923,6 +929,11 @@ where
             input_staging: Mutex::new(None),
             profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
             fused_attention,
+            copy_chunk: if crate::decoder::switched_off(CHUNKED_COPIES_ENV) {
+                usize::MAX
+            } else {
+                COPY_CHUNK
+            },
         };
         encoder.stream.synchronize()?;
         Ok(encoder)
@@ -1726,17 +1737,13 @@ where
         // SAFETY (allocation): written in full by the copies.
         let mut device =
             unsafe { device_buffer(&self.stream, n, || format!("the {n} input values")) }?;
-        // In chunks of DOWNLOAD_CHUNK values: the device copies a chunk while the host converts
-        // the next.
-        for (i, (d, s)) in host
-            .chunks_mut(DOWNLOAD_CHUNK)
-            .zip(values.chunks(DOWNLOAD_CHUNK))
-            .enumerate()
-        {
+        // In chunks: the device copies a chunk while the host converts the next.
+        let chunk = self.copy_chunk.max(1);
+        for (i, (d, s)) in host.chunks_mut(chunk).zip(values.chunks(chunk)).enumerate() {
             d.par_chunks_mut(CHUNK)
                 .zip(s.par_chunks(CHUNK))
                 .for_each(|(d, s)| T::convert_into(s, d));
-            let start = i * DOWNLOAD_CHUNK;
+            let start = i * chunk;
             self.stream
                 .memcpy_htod(&*d, &mut device.slice_mut(start..start + d.len()))?;
         }
@@ -1751,12 +1758,13 @@ where
     }
 
     /// `x` in a new vector, through the page-locked staging buffer in chunks of
-    /// [`DOWNLOAD_CHUNK`] values: the host copies a chunk out (touching the new vector's pages
+    /// [`COPY_CHUNK`] values: the host copies a chunk out (touching the new vector's pages
     /// for the first time) while the device sends the next.
     fn download(&self, x: &CudaSlice<T>) -> Result<Vec<T>, EngineError> {
         use rayon::prelude::*;
         let n = x.len();
-        if n <= DOWNLOAD_CHUNK {
+        let chunk = self.copy_chunk.max(1);
+        if n <= chunk {
             return read_back(&self.stream, &self.staging, x, parallel_copy);
         }
         let mut staging = self
@@ -1765,19 +1773,19 @@ where
             .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
         // SAFETY: each chunk is written by its copy before it is read (after its event).
         let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        let mut sent = Vec::with_capacity(n.div_ceil(DOWNLOAD_CHUNK));
-        for (i, chunk) in host.chunks_mut(DOWNLOAD_CHUNK).enumerate() {
-            let start = i * DOWNLOAD_CHUNK;
+        let mut sent = Vec::with_capacity(n.div_ceil(chunk));
+        for (i, part) in host.chunks_mut(chunk).enumerate() {
+            let start = i * chunk;
             self.stream
-                .memcpy_dtoh(&x.slice(start..start + chunk.len()), chunk)?;
+                .memcpy_dtoh(&x.slice(start..start + part.len()), part)?;
             sent.push(self.stream.record_event(None)?);
         }
         let mut out: Vec<T> = Vec::with_capacity(n);
         let spare = &mut out.spare_capacity_mut()[..n];
         for ((event, src), dst) in sent
             .iter()
-            .zip(host.chunks(DOWNLOAD_CHUNK))
-            .zip(spare.chunks_mut(DOWNLOAD_CHUNK))
+            .zip(host.chunks(chunk))
+            .zip(spare.chunks_mut(chunk))
         {
             event.synchronize()?;
             dst.par_chunks_mut(1 << 16)

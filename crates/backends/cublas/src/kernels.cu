@@ -423,10 +423,11 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
 //   later, which the engine checks), their operands read from shared memory by ldmatrix.
 // - The softmax runs online over tiles of 64 keys (FlashAttention-2); its unnormalised
 //   probabilities are rounded to f16 for the product with v. The scores stay f32.
-// - The biases: q's is added as its tile is staged (rounded to f16, as the unfused split does).
-//   k's shifts every score of a query by the same q · bias, which the softmax cancels, so it is
-//   left out; v's is added to the output (the probabilities sum to 1). So k and v tiles are plain
-//   copies (cp.async, double-buffered: the next tile loads while this one computes).
+// - The biases: q's is added to its operand registers (rounded to f16, as the unfused split
+//   does). k's shifts every score of a query by the same q · bias, which the softmax cancels, so
+//   it is left out; v's is added to the output (the probabilities sum to 1). So the q, k, v and
+//   mask tiles are plain copies (cp.async; keys double-buffered: the next tile loads while this
+//   one computes), and no thread waits on a global load inside the loop.
 // - Keys whose `mask[b, key]` is 0, keys past `seq`, and with `causal` keys after the query get
 //   probability 0. The engine sends a batch with a row that sees no key at all to the unfused
 //   kernels (whose softmax then attends to every key, as HF does).
@@ -449,6 +450,23 @@ __device__ __forceinline__ unsigned short f16_bits(float x) {
 // Two f16 in one register: `lo` in bits 0-15, `hi` in 16-31 (an mma operand's pair of columns).
 __device__ __forceinline__ unsigned f16_pair(float lo, float hi) {
     return (unsigned)f16_bits(lo) | ((unsigned)f16_bits(hi) << 16);
+}
+
+// The value of f16 bits.
+__device__ __forceinline__ float f16_value(unsigned short h) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return emu_f16_value(h);
+#endif
+}
+
+// A register of two f16 plus `lo` and `hi`, rounded back to f16.
+__device__ __forceinline__ unsigned f16_pair_plus(unsigned x, float lo, float hi) {
+    return f16_pair(f16_value((unsigned short)(x & 0xffff)) + lo,
+                    f16_value((unsigned short)(x >> 16)) + hi);
 }
 
 // d += a · b for a 16 × 16 f16 tile `a` (row major) and a 16 × 8 f16 tile `b` (column major),
@@ -506,6 +524,17 @@ __device__ __forceinline__ void stage8(unsigned short* dst, const T* src) {
     for (int e = 0; e < 8; ++e) dst[e] = f16_bits(ld(src[e]));
 }
 
+// One int into shared memory, asynchronously where cp.async is (as stage8).
+__device__ __forceinline__ void stage_int(int* dst, const int* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(src));
+#else
+    *dst = *src;
+#endif
+}
+
 // Closes the group of the asynchronous copies issued since the last one.
 __device__ __forceinline__ void flash_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -521,26 +550,36 @@ __device__ __forceinline__ void flash_wait() {
 #endif
 }
 
-// Keys [k0, k0 + FLASH_KEYS) of one head (`k`, `v` at the head's first column, rows `stride`
-// apart) into shared memory, row r at `r * pitch` (rows past `seq` are 0), and each key's
-// additive mask (0, or -inf for a key that is masked or past `seq`).
+// Rows [row0, row0 + rows) of one head's `D` columns (`src` at the head's first column, rows
+// `stride` apart) into shared memory as f16, row r at `dst + r * pitch`; rows past `seq` are 0.
+template <int D>
+__device__ __forceinline__ void stage_rows(const T* src, long long stride, int row0, int rows,
+                                           int seq, unsigned short* dst, int pitch) {
+    constexpr int CHUNKS = D / 8;
+    for (int i = threadIdx.x; i < rows * CHUNKS; i += blockDim.x) {
+        int r = i / CHUNKS, c = (i - r * CHUNKS) * 8;
+        unsigned short* d = dst + r * pitch + c;
+        if (row0 + r < seq)
+            stage8(d, src + (row0 + r) * stride + c);
+        else
+            for (int e = 0; e < 8; ++e) d[e] = 0;
+    }
+}
+
+// Keys [k0, k0 + FLASH_KEYS) of one head (`k`, `v` at the head's first column) and their mask
+// values (0 past `seq`) into shared memory.
 template <int D>
 __device__ __forceinline__ void stage_keys(const T* k, const T* v, long long stride, int k0,
                                            int seq, const int* visible, unsigned short* ks,
-                                           unsigned short* vs, float* add, int pitch) {
-    constexpr int CHUNKS = D / 8;
-    for (int i = threadIdx.x; i < FLASH_KEYS * CHUNKS; i += blockDim.x) {
-        int r = i / CHUNKS, c = (i - r * CHUNKS) * 8;
-        unsigned short *kd = ks + r * pitch + c, *vd = vs + r * pitch + c;
-        if (k0 + r < seq) {
-            stage8(kd, k + (k0 + r) * stride + c);
-            stage8(vd, v + (k0 + r) * stride + c);
-        } else {
-            for (int e = 0; e < 8; ++e) kd[e] = vd[e] = 0;
-        }
+                                           unsigned short* vs, int* keep, int pitch) {
+    stage_rows<D>(k, stride, k0, FLASH_KEYS, seq, ks, pitch);
+    stage_rows<D>(v, stride, k0, FLASH_KEYS, seq, vs, pitch);
+    for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x) {
+        if (k0 + i < seq)
+            stage_int(keep + i, visible + k0 + i);
+        else
+            keep[i] = 0;
     }
-    for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x)
-        add[i] = k0 + i < seq && visible[k0 + i] != 0 ? 0.f : NEG_INF;
 }
 
 // Grid (ceil(seq / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; `D` = the head size (a
@@ -553,7 +592,7 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
     // f16 bits in 16-byte words (ldmatrix and cp.async address 16-byte rows): the queries, then
     // two buffers of keys and of values.
     __shared__ unsigned q_words[FLASH_ROWS * LD / 2], kv_words[4 * TILE / 2];
-    __shared__ float mask_add[2][FLASH_KEYS];
+    __shared__ int keep[2][FLASH_KEYS];
     unsigned short* qs = reinterpret_cast<unsigned short*>(q_words);
     unsigned short* kv = reinterpret_cast<unsigned short*>(kv_words);
     int hidden = heads * D;
@@ -565,22 +604,28 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
     int q0 = blockIdx.x * FLASH_ROWS;
     int tiles = (seq + FLASH_KEYS - 1) / FLASH_KEYS;
     if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1) / FLASH_KEYS + 1);
-    // The first key tile loads while the queries are staged.
+    // The queries and the first key tile, one group of copies.
+    stage_rows<D>(rows, stride, q0, FLASH_ROWS, seq, qs, LD);
     stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, 0, seq, visible, kv, kv + TILE,
-                  mask_add[0], LD);
+                  keep[0], LD);
     flash_commit();
-    const T* qb = bias + h * D;
-    for (int i = threadIdx.x; i < FLASH_ROWS * D; i += blockDim.x) {
-        int r = i / D, c = i - r * D;
-        qs[r * LD + c] = q0 + r < seq ? f16_bits(ld(rows[(q0 + r) * stride + c]) + ld(qb[c])) : 0;
-    }
+    flash_wait<0>();
     __syncthreads();
     // This warp's 16 queries as the A operand, D / 16 tiles of 16 columns: matrices (rows 0-7,
-    // columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns 8-15).
+    // columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns
+    // 8-15), plus the bias of their columns (rounded to f16, as the unfused split does).
     unsigned qa[D / 16][4];
+    const T* qb = bias + h * D + 2 * t;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+    for (int kk = 0; kk < D / 16; ++kk) {
         ldmatrix_x4<false>(qa[kk], qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+        float b0 = ld(qb[kk * 16]), b1 = ld(qb[kk * 16 + 1]);
+        float b8 = ld(qb[kk * 16 + 8]), b9 = ld(qb[kk * 16 + 9]);
+        qa[kk][0] = f16_pair_plus(qa[kk][0], b0, b1);
+        qa[kk][1] = f16_pair_plus(qa[kk][1], b0, b1);
+        qa[kk][2] = f16_pair_plus(qa[kk][2], b8, b9);
+        qa[kk][3] = f16_pair_plus(qa[kk][3], b8, b9);
+    }
     // This thread's two query rows (g and g + 8 of the warp's 16): the running max (of scores
     // times scale_log2), the running sum of its keys' probabilities, and its output columns.
     int query[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -595,7 +640,7 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         if (tile + 1 < tiles) {
             unsigned short* next = kv + (buf ^ 1) * 2 * TILE;
             stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, k0 + FLASH_KEYS, seq,
-                          visible, next, next + TILE, mask_add[buf ^ 1], LD);
+                          visible, next, next + TILE, keep[buf ^ 1], LD);
             flash_commit();
             flash_wait<1>();
         } else {
@@ -604,7 +649,7 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         __syncthreads();  // this tile is in shared memory for every warp
         const unsigned short* ks = kv + buf * 2 * TILE;
         const unsigned short* vs = ks + TILE;
-        const float* add = mask_add[buf];
+        const int* on = keep[buf];
         // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles. ldmatrix gives the B operand of
         // key tile j for two 16-column steps: rows = keys j * 8 + lane % 8, columns 8 (lane / 8).
         float s[FLASH_KEYS / 8][4];
@@ -628,7 +673,7 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                float x = s[j][e] * scale_log2 + add[key];
+                float x = on[key] != 0 ? s[j][e] * scale_log2 : NEG_INF;
                 if (causal && k0 + key > query[row]) x = NEG_INF;
                 s[j][e] = x;
                 tile_max[row] = fmaxf(tile_max[row], x);
@@ -687,8 +732,14 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         T* dst = out + ((long long)b * seq + query[row]) * hidden + h * D + 2 * t;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            dst[j * 8] = st(o[j][2 * row] * inv + ld(vb[j * 8]));
-            dst[j * 8 + 1] = st(o[j][2 * row + 1] * inv + ld(vb[j * 8 + 1]));
+            float lo = o[j][2 * row] * inv + ld(vb[j * 8]);
+            float hi = o[j][2 * row + 1] * inv + ld(vb[j * 8 + 1]);
+            if (sizeof(T) == 2) {
+                *reinterpret_cast<unsigned*>(dst + j * 8) = f16_pair(lo, hi);
+            } else {
+                dst[j * 8] = st(lo);
+                dst[j * 8 + 1] = st(hi);
+            }
         }
     }
 #endif
