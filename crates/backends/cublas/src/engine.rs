@@ -563,9 +563,6 @@ pub struct Encoder<T: Elem> {
     /// or later, not switched off by [`FUSED_ATTENTION_ENV`]); a call also needs a head size
     /// the kernel takes and a key for every query ([`fused_attention_takes`]).
     fused_attention: bool,
-    /// Values per piece of an upload or download ([`COPY_CHUNK`], or everything in one piece
-    /// when [`CHUNKED_COPIES_ENV`] is off).
-    copy_chunk: usize,
 }
 
 /// Set to `1` to print the device time of each stage of every call to stderr.
@@ -721,15 +718,20 @@ pub(crate) fn vec_width<T>() -> usize {
     16 / std::mem::size_of::<T>()
 }
 
-/// Values per chunk of a large upload or download (2 MB in f16): see `Encoder::download`.
-const COPY_CHUNK: usize = 1 << 20;
-
-/// Set to `0` (or `off`) to copy inputs and outputs in one piece instead of [`COPY_CHUNK`]s.
-pub const CHUNKED_COPIES_ENV: &str = "IPFS_ACCELERATE_CUDA_CHUNKED_COPIES";
-
 /// Queries per block of the fused attention kernel (`FLASH_ROWS` in kernels.cu; two threads
 /// each).
 const FLASH_ROWS: usize = 64;
+
+/// The shape of one layer's attention: `keys` is `seq` rounded up to a multiple of 8 (the
+/// unfused path's padded key rows).
+#[derive(Clone, Copy)]
+struct AttentionDims {
+    batch: usize,
+    seq: usize,
+    keys: usize,
+    heads: usize,
+    head_size: usize,
+}
 
 /// One layer's attention buffers when it runs unfused: q, k and v split into heads (`[batch,
 /// heads, keys, head size]`, keys padded to a multiple of 8), the score rows and the context
@@ -929,11 +931,6 @@ where
             input_staging: Mutex::new(None),
             profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
             fused_attention,
-            copy_chunk: if crate::decoder::switched_off(CHUNKED_COPIES_ENV) {
-                usize::MAX
-            } else {
-                COPY_CHUNK
-            },
         };
         encoder.stream.synchronize()?;
         Ok(encoder)
@@ -1017,7 +1014,7 @@ where
             block_dim: (ROW_THREADS, 1, 1),
             shared_mem_bytes: ((h + 32) * 4) as u32,
         };
-        let (seq_i, h_i, heads_i, dh_i) = (seq as i32, h as i32, heads as i32, dh as i32);
+        let (seq_i, h_i) = (seq as i32, h as i32);
         let eps = self.eps;
         let vec = vec_width::<T>();
         let hidden_vec = h.is_multiple_of(vec);
@@ -1212,37 +1209,14 @@ where
         let mut y = alloc(m * h)?;
         let mut h1 = alloc(m * h)?;
         let mut ff = alloc(m * inter)?;
-        let heads_vec = dh.is_multiple_of(vec);
-        let (split, merge, split_cols, merge_cols) = if heads_vec {
-            let k = &self.kernels;
-            (&k.split_heads_vec, &k.merge_heads_vec, 3 * h / vec, h / vec)
-        } else {
-            let k = &self.kernels;
-            (&k.split_heads, &k.merge_heads, 3 * h, h)
-        };
         profile.mark("embeddings")?;
-        let scale = 1.0 / (dh as f32).sqrt();
-        let scale_log2 = scale * std::f32::consts::LOG2_E;
-        let score_rows = batch * heads * seq;
-        let (softmax, softmax_cfg) = if keys <= WARP_SOFTMAX_KEYS {
-            let cfg = LaunchConfig {
-                grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
-                block_dim: (32, WARP_SOFTMAX_ROWS, 1),
-                shared_mem_bytes: 0,
-            };
-            (&self.kernels.masked_softmax_warp, cfg)
-        } else {
-            let cfg = LaunchConfig {
-                grid_dim: (score_rows as u32, 1, 1),
-                block_dim: (softmax_threads(keys, vec), 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (&self.kernels.masked_softmax, cfg)
+        let dims = AttentionDims {
+            batch,
+            seq,
+            keys,
+            heads,
+            head_size: dh,
         };
-        let score_rows_i = score_rows as i64;
-        let causal_i = self.causal as i32;
-        let per_head = (keys * dh) as i64;
-        let keys_i = keys as i32;
         let pre = self.placement == NormPlacement::Pre;
         // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
         // Without a final norm, the last residual add writes the projection's norm of every
@@ -1263,123 +1237,16 @@ where
         for (l, layer) in self.layers.iter().enumerate() {
             self.linear(if pre { &h1 } else { &x }, h, m, &layer.qkv, &mut qkv)?;
             profile.mark("qkv gemm")?;
-            if let Some(u) = unfused.as_mut() {
-                unsafe {
-                    self.launch(split)
-                        .arg(&qkv)
-                        .arg(&layer.qkv.bias)
-                        .arg(&seq_i)
-                        .arg(&keys_i)
-                        .arg(&heads_i)
-                        .arg(&dh_i)
-                        .arg(&mut u.q)
-                        .arg(&mut u.k)
-                        .arg(&mut u.v)
-                        .launch(rows_by_columns(m, split_cols))?;
+            match unfused.as_mut() {
+                Some(u) => {
+                    let bias = &layer.qkv.bias;
+                    self.unfused_attention(dims, &qkv, bias, &mask, u, &mut merged, &mut profile)?;
+                    profile.mark("merge heads")?;
                 }
-                profile.mark("split heads")?;
-                // scores[b, h] = scale · q kᵀ, `[seq_q, keys]` row-major per head (the padding
-                // keys' scores are 0, and the softmax writes 0 for them).
-                let scores_cfg = StridedBatchedConfig {
-                    gemm: GemmConfig {
-                        transa: CUBLAS_OP_T,
-                        transb: CUBLAS_OP_N,
-                        m: keys_i,
-                        n: seq_i,
-                        k: dh_i,
-                        alpha: T::from_f32(scale),
-                        lda: dh_i,
-                        ldb: dh_i,
-                        beta: T::from_f32(0.0),
-                        ldc: keys_i,
-                    },
-                    batch_size: (batch * heads) as i32,
-                    stride_a: per_head,
-                    stride_b: per_head,
-                    stride_c: (seq * keys) as i64,
-                };
-                unsafe {
-                    self.blas
-                        .gemm_strided_batched(scores_cfg, &u.k, &u.q, &mut u.scores)
-                }?;
-                profile.mark("scores gemm")?;
-                unsafe {
-                    let mut args = self.launch(softmax);
-                    args.arg(&mut u.scores)
-                        .arg(&mask)
-                        .arg(&heads_i)
-                        .arg(&seq_i)
-                        .arg(&seq_i)
-                        .arg(&keys_i);
-                    if keys <= WARP_SOFTMAX_KEYS {
-                        args.arg(&score_rows_i);
-                    }
-                    args.arg(&causal_i);
-                    args.launch(softmax_cfg)?;
+                None => {
+                    self.fused_attention(dims, &qkv, &layer.qkv.bias, &mask, &mut merged)?;
+                    profile.mark("fused attention")?;
                 }
-                profile.mark("softmax")?;
-                // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
-                let ctx_cfg = StridedBatchedConfig {
-                    gemm: GemmConfig {
-                        transa: CUBLAS_OP_N,
-                        transb: CUBLAS_OP_N,
-                        m: dh_i,
-                        n: seq_i,
-                        k: keys_i,
-                        alpha: T::from_f32(1.0),
-                        lda: dh_i,
-                        ldb: keys_i,
-                        beta: T::from_f32(0.0),
-                        ldc: dh_i,
-                    },
-                    batch_size: (batch * heads) as i32,
-                    stride_a: per_head,
-                    stride_b: (seq * keys) as i64,
-                    stride_c: (seq * dh) as i64,
-                };
-                unsafe {
-                    self.blas
-                        .gemm_strided_batched(ctx_cfg, &u.v, &u.scores, &mut u.ctx)
-                }?;
-                profile.mark("context gemm")?;
-                unsafe {
-                    self.launch(merge)
-                        .arg(&u.ctx)
-                        .arg(&seq_i)
-                        .arg(&heads_i)
-                        .arg(&dh_i)
-                        .arg(&mut merged)
-                        .launch(rows_by_columns(m, merge_cols))?;
-                }
-                profile.mark("merge heads")?;
-            } else {
-                // SAFETY: `flash_attention_<dh>(qkv, bias, mask, seq, heads, scale_log2,
-                // causal, out)` over a grid of (query tiles, batch · heads) blocks of 128
-                // threads; `qkv` holds `m` rows of `3h`, `merged` `m` rows of `h`, `mask` `m`
-                // values.
-                let kernel = if dh == 32 {
-                    &self.kernels.flash_attention_32
-                } else {
-                    &self.kernels.flash_attention_64
-                };
-                let cfg = LaunchConfig {
-                    grid_dim: (seq.div_ceil(FLASH_ROWS) as u32, (batch * heads) as u32, 1),
-                    block_dim: (2 * FLASH_ROWS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                unsafe {
-                    self.launch(kernel)
-                        .arg(&qkv)
-                        .arg(&layer.qkv.bias)
-                        .arg(&mask)
-                        .arg(&seq_i)
-                        .arg(&heads_i)
-                        .arg(&scale_log2)
-                        .arg(&causal_i)
-                        .arg(&mut merged)
-                        .launch(cfg)?;
-                }
-                profile.mark("fused attention")?;
             }
             self.linear(&merged, h, m, &layer.attention_output, &mut y)?;
             profile.mark("attention output gemm")?;
@@ -1507,6 +1374,201 @@ where
             logits,
             projection,
         })
+    }
+
+    /// Attention of one layer, unfused: `qkv` (the fused projection, without its bias) split
+    /// into heads with the bias, the score GEMM, the masked softmax, the context GEMM and the
+    /// merge into `merged` (`[batch * seq, hidden]`).
+    #[allow(clippy::too_many_arguments)]
+    fn unfused_attention(
+        &self,
+        dims: AttentionDims,
+        qkv: &CudaSlice<T>,
+        bias: &CudaSlice<T>,
+        mask: &CudaSlice<i32>,
+        u: &mut HeadBuffers<T>,
+        merged: &mut CudaSlice<T>,
+        profile: &mut Profile<'_>,
+    ) -> Result<(), EngineError> {
+        let AttentionDims {
+            batch,
+            seq,
+            keys,
+            heads,
+            head_size: dh,
+        } = dims;
+        let (h, m, vec) = (heads * dh, batch * seq, vec_width::<T>());
+        let (seq_i, keys_i, heads_i, dh_i) = (seq as i32, keys as i32, heads as i32, dh as i32);
+        let k = &self.kernels;
+        let (split, merge, split_cols, merge_cols) = if dh.is_multiple_of(vec) {
+            (&k.split_heads_vec, &k.merge_heads_vec, 3 * h / vec, h / vec)
+        } else {
+            (&k.split_heads, &k.merge_heads, 3 * h, h)
+        };
+        // SAFETY: `split_heads(qkv, bias, seq, head_rows, heads, head_dim, q, k, v)` over `m`
+        // rows; the head buffers hold `batch · heads · keys · dh` values.
+        unsafe {
+            self.launch(split)
+                .arg(qkv)
+                .arg(bias)
+                .arg(&seq_i)
+                .arg(&keys_i)
+                .arg(&heads_i)
+                .arg(&dh_i)
+                .arg(&mut u.q)
+                .arg(&mut u.k)
+                .arg(&mut u.v)
+                .launch(rows_by_columns(m, split_cols))?;
+        }
+        profile.mark("split heads")?;
+        let per_head = (keys * dh) as i64;
+        // scores[b, h] = scale · q kᵀ, `[seq_q, keys]` row-major per head (the padding keys'
+        // scores are 0, and the softmax writes 0 for them).
+        let scores_cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: CUBLAS_OP_T,
+                transb: CUBLAS_OP_N,
+                m: keys_i,
+                n: seq_i,
+                k: dh_i,
+                alpha: T::from_f32(1.0 / (dh as f32).sqrt()),
+                lda: dh_i,
+                ldb: dh_i,
+                beta: T::from_f32(0.0),
+                ldc: keys_i,
+            },
+            batch_size: (batch * heads) as i32,
+            stride_a: per_head,
+            stride_b: per_head,
+            stride_c: (seq * keys) as i64,
+        };
+        // SAFETY: the strided batches stay inside the head buffers and the score rows.
+        unsafe {
+            self.blas
+                .gemm_strided_batched(scores_cfg, &u.k, &u.q, &mut u.scores)
+        }?;
+        profile.mark("scores gemm")?;
+        let score_rows = batch * heads * seq;
+        let causal_i = self.causal as i32;
+        // SAFETY: `masked_softmax[_warp](scores, mask, heads, q_len, k_len, k_stride, [rows,]
+        // causal)` over `score_rows` rows of `keys` values; `mask` holds `batch · seq` values.
+        unsafe {
+            if keys <= WARP_SOFTMAX_KEYS {
+                let cfg = LaunchConfig {
+                    grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
+                    block_dim: (32, WARP_SOFTMAX_ROWS, 1),
+                    shared_mem_bytes: 0,
+                };
+                self.launch(&k.masked_softmax_warp)
+                    .arg(&mut u.scores)
+                    .arg(mask)
+                    .arg(&heads_i)
+                    .arg(&seq_i)
+                    .arg(&seq_i)
+                    .arg(&keys_i)
+                    .arg(&(score_rows as i64))
+                    .arg(&causal_i)
+                    .launch(cfg)?;
+            } else {
+                let cfg = LaunchConfig {
+                    grid_dim: (score_rows as u32, 1, 1),
+                    block_dim: (softmax_threads(keys, vec), 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                self.launch(&k.masked_softmax)
+                    .arg(&mut u.scores)
+                    .arg(mask)
+                    .arg(&heads_i)
+                    .arg(&seq_i)
+                    .arg(&seq_i)
+                    .arg(&keys_i)
+                    .arg(&causal_i)
+                    .launch(cfg)?;
+            }
+        }
+        profile.mark("softmax")?;
+        // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
+        let ctx_cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: CUBLAS_OP_N,
+                transb: CUBLAS_OP_N,
+                m: dh_i,
+                n: seq_i,
+                k: keys_i,
+                alpha: T::from_f32(1.0),
+                lda: dh_i,
+                ldb: keys_i,
+                beta: T::from_f32(0.0),
+                ldc: dh_i,
+            },
+            batch_size: (batch * heads) as i32,
+            stride_a: per_head,
+            stride_b: (seq * keys) as i64,
+            stride_c: (seq * dh) as i64,
+        };
+        // SAFETY: as the score GEMM.
+        unsafe {
+            self.blas
+                .gemm_strided_batched(ctx_cfg, &u.v, &u.scores, &mut u.ctx)
+        }?;
+        profile.mark("context gemm")?;
+        // SAFETY: `merge_heads(ctx, seq, heads, head_dim, out)` over `m` rows of `h`.
+        unsafe {
+            self.launch(merge)
+                .arg(&u.ctx)
+                .arg(&seq_i)
+                .arg(&heads_i)
+                .arg(&dh_i)
+                .arg(merged)
+                .launch(rows_by_columns(m, merge_cols))?;
+        }
+        Ok(())
+    }
+
+    /// Attention of one layer in the fused kernel (`flash_attention_<head size>`, kernels.cu):
+    /// from `qkv` (the fused projection, without its bias) to `merged`.
+    fn fused_attention(
+        &self,
+        dims: AttentionDims,
+        qkv: &CudaSlice<T>,
+        bias: &CudaSlice<T>,
+        mask: &CudaSlice<i32>,
+        merged: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let AttentionDims {
+            batch,
+            seq,
+            heads,
+            head_size,
+            ..
+        } = dims;
+        let kernel = if head_size == 32 {
+            &self.kernels.flash_attention_32
+        } else {
+            &self.kernels.flash_attention_64
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (seq.div_ceil(FLASH_ROWS) as u32, (batch * heads) as u32, 1),
+            block_dim: (2 * FLASH_ROWS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let scale_log2 = std::f32::consts::LOG2_E / (head_size as f32).sqrt();
+        // SAFETY: `flash_attention_<d>(qkv, bias, mask, seq, heads, scale_log2, causal, out)`
+        // over (query tiles, batch · heads) blocks of 128 threads; `qkv` holds `batch · seq`
+        // rows of `3 · hidden`, `merged` as many rows of `hidden`, `mask` `batch · seq` values.
+        unsafe {
+            self.launch(kernel)
+                .arg(qkv)
+                .arg(bias)
+                .arg(mask)
+                .arg(&(seq as i32))
+                .arg(&(heads as i32))
+                .arg(&scale_log2)
+                .arg(&(self.causal as i32))
+                .arg(merged)
+                .launch(cfg)?;
+        }
+        Ok(())
     }
 
     fn launch<'a>(&'a self, f: &'a CudaFunction) -> cudarc::driver::LaunchArgs<'a> {
@@ -1732,78 +1794,23 @@ where
             .input_staging
             .lock()
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
-        // SAFETY: each chunk is written in full below before it is copied.
+        // SAFETY: written in full below before it is copied.
         let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        // SAFETY (allocation): written in full by the copies.
+        host.par_chunks_mut(CHUNK)
+            .zip(values.par_chunks(CHUNK))
+            .for_each(|(d, s)| T::convert_into(s, d));
+        // SAFETY (allocation): written in full by the copy.
         let mut device =
             unsafe { device_buffer(&self.stream, n, || format!("the {n} input values")) }?;
-        // In chunks: the device copies a chunk while the host converts the next.
-        let chunk = self.copy_chunk.max(1);
-        for (i, (d, s)) in host.chunks_mut(chunk).zip(values.chunks(chunk)).enumerate() {
-            d.par_chunks_mut(CHUNK)
-                .zip(s.par_chunks(CHUNK))
-                .for_each(|(d, s)| T::convert_into(s, d));
-            let start = i * chunk;
-            self.stream
-                .memcpy_htod(&*d, &mut device.slice_mut(start..start + d.len()))?;
-        }
+        self.stream.memcpy_htod(&*host, &mut device)?;
         Ok(device)
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
-    /// staging buffer ([`Self::download`]).
+    /// staging buffer.
     fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
-        let values = self.download(x)?;
+        let values = read_back(&self.stream, &self.staging, x, parallel_copy)?;
         HostTensor::from_vec(shape, T::DTYPE, values).map_err(|e| EngineError::Spec(e.to_string()))
-    }
-
-    /// `x` in a new vector, through the page-locked staging buffer in chunks of
-    /// [`COPY_CHUNK`] values: the host copies a chunk out (touching the new vector's pages
-    /// for the first time) while the device sends the next.
-    fn download(&self, x: &CudaSlice<T>) -> Result<Vec<T>, EngineError> {
-        use rayon::prelude::*;
-        let n = x.len();
-        let chunk = self.copy_chunk.max(1);
-        if n <= chunk {
-            return read_back(&self.stream, &self.staging, x, parallel_copy);
-        }
-        let mut staging = self
-            .staging
-            .lock()
-            .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
-        // SAFETY: each chunk is written by its copy before it is read (after its event).
-        let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        let mut sent = Vec::with_capacity(n.div_ceil(chunk));
-        for (i, part) in host.chunks_mut(chunk).enumerate() {
-            let start = i * chunk;
-            self.stream
-                .memcpy_dtoh(&x.slice(start..start + part.len()), part)?;
-            sent.push(self.stream.record_event(None)?);
-        }
-        let mut out: Vec<T> = Vec::with_capacity(n);
-        let spare = &mut out.spare_capacity_mut()[..n];
-        for ((event, src), dst) in sent
-            .iter()
-            .zip(host.chunks(chunk))
-            .zip(spare.chunks_mut(chunk))
-        {
-            event.synchronize()?;
-            dst.par_chunks_mut(1 << 16)
-                .zip(src.par_chunks(1 << 16))
-                .for_each(|(d, s)| {
-                    // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            s.as_ptr(),
-                            d.as_mut_ptr().cast::<T>(),
-                            s.len(),
-                        )
-                    }
-                });
-        }
-        // SAFETY: the chunks above initialised all `n` values.
-        unsafe { out.set_len(n) };
-        Ok(out)
     }
 }
 
