@@ -23,7 +23,8 @@
 # Session 22: part 9 (a fresh machine) the fused attention kernel: conformance in f16 (fused) and f32
 # (unfused), per-stage profiles, fused against unfused (alternating) and the encoders against PyTorch;
 # part 10 the same after the fused kernel's copies became asynchronous (no load waited on in the
-# loop), with chunked against one-piece copies.
+# loop), with chunked against one-piece copies; part 11 conformance of the final code (after the
+# review), fused (f16) and unfused (f32, and f16 with the switch off).
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -159,5 +160,12 @@ timeout 120 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny 
 timeout 100 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
 timeout 100 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
 timeout 130 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
+fi
+if [ "$PART" = 11 ]; then
+echo "== final code: verify fused (f16), unfused (f32; f16 with IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=0)"
+timeout 40 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -10
+timeout 40 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -1
+IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=0 timeout 40 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -1
+timeout 40 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -1
 fi
 ls -la $OUT
