@@ -117,49 +117,50 @@ if [ "$PART" = 8 ]; then
 echo "== after the review: verify f32 (Whisper's front end and padded attention on the engine)"
 timeout 200 ./xtask verify --fixtures fixtures --family whisper,bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -17
 fi
+# Session 22's encoder measurements (parts 9 and 10): per-stage profiles, whole calls with an engine switch
+# alternating, and the encoders against PyTorch f16.
+ENCODERS=("whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128")
+profiles() {
+  echo "== per-stage device times: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
+  for cfg in "${ENCODERS[@]}"; do
+    IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters "$1" --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+  done
+}
+alternate() {
+  echo "== alternating, bench p50 of 10: $*"
+  for v in "$@"; do
+    echo "-- IPFS_ACCELERATE_CUDA_$v"
+    for cfg in "${ENCODERS[@]}"; do
+      env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "p50|rror" | tail -1
+    done
+  done
+}
+against_torch() {
+  echo "== Whisper-tiny encoder (30 s), ViT-base b32, CLIP ViT-B/32 b32, BERT-base b1 / 32 / 128 against PyTorch f16"
+  local c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2"
+  timeout 120 ./xtask compare $c --config whisper-tiny --batch 1,8 2>&1 | grep -E -A8 "median ms|rror"
+  timeout 100 ./xtask compare $c --config vit-base --batch 32 2>&1 | grep -E -A8 "median ms|rror"
+  timeout 100 ./xtask compare $c --config clip-vit-b32 --batch 32 2>&1 | grep -E -A8 "median ms|rror"
+  timeout 130 ./xtask compare $c --config bert-base --batch 1,32,128 --seq 128 2>&1 | grep -E -A10 "median ms|rror"
+}
 if [ "$PART" = 9 ]; then
 echo "== verify f16 with the fused attention, then f32 (unfused): fixtures with heads of 64 and 32 (fused/, made by"
 echo "   tools/make_{bert,vit,clip}_fixture.py) and the shipped ones (heads of 8: unfused in both)"
 timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -10
 timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda 2>&1 | grep -v "^ *$" | tail -10
 timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -1
-echo "== per-stage device times with the fused attention: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
-for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
-IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
-done
-echo "== fused (1) against unfused (0) attention, alternating, bench p50 of 10"
-for i in 1 2; do for f in 1 0; do
-  echo "-- IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f"
-  for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
-  IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "p50|rror" | tail -1
-  done
-done; done
-echo "== Whisper-tiny encoder (30 s), ViT-base b32, CLIP ViT-B/32 b32, BERT-base b1 / 32 / 128 against PyTorch f16"
-timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 120 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 120 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
+profiles 1
+alternate FUSED_ATTENTION=1 FUSED_ATTENTION=0 FUSED_ATTENTION=1 FUSED_ATTENTION=0
+against_torch
 fi
 if [ "$PART" = 10 ]; then
 echo "== verify f16 with the fused attention (heads of 64 and 32), the shipped fixtures in f16 (heads of 8: unfused)"
 timeout 100 ./xtask verify --fixtures fused --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -10
 timeout 100 ./xtask verify --fixtures fixtures --family bert,vit,clip --backend cuda --precision f16 2>&1 | grep -v "^ *$" | tail -1
-echo "== per-stage device times: Whisper-tiny encoder batch 8, ViT-base batch 32, BERT-base 128 x 128 (f16)"
-for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
-IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
-done
-echo "== alternating, bench p50 of 10: fused / unfused attention, then chunked / one-piece copies"
-for v in "FUSED_ATTENTION=1" "FUSED_ATTENTION=0" "CHUNKED_COPIES=1" "CHUNKED_COPIES=0" "CHUNKED_COPIES=1" "CHUNKED_COPIES=0"; do
-  echo "-- IPFS_ACCELERATE_CUDA_$v"
-  for cfg in "whisper-tiny --batch 8" "vit-base --batch 32" "bert-base --batch 128 --seq 128"; do
-  env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "p50|rror" | tail -1
-  done
-done
-echo "== Whisper-tiny encoder (30 s), ViT-base b32, CLIP ViT-B/32 b32, BERT-base b1 / 32 / 128 against PyTorch f16"
-timeout 120 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --batch 1,8 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 100 ./xtask compare --dev --backend cuda --db $DB --config vit-base --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 100 ./xtask compare --dev --backend cuda --db $DB --config clip-vit-b32 --batch 32 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror"
-timeout 130 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A10 "median ms|rror"
+profiles 3
+# IPFS_ACCELERATE_CUDA_CHUNKED_COPIES existed in commit e5555fa only (chunked copies were taken out after this).
+alternate FUSED_ATTENTION=1 FUSED_ATTENTION=0 CHUNKED_COPIES=1 CHUNKED_COPIES=0 CHUNKED_COPIES=1 CHUNKED_COPIES=0
+against_torch
 fi
 if [ "$PART" = 11 ]; then
 echo "== final code: verify fused (f16), unfused (f32; f16 with IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=0)"

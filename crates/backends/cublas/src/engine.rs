@@ -1450,41 +1450,37 @@ where
         profile.mark("scores gemm")?;
         let score_rows = batch * heads * seq;
         let causal_i = self.causal as i32;
+        let (softmax, cfg) = if keys <= WARP_SOFTMAX_KEYS {
+            let cfg = LaunchConfig {
+                grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
+                block_dim: (32, WARP_SOFTMAX_ROWS, 1),
+                shared_mem_bytes: 0,
+            };
+            (&k.masked_softmax_warp, cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (score_rows as u32, 1, 1),
+                block_dim: (softmax_threads(keys, vec), 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&k.masked_softmax, cfg)
+        };
+        let rows = score_rows as i64;
         // SAFETY: `masked_softmax[_warp](scores, mask, heads, q_len, k_len, k_stride, [rows,]
         // causal)` over `score_rows` rows of `keys` values; `mask` holds `batch · seq` values.
         unsafe {
+            let mut args = self.launch(softmax);
+            args.arg(&mut u.scores)
+                .arg(mask)
+                .arg(&heads_i)
+                .arg(&seq_i)
+                .arg(&seq_i)
+                .arg(&keys_i);
             if keys <= WARP_SOFTMAX_KEYS {
-                let cfg = LaunchConfig {
-                    grid_dim: (score_rows.div_ceil(WARP_SOFTMAX_ROWS as usize) as u32, 1, 1),
-                    block_dim: (32, WARP_SOFTMAX_ROWS, 1),
-                    shared_mem_bytes: 0,
-                };
-                self.launch(&k.masked_softmax_warp)
-                    .arg(&mut u.scores)
-                    .arg(mask)
-                    .arg(&heads_i)
-                    .arg(&seq_i)
-                    .arg(&seq_i)
-                    .arg(&keys_i)
-                    .arg(&(score_rows as i64))
-                    .arg(&causal_i)
-                    .launch(cfg)?;
-            } else {
-                let cfg = LaunchConfig {
-                    grid_dim: (score_rows as u32, 1, 1),
-                    block_dim: (softmax_threads(keys, vec), 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                self.launch(&k.masked_softmax)
-                    .arg(&mut u.scores)
-                    .arg(mask)
-                    .arg(&heads_i)
-                    .arg(&seq_i)
-                    .arg(&seq_i)
-                    .arg(&keys_i)
-                    .arg(&causal_i)
-                    .launch(cfg)?;
+                args.arg(&rows);
             }
+            args.arg(&causal_i);
+            args.launch(cfg)?;
         }
         profile.mark("softmax")?;
         // ctx[b, h] = p v, `[seq_q, dh]` row-major per head.
