@@ -1953,6 +1953,29 @@ mod tests {
         }
     }
 
+    /// The fused kernel takes heads of 32 and 64 only, and only inputs whose every query sees a
+    /// key: the first key with a causal mask, any key without.
+    #[test]
+    fn fused_attention_takes_only_inputs_where_every_query_sees_a_key() {
+        let padded = [1, 1, 1, 0, 1, 0, 0, 0];
+        assert!(fused_attention_takes(64, &padded, 4, false));
+        assert!(fused_attention_takes(32, &padded, 4, true));
+        assert!(
+            fused_attention_takes(64, &[], 4, true),
+            "no mask: every key"
+        );
+        for size in [8, 16, 48, 80, 128] {
+            assert!(!fused_attention_takes(size, &padded, 4, false), "{size}");
+        }
+        // Input 1 sees nothing: HF attends to every key there, which the kernel does not.
+        assert!(!fused_attention_takes(64, &[1, 1, 0, 0, 0, 0], 3, false));
+        // Left padding: with a causal mask, query 0 sees no key.
+        let left = [0, 1, 1, 1];
+        assert!(fused_attention_takes(64, &left, 4, false));
+        assert!(!fused_attention_takes(64, &left, 4, true));
+        assert!(!fused_attention_takes(64, &[], 0, false), "no tokens");
+    }
+
     #[test]
     fn softmax_threads_cover_the_row_within_a_block() {
         for vec in [4, 8] {
