@@ -722,15 +722,22 @@ pub(crate) fn vec_width<T>() -> usize {
 /// each).
 const FLASH_ROWS: usize = 64;
 
-/// The shape of one layer's attention: `keys` is `seq` rounded up to a multiple of 8 (the
-/// unfused path's padded key rows).
+/// The shape of one layer's attention.
 #[derive(Clone, Copy)]
 struct AttentionDims {
     batch: usize,
     seq: usize,
-    keys: usize,
     heads: usize,
     head_size: usize,
+}
+
+impl AttentionDims {
+    /// The unfused path's key rows per head: `seq` padded to a multiple of 8 (kept zero), so
+    /// the attention products read aligned rows, which cuBLAS's tensor-core kernels need (ViT's
+    /// 197 tokens or Whisper's 1500 otherwise fall to slow ones). Score rows are as long.
+    fn keys(&self) -> usize {
+        self.seq.next_multiple_of(8)
+    }
 }
 
 /// One layer's attention buffers when it runs unfused: q, k and v split into heads (`[batch,
@@ -1176,11 +1183,13 @@ where
                 Input::Tokens(t) => fused_attention_takes(dh, t.mask, seq, self.causal),
                 _ => fused_attention_takes(dh, &[], seq, self.causal),
             };
-        // Unfused, each head's keys and values are padded to a multiple of 8 rows (kept zero),
-        // and score rows as long: the attention products then read aligned rows, which cuBLAS's
-        // tensor-core kernels need (ViT's 197 tokens or Whisper's 1500 otherwise fall to slow
-        // ones).
-        let keys = seq.next_multiple_of(8);
+        let dims = AttentionDims {
+            batch,
+            seq,
+            heads,
+            head_size: dh,
+        };
+        let keys = dims.keys();
         let mut unfused = if fused {
             None
         } else {
@@ -1210,13 +1219,6 @@ where
         let mut h1 = alloc(m * h)?;
         let mut ff = alloc(m * inter)?;
         profile.mark("embeddings")?;
-        let dims = AttentionDims {
-            batch,
-            seq,
-            keys,
-            heads,
-            head_size: dh,
-        };
         let pre = self.placement == NormPlacement::Pre;
         // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
         // Without a final norm, the last residual add writes the projection's norm of every
@@ -1393,10 +1395,10 @@ where
         let AttentionDims {
             batch,
             seq,
-            keys,
             heads,
             head_size: dh,
         } = dims;
+        let keys = dims.keys();
         let (h, m, vec) = (heads * dh, batch * seq, vec_width::<T>());
         let (seq_i, keys_i, heads_i, dh_i) = (seq as i32, keys as i32, heads as i32, dh as i32);
         let k = &self.kernels;
@@ -1536,7 +1538,6 @@ where
             seq,
             heads,
             head_size,
-            ..
         } = dims;
         let kernel = if head_size == 32 {
             &self.kernels.flash_attention_32

@@ -486,6 +486,15 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
+#if defined(__CUDA_ARCH__)
+// The shared-memory address (a 32-bit offset in the shared window) of a generic pointer to it.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+#endif
+
 // ldmatrix.x4: lanes 8i ... 8i + 7 give the rows (8 f16 each, 16-byte aligned) of 8 × 8 matrix
 // i, and r[i] gets this lane's pair of it: row lane / 4, columns 2 (lane % 4) and + 1, or with
 // `TRANS` column lane / 4 of rows 2 (lane % 4) and + 1.
@@ -493,8 +502,7 @@ template <bool TRANS>
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* row) {
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 800
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(row));
+    unsigned a = shared_address(row);
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -515,9 +523,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* r
 __device__ __forceinline__ void stage8(unsigned short* dst, const T* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if (sizeof(T) == 2) {
-        unsigned a;
-        asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)),
+                     "l"(src));
         return;
     }
 #endif
@@ -527,9 +534,8 @@ __device__ __forceinline__ void stage8(unsigned short* dst, const T* src) {
 // One int into shared memory, asynchronously where cp.async is (as stage8).
 __device__ __forceinline__ void stage_int(int* dst, const int* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)),
+                 "l"(src));
 #else
     *dst = *src;
 #endif
