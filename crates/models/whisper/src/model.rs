@@ -316,7 +316,8 @@ impl<B: Backend> Whisper<B> {
         Self::load_parts(source, config, device, false)
     }
 
-    fn load_parts(
+    /// [`Whisper::load`], or with `with_encoder` false [`Whisper::load_without_encoder`].
+    pub(crate) fn load_parts(
         source: Arc<dyn TensorSource>,
         config: &WhisperConfig,
         device: &B::Device,

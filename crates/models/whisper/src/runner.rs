@@ -367,10 +367,21 @@ impl<B: Backend> WhisperExecutor for WhisperRunner<B> {
 impl<B: Backend> WhisperRunner<B> {
     /// Loads the weights and the [`WhisperAssets`] of a checkpoint folder.
     pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
+        Self::from_dir_loading(dir, device, kind, true)
+    }
+
+    /// The [`WhisperAssets`] of a checkpoint folder and its weights, the encoder's only
+    /// `with_encoder`.
+    fn from_dir_loading(
+        dir: &Path,
+        device: &B::Device,
+        kind: BackendKind,
+        with_encoder: bool,
+    ) -> Result<Self> {
         let assets = WhisperAssets::from_dir(dir)?;
         let weights = ipfs_accelerate_io::open_weights(dir)?;
         Ok(WhisperRunner {
-            model: Whisper::load(weights, &assets.config, device)?,
+            model: Whisper::load_parts(weights, &assets.config, device, with_encoder)?,
             assets,
             device: device.clone(),
             kind,
@@ -387,15 +398,7 @@ impl<B: Backend> WhisperRunner<B> {
         kind: BackendKind,
         engine: Box<dyn ModelRunner>,
     ) -> Result<Self> {
-        let assets = WhisperAssets::from_dir(dir)?;
-        let weights = ipfs_accelerate_io::open_weights(dir)?;
-        let runner = WhisperRunner {
-            model: Whisper::load_without_encoder(weights, &assets.config, device)?,
-            assets,
-            device: device.clone(),
-            kind,
-            encoder_engine: None,
-        };
+        let runner = Self::from_dir_loading(dir, device, kind, false)?;
         Ok(runner.with_encoder_engine(engine))
     }
 
