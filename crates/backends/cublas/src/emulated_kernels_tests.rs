@@ -124,10 +124,10 @@ fn build<T: Elem>(dir: &Path, harness: &str) -> Option<std::path::PathBuf> {
     }
 }
 
-/// The f32 kernels with the harness's input helpers and another `main`.
-fn build_main(dir: &Path, main: &str) -> Option<std::path::PathBuf> {
+/// The kernels in storage `T` with the harness's input helpers and another `main`.
+fn build_main<T: Elem>(dir: &Path, main: &str) -> Option<std::path::PathBuf> {
     let helpers = &HARNESS[..HARNESS.find("int main(void)").unwrap()];
-    build::<f32>(dir, &format!("{helpers}\n{main}"))
+    build::<T>(dir, &format!("{helpers}\n{main}"))
 }
 
 /// The softmax of `row` over the keys `visible`, as `len` values (0 for the others).
@@ -712,7 +712,7 @@ int main(void) {
 #[test]
 fn clip_encoder_kernels_match_their_definitions() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_main(dir.path(), ENCODER_HARNESS) else {
+    let Some(exe) = build_main::<f32>(dir.path(), ENCODER_HARNESS) else {
         return;
     };
     let (batch, seq, hid, heads) = (2usize, 5usize, 40usize, 2usize);
@@ -878,7 +878,7 @@ fn conv_gelu(
 #[test]
 fn frame_kernels_compute_the_convolutional_front_end() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_main(dir.path(), FRAMES_HARNESS) else {
+    let Some(exe) = build_main::<f32>(dir.path(), FRAMES_HARNESS) else {
         return;
     };
     let (batch, ch, frames, hid) = (2usize, 5usize, 9usize, 12usize);
@@ -951,7 +951,7 @@ int main(void) {
 #[test]
 fn argmax_rows_picks_the_first_largest_value() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_main(dir.path(), ARGMAX_HARNESS) else {
+    let Some(exe) = build_main::<f32>(dir.path(), ARGMAX_HARNESS) else {
         return;
     };
     let vocab = 1000usize;
@@ -1007,7 +1007,7 @@ int main(void) {
 #[test]
 fn padded_score_rows_get_zeros_past_the_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_main(dir.path(), PADDED_SOFTMAX_HARNESS) else {
+    let Some(exe) = build_main::<f32>(dir.path(), PADDED_SOFTMAX_HARNESS) else {
         return;
     };
     let (rows, keys, stride) = (5usize, 13usize, 16usize);
@@ -1081,8 +1081,7 @@ fn fused_attention_matches_the_definition_f16() {
 
 fn check_fused_attention<T: Elem>() {
     let dir = tempfile::tempdir().unwrap();
-    let helpers = &HARNESS[..HARNESS.find("int main(void)").unwrap()];
-    let Some(exe) = build::<T>(dir.path(), &format!("{helpers}\n{FLASH_HARNESS}")) else {
+    let Some(exe) = build_main::<T>(dir.path(), FLASH_HARNESS) else {
         return;
     };
     let mut rng = Rng(0x5eed_f1a5_0000_0007);
