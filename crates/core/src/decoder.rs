@@ -1,13 +1,17 @@
-//! A backend-neutral description of a causal decoder LM trunk (LLaMA, Qwen2 and the decoders
-//! shaped like them) as host weights in HF's layouts: token embedding, pre-norm layers of RoPE
-//! grouped-query attention and a gated MLP, RMSNorm, and the language-model head (tied to the
-//! embedding or its own). Model crates build it from their checkpoints
-//! (`ipfs_accelerate_llama::decoder_spec`); engines that do not run through burn (the cuBLAS
-//! engine of the `cuda` feature) execute it, so the weight-name table stays in the model crate.
+//! A backend-neutral description of a pre-norm decoder trunk as host weights in HF's layouts:
+//! token embedding (plus learned positions, or RoPE inside attention), layers of causal
+//! grouped-query self-attention, cross-attention over an encoder's states (Whisper), a gated
+//! (LLaMA, Qwen2) or plain (Whisper) MLP, RMSNorm or LayerNorm, and the language-model head (tied
+//! to the embedding or its own). Model crates build it from their checkpoints
+//! (`ipfs_accelerate_llama::decoder_spec`, `ipfs_accelerate_whisper::decoder_spec`); engines that
+//! do not run through burn (the cuBLAS engine of the `cuda` feature) execute it, so the
+//! weight-name table stays in the model crate. [`DecoderSpec::reference_logits`] executes it in
+//! f64 as written: the definition every engine is tested against.
 
-use crate::{DenseWeights, Error, Result};
+use crate::{DenseWeights, Error, NormWeights, Result};
 
-/// The activation of a gated MLP: `down(act(gate(x)) * up(x))`.
+/// The activation of the MLP: `down(act(gate(x)) * up(x))` when gated, `down(act(up(x)))` when
+/// not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatedActivation {
     /// `x * sigmoid(x)` (LLaMA, Qwen2, Mistral).
@@ -30,12 +34,48 @@ pub struct RotarySpec {
     pub valid_positions: Option<usize>,
 }
 
-/// One decoder layer: `x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))`, then
-/// `x += down(act(gate(n2(x))) * up(n2(x)))`, with RMSNorms `n1`, `n2`.
+/// How the decoder normalises ([`NormWeights`]: an RMSNorm has no `beta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecoderNorm {
+    /// `x / rms(x) * gamma` (LLaMA, Qwen2; HF rounds `x / rms(x)` to the storage type first).
+    Rms,
+    /// `(x - mean) / std * gamma + beta` (Whisper).
+    Layer,
+}
+
+/// Where positions enter the decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecoderPositions {
+    /// Rotary embeddings of queries and keys (LLaMA, Qwen2).
+    Rotary(RotarySpec),
+    /// A learned table `[max_positions, hidden]` added to the token embeddings (Whisper).
+    Learned(Vec<f32>),
+}
+
+/// Cross-attention over an encoder's states (the decoder's "memory"), between the layer's
+/// self-attention and its MLP: `x += o(attn(q(n(x)), k(m), v(m)))`, every query seeing every
+/// state. Keys and values are computed once per request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrossAttentionWeights {
+    /// The norm before it.
+    pub norm: NormWeights,
+    /// Query projection, `[heads * head_dim, hidden]`.
+    pub query: DenseWeights,
+    /// Key projection, `[heads * head_dim, memory width]`.
+    pub key: DenseWeights,
+    /// Value projection, `[heads * head_dim, memory width]`.
+    pub value: DenseWeights,
+    /// Output projection, `[hidden, heads * head_dim]`.
+    pub output: DenseWeights,
+}
+
+/// One decoder layer: `x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))`, then the
+/// cross-attention when there is one, then `x += down(act(gate(n2(x))) * up(n2(x)))` (or
+/// `down(act(up(n2(x))))` without a gate), with norms `n1`, `n2` of [`DecoderSpec::norm`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderLayerWeights {
-    /// RMSNorm scale before attention, `[hidden]`.
-    pub input_norm: Vec<f32>,
+    /// The norm before self-attention.
+    pub input_norm: NormWeights,
     /// Query projection, `[heads * head_dim, hidden]` (zero bias when the checkpoint has none).
     pub query: DenseWeights,
     /// Key projection, `[kv_heads * head_dim, hidden]`.
@@ -44,10 +84,12 @@ pub struct DecoderLayerWeights {
     pub value: DenseWeights,
     /// Output projection, `[hidden, heads * head_dim]`.
     pub output: DenseWeights,
-    /// RMSNorm scale before the MLP, `[hidden]`.
-    pub post_norm: Vec<f32>,
-    /// Gate projection, `[intermediate, hidden]`.
-    pub gate: DenseWeights,
+    /// Cross-attention over the encoder's states (every layer of a decoder has one, or none).
+    pub cross: Option<CrossAttentionWeights>,
+    /// The norm before the MLP.
+    pub post_norm: NormWeights,
+    /// Gate projection, `[intermediate, hidden]`; `None`: a plain MLP.
+    pub gate: Option<DenseWeights>,
     /// Up projection, `[intermediate, hidden]`.
     pub up: DenseWeights,
     /// Down projection, `[hidden, intermediate]`.
@@ -56,10 +98,10 @@ pub struct DecoderLayerWeights {
     pub window: Option<usize>,
 }
 
-/// A causal decoder LM: what an engine needs to run prefill and cached decoding.
+/// A decoder LM: what an engine needs to run prefill and cached decoding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderSpec {
-    /// The family it was read from (`llama`, `qwen2`), for messages.
+    /// The family it was read from (`llama`, `qwen2`, `whisper`), for messages.
     pub family: String,
     /// Vocabulary size.
     pub vocab: usize,
@@ -73,21 +115,23 @@ pub struct DecoderSpec {
     pub head_dim: usize,
     /// MLP inner size.
     pub intermediate: usize,
-    /// RMSNorm epsilon.
+    /// The norms' kind.
+    pub norm: DecoderNorm,
+    /// The norms' epsilon.
     pub eps: f32,
     /// Longest context the checkpoint supports.
     pub max_positions: usize,
-    /// The MLP's gate activation.
+    /// The MLP's activation.
     pub activation: GatedActivation,
-    /// Rotary embeddings.
-    pub rotary: RotarySpec,
+    /// Rotary or learned positions.
+    pub positions: DecoderPositions,
     /// Token embedding `[vocab, hidden]` (its bias is zeros; the LM head too when `lm_head` is
     /// `None`).
     pub embed: DenseWeights,
     /// The layers.
     pub layers: Vec<DecoderLayerWeights>,
-    /// Final RMSNorm scale, `[hidden]`.
-    pub final_norm: Vec<f32>,
+    /// The norm before the head.
+    pub final_norm: NormWeights,
     /// The LM head `[vocab, hidden]`; `None` when it is the token embedding (tied).
     pub lm_head: Option<DenseWeights>,
 }
@@ -116,52 +160,68 @@ impl DecoderSpec {
                 self.heads, self.kv_heads
             ));
         }
-        if !dh.is_multiple_of(2) || self.rotary.inv_freq.len() != dh / 2 {
-            return bad(format!(
-                "{} rotary frequencies for heads of {dh} (an even size, half as many frequencies)",
-                self.rotary.inv_freq.len()
-            ));
+        match &self.positions {
+            DecoderPositions::Rotary(r) => {
+                if !dh.is_multiple_of(2) || r.inv_freq.len() != dh / 2 {
+                    return bad(format!(
+                        "{} rotary frequencies for heads of {dh} (an even size, half as many \
+                         frequencies)",
+                        r.inv_freq.len()
+                    ));
+                }
+            }
+            DecoderPositions::Learned(table) => check_len(
+                "embed_positions.weight".into(),
+                table,
+                vec![self.max_positions, h],
+            )?,
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return bad(format!(
-                "RMSNorm epsilon {} is not a non-negative number",
+                "norm epsilon {} is not a non-negative number",
                 self.eps
             ));
         }
-        let check_len = |name: String, v: &[f32], expected: Vec<usize>| {
-            if v.len() != expected.iter().product::<usize>() {
-                return Err(Error::ShapeMismatch {
-                    name,
-                    expected,
-                    actual: vec![v.len()],
-                });
+        let norm = |name: String, n: &NormWeights| -> Result<()> {
+            check_len(format!("{name}.weight"), &n.gamma, vec![h])?;
+            match self.norm {
+                DecoderNorm::Layer => check_len(format!("{name}.bias"), &n.beta, vec![h]),
+                DecoderNorm::Rms if n.beta.is_empty() => Ok(()),
+                DecoderNorm::Rms => Err(Error::InvalidInput(format!(
+                    "{} decoder: {name} is an RMSNorm with a bias",
+                    self.family
+                ))),
             }
-            Ok(())
         };
         self.embed.check("embed_tokens", self.vocab, h)?;
-        check_len("norm.weight".into(), &self.final_norm, vec![h])?;
+        norm("norm".into(), &self.final_norm)?;
         if let Some(head) = &self.lm_head {
             head.check("lm_head", self.vocab, h)?;
         }
         let (q, kv) = (self.heads * dh, self.kv_heads * dh);
+        let memory = self.memory_width();
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("layers.{i}");
-            check_len(
-                format!("{p}.input_layernorm.weight"),
-                &l.input_norm,
-                vec![h],
-            )?;
-            check_len(
-                format!("{p}.post_attention_layernorm.weight"),
-                &l.post_norm,
-                vec![h],
-            )?;
+            norm(format!("{p}.input_layernorm"), &l.input_norm)?;
+            norm(format!("{p}.post_attention_layernorm"), &l.post_norm)?;
             l.query.check(&format!("{p}.self_attn.q_proj"), q, h)?;
             l.key.check(&format!("{p}.self_attn.k_proj"), kv, h)?;
             l.value.check(&format!("{p}.self_attn.v_proj"), kv, h)?;
             l.output.check(&format!("{p}.self_attn.o_proj"), h, q)?;
-            l.gate
-                .check(&format!("{p}.mlp.gate_proj"), self.intermediate, h)?;
+            match (&l.cross, memory) {
+                (Some(c), Some(m)) => {
+                    norm(format!("{p}.encoder_attn_layer_norm"), &c.norm)?;
+                    c.query.check(&format!("{p}.encoder_attn.q_proj"), q, h)?;
+                    c.key.check(&format!("{p}.encoder_attn.k_proj"), q, m)?;
+                    c.value.check(&format!("{p}.encoder_attn.v_proj"), q, m)?;
+                    c.output.check(&format!("{p}.encoder_attn.o_proj"), h, q)?;
+                }
+                (None, None) => {}
+                _ => return bad("some layers have cross-attention and others not".into()),
+            }
+            if let Some(gate) = &l.gate {
+                gate.check(&format!("{p}.mlp.gate_proj"), self.intermediate, h)?;
+            }
             l.up.check(&format!("{p}.mlp.up_proj"), self.intermediate, h)?;
             l.down
                 .check(&format!("{p}.mlp.down_proj"), h, self.intermediate)?;
@@ -172,58 +232,107 @@ impl DecoderSpec {
         if self.layers.is_empty() {
             return bad("no layers".into());
         }
+        if self.layers.iter().any(|l| l.gate.is_some() != self.gated()) {
+            return bad("some layers have a gated MLP and others not".into());
+        }
         Ok(())
     }
 
-    /// Bytes of the weights as f32 (the tied head counted once).
-    pub fn float_bytes(&self) -> usize {
-        let dense = |d: &DenseWeights| d.out_features * d.in_features + d.bias.len();
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.input_norm.len()
-                    + l.post_norm.len()
-                    + [
-                        &l.query, &l.key, &l.value, &l.output, &l.gate, &l.up, &l.down,
-                    ]
-                    .iter()
-                    .map(|d| dense(d))
-                    .sum::<usize>()
-            })
-            .sum();
-        4 * (self.embed.out_features * self.embed.in_features
-            + self.final_norm.len()
-            + layers
-            + self.lm_head.as_ref().map_or(0, dense))
+    /// The width of the encoder states the cross-attention reads; `None` without
+    /// cross-attention.
+    pub fn memory_width(&self) -> Option<usize> {
+        self.layers
+            .first()
+            .and_then(|l| l.cross.as_ref())
+            .map(|c| c.key.in_features)
     }
 
-    /// Every dense layer: the embedding, each layer's seven projections, the head when untied.
+    /// Whether the MLPs are gated (the first layer's says).
+    pub fn gated(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.gate.is_some())
+    }
+
+    /// The rotary embeddings, when positions are rotary.
+    pub fn rotary(&self) -> Option<&RotarySpec> {
+        match &self.positions {
+            DecoderPositions::Rotary(r) => Some(r),
+            DecoderPositions::Learned(_) => None,
+        }
+    }
+
+    /// Every norm: each layer's (self-attention, cross-attention, MLP), then the final one.
+    pub fn norms(&self) -> impl Iterator<Item = &NormWeights> {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                std::iter::once(&l.input_norm)
+                    .chain(l.cross.as_ref().map(|c| &c.norm))
+                    .chain(std::iter::once(&l.post_norm))
+            })
+            .chain(std::iter::once(&self.final_norm))
+    }
+
+    /// Every dense layer: the embedding, each layer's projections (self-attention,
+    /// cross-attention, MLP), the head when untied.
     pub fn dense_layers(&self) -> impl Iterator<Item = &DenseWeights> {
         std::iter::once(&self.embed)
             .chain(self.layers.iter().flat_map(|l| {
-                [
-                    &l.query, &l.key, &l.value, &l.output, &l.gate, &l.up, &l.down,
-                ]
+                [&l.query, &l.key, &l.value, &l.output]
+                    .into_iter()
+                    .chain(
+                        l.cross
+                            .iter()
+                            .flat_map(|c| [&c.query, &c.key, &c.value, &c.output]),
+                    )
+                    .chain(l.gate.as_ref())
+                    .chain([&l.up, &l.down])
             }))
             .chain(self.lm_head.as_ref())
     }
 
-    /// Bytes of the weights as stored: ggml blocks as the file has them, f32 otherwise (norms
-    /// and biases in f32).
+    /// Values of the norms and the learned position table (kept as f32 on the host).
+    fn vector_values(&self) -> usize {
+        let table = match &self.positions {
+            DecoderPositions::Learned(t) => t.len(),
+            DecoderPositions::Rotary(_) => 0,
+        };
+        table
+            + self
+                .norms()
+                .map(|n| n.gamma.len() + n.beta.len())
+                .sum::<usize>()
+    }
+
+    /// Bytes of the weights as f32 (the tied head counted once, the embedding's zero bias not).
+    pub fn float_bytes(&self) -> usize {
+        let dense: usize = self
+            .dense_layers()
+            .map(|d| d.out_features * d.in_features + d.bias.len())
+            .sum();
+        4 * (self.vector_values() + dense - self.embed.bias.len())
+    }
+
+    /// Bytes of the weights as stored: ggml blocks as the file has them, f32 otherwise (norms,
+    /// positions and biases in f32).
     pub fn stored_bytes(&self) -> usize {
-        let norms: usize = self
-            .layers
-            .iter()
-            .map(|l| l.input_norm.len() + l.post_norm.len())
-            .sum::<usize>()
-            + self.final_norm.len();
-        4 * norms
+        4 * self.vector_values()
             + self
                 .dense_layers()
                 .map(DenseWeights::stored_bytes)
                 .sum::<usize>()
     }
+}
+
+/// Checks that `v` holds the product of `expected` values.
+fn check_len(name: String, v: &[f32], expected: Vec<usize>) -> Result<()> {
+    if v.len() != expected.iter().product::<usize>() {
+        return Err(Error::ShapeMismatch {
+            name,
+            expected,
+            actual: vec![v.len()],
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -232,6 +341,13 @@ mod tests {
 
     fn dense(out: usize, inp: usize) -> DenseWeights {
         DenseWeights::new(out, inp, vec![0.5; out * inp], vec![0.0; out])
+    }
+
+    fn rms(h: usize) -> NormWeights {
+        NormWeights {
+            gamma: vec![1.0; h],
+            beta: vec![],
+        }
     }
 
     fn tiny() -> DecoderSpec {
@@ -244,27 +360,29 @@ mod tests {
             kv_heads: kv,
             head_dim: dh,
             intermediate: inter,
+            norm: DecoderNorm::Rms,
             eps: 1e-6,
             max_positions: 16,
             activation: GatedActivation::Silu,
-            rotary: RotarySpec {
+            positions: DecoderPositions::Rotary(RotarySpec {
                 inv_freq: vec![1.0, 0.01],
                 valid_positions: None,
-            },
+            }),
             embed: DenseWeights::new(5, h, vec![0.1; 5 * h], vec![0.0; 5]),
             layers: vec![DecoderLayerWeights {
-                input_norm: vec![1.0; h],
+                input_norm: rms(h),
                 query: dense(heads * dh, h),
                 key: dense(kv * dh, h),
                 value: dense(kv * dh, h),
                 output: dense(h, heads * dh),
-                post_norm: vec![1.0; h],
-                gate: dense(inter, h),
+                cross: None,
+                post_norm: rms(h),
+                gate: Some(dense(inter, h)),
                 up: dense(inter, h),
                 down: dense(h, inter),
                 window: None,
             }],
-            final_norm: vec![1.0; h],
+            final_norm: rms(h),
             lm_head: None,
         }
     }
@@ -288,8 +406,27 @@ mod tests {
             .to_string()
             .contains("multiple of 3"));
         let mut s = tiny();
-        s.rotary.inv_freq.push(0.5);
+        if let DecoderPositions::Rotary(r) = &mut s.positions {
+            r.inv_freq.push(0.5);
+        }
         assert!(s.validate().unwrap_err().to_string().contains("rotary"));
+        let mut s = tiny();
+        s.layers[0].post_norm.beta = vec![0.0; 8];
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("RMSNorm with a bias"));
+        let mut s = tiny();
+        s.norm = DecoderNorm::Layer;
+        assert!(s.validate().unwrap_err().to_string().contains("bias"));
+        let mut s = tiny();
+        s.positions = DecoderPositions::Learned(vec![0.0; 15 * 8]);
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("embed_positions"));
         let mut s = tiny();
         s.layers[0].key = dense(8, 8);
         assert!(s.validate().unwrap_err().to_string().contains("k_proj"));

@@ -55,7 +55,7 @@ pub struct ReferenceOutput {
 }
 
 /// `dense(x)` of one row.
-fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
+pub(crate) fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
     (0..d.out_features)
         .map(|o| {
             let w = &d.weight[o * d.in_features..(o + 1) * d.in_features];
@@ -65,7 +65,7 @@ fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
 }
 
 /// Layer norm of one row.
-fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
+pub(crate) fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
     let len = x.len() as f64;
     let mean = x.iter().sum::<f64>() / len;
     let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;

@@ -14,6 +14,7 @@
 mod backend;
 mod config;
 pub mod decoder;
+mod decoder_reference;
 pub mod encoder;
 pub mod encoder_reference;
 mod error;
@@ -27,7 +28,10 @@ pub use backend::{
     DeviceInfo, ExecutionProvider, Precision, ProbeBackend, WebNnDevice,
 };
 pub use config::{label_count, label_name, softmax, JsonConfig};
-pub use decoder::{DecoderLayerWeights, DecoderSpec, GatedActivation, RotarySpec};
+pub use decoder::{
+    CrossAttentionWeights, DecoderLayerWeights, DecoderNorm, DecoderPositions, DecoderSpec,
+    GatedActivation, RotarySpec,
+};
 pub use encoder::{
     DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
     EncoderProjection, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights,

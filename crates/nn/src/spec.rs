@@ -150,6 +150,14 @@ impl<'a> SpecReader<'a> {
         self.read(&format!("{name}.weight"), &[h])
     }
 
+    /// The RMSNorm `name` of width `h` (a scale, no shift).
+    pub fn rms_norm(&self, name: &str, h: usize) -> Result<NormWeights> {
+        Ok(NormWeights {
+            gamma: self.scale(name, h)?,
+            beta: Vec::new(),
+        })
+    }
+
     /// The layer norm `name` of width `h`.
     pub fn norm(&self, name: &str, h: usize) -> Result<NormWeights> {
         Ok(NormWeights {
@@ -285,15 +293,16 @@ pub fn map_decoder_layers(
 ) -> Result<()> {
     spec.embed = f(&spec.embed)?;
     for l in &mut spec.layers {
-        for d in [
-            &mut l.query,
-            &mut l.key,
-            &mut l.value,
-            &mut l.output,
-            &mut l.gate,
-            &mut l.up,
-            &mut l.down,
-        ] {
+        let cross = l
+            .cross
+            .iter_mut()
+            .flat_map(|c| [&mut c.query, &mut c.key, &mut c.value, &mut c.output]);
+        for d in [&mut l.query, &mut l.key, &mut l.value, &mut l.output]
+            .into_iter()
+            .chain(cross)
+            .chain(l.gate.as_mut())
+            .chain([&mut l.up, &mut l.down])
+        {
             *d = f(d)?;
         }
     }

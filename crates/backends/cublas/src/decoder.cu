@@ -1,4 +1,5 @@
-// The decoder kernels of the cuBLAS engine (LLaMA-style causal LMs), compiled after kernels.cu
+// The decoder kernels of the cuBLAS engine (LLaMA-style causal LMs, and Whisper-style decoders
+// with LayerNorm, learned positions and cross-attention), compiled after kernels.cu
 // (`T`, `ld`, `st`, `block_reduce`, `shared_floats`, `Pack`, `activate`, `gather_rows`). Every
 // kernel reads the number of columns already in the KV cache from device memory (`past[0]`), so
 // one decoding step is the same launches every time (and can be replayed as a CUDA graph).
@@ -15,6 +16,10 @@ __device__ __forceinline__ float rms_inv(float sum_of_squares, int n, float eps)
 }
 __device__ __forceinline__ float rms_value(float x, float inv, float gamma) {
     return round_t(gamma * round_t(x * inv));
+}
+// HF's LayerNorm of one value: computed in f32 and rounded once (`inv` = 1 / std).
+__device__ __forceinline__ float ln_value(float x, float mean, float inv, float gamma, float beta) {
+    return round_t((x - mean) * inv * gamma + beta);
 }
 
 // Programmatic dependent launch (compute capability 9.0 and later; no-ops before and on the
@@ -51,14 +56,15 @@ extern "C" __global__ void append_mask(const int* fresh, const int* past, int n_
 }
 
 // One block per row: when `y` is not null, x = x + y (+ bias) rounded to T (the residual
-// stream); then out = gamma * (x / rms(x)) as HF's RMSNorm (normalised in f32, rounded to T,
-// then scaled). Shared memory: (hidden + 32) floats.
-extern "C" __global__ void residual_rms_norm(const T* y, const T* bias, T* x, const T* gamma,
-                                             float eps, int hidden, T* out) {
+// stream); then out = the norm of x: with `beta`, HF's LayerNorm ((x - mean) / std * gamma +
+// beta); without, HF's RMSNorm (gamma * (x / rms(x)), normalised in f32, rounded to T, then
+// scaled). Shared memory: (hidden + 32) floats.
+extern "C" __global__ void residual_norm(const T* y, const T* bias, T* x, const T* gamma,
+                                         const T* beta, float eps, int hidden, T* out) {
     float* row = shared_floats();
     float* red = row + hidden;
     size_t base = (size_t)blockIdx.x * hidden;
-    float ss = 0.f;
+    float s = 0.f;
     for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
         float v = ld(x[base + c]);
         if (y) {
@@ -68,11 +74,32 @@ extern "C" __global__ void residual_rms_norm(const T* y, const T* bias, T* x, co
             x[base + c] = st(v);
         }
         row[c] = v;
-        ss += v * v;
+        s += beta ? v : v * v;
     }
-    float inv = rms_inv(block_reduce(ss, red, BLOCK_SUM), hidden, eps);
+    float total = block_reduce(s, red, BLOCK_SUM);
+    if (beta) {
+        float mean = total / hidden, var = 0.f;
+        for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+            float d = row[c] - mean;
+            var += d * d;
+        }
+        float inv = rsqrtf(block_reduce(var, red, BLOCK_SUM) / hidden + eps);
+        for (int c = threadIdx.x; c < hidden; c += blockDim.x)
+            out[base + c] = st(ln_value(row[c], mean, inv, ld(gamma[c]), ld(beta[c])));
+        return;
+    }
+    float inv = rms_inv(total, hidden, eps);
     for (int c = threadIdx.x; c < hidden; c += blockDim.x)
         out[base + c] = st(rms_value(row[c], inv, ld(gamma[c])));
+}
+
+// Learned positions: x[r, :] = x[r, :] + table[positions[r], :], rounded to T (HF adds the two
+// embeddings in the model's dtype). Grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void add_positions(const int* positions, const T* table, int hidden, T* x) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    size_t r = blockIdx.x;
+    x[r * hidden + c] = st(ld(x[r * hidden + c]) + ld(table[(size_t)positions[r] * hidden + c]));
 }
 
 // Greedy decoding on the device: one block of ARGMAX_THREADS per row of `logits` `[rows, vocab]`
@@ -106,13 +133,21 @@ extern "C" __global__ void argmax_rows(const T* logits, int vocab, int* out) {
     if (t == 0) out[blockIdx.x] = nan[0] ? -1 : (index[0] == 0x7fffffff ? 0 : index[0]);
 }
 
-// The gated MLP's middle: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
-// gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise.
-// Grid (rows, blocks of ROW_THREADS).
-extern "C" __global__ void gated_act(const T* gu, const T* bias, int inter, int act, T* out) {
+// The MLP's middle. Gated: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
+// gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise. Plain
+// (`gated` 0): out[r, c] = act(up + bias), `gu` and `bias` holding the up projection's `inter`
+// alone. Grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void mlp_act(const T* gu, const T* bias, int inter, int act, int gated,
+                                   T* out) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= inter) return;
     size_t r = blockIdx.x;
+    if (!gated) {
+        float u = ld(gu[r * inter + c]);
+        if (bias) u = round_t(u + ld(bias[c]));
+        out[r * inter + c] = st(activate(u, act));
+        return;
+    }
     float g = ld(gu[r * 2 * inter + c]), u = ld(gu[r * 2 * inter + inter + c]);
     if (bias) {
         g = round_t(g + ld(bias[c]));
@@ -123,9 +158,12 @@ extern "C" __global__ void gated_act(const T* gu, const T* bias, int inter, int 
 
 // Splits the fused q / k / v projection (row r = b * n_new + i, `heads` query heads, then
 // `kv_heads` key heads, then `kv_heads` value heads, each `head_dim` wide) plus its bias: rotates
-// q and k at position `positions[r]` (HF's rotate_half: feature d pairs with d + head_dim / 2),
-// writes q to `q` `[rows, heads * head_dim]` and k, v into the caches `[batch, kv_heads, cap,
-// head_dim]` at column past + i. Grid (rows, heads + 2 * kv_heads), block head_dim / 2.
+// q and k at position `positions[r]` (HF's rotate_half: feature d pairs with d + head_dim / 2)
+// unless `inv_freq` is null (learned positions: `positions` is not read), writes q to `q`
+// `[rows, heads * head_dim]` and k, v into the caches `[batch, kv_heads, cap, head_dim]` at
+// column past + i. With `heads` 0 it splits the keys and values of a cross-attention; with
+// `kv_heads` 0 it adds the bias of queries alone. Grid (rows, heads + 2 * kv_heads), block
+// head_dim / 2.
 extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* positions,
                                       const float* inv_freq, const int* past, int heads,
                                       int kv_heads, int head_dim, int n_new, int cap, T* q,
@@ -138,7 +176,7 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
     const T* bs = bias + (size_t)slot * head_dim;
     float x1 = round_t(ld(src[i]) + ld(bs[i]));
     float x2 = round_t(ld(src[i + half]) + ld(bs[i + half]));
-    if (slot < heads + kv_heads) {
+    if (inv_freq && slot < heads + kv_heads) {
         float a = (float)positions[r] * inv_freq[i];
         float c = round_t(cosf(a)), sn = round_t(sinf(a));
         float y1 = x1 * c - x2 * sn, y2 = x2 * c + x1 * sn;
@@ -157,20 +195,21 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
     dst[i + half] = st(x2);
 }
 
-// Causal attention of the call's queries over the KV cache: query i of row b sits at column
+// Attention of the call's queries over a KV cache. Causal: query i of row b sits at column
 // past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
-// j > past + i - window). Softmax is online over chunks of blockDim keys (no limit on the
+// j > past + i - window); `keys` is not read. CROSS (cross-attention): every query sees the
+// columns j < keys (an encoder's states); `mask`, `past` and `window` are not read. Softmax is online over chunks of blockDim keys (no limit on the
 // context): one thread scores one key of the chunk, then every thread adds W features of the
 // values of a strided subset of the chunk's keys (W-wide loads, independent across keys). A query
 // that sees no key gets zeros (PyTorch SDPA's answer for a fully masked row).
 // q and out `[batch * n_new, heads * head_dim]`; caches `[batch, kv_heads, cap, head_dim]`;
 // values read in packs of W (head_dim a multiple of W). Grid (n_new, heads, batch), block a
 // multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) + 32) floats.
-template <int W>
+template <int W, bool CROSS>
 __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_cache,
                                       const int* mask, const int* past, int heads, int kv_heads,
-                                      int head_dim, int n_new, int cap, int window, float scale,
-                                      T* out) {
+                                      int head_dim, int n_new, int cap, int window, int keys,
+                                      float scale, T* out) {
     allow_next();
     float* qs = shared_floats();
     float* ps = qs + head_dim;
@@ -178,14 +217,14 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     float* red = accs + blockDim.x * W;
     int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
     int kvh = h / (heads / kv_heads);
-    int col = past[0] + i;
+    int col = CROSS ? keys - 1 : past[0] + i;
     size_t row = (size_t)b * n_new + i;
     const T* qr = q + row * heads * head_dim + (size_t)h * head_dim;
     for (int d = t; d < head_dim; d += blockDim.x) qs[d] = ld(qr[d]) * scale;
     __syncthreads();
     const T* kb = k_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
     const T* vb = v_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
-    const int* mrow = mask + (size_t)b * cap;
+    const int* mrow = CROSS ? nullptr : mask + (size_t)b * cap;
     // Value accumulation: thread t adds features [pk * W, pk * W + W) of keys kg, kg +
     // groups, ... of each chunk.
     int packs = head_dim / W, groups = blockDim.x / packs;
@@ -193,11 +232,11 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     float acc[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] = 0.f;
-    int first = window > 0 ? max(0, col - window + 1) : 0;
+    int first = !CROSS && window > 0 ? max(0, col - window + 1) : 0;
     float m = NEG_INF, l = 0.f;
     for (int c0 = first; c0 <= col; c0 += blockDim.x) {
         int j = c0 + t;
-        bool on = j <= col && mrow[j] != 0;
+        bool on = j <= col && (CROSS || mrow[j] != 0);
         float s = NEG_INF;
         if (on) {
             const T* kr = kb + (size_t)j * head_dim;
@@ -242,22 +281,21 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     }
 }
 
-// The entry points: 16-byte packs when head_dim is a multiple of VEC, single values otherwise.
-extern "C" __global__ void cached_attention(const T* q, const T* k_cache, const T* v_cache,
-                                            const int* mask, const int* past, int heads,
-                                            int kv_heads, int head_dim, int n_new, int cap,
-                                            int window, float scale, T* out) {
-    cached_attention_impl<VEC>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, n_new,
-                               cap, window, scale, out);
-}
-extern "C" __global__ void cached_attention_scalar(const T* q, const T* k_cache,
-                                                   const T* v_cache, const int* mask,
-                                                   const int* past, int heads, int kv_heads,
-                                                   int head_dim, int n_new, int cap, int window,
-                                                   float scale, T* out) {
-    cached_attention_impl<1>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, n_new,
-                             cap, window, scale, out);
-}
+// The entry points: 16-byte packs when head_dim is a multiple of VEC, single values otherwise;
+// causal self-attention and cross-attention apart (the cross form's bounds cost the causal one 16
+// registers).
+#define ATTENTION_ENTRY(NAME, W, CROSS)                                                            \
+    extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \
+                                    const int* mask, const int* past, int heads, int kv_heads,     \
+                                    int head_dim, int n_new, int cap, int window, int keys,        \
+                                    float scale, T* out) {                                         \
+        cached_attention_impl<W, CROSS>(q, k_cache, v_cache, mask, past, heads, kv_heads,          \
+                                        head_dim, n_new, cap, window, keys, scale, out);           \
+    }
+ATTENTION_ENTRY(cached_attention, VEC, false)
+ATTENTION_ENTRY(cached_attention_scalar, 1, false)
+ATTENTION_ENTRY(cross_attention, VEC, true)
+ATTENTION_ENTRY(cross_attention_scalar, 1, true)
 
 // ---- Products on the weight as stored: dense rows of T, or ggml blocks (ggml_blocks.cuh) that
 // are dequantized in registers. A row is read in units: VEC values of T, or 8 weights of a block.
@@ -290,14 +328,16 @@ __device__ __forceinline__ void load_x(const T* x, float* v) {
 #define GEMV_ROWS 8
 
 // acc[r] += sum_e wv[e] * x'[r, c + e] for one unit of a weight row (N values from column c) and
-// each of the `rows` (<= R) rows of x; x' is x's RMSNorm with `gamma` (`inv[r]` = 1 / rms of row
-// r), else x itself (see gemv_impl).
-template <int N, int R>
+// each of the `rows` (<= R) rows of x; x' is x's norm with `gamma`: its LayerNorm with `beta`
+// (`mean[r]`, `inv[r]` = 1 / std of row r), else its RMSNorm (`inv[r]` = 1 / rms); x itself
+// without `gamma` (see gemv_impl). `beta` is read by the WIDE kernels only.
+template <int N, int R, bool WIDE>
 __device__ __forceinline__ void gemv_unit(const float* wv, int c, const T* x, int x_stride,
-                                          int rows, const T* gamma, const float* inv,
-                                          float* acc) {
-    float g[N];
+                                          int rows, const T* gamma, const T* beta,
+                                          const float* mean, const float* inv, float* acc) {
+    float g[N], bt[N];
     if (gamma) load_x<N>(gamma + c, g);
+    if (WIDE && beta) load_x<N>(beta + c, bt);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (r < rows) {
@@ -305,7 +345,9 @@ __device__ __forceinline__ void gemv_unit(const float* wv, int c, const T* x, in
             load_x<N>(x + (size_t)r * x_stride + c, xv);
 #pragma unroll
             for (int e = 0; e < N; ++e) {
-                float xe = gamma ? rms_value(xv[e], inv[r], g[e]) : xv[e];
+                float xe = !gamma           ? xv[e]
+                           : (WIDE && beta) ? ln_value(xv[e], mean[r], inv[r], g[e], bt[e])
+                                            : rms_value(xv[e], inv[r], g[e]);
                 acc[r] += wv[e] * xe;
             }
         }
@@ -322,25 +364,28 @@ __device__ __forceinline__ void gemv_unit(const float* wv, int c, const T* x, in
 // arithmetic: with one load in flight per lane the product reached about a third of the
 // bandwidth. The GEMV_ROWS kernel takes one at a time (a batch's registers over 8 rows would cost
 // resident blocks).
-// Prologue: with `gamma`, x' is x's RMSNorm (x / rms(x), rounded to T, times gamma, rounded, as
-// residual_rms_norm writes it), else x itself. Epilogue: the bias when given (rounded with the
-// product, as a linear layer's output), then with `residual` y = residual + that (the residual
+// Prologue: with `gamma`, x' is x's norm as residual_norm writes it: its LayerNorm with `beta`,
+// else its RMSNorm (x / rms(x), rounded to T, times gamma, rounded); else x itself. Epilogue: the
+// bias when given (rounded with the product, as a linear layer's output), then the activation
+// `act` (an activation code, -1 for none) or with `residual` y = residual + that (the residual
 // stream; `residual` may be `y`). Output row r is at y + r * y_stride (a part of a stacked
 // weight writes its own columns). Grid (out / (GEMV_WARPS / split)), block (32 * GEMV_WARPS).
 // Gated (`gated` an activation code, not -1): w holds 2 * out rows, the gate's then the up
-// projection's, and y[r, j] = act(gate_j + bias_j) * (up_j + bias_{out + j}) as gated_act
+// projection's, and y[r, j] = act(gate_j + bias_j) * (up_j + bias_{out + j}) as mlp_act
 // computes it; the block's first half of output slots takes gate features, the second half the
 // same features of the up projection (split at most GEMV_WARPS / 2). Grid (out / pairs), pairs =
 // GEMV_WARPS / split / 2.
 #define GEMV_WARPS 8
 #define GEMV_BATCH 4
-template <int F, int R>
+template <int F, int R, bool WIDE>
 __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* x, int x_stride,
-                          int rows, int out, int k, const T* gamma, float eps, const T* bias,
-                          const T* residual, T* y, int y_stride, int split, int gated) {
+                          int rows, int out, int k, const T* gamma, const T* beta, float eps,
+                          const T* bias, const T* residual, T* y, int y_stride, int split,
+                          int gated, int act) {
     const int N = Unit<F>::N;
     const int B = R == 1 ? GEMV_BATCH : 1;
     __shared__ float red[32];
+    __shared__ float mean[R];
     __shared__ float inv[R];
     __shared__ float partial[GEMV_WARPS][R];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -357,13 +402,23 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
     allow_next();
     if (gamma) {
         for (int r = 0; r < rows; ++r) {
+            const T* xr = x + (size_t)r * x_stride;
+            float m = 0.f;
+            if (WIDE && beta) {  // LayerNorm: the mean first, then the squares about it
+                float s = 0.f;
+                for (int c = threadIdx.x; c < k; c += blockDim.x) s += ld(xr[c]);
+                m = block_reduce(s, red, BLOCK_SUM) / k;
+            }
             float ss = 0.f;
             for (int c = threadIdx.x; c < k; c += blockDim.x) {
-                float v = ld(x[(size_t)r * x_stride + c]);
+                float v = ld(xr[c]) - m;
                 ss += v * v;
             }
             float total = block_reduce(ss, red, BLOCK_SUM);
-            if (threadIdx.x == 0) inv[r] = rms_inv(total, k, eps);
+            if (threadIdx.x == 0) {
+                mean[r] = m;
+                inv[r] = WIDE && beta ? rsqrtf(total / k + eps) : rms_inv(total, k, eps);
+            }
         }
         __syncthreads();
     }
@@ -379,12 +434,13 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
         for (int i = 0; i < B; ++i) load_unit<F>(wr, u + i * step, wv[i]);
 #pragma unroll
         for (int i = 0; i < B; ++i)
-            gemv_unit<N, R>(wv[i], (u + i * step) * N, x, x_stride, rows, gamma, inv, acc);
+            gemv_unit<N, R, WIDE>(wv[i], (u + i * step) * N, x, x_stride, rows, gamma, beta,
+                                  mean, inv, acc);
     }
     for (; u < units; u += step) {
         float wv[N];
         load_unit<F>(wr, u, wv);
-        gemv_unit<N, R>(wv, u * N, x, x_stride, rows, gamma, inv, acc);
+        gemv_unit<N, R, WIDE>(wv, u * N, x, x_stride, rows, gamma, beta, mean, inv, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -417,6 +473,7 @@ __device__ void gemv_impl(const unsigned char* w, long long row_bytes, const T* 
         float v = acc[r];
         size_t at = (size_t)r * y_stride + o;
         if (bias) v = round_t(v + ld(bias[o]));
+        if (WIDE && act >= 0) v = activate(round_t(v), act);
         if (residual) v = ld(residual[at]) + round_t(v);
         y[at] = st(v);
     }
@@ -441,22 +498,27 @@ __device__ void dequant_impl(const unsigned char* w, long long row_bytes, const 
 
 // The entry points of each format: gemv_<name> (up to GEMV_ROWS rows), gemv1_<name> (one row)
 // and dequant_<name>.
-#define GEMV_ENTRY(NAME, F, R)                                                                  \
+#define GEMV_ENTRY(NAME, F, R, WIDE)                                                            \
     extern "C" __global__ void NAME(const unsigned char* w, long long row_bytes, const T* x,    \
                                     int x_stride, int rows, int out, int k, const T* gamma,     \
-                                    float eps, const T* bias, const T* residual, T* y,          \
-                                    int y_stride, int split, int gated) {                       \
-        gemv_impl<F, R>(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias, residual, y, \
-                        y_stride, split, gated);                                                \
+                                    const T* beta, float eps, const T* bias, const T* residual, \
+                                    T* y, int y_stride, int split, int gated, int act) {        \
+        gemv_impl<F, R, WIDE>(w, row_bytes, x, x_stride, rows, out, k, gamma, beta, eps, bias,  \
+                              residual, y, y_stride, split, gated, act);                        \
     }
 #define WEIGHT_KERNELS(NAME, F)                                                                 \
-    GEMV_ENTRY(gemv_##NAME, F, GEMV_ROWS)                                                       \
-    GEMV_ENTRY(gemv1_##NAME, F, 1)                                                              \
+    GEMV_ENTRY(gemv_##NAME, F, GEMV_ROWS, false)                                                \
+    GEMV_ENTRY(gemv1_##NAME, F, 1, false)                                                       \
     extern "C" __global__ void dequant_##NAME(const unsigned char* w, long long row_bytes,      \
                                               const int* ids, int first, int k, T* out) {       \
         dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \
     }
 WEIGHT_KERNELS(dense, DENSE)
+// The WIDE forms of the dense products (LayerNorm prologue, activation epilogue: Whisper's
+// decoder), apart so the others keep their registers (the branches cost the one-row kernel 10
+// and the few-row kernel 16).
+GEMV_ENTRY(gemv_wide_dense, DENSE, GEMV_ROWS, true)
+GEMV_ENTRY(gemv1_wide_dense, DENSE, 1, true)
 // The block formats' pairs (`WEIGHT_KERNELS(q4_k, 12)`, ...) follow, appended by the engine for
 // the formats the model stores only (`kernel_source`): they are most of the module's compile
 // time on a fresh machine.

@@ -1,10 +1,12 @@
-//! A causal decoder LM ([`DecoderSpec`]: LLaMA, Qwen2) on one CUDA stream: cuBLAS for every
-//! product (q / k / v fused into one GEMM, gate and up into another) and the kernels of
-//! `decoder.cu` for the rest: embedding rows, RMSNorm fused with the residual add, RoPE fused with
-//! the split into the query and the device-resident KV cache, causal attention over the cache
-//! (online softmax, grouped-query heads read in place, sliding windows), and the gated MLP's
-//! activation. A [`State`] holds one batch's cache; a call runs any number of new columns
-//! (the prompt, then one token per step) and returns the logits of the last or of every column.
+//! A decoder LM ([`DecoderSpec`]: LLaMA, Qwen2, Whisper's decoder) on one CUDA stream: cuBLAS for
+//! every product (q / k / v fused into one GEMM, gate and up into another) and the kernels of
+//! `decoder.cu` for the rest: embedding rows (plus learned positions), RMSNorm or LayerNorm fused
+//! with the residual add, RoPE fused with the split into the query and the device-resident KV
+//! cache, causal attention over the cache (online softmax, grouped-query heads read in place,
+//! sliding windows), cross-attention over an encoder's keys and values (computed once per
+//! session), and the MLP's activation. A [`State`] holds one batch's caches; a call runs any
+//! number of new columns (the prompt, then one token per step) and returns the logits of the last
+//! or of every column.
 
 use std::any::Any;
 use std::marker::PhantomData;
@@ -17,7 +19,8 @@ use cudarc::driver::{
     LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop,
 };
 use ipfs_accelerate_core::{
-    DType, DecoderSpec, DenseWeights, GatedActivation, HostTensor, Precision,
+    DType, DecoderNorm, DecoderPositions, DecoderSpec, DenseWeights, GatedActivation, HostTensor,
+    NormWeights, Precision,
 };
 
 use crate::engine::{
@@ -45,15 +48,22 @@ const MAX_HEAD_DIM: usize = 1024;
 struct Kernels {
     gather_rows: CudaFunction,
     append_mask: CudaFunction,
-    residual_rms_norm: CudaFunction,
-    gated_act: CudaFunction,
+    residual_norm: CudaFunction,
+    add_positions: CudaFunction,
+    mlp_act: CudaFunction,
     argmax_rows: CudaFunction,
     rope_split: CudaFunction,
     cached_attention: CudaFunction,
     /// `cached_attention` reading single values (heads that are not a whole number of packs).
     cached_attention_scalar: CudaFunction,
+    /// Cross-attention over an encoder's keys and values, in packs and in single values.
+    cross_attention: CudaFunction,
+    cross_attention_scalar: CudaFunction,
     /// The products and row reads of dense weights.
     dense: WeightKernels,
+    /// `gemv_wide_dense` / `gemv1_wide_dense`: the dense products with a LayerNorm prologue and
+    /// an activation epilogue, which the others leave out for their registers.
+    wide_dense: (CudaFunction, CudaFunction),
     /// Those of each ggml block format ([`BLOCK_FORMATS`], same order) the model stores; the
     /// others are not compiled.
     blocks: Vec<Option<WeightKernels>>,
@@ -188,8 +198,8 @@ pub(crate) fn gemv_split(out: usize, units: usize) -> u32 {
 /// What `gemv_*` does around its product.
 #[derive(Clone, Copy)]
 struct Epilogue<'a, T> {
-    /// RMSNorm the input rows with this scale first.
-    gamma: Option<&'a CudaSlice<T>>,
+    /// Normalise the input rows with this norm first.
+    norm: Option<&'a Norm<T>>,
     /// Add this bias to the product.
     bias: Option<&'a CudaSlice<T>>,
     /// Add the product into the output (the residual stream) instead of overwriting it.
@@ -197,35 +207,40 @@ struct Epilogue<'a, T> {
     /// The weight is a gated MLP's gate then up projection: write `act(gate) * up` with this
     /// activation (`act_code`) instead of both products.
     gated: Option<i32>,
+    /// Apply this activation (`act_code`) to the product (plus bias).
+    act: Option<i32>,
 }
 
 impl<T> Default for Epilogue<'_, T> {
     fn default() -> Self {
         Epilogue {
-            gamma: None,
+            norm: None,
             bias: None,
             in_place: false,
             gated: None,
+            act: None,
         }
     }
 }
 
 impl<'a, T> Epilogue<'a, T> {
-    /// The product of the input's RMSNorm (scale `gamma`).
-    fn norm(gamma: &'a CudaSlice<T>) -> Self {
+    /// The product of the input's norm, plus `bias`.
+    fn norm(norm: &'a Norm<T>, bias: Option<&'a CudaSlice<T>>) -> Self {
         Epilogue {
-            gamma: Some(gamma),
+            norm: Some(norm),
+            bias,
             ..Epilogue::default()
         }
     }
 
-    /// `act(gate + bias) * (up + bias)` of the input's RMSNorm (scale `gamma`), the weight holding
-    /// the gate's rows then the up projection's.
-    fn gated_norm(gamma: &'a CudaSlice<T>, bias: Option<&'a CudaSlice<T>>, act: i32) -> Self {
+    /// The MLP's middle of the input's norm: `act(gate + bias) * (up + bias)` when `gated` (the
+    /// weight holding the gate's rows then the up projection's), else `act(up + bias)`.
+    fn mlp_norm(norm: &'a Norm<T>, bias: Option<&'a CudaSlice<T>>, act: i32, gated: bool) -> Self {
         Epilogue {
-            gamma: Some(gamma),
+            norm: Some(norm),
             bias,
-            gated: Some(act),
+            gated: gated.then_some(act),
+            act: (!gated).then_some(act),
             ..Epilogue::default()
         }
     }
@@ -242,15 +257,20 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 8] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 13] = [
     "gather_rows",
     "append_mask",
-    "residual_rms_norm",
-    "gated_act",
+    "residual_norm",
+    "add_positions",
+    "mlp_act",
     "argmax_rows",
     "rope_split",
     "cached_attention",
     "cached_attention_scalar",
+    "cross_attention",
+    "cross_attention_scalar",
+    "gemv_wide_dense",
+    "gemv1_wide_dense",
 ];
 
 /// The null pointer a kernel reads as "no such input".
@@ -503,14 +523,32 @@ impl<T> DevicePtrMut<T> for At<'_, T> {
     }
 }
 
+/// A norm on the device: a LayerNorm has `beta` (zeros when the checkpoint has none), an
+/// RMSNorm not.
+struct Norm<T> {
+    gamma: CudaSlice<T>,
+    beta: Option<CudaSlice<T>>,
+}
+
+/// A layer's cross-attention: the query, output and norm applied to the decoder's rows; the key
+/// and value projections of the encoder's states, stacked `[2 * heads * head_dim, memory]` with
+/// the bias always present (the split reads it).
+struct CrossLayer<T> {
+    norm: Norm<T>,
+    query: Weight<T>,
+    kv: Weight<T>,
+    output: Weight<T>,
+}
+
 struct Layer<T> {
-    input_norm: CudaSlice<T>,
+    input_norm: Norm<T>,
     /// q, k and v stacked: `[(heads + 2 * kv_heads) * head_dim, hidden]`, with the bias always
     /// present (zeros when the checkpoint has none: the RoPE kernel reads it).
     qkv: Weight<T>,
     output: Weight<T>,
-    post_norm: CudaSlice<T>,
-    /// gate and up stacked: `[2 * intermediate, hidden]`.
+    cross: Option<CrossLayer<T>>,
+    post_norm: Norm<T>,
+    /// gate and up stacked: `[2 * intermediate, hidden]`; the up projection alone in a plain MLP.
     gate_up: Weight<T>,
     down: Weight<T>,
     /// The sliding window, or 0.
@@ -528,8 +566,14 @@ struct Dims {
     intermediate: usize,
     eps: f32,
     act: i32,
+    /// Whether the MLP is gated.
+    gated: bool,
     max_positions: usize,
     valid_positions: Option<usize>,
+    /// Positions index a learned table (below `max_positions`).
+    learned_positions: bool,
+    /// The width of the encoder states the cross-attention reads, if it has one.
+    memory: Option<usize>,
 }
 
 /// A [`DecoderSpec`] resident on the GPU in `T`.
@@ -540,9 +584,12 @@ pub struct Decoder<T: Elem> {
     dims: Dims,
     /// The token embedding (and the LM head when tied).
     embed: Weight<T>,
-    inv_freq: CudaSlice<f32>,
+    /// RoPE's frequencies (rotary positions).
+    inv_freq: Option<CudaSlice<f32>>,
+    /// The learned position table `[max_positions, hidden]` (learned positions).
+    position_table: Option<CudaSlice<T>>,
     layers: Vec<Layer<T>>,
-    final_norm: CudaSlice<T>,
+    final_norm: Norm<T>,
     /// The LM head; `None`: the token embedding (tied).
     lm_head: Option<Weight<T>>,
     /// Page-locked host memory the logits come back through.
@@ -609,9 +656,19 @@ struct SendGraph(CudaGraph);
 // by one thread at a time (`&mut`).
 unsafe impl Send for SendGraph {}
 
+/// The keys and values of a cross-attention's encoder states, one pair per layer
+/// `[batch, heads, frames, head_dim]`, computed when the state is made.
+struct Memory<T> {
+    keys: Vec<CudaSlice<T>>,
+    values: Vec<CudaSlice<T>>,
+    frames: usize,
+}
+
 /// One batch's decoding state: the cache, the columns in it, and the captured step.
 pub struct State<T> {
     cache: Cache<T>,
+    /// The cross-attention's keys and values (a decoder with cross-attention).
+    memory: Option<Memory<T>>,
     /// Columns already in the cache.
     past: usize,
     step: Option<StepGraph<T>>,
@@ -701,12 +758,16 @@ where
         let kernels = Kernels {
             gather_rows: named("gather_rows")?,
             append_mask: named("append_mask")?,
-            residual_rms_norm: named("residual_rms_norm")?,
-            gated_act: named("gated_act")?,
+            residual_norm: named("residual_norm")?,
+            add_positions: named("add_positions")?,
+            mlp_act: named("mlp_act")?,
             argmax_rows: named("argmax_rows")?,
             rope_split: named("rope_split")?,
             cached_attention: named("cached_attention")?,
             cached_attention_scalar: named("cached_attention_scalar")?,
+            cross_attention: named("cross_attention")?,
+            cross_attention_scalar: named("cross_attention_scalar")?,
+            wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
             dense,
             blocks,
         };
@@ -715,6 +776,14 @@ where
                 unsafe { device_buffer(&stream, v.len(), || format!("{} weights", v.len())) }?;
             stream.memcpy_htod(&T::from_f32_slice(v), &mut d)?;
             Ok(d)
+        };
+        let layer_norm = spec.norm == DecoderNorm::Layer;
+        let norm = |n: &NormWeights| -> Result<Norm<T>, EngineError> {
+            Ok(Norm {
+                gamma: up(&n.gamma)?,
+                // A LayerNorm's shift is always uploaded: the kernels tell the kinds apart by it.
+                beta: if layer_norm { Some(up(&n.beta)?) } else { None },
+            })
         };
         // Consecutive layers stored alike become one part (f32 values converted to T, blocks
         // concatenated row by row); a layer in another format starts a new part.
@@ -815,12 +884,26 @@ where
             .enumerate()
             .map(|(i, l)| {
                 let name = |what: &str| format!("layer {i} {what}");
+                let cross = l
+                    .cross
+                    .as_ref()
+                    .map(|c| -> Result<CrossLayer<T>, EngineError> {
+                        Ok(CrossLayer {
+                            norm: norm(&c.norm)?,
+                            query: stacked(&name("cross query"), &[&c.query], false)?,
+                            kv: stacked(&name("cross key / value"), &[&c.key, &c.value], true)?,
+                            output: stacked(&name("cross output"), &[&c.output], false)?,
+                        })
+                    })
+                    .transpose()?;
+                let mlp_in: Vec<&DenseWeights> = l.gate.iter().chain([&l.up]).collect();
                 Ok(Layer {
-                    input_norm: up(&l.input_norm)?,
+                    input_norm: norm(&l.input_norm)?,
                     qkv: stacked(&name("q / k / v"), &[&l.query, &l.key, &l.value], true)?,
                     output: stacked(&name("output"), &[&l.output], false)?,
-                    post_norm: up(&l.post_norm)?,
-                    gate_up: stacked(&name("gate / up"), &[&l.gate, &l.up], false)?,
+                    cross,
+                    post_norm: norm(&l.post_norm)?,
+                    gate_up: stacked(&name("gate / up"), &mlp_in, false)?,
                     down: stacked(&name("down"), &[&l.down], false)?,
                     window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 })
@@ -835,7 +918,11 @@ where
         let weights = || {
             layers
                 .iter()
-                .flat_map(|l| [&l.qkv, &l.output, &l.gate_up, &l.down])
+                .flat_map(|l| {
+                    [&l.qkv, &l.output, &l.gate_up, &l.down]
+                        .into_iter()
+                        .chain(l.cross.iter().flat_map(|c| [&c.query, &c.kv, &c.output]))
+                })
                 .chain(std::iter::once(&embed))
                 .chain(lm_head.as_ref())
         };
@@ -846,14 +933,17 @@ where
             .map_or(0, |most| {
                 most.min(SCRATCH_VALUES.max(spec.hidden.max(spec.intermediate)))
             });
-        let norm_values = spec.final_norm.len()
+        let (inv_freq, position_table) = match &spec.positions {
+            DecoderPositions::Rotary(r) => (Some(stream.clone_htod(&r.inv_freq)?), None),
+            DecoderPositions::Learned(table) => (None, Some(up(table)?)),
+        };
+        let vector_values = position_table.as_ref().map_or(0, |t| t.len())
             + spec
-                .layers
-                .iter()
-                .map(|l| l.input_norm.len() + l.post_norm.len())
+                .norms()
+                .map(|n| n.gamma.len() + if layer_norm { n.gamma.len() } else { 0 })
                 .sum::<usize>();
         let weight_bytes =
-            weights().map(Weight::bytes).sum::<usize>() + norm_values * std::mem::size_of::<T>();
+            weights().map(Weight::bytes).sum::<usize>() + vector_values * std::mem::size_of::<T>();
         let decoder = Decoder {
             kernels,
             dims: Dims {
@@ -865,13 +955,17 @@ where
                 intermediate: spec.intermediate,
                 eps: spec.eps,
                 act: act_code(spec.activation),
+                gated: spec.gated(),
                 max_positions: spec.max_positions,
-                valid_positions: spec.rotary.valid_positions,
+                valid_positions: spec.rotary().and_then(|r| r.valid_positions),
+                learned_positions: position_table.is_some(),
+                memory: spec.memory_width(),
             },
             embed,
-            inv_freq: stream.clone_htod(&spec.rotary.inv_freq)?,
+            inv_freq,
+            position_table,
             layers,
-            final_norm: up(&spec.final_norm)?,
+            final_norm: norm(&spec.final_norm)?,
             lm_head,
             scratch_values,
             weight_bytes,
@@ -888,9 +982,41 @@ where
     }
 
     /// An empty cache for `batch` rows of at most `capacity` columns each; a cache the device
-    /// cannot hold is [`EngineError::OutOfMemory`] naming its size.
-    pub fn new_state(&self, batch: usize, capacity: usize) -> Result<State<T>, EngineError> {
+    /// cannot hold is [`EngineError::OutOfMemory`] naming its size. A decoder with
+    /// cross-attention needs `memory`: the encoder's states `[batch, frames, width]` (f32,
+    /// row-major) and `frames`, whose keys and values every layer computes here once.
+    pub fn new_state(
+        &self,
+        batch: usize,
+        capacity: usize,
+        memory: Option<(&[f32], usize)>,
+    ) -> Result<State<T>, EngineError> {
         let d = &self.dims;
+        let memory = match (d.memory, memory) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(EngineError::Input(
+                    "encoder states for a decoder without cross-attention".into(),
+                ))
+            }
+            (Some(width), None) => {
+                return Err(EngineError::Input(format!(
+                    "the decoder's cross-attention needs encoder states of width {width}"
+                )))
+            }
+            (Some(width), Some((states, frames))) => {
+                if frames == 0 || states.len() != batch * frames * width {
+                    return Err(EngineError::Input(format!(
+                        "{} encoder values for {batch} rows × {frames} frames × {width} features",
+                        states.len()
+                    )));
+                }
+                if let Some(bad) = states.iter().find(|v| !v.is_finite()) {
+                    return Err(EngineError::Input(format!("the encoder states hold {bad}")));
+                }
+                Some((states, frames))
+            }
+        };
         if batch == 0 || capacity == 0 {
             return Err(EngineError::Input(format!(
                 "a KV cache of {batch} rows × {capacity} columns holds nothing"
@@ -916,6 +1042,10 @@ where
             keys.push(unsafe { device_buffer::<T>(&self.stream, per_layer, what) }?);
             values.push(unsafe { device_buffer::<T>(&self.stream, per_layer, what) }?);
         }
+        let memory = match memory {
+            Some((states, frames)) => Some(self.memory(batch, states, frames)?),
+            None => None,
+        };
         Ok(State {
             cache: Cache {
                 batch,
@@ -924,9 +1054,90 @@ where
                 values,
                 mask: self.stream.alloc_zeros::<i32>(batch * capacity)?,
             },
+            memory,
             past: 0,
             step: None,
             graphs: !switched_off(GRAPHS_ENV),
+        })
+    }
+
+    /// Every layer's cross-attention keys and values of `states` `[batch, frames, width]`: one
+    /// product with the stacked key / value weight, split into heads (the value bias added).
+    fn memory(
+        &self,
+        batch: usize,
+        states: &[f32],
+        frames: usize,
+    ) -> Result<Memory<T>, EngineError> {
+        let d = &self.dims;
+        let s = &self.stream;
+        let rows = batch * frames;
+        let width = d.heads * d.head_dim;
+        let what = |n: usize| {
+            move || {
+                format!("the cross-attention's keys and values of {batch} × {frames} frames ({n} values)")
+            }
+        };
+        let mut x = unsafe { device_buffer::<T>(s, states.len(), what(states.len())) }?;
+        s.memcpy_htod(&T::from_f32_slice(states), &mut x)?;
+        // SAFETY: written by the product before the split reads it.
+        let mut kv = unsafe { device_buffer::<T>(s, rows * 2 * width, what(rows * 2 * width)) }?;
+        let mut scratch = if self.scratch_values > 0 {
+            Some(unsafe { device_buffer::<T>(s, self.scratch_values, what(self.scratch_values)) }?)
+        } else {
+            None
+        };
+        let zero = s.alloc_zeros::<i32>(1)?;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        let (frames_i, heads_i, dh_i, none_i) =
+            (frames as i32, d.heads as i32, d.head_dim as i32, 0i32);
+        for layer in &self.layers {
+            let cross = layer
+                .cross
+                .as_ref()
+                .ok_or_else(|| EngineError::Spec("a layer without cross-attention".into()))?;
+            let w = &cross.kv;
+            let x_ptr = x.device_ptr(s).0;
+            let kv_ptr = kv.device_ptr_mut(s).0;
+            self.linear(w, (x_ptr, w.in_features), rows, kv_ptr, scratch.as_mut())?;
+            let bias = w
+                .bias
+                .as_ref()
+                .ok_or_else(|| EngineError::Spec("the cross key / value bias is missing".into()))?;
+            // SAFETY: both written in full by the split below.
+            let mut k = unsafe { device_buffer::<T>(s, rows * width, what(rows * width)) }?;
+            let mut v = unsafe { device_buffer::<T>(s, rows * width, what(rows * width)) }?;
+            // SAFETY: rope_split(qkv, bias, positions, inv_freq, past, heads, kv_heads, head_dim,
+            // n_new, cap, q, k, v) with no query heads and no rotation: `rows` rows of 2 × width
+            // values and their bias in, `batch × heads × frames × head_dim` keys and values out.
+            unsafe {
+                s.launch_builder(&self.kernels.rope_split)
+                    .arg(&kv)
+                    .arg(bias)
+                    .arg(&NULL)
+                    .arg(&NULL)
+                    .arg(&zero)
+                    .arg(&none_i)
+                    .arg(&heads_i)
+                    .arg(&dh_i)
+                    .arg(&frames_i)
+                    .arg(&frames_i)
+                    .arg(&NULL)
+                    .arg(&mut k)
+                    .arg(&mut v)
+                    .launch(LaunchConfig {
+                        grid_dim: (rows as u32, (2 * d.heads) as u32, 1),
+                        block_dim: ((d.head_dim / 2) as u32, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+            keys.push(k);
+            values.push(v);
+        }
+        Ok(Memory {
+            keys,
+            values,
+            frames,
         })
     }
 
@@ -937,8 +1148,8 @@ where
         rows <= self.gemv_rows && k.is_multiple_of(vec) && x_stride.is_multiple_of(vec)
     }
 
-    /// `gemv_*` launches, one per part of `w`: `y = [residual +] (x' · Wᵀ [+ bias])`, x' the
-    /// RMSNorm of x with `gamma` when given (see decoder.cu). `x` is a device pointer and row
+    /// `gemv_*` launches, one per part of `w`: `y = [residual +] act(x' · Wᵀ [+ bias])`, x' the
+    /// epilogue's norm of x when given (see decoder.cu). `x` is a device pointer and row
     /// stride; `y` (and the residual, which is `y` itself when `in_place`) a device pointer to
     /// rows of `w.out_features` values — half of them when the epilogue is `gated` (one part).
     fn gemv(
@@ -954,8 +1165,13 @@ where
         let (stride_i, rows_i) = (x_stride as i32, rows as i32);
         let (k_i, y_stride) = (w.in_features as i32, w.out_features as i32);
         let bias = epilogue.bias.map(|b| b.device_ptr(s).0);
-        let gamma = epilogue.gamma.map_or(0, |g| g.device_ptr(s).0);
+        let gamma = epilogue.norm.map_or(0, |n| n.gamma.device_ptr(s).0);
+        let beta = epilogue
+            .norm
+            .and_then(|n| n.beta.as_ref())
+            .map_or(0, |b| b.device_ptr(s).0);
         let gated_i = epilogue.gated.unwrap_or(-1);
+        let act_i = epilogue.act.unwrap_or(-1);
         if epilogue.gated.is_some() && (w.parts.len() != 1 || epilogue.in_place) {
             return Err(EngineError::Spec(
                 "a gated product takes one part and writes its own output".into(),
@@ -983,10 +1199,19 @@ where
             };
             let (out_i, split_i) = (out as i32, split as i32);
             let kernels = self.kernels.of(&part.storage)?;
-            let func = if rows == 1 {
-                &kernels.gemv1
-            } else {
-                &kernels.gemv
+            let wide = beta != 0 || epilogue.act.is_some();
+            let func = match (&part.storage, wide, rows == 1) {
+                (Storage::Dense(_), true, true) => &self.kernels.wide_dense.1,
+                (Storage::Dense(_), true, false) => &self.kernels.wide_dense.0,
+                (Storage::Blocks { format, .. }, true, _) => {
+                    return Err(EngineError::Spec(format!(
+                        "a LayerNorm or plain MLP over {} blocks (the decoder reads those \
+                         decoders' weights dense)",
+                        format.name
+                    )))
+                }
+                (_, false, true) => &kernels.gemv1,
+                (_, false, false) => &kernels.gemv,
             };
             let mut args = RawArgs::default();
             args.arg(w_ptr)
@@ -997,24 +1222,26 @@ where
                 .arg(out_i)
                 .arg(k_i)
                 .arg(gamma)
+                .arg(beta)
                 .arg(self.dims.eps)
                 .arg(bias_part)
                 .arg(residual)
                 .arg(y_part)
                 .arg(y_stride)
                 .arg(split_i)
-                .arg(gated_i);
+                .arg(gated_i)
+                .arg(act_i);
             let cfg = LaunchConfig {
                 grid_dim: ((out as u32).div_ceil(per_block), 1, 1),
                 block_dim: (32 * GEMV_WARPS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: `gemv[1]_*(w, row_bytes, x, x_stride, rows, out, k, gamma, eps, bias,
-            // residual, y, y_stride, split, gated)` (8-byte pointers and row_bytes, 4-byte
-            // integers and eps, in this order) reads the part's rows of `row_bytes` (`out`, or 2 ×
-            // `out` gated), `rows` rows of `k` values of `x` (16-byte aligned: `gemv_fits`), `k` of
-            // gamma, as many bias values as weight rows, and reads / writes `out` columns of
-            // `rows` rows of `y`.
+            // SAFETY: `gemv[1]_*(w, row_bytes, x, x_stride, rows, out, k, gamma, beta, eps,
+            // bias, residual, y, y_stride, split, gated, act)` (8-byte pointers and row_bytes,
+            // 4-byte integers and eps, in this order) reads the part's rows of `row_bytes` (`out`,
+            // or 2 × `out` gated), `rows` rows of `k` values of `x` (16-byte aligned:
+            // `gemv_fits`), `k` of gamma and beta, as many bias values as weight rows, and reads /
+            // writes `out` columns of `rows` rows of `y`.
             unsafe { launch_raw(s, func, cfg, &mut args, self.overlap) }?;
             first += part.rows as u64;
         }
@@ -1216,7 +1443,15 @@ where
         };
         let mut buffers = self.buffers(batch, new, out_rows)?;
         self.stream.memcpy_htod(&host, &mut buffers.input)?;
-        self.run(&mut state.cache, &mut buffers, new, of, self.profile)?;
+        let memory = state.memory.as_ref();
+        self.run(
+            &mut state.cache,
+            memory,
+            &mut buffers,
+            new,
+            of,
+            self.profile,
+        )?;
         state.past += new;
         finish(&buffers.logits)
     }
@@ -1241,6 +1476,7 @@ where
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
             let ran = self.run(
                 &mut state.cache,
+                state.memory.as_ref(),
                 &mut step.buffers,
                 1,
                 LogitsOf::Last,
@@ -1304,6 +1540,18 @@ where
         }
         if let Some(bad) = columns.positions.iter().find(|&&p| p < 0) {
             return Err(EngineError::Input(format!("negative position {bad}")));
+        }
+        if d.learned_positions {
+            if let Some(bad) = columns
+                .positions
+                .iter()
+                .find(|&&p| p as usize >= d.max_positions)
+            {
+                return Err(EngineError::Input(format!(
+                    "position {bad} is past the model's {} learned positions",
+                    d.max_positions
+                )));
+            }
         }
         if let Some(limit) = d.valid_positions {
             if columns.positions.iter().any(|&p| p as usize >= limit) {
@@ -1379,6 +1627,7 @@ where
     fn run(
         &self,
         cache: &mut Cache<T>,
+        memory: Option<&Memory<T>>,
         b: &mut Buffers<T>,
         new: usize,
         of: LogitsOf,
@@ -1397,7 +1646,7 @@ where
         let q_width = d.heads * dh;
         let (n_i, cap_i, h_i) = (new as i32, cap as i32, h as i32);
         let (heads_i, kv_i, dh_i) = (d.heads as i32, d.kv_heads as i32, dh as i32);
-        let inter_i = d.intermediate as i32;
+        let (inter_i, gated_i, none_i) = (d.intermediate as i32, i32::from(d.gated), 0i32);
         // SAFETY (launches): each argument list matches its kernel's signature in decoder.cu and
         // every buffer holds the rows × widths the grid covers.
         unsafe {
@@ -1425,28 +1674,62 @@ where
             block_dim: (att_threads, 1, 1),
             shared_mem_bytes: ((dh + att_threads as usize * (1 + vec) + 32) * 4) as u32,
         };
-        let rope_cfg = LaunchConfig {
-            grid_dim: (rows as u32, (d.heads + 2 * d.kv_heads) as u32, 1),
+        let split_cfg = |slots: usize| LaunchConfig {
+            grid_dim: (rows as u32, slots as u32, 1),
             block_dim: ((dh / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let scale = 1.0 / (dh as f32).sqrt();
-        // residual_rms_norm(y or null, bias or null, x, gamma, eps, hidden, out).
-        let rms = |y: Option<&CudaSlice<T>>,
-                   bias: Option<&CudaSlice<T>>,
-                   x: &mut CudaSlice<T>,
-                   gamma: &CudaSlice<T>,
-                   out: &mut CudaSlice<T>|
+        // residual_norm(y or null, bias or null, x, gamma, beta or null, eps, hidden, out).
+        let residual_norm = |y: Option<&CudaSlice<T>>,
+                             bias: Option<&CudaSlice<T>>,
+                             x: &mut CudaSlice<T>,
+                             norm: &Norm<T>,
+                             out: &mut CudaSlice<T>|
          -> Result<(), EngineError> {
-            let mut args = s.launch_builder(&self.kernels.residual_rms_norm);
+            let mut args = s.launch_builder(&self.kernels.residual_norm);
             arg_or_null(&mut args, y);
             arg_or_null(&mut args, bias);
-            args.arg(x).arg(gamma).arg(&d.eps).arg(&h_i).arg(out);
+            args.arg(x).arg(&norm.gamma);
+            arg_or_null(&mut args, norm.beta.as_ref());
+            args.arg(&d.eps).arg(&h_i).arg(out);
             // SAFETY: as above; rows × hidden in every buffer.
             unsafe { args.launch(norm_cfg) }?;
             Ok(())
         };
-        // A decoding step's few rows: every RMSNorm runs inside the GEMV that reads it and every
+        // attention(q, keys, values, mask or null, (kv heads, cap, window, keys or 0 (causal))).
+        let attention = |q: &CudaSlice<T>,
+                         keys: &CudaSlice<T>,
+                         values: &CudaSlice<T>,
+                         mask: Option<&CudaSlice<i32>>,
+                         (kv_heads, cap, window, seen): (i32, i32, i32, i32),
+                         ctx: &mut CudaSlice<T>|
+         -> Result<(), EngineError> {
+            let k = &self.kernels;
+            let kernel = match (seen > 0, dh.is_multiple_of(vec)) {
+                (false, true) => &k.cached_attention,
+                (false, false) => &k.cached_attention_scalar,
+                (true, true) => &k.cross_attention,
+                (true, false) => &k.cross_attention_scalar,
+            };
+            let mut args = s.launch_builder(kernel);
+            args.arg(q).arg(keys).arg(values);
+            arg_or_null(&mut args, mask);
+            args.arg(&past_v)
+                .arg(&heads_i)
+                .arg(&kv_heads)
+                .arg(&dh_i)
+                .arg(&n_i)
+                .arg(&cap)
+                .arg(&window)
+                .arg(&seen)
+                .arg(&scale)
+                .arg(ctx);
+            // SAFETY: as above; the caches hold `batch × kv_heads × cap × head_dim` values.
+            unsafe { args.launch(att_cfg) }?;
+            Ok(())
+        };
+        // A decoding step's few rows: every norm runs inside the GEMV that reads it and every
         // residual add inside the GEMV that produces it (6 launches a layer instead of 9).
         let (out_rows, first, stride) = match of {
             LogitsOf::Last => (batch, (new - 1) * h, new * h),
@@ -1456,7 +1739,7 @@ where
         let ptr = |buf: &mut CudaSlice<T>| buf.device_ptr_mut(s).0;
         let (x_ptr, hb_ptr, ctx_ptr) = (ptr(&mut b.x), ptr(&mut b.hb), ptr(&mut b.ctx));
         let (qkv_ptr, gu_ptr, act_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.act));
-        let (y_ptr, logits_ptr) = (ptr(&mut b.y), ptr(&mut b.logits));
+        let (y_ptr, q_ptr, logits_ptr) = (ptr(&mut b.y), ptr(&mut b.q), ptr(&mut b.logits));
         let inter = d.intermediate;
         match &self.embed.parts[..] {
             [part @ Part {
@@ -1479,15 +1762,25 @@ where
             },
             _ => return Err(EngineError::Spec("the embedding is one table".into())),
         }
+        if let Some(table) = &self.position_table {
+            unsafe {
+                s.launch_builder(&self.kernels.add_positions)
+                    .arg(&pos_v)
+                    .arg(table)
+                    .arg(&h_i)
+                    .arg(&mut b.x)
+                    .launch(rows_by_columns(rows, h))?;
+            }
+        }
         prof.mark("embed")?;
         if !fused {
-            rms(None, None, &mut b.x, &self.layers[0].input_norm, &mut b.hb)?;
+            residual_norm(None, None, &mut b.x, &self.layers[0].input_norm, &mut b.hb)?;
             prof.mark("norm")?;
         }
         for (l, layer) in self.layers.iter().enumerate() {
             let w = &layer.qkv;
             if fused {
-                let norm = Epilogue::norm(&layer.input_norm);
+                let norm = Epilogue::norm(&layer.input_norm, None);
                 self.gemv(w, (x_ptr, h), rows, norm, qkv_ptr)?;
             } else {
                 self.linear(w, (hb_ptr, h), rows, qkv_ptr, b.scratch.as_mut())?;
@@ -1499,12 +1792,10 @@ where
                 .ok_or_else(|| EngineError::Spec("the fused q / k / v bias is missing".into()))?;
             let (keys, values) = (&mut cache.keys[l], &mut cache.values[l]);
             unsafe {
-                s.launch_builder(&self.kernels.rope_split)
-                    .arg(&b.qkv)
-                    .arg(qkv_bias)
-                    .arg(&pos_v)
-                    .arg(&self.inv_freq)
-                    .arg(&past_v)
+                let mut args = s.launch_builder(&self.kernels.rope_split);
+                args.arg(&b.qkv).arg(qkv_bias).arg(&pos_v);
+                arg_or_null(&mut args, self.inv_freq.as_ref());
+                args.arg(&past_v)
                     .arg(&heads_i)
                     .arg(&kv_i)
                     .arg(&dh_i)
@@ -1513,63 +1804,91 @@ where
                     .arg(&mut b.q)
                     .arg(&mut *keys)
                     .arg(&mut *values)
-                    .launch(rope_cfg)?;
+                    .launch(split_cfg(d.heads + 2 * d.kv_heads))?;
             }
             prof.mark("rope")?;
-            unsafe {
-                let attention = if dh.is_multiple_of(vec) {
-                    &self.kernels.cached_attention
-                } else {
-                    &self.kernels.cached_attention_scalar
-                };
-                s.launch_builder(attention)
-                    .arg(&b.q)
-                    .arg(&*keys)
-                    .arg(&*values)
-                    .arg(&cache.mask)
-                    .arg(&past_v)
-                    .arg(&heads_i)
-                    .arg(&kv_i)
-                    .arg(&dh_i)
-                    .arg(&n_i)
-                    .arg(&cap_i)
-                    .arg(&layer.window)
-                    .arg(&scale)
-                    .arg(&mut b.ctx)
-                    .launch(att_cfg)?;
-            }
+            let causal = (kv_i, cap_i, layer.window, 0);
+            attention(&b.q, keys, values, Some(&cache.mask), causal, &mut b.ctx)?;
             prof.mark("attention")?;
             let o = &layer.output;
-            let gup = &layer.gate_up;
-            // A gate / up weight of one format computes act(gate) * up in the GEMV's epilogue.
-            let gated = fused && gup.parts.len() == 1;
+            // The norm after the self-attention: the cross-attention's, else the MLP's.
+            let next_norm = layer.cross.as_ref().map_or(&layer.post_norm, |c| &c.norm);
             if fused {
                 let add = Epilogue::add_into(o.bias.as_ref());
                 self.gemv(o, (ctx_ptr, q_width), rows, add, x_ptr)?;
-                prof.mark("o")?;
-                if gated {
-                    let act = Epilogue::gated_norm(&layer.post_norm, gup.bias.as_ref(), d.act);
-                    self.gemv(gup, (x_ptr, h), rows, act, act_ptr)?;
-                } else {
-                    let norm = Epilogue::norm(&layer.post_norm);
-                    self.gemv(gup, (x_ptr, h), rows, norm, gu_ptr)?;
-                }
             } else {
                 self.linear(o, (ctx_ptr, q_width), rows, y_ptr, b.scratch.as_mut())?;
-                prof.mark("o")?;
                 let (y, bias) = (Some(&b.y), o.bias.as_ref());
-                rms(y, bias, &mut b.x, &layer.post_norm, &mut b.hb)?;
-                prof.mark("norm")?;
+                residual_norm(y, bias, &mut b.x, next_norm, &mut b.hb)?;
+            }
+            prof.mark("o")?;
+            if let Some(cross) = &layer.cross {
+                let m = memory.ok_or_else(|| {
+                    EngineError::Spec("a cross-attention without encoder states".into())
+                })?;
+                let qw = &cross.query;
+                if fused {
+                    let norm = Epilogue::norm(&cross.norm, qw.bias.as_ref());
+                    self.gemv(qw, (x_ptr, h), rows, norm, q_ptr)?;
+                } else {
+                    self.linear(qw, (hb_ptr, h), rows, qkv_ptr, b.scratch.as_mut())?;
+                    let bias = qw.bias.as_ref().ok_or_else(|| {
+                        EngineError::Spec("the cross query's bias is missing".into())
+                    })?;
+                    // The split with no key / value heads adds the queries' bias.
+                    unsafe {
+                        s.launch_builder(&self.kernels.rope_split)
+                            .arg(&b.qkv)
+                            .arg(bias)
+                            .arg(&NULL)
+                            .arg(&NULL)
+                            .arg(&past_v)
+                            .arg(&heads_i)
+                            .arg(&none_i)
+                            .arg(&dh_i)
+                            .arg(&n_i)
+                            .arg(&cap_i)
+                            .arg(&mut b.q)
+                            .arg(&NULL)
+                            .arg(&NULL)
+                            .launch(split_cfg(d.heads))?;
+                    }
+                }
+                let frames = m.frames as i32;
+                let cross_keys = (heads_i, frames, 0, frames);
+                attention(&b.q, &m.keys[l], &m.values[l], None, cross_keys, &mut b.ctx)?;
+                let co = &cross.output;
+                if fused {
+                    let add = Epilogue::add_into(co.bias.as_ref());
+                    self.gemv(co, (ctx_ptr, q_width), rows, add, x_ptr)?;
+                } else {
+                    self.linear(co, (ctx_ptr, q_width), rows, y_ptr, b.scratch.as_mut())?;
+                    let (y, bias) = (Some(&b.y), co.bias.as_ref());
+                    residual_norm(y, bias, &mut b.x, &layer.post_norm, &mut b.hb)?;
+                }
+                prof.mark("cross attention")?;
+            }
+            let gup = &layer.gate_up;
+            // A gate / up weight of one format computes act(gate) * up in the GEMV's epilogue.
+            let act_in_gemv = fused && (!d.gated || gup.parts.len() == 1);
+            if act_in_gemv {
+                let act = Epilogue::mlp_norm(&layer.post_norm, gup.bias.as_ref(), d.act, d.gated);
+                self.gemv(gup, (x_ptr, h), rows, act, act_ptr)?;
+            } else if fused {
+                let norm = Epilogue::norm(&layer.post_norm, None);
+                self.gemv(gup, (x_ptr, h), rows, norm, gu_ptr)?;
+            } else {
                 self.linear(gup, (hb_ptr, h), rows, gu_ptr, b.scratch.as_mut())?;
             }
             prof.mark("gate_up")?;
-            if !gated {
+            if !act_in_gemv {
                 unsafe {
-                    let mut args = s.launch_builder(&self.kernels.gated_act);
+                    let mut args = s.launch_builder(&self.kernels.mlp_act);
                     args.arg(&b.gu);
                     arg_or_null(&mut args, gup.bias.as_ref());
                     args.arg(&inter_i)
                         .arg(&d.act)
+                        .arg(&gated_i)
                         .arg(&mut b.act)
                         .launch(rows_by_columns(rows, inter))?;
                 }
@@ -1587,14 +1906,14 @@ where
                     .layers
                     .get(l + 1)
                     .map_or(&self.final_norm, |n| &n.input_norm);
-                rms(Some(&b.y), dn.bias.as_ref(), &mut b.x, next, &mut b.hb)?;
+                residual_norm(Some(&b.y), dn.bias.as_ref(), &mut b.x, next, &mut b.hb)?;
                 prof.mark("norm")?;
             }
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let size = std::mem::size_of::<T>() as u64;
         if fused {
-            let norm = Epilogue::norm(&self.final_norm);
+            let norm = Epilogue::norm(&self.final_norm, None);
             let last = x_ptr + first as u64 * size;
             self.gemv(head, (last, stride), out_rows, norm, logits_ptr)?;
         } else {
@@ -1631,6 +1950,12 @@ pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
             spec.head_dim
         )));
     }
+    if spec.rotary().is_none() && !spec.head_dim.is_multiple_of(2) {
+        return Err(EngineError::Spec(format!(
+            "heads of {} features (the split kernel takes pairs of features)",
+            spec.head_dim
+        )));
+    }
     if (spec.hidden + 32) * 4 > 48 * 1024 {
         return Err(EngineError::Spec(format!(
             "hidden size {} exceeds the norm kernel's shared memory",
@@ -1644,7 +1969,12 @@ pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
 trait AnyDecoder: Send + Sync {
     fn peak_memory(&self) -> Option<u64>;
     fn weight_bytes(&self) -> usize;
-    fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError>;
+    fn new_state(
+        &self,
+        batch: usize,
+        capacity: usize,
+        memory: Option<(&[f32], usize)>,
+    ) -> Result<Box<dyn Any + Send>, EngineError>;
     fn forward(
         &self,
         state: &mut (dyn Any + Send),
@@ -1672,8 +2002,13 @@ where
         self.weight_bytes
     }
 
-    fn new_state(&self, batch: usize, capacity: usize) -> Result<Box<dyn Any + Send>, EngineError> {
-        Ok(Box::new(Decoder::new_state(self, batch, capacity)?))
+    fn new_state(
+        &self,
+        batch: usize,
+        capacity: usize,
+        memory: Option<(&[f32], usize)>,
+    ) -> Result<Box<dyn Any + Send>, EngineError> {
+        Ok(Box::new(Decoder::new_state(self, batch, capacity, memory)?))
     }
 
     fn forward(
@@ -1710,6 +2045,7 @@ pub struct DecoderEngine {
     precision: Precision,
     vocab: usize,
     max_positions: usize,
+    memory_width: Option<usize>,
 }
 
 impl DecoderEngine {
@@ -1734,6 +2070,7 @@ impl DecoderEngine {
             precision,
             vocab: spec.vocab,
             max_positions: spec.max_positions,
+            memory_width: spec.memory_width(),
         })
     }
 
@@ -1768,8 +2105,31 @@ impl DecoderEngine {
     pub fn session(&self, batch: usize, capacity: usize) -> Result<DecodeSession<'_>, EngineError> {
         Ok(DecodeSession {
             engine: self,
-            state: self.inner.new_state(batch, capacity)?,
+            state: self.inner.new_state(batch, capacity, None)?,
         })
+    }
+
+    /// A session of a decoder with cross-attention over `states`, the encoder's output `[batch,
+    /// frames, width]` (f32, row-major): every layer's keys and values of the states are computed
+    /// now, once.
+    pub fn session_over(
+        &self,
+        batch: usize,
+        capacity: usize,
+        states: &[f32],
+        frames: usize,
+    ) -> Result<DecodeSession<'_>, EngineError> {
+        Ok(DecodeSession {
+            engine: self,
+            state: self
+                .inner
+                .new_state(batch, capacity, Some((states, frames)))?,
+        })
+    }
+
+    /// The width of the encoder states the decoder's cross-attention reads, if it has one.
+    pub fn memory_width(&self) -> Option<usize> {
+        self.memory_width
     }
 }
 

@@ -16,7 +16,7 @@ use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 
 const HARNESS: &str = r#"
 typedef void (*Gemv)(const unsigned char*, long long, const T*, int, int, int, int, const T*,
-                     float, const T*, const T*, T*, int, int, int);
+                     const T*, float, const T*, const T*, T*, int, int, int, int);
 typedef void (*Deq)(const unsigned char*, long long, const int*, int, int, T*);
 static Gemv gemvs[] = {gemv_dense, gemv_q8_0, gemv_q4_0, gemv_q4_1, gemv_q5_0,
                        gemv_q5_1,  gemv_q4_k, gemv_q5_k, gemv_q6_k};
@@ -36,14 +36,16 @@ static void put(const T* v, size_t n) {
     }
 }
 int main(void) {
-    // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place, split, gated
-    int* h = take<int>(12);
+    // format, out, k, rows, x_stride, y_stride, y_offset, gamma, bias, in_place, split, gated,
+    // beta (LayerNorm), act
+    int* h = take<int>(14);
     long long row_bytes = *take<long long>(1);
     int f = h[0], out = h[1], k = h[2], rows = h[3], xs = h[4], ys = h[5], off = h[6];
     unsigned char* w = (unsigned char*)aligned_alloc(64, ((size_t)out * row_bytes + 63) / 64 * 64);
     if (fread(w, 1, (size_t)out * row_bytes, stdin) != (size_t)out * row_bytes) exit(3);
     T* x = to_t(take<float>((size_t)rows * xs), (size_t)rows * xs);
     T* gamma = to_t(take<float>(k), k);
+    T* beta = to_t(take<float>(k), k);
     T* bias = to_t(take<float>(out), out);
     T* y = to_t(take<float>((size_t)rows * ys), (size_t)rows * ys);
     int n_ids = *take<int>(1);
@@ -52,8 +54,11 @@ int main(void) {
     int split = h[10], gated = h[11];
     int outputs = gated < 0 ? out : out / 2, per_block = gated < 0 ? 8 / split : 4 / split;
     emu_launch({(unsigned)((outputs + per_block - 1) / per_block), 1, 1}, {256, 1, 1}, [&] {
-        (rows == 1 ? gemv1s : gemvs)[f](w, row_bytes, x, xs, rows, outputs, k, h[7] ? gamma : nullptr, 1e-6f,
-                 h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys, split, gated);
+        // The wide dense kernels for a LayerNorm prologue or an activation epilogue.
+        Gemv g = h[12] || h[13] >= 0 ? (rows == 1 ? gemv1_wide_dense : gemv_wide_dense)
+                                     : (rows == 1 ? gemv1s : gemvs)[f];
+        g(w, row_bytes, x, xs, rows, outputs, k, h[7] ? gamma : nullptr, h[12] ? beta : nullptr,
+          1e-6f, h[8] ? bias : nullptr, h[9] ? y + off : nullptr, y + off, ys, split, gated, h[13]);
     });
     put(y, (size_t)rows * ys);
     T* d = (T*)calloc((size_t)n_ids * k, sizeof(T));
@@ -192,7 +197,9 @@ impl Rng {
 }
 
 /// One case: a part of `out` rows written at column `off` of rows `y_stride` wide, `split` warps
-/// per output; `gated`: SiLU(gate) × up of the first `out / 2` rows and the next as many.
+/// per output; `gated`: SiLU(gate) × up of the first `out / 2` rows and the next as many;
+/// `layer_norm`: the prologue is a LayerNorm (with a shift) instead of an RMSNorm; `gelu`: the
+/// epilogue applies exact GELU (both on the wide dense kernels).
 struct Case {
     split: i32,
     rows: usize,
@@ -203,6 +210,8 @@ struct Case {
     bias: bool,
     in_place: bool,
     gated: bool,
+    layer_norm: bool,
+    gelu: bool,
 }
 
 #[test]
@@ -232,26 +241,69 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
     // the split's barrier). 1280 columns: whole batches of loads and a remainder at split 1 (and
     // at split 2 for f32's 4-value units), a remainder alone at larger splits.
     let (out, k) = (21, 1280);
-    // (split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated)
+    // (split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated, layer_norm, gelu)
     let cases = [
-        (1, 1, k, out, 0, false, false, false, false),
-        (2, 2, k, out, 0, true, true, false, false),
-        (4, 3, k + 8, out + 20, 12, true, true, true, false),
-        (8, 8, k, out + 4, 4, true, false, false, false),
-        (1, 3, k, out, 0, true, true, false, true),
-        (4, 1, k, out / 2 + 3, 3, true, false, false, true),
+        (1, 1, k, out, 0, false, false, false, false, false, false),
+        (2, 2, k, out, 0, true, true, false, false, false, false),
+        (
+            4,
+            3,
+            k + 8,
+            out + 20,
+            12,
+            true,
+            true,
+            true,
+            false,
+            false,
+            false,
+        ),
+        (8, 8, k, out + 4, 4, true, false, false, false, false, false),
+        (1, 3, k, out, 0, true, true, false, true, false, false),
+        (
+            4,
+            1,
+            k,
+            out / 2 + 3,
+            3,
+            true,
+            false,
+            false,
+            true,
+            false,
+            false,
+        ),
+        (2, 1, k, out, 0, true, true, false, false, true, true),
+        (
+            1,
+            3,
+            k + 8,
+            out + 2,
+            2,
+            true,
+            true,
+            true,
+            false,
+            true,
+            false,
+        ),
+        (4, 2, k, out, 0, false, true, false, false, false, true),
     ]
     .map(
-        |(split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated)| Case {
-            split,
-            rows,
-            x_stride,
-            y_stride,
-            off,
-            gamma,
-            bias,
-            in_place,
-            gated,
+        |(split, rows, x_stride, y_stride, off, gamma, bias, in_place, gated, layer_norm, gelu)| {
+            Case {
+                split,
+                rows,
+                x_stride,
+                y_stride,
+                off,
+                gamma,
+                bias,
+                in_place,
+                gated,
+                layer_norm,
+                gelu,
+            }
         },
     );
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
@@ -293,6 +345,9 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             }
         };
         for (ci, c) in cases.iter().enumerate() {
+            if (c.layer_norm || c.gelu) && id.is_some() {
+                continue; // the wide kernels read dense rows only
+            }
             let mut values = |n, scale, shift| -> Vec<f32> {
                 rng.vec(n, scale, shift)
                     .into_iter()
@@ -306,6 +361,7 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             } else {
                 values(k, 0.5, 1.0)
             };
+            let beta = values(k, 1.0, 0.0);
             let bias = values(out, 1.0, 0.0);
             let y0 = values(c.rows * c.y_stride, 1.0, 0.0);
             let ids: Vec<i32> = vec![5, 0, (out - 1) as i32];
@@ -323,11 +379,13 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                 c.in_place as i32,
                 c.split,
                 if c.gated { 5 } else { -1 },
+                c.layer_norm as i32,
+                if c.gelu { 0 } else { -1 },
             ];
             header.iter().for_each(|v| input.extend(v.to_le_bytes()));
             input.extend((row_bytes as i64).to_le_bytes());
             input.extend(&bytes);
-            for v in x.iter().chain(&gamma).chain(&bias).chain(&y0) {
+            for v in x.iter().chain(&gamma).chain(&beta).chain(&bias).chain(&y0) {
                 input.extend(v.to_le_bytes());
             }
             input.extend((ids.len() as i32).to_le_bytes());
@@ -338,7 +396,22 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
             let mut want: Vec<f64> = y0.iter().map(|&v| f64::from(v)).collect();
             for r in 0..c.rows {
                 let xr = &x[r * c.x_stride..r * c.x_stride + k];
-                let xn: Vec<f64> = if c.gamma {
+                let xn: Vec<f64> = if c.gamma && c.layer_norm {
+                    let mean = xr.iter().map(|&v| f64::from(v)).sum::<f64>() / k as f64;
+                    let var = xr
+                        .iter()
+                        .map(|&v| (f64::from(v) - mean).powi(2))
+                        .sum::<f64>()
+                        / k as f64;
+                    let inv = 1.0 / (var + 1e-6).sqrt();
+                    xr.iter()
+                        .zip(&gamma)
+                        .zip(&beta)
+                        .map(|((&v, &g), &b)| {
+                            (f64::from(v) - mean) * inv * f64::from(g) + f64::from(b)
+                        })
+                        .collect()
+                } else if c.gamma {
                     let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
                     let inv = 1.0 / (ss / k as f64 + 1e-6).sqrt();
                     xr.iter()
@@ -354,7 +427,12 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
                         .zip(&xn)
                         .map(|(&w, &v)| f64::from(w) * v)
                         .sum();
-                    dot + if c.bias { f64::from(bias[o]) } else { 0.0 }
+                    let v = dot + if c.bias { f64::from(bias[o]) } else { 0.0 };
+                    if c.gelu {
+                        ipfs_accelerate_core::GatedActivation::Gelu.apply(v)
+                    } else {
+                        v
+                    }
                 };
                 if c.gated {
                     let pairs = out / 2;
@@ -397,8 +475,8 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
 
 const ATTENTION_HARNESS: &str = r#"
 int main(void) {
-    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads
-    int* h = take<int>(10);
+    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads, keys
+    int* h = take<int>(11);
     float scale = *take<float>(1);
     int heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], batch = h[7];
     float* q = take<float>((size_t)batch * n_new * heads * hd);
@@ -406,12 +484,12 @@ int main(void) {
     float* v = take<float>((size_t)batch * kv * cap * hd);
     int* mask = take<int>((size_t)batch * cap);
     float* out = (float*)calloc((size_t)batch * n_new * heads * hd, sizeof(float));
-    int past = h[6];
+    int past = h[6], keys = h[10];
+    int* m = keys > 0 ? nullptr : mask;
     emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
-        if (h[0])
-            cached_attention_scalar(q, k, v, mask, &past, heads, kv, hd, n_new, cap, h[8], scale, out);
-        else
-            cached_attention(q, k, v, mask, &past, heads, kv, hd, n_new, cap, h[8], scale, out);
+        auto f = keys > 0 ? (h[0] ? cross_attention_scalar : cross_attention)
+                          : (h[0] ? cached_attention_scalar : cached_attention);
+        f(q, k, v, m, &past, heads, kv, hd, n_new, cap, h[8], keys, scale, out);
     });
     fwrite(out, sizeof(float), (size_t)batch * n_new * heads * hd, stdout);
     return 0;
@@ -420,7 +498,8 @@ int main(void) {
 
 /// `cached_attention` (16-byte packs) and `cached_attention_scalar` against attention computed
 /// here: grouped-query heads, a context longer than a block's chunk, several new columns, padding
-/// (a row whose keys are all masked gets zeros) and a sliding window.
+/// (a row whose keys are all masked gets zeros), a sliding window, and cross-attention (every
+/// query sees the first `keys` columns, no mask).
 #[test]
 fn cached_attention_matches_the_definition() {
     let dir = tempfile::tempdir().unwrap();
@@ -428,12 +507,14 @@ fn cached_attention_matches_the_definition() {
         return;
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    // (scalar kernel, head size, window)
-    for (scalar, hd, window) in [
-        (false, 64, 0),
-        (true, 18, 0),
-        (true, 64, 50),
-        (false, 32, 7),
+    // (scalar kernel, head size, window, cross-attention keys)
+    for (scalar, hd, window, keys) in [
+        (false, 64, 0, 0),
+        (true, 18, 0, 0),
+        (true, 64, 50, 0),
+        (false, 32, 7, 0),
+        (false, 64, 0, 290),
+        (true, 18, 0, 7),
     ] {
         let (heads, kv, n_new, cap, past, batch) = (6, 2, 3, 300, 280, 3);
         let threads = crate::decoder::attention_threads(hd) as i32;
@@ -464,6 +545,7 @@ fn cached_attention_matches_the_definition() {
             batch as i32,
             window,
             threads,
+            keys,
         ];
         header.iter().for_each(|v| input.extend(v.to_le_bytes()));
         input.extend(scale.to_le_bytes());
@@ -475,7 +557,11 @@ fn cached_attention_matches_the_definition() {
         let mut worst = 0f64;
         for b in 0..batch {
             for i in 0..n_new {
-                let col = past + i;
+                let col = if keys > 0 {
+                    keys as usize - 1
+                } else {
+                    past + i
+                };
                 for h in 0..heads {
                     let kvh = h / (heads / kv);
                     let first = if window > 0 {
@@ -490,8 +576,9 @@ fn cached_attention_matches_the_definition() {
                             .map(|&x| f64::from(x))
                             .collect()
                     };
-                    let seen: Vec<usize> =
-                        (first..=col).filter(|&j| mask[b * cap + j] != 0).collect();
+                    let seen: Vec<usize> = (first..=col)
+                        .filter(|&j| keys > 0 || mask[b * cap + j] != 0)
+                        .collect();
                     let scores: Vec<f64> = seen
                         .iter()
                         .map(|&j| {
@@ -521,15 +608,15 @@ fn cached_attention_matches_the_definition() {
         }
         assert!(
             worst <= 1e-5,
-            "scalar {scalar}, head {hd}, window {window}: worst difference {worst}"
+            "scalar {scalar}, head {hd}, window {window}, keys {keys}: worst difference {worst}"
         );
     }
 }
 
 const STEP_HARNESS: &str = r#"
 int main(void) {
-    // rows, hidden, heads, kv_heads, head_dim, n_new, cap, past, inter
-    int* h = take<int>(9);
+    // rows, hidden, heads, kv_heads, head_dim, n_new, cap, past, inter, rotate, layer_norm, gated
+    int* h = take<int>(12);
     int rows = h[0], hid = h[1], heads = h[2], kv = h[3], hd = h[4], n_new = h[5], cap = h[6];
     int past = h[7], inter = h[8], batch = rows / n_new, width = (heads + 2 * kv) * hd;
     float* qkv = take<float>((size_t)rows * width);
@@ -539,38 +626,55 @@ int main(void) {
     float* x = take<float>((size_t)rows * hid);
     float* y = take<float>((size_t)rows * hid);
     float* gamma = take<float>(hid);
+    float* beta = take<float>(hid);
     float* gu = take<float>((size_t)rows * 2 * inter);
+    float* table = take<float>((size_t)64 * hid);
     float* q = (float*)calloc((size_t)rows * heads * hd, 4);
     float* kc = (float*)calloc((size_t)batch * kv * cap * hd, 4);
     float* vc = (float*)calloc((size_t)batch * kv * cap * hd, 4);
     float* normed = (float*)calloc((size_t)rows * hid, 4);
     float* act = (float*)calloc((size_t)rows * inter, 4);
     emu_launch({(unsigned)rows, (unsigned)(heads + 2 * kv), 1}, {(unsigned)hd / 2, 1, 1}, [&] {
-        rope_split(qkv, bias, pos, inv_freq, &past, heads, kv, hd, n_new, cap, q, kc, vc);
+        rope_split(qkv, bias, h[9] ? pos : nullptr, h[9] ? inv_freq : nullptr, &past, heads, kv,
+                   hd, n_new, cap, q, kc, vc);
     });
-    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1},
-               [&] { residual_rms_norm(y, nullptr, x, gamma, 1e-6f, hid, normed); });
+    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1}, [&] {
+        residual_norm(y, nullptr, x, gamma, h[10] ? beta : nullptr, 1e-6f, hid, normed);
+    });
     emu_launch({(unsigned)rows, (unsigned)(inter + 255) / 256, 1}, {256, 1, 1},
-               [&] { gated_act(gu, nullptr, inter, 5, act); });
+               [&] { mlp_act(gu, nullptr, inter, h[11] ? 5 : 0, h[11], act); });
+    emu_launch({(unsigned)rows, (unsigned)(hid + 255) / 256, 1}, {256, 1, 1},
+               [&] { add_positions(pos, table, hid, y); });
     fwrite(q, 4, (size_t)rows * heads * hd, stdout);
     fwrite(kc, 4, (size_t)batch * kv * cap * hd, stdout);
     fwrite(vc, 4, (size_t)batch * kv * cap * hd, stdout);
     fwrite(x, 4, (size_t)rows * hid, stdout);
     fwrite(normed, 4, (size_t)rows * hid, stdout);
     fwrite(act, 4, (size_t)rows * inter, stdout);
+    fwrite(y, 4, (size_t)rows * hid, stdout);
     return 0;
 }
 "#;
 
 /// The rest of a decoding step's kernels against their definitions: `rope_split` (bias, HF's
-/// rotate_half RoPE on q and k, k and v into the cache at column past + i of their batch row),
-/// `residual_rms_norm` (the residual add then RMSNorm) and `gated_act` (SiLU of the gate times up).
+/// rotate_half RoPE on q and k or none for learned positions, k and v into the cache at column
+/// past + i of their batch row), `residual_norm` (the residual add then RMSNorm or LayerNorm),
+/// `mlp_act` (SiLU of the gate times up, or GELU of up alone) and `add_positions` (a learned
+/// position's row added).
 #[test]
-fn rope_norm_and_gated_activation_match_their_definitions() {
+fn rope_norm_and_mlp_activation_match_their_definitions() {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = build::<f32>(dir.path(), STEP_HARNESS) else {
         return;
     };
+    // (rotate, layer norm, gated): LLaMA's kernels, then Whisper's.
+    for (rotate, layer_norm, gated) in [(true, false, true), (false, true, false)] {
+        check_step_kernels(&exe, rotate, layer_norm, gated);
+    }
+}
+
+fn check_step_kernels(exe: &Path, rotate: bool, layer_norm: bool, gated: bool) {
+    let what = format!("rotate {rotate}, layer norm {layer_norm}, gated {gated}");
     let (batch, n_new, hid, heads, kv, hd, cap, past, inter) = (2, 3, 96, 4, 2, 16, 10, 5, 300);
     let rows = batch * n_new;
     let width = (heads + 2 * kv) * hd;
@@ -581,35 +685,43 @@ fn rope_norm_and_gated_activation_match_their_definitions() {
     let inv_freq: Vec<f32> = (0..hd / 2)
         .map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32))
         .collect();
-    let x = rng.vec(rows * hid, 2.0, 0.0);
+    let x = rng.vec(rows * hid, 2.0, 0.5);
     let y = rng.vec(rows * hid, 2.0, 0.0);
     let gamma = rng.vec(hid, 0.5, 1.0);
+    let beta = rng.vec(hid, 1.0, 0.0);
     let gu = rng.vec(rows * 2 * inter, 8.0, 0.0);
+    let table = rng.vec(64 * hid, 1.0, 0.0);
     let mut input = Vec::new();
-    for v in [rows, hid, heads, kv, hd, n_new, cap, past, inter] {
+    let header = [rows, hid, heads, kv, hd, n_new, cap, past, inter];
+    for v in header
+        .into_iter()
+        .chain([rotate, layer_norm, gated].map(usize::from))
+    {
         input.extend((v as i32).to_le_bytes());
     }
     for v in qkv.iter().chain(&bias) {
         input.extend(v.to_le_bytes());
     }
     pos.iter().for_each(|p| input.extend(p.to_le_bytes()));
-    for v in inv_freq.iter().chain(&x).chain(&y).chain(&gamma).chain(&gu) {
+    let floats = [&inv_freq, &x, &y, &gamma, &beta, &gu, &table];
+    for v in floats.into_iter().flatten() {
         input.extend(v.to_le_bytes());
     }
-    let got = run(&exe, &input, "step kernels");
+    let got = run(exe, &input, "step kernels");
     let cache_len = batch * kv * cap * hd;
     let (q, rest) = got.split_at(rows * heads * hd);
     let (kc, rest) = rest.split_at(cache_len);
     let (vc, rest) = rest.split_at(cache_len);
     let (x_out, rest) = rest.split_at(rows * hid);
-    let (normed, act) = rest.split_at(rows * hid);
+    let (normed, rest) = rest.split_at(rows * hid);
+    let (act, positioned) = rest.split_at(rows * inter);
     for r in 0..rows {
         let (b, i) = (r / n_new, r % n_new);
         for slot in 0..heads + 2 * kv {
             let src: Vec<f64> = (0..hd)
                 .map(|d| f64::from(qkv[r * width + slot * hd + d]) + f64::from(bias[slot * hd + d]))
                 .collect();
-            let rotated: Vec<f64> = if slot < heads + kv {
+            let rotated: Vec<f64> = if rotate && slot < heads + kv {
                 (0..hd)
                     .map(|d| {
                         let f = d % (hd / 2);
@@ -636,25 +748,44 @@ fn rope_norm_and_gated_activation_match_their_definitions() {
                     };
                     cache[((b * kv + kvh) * cap + past + i) * hd + d]
                 };
-                close(got, *want, &format!("row {r} slot {slot} feature {d}"));
+                close(
+                    got,
+                    *want,
+                    &format!("{what}: row {r} slot {slot} feature {d}"),
+                );
             }
         }
         let sum: Vec<f64> = (0..hid)
             .map(|c| f64::from(x[r * hid + c]) + f64::from(y[r * hid + c]))
             .collect();
-        let inv = 1.0 / (sum.iter().map(|v| v * v).sum::<f64>() / hid as f64 + 1e-6).sqrt();
+        let mean = if layer_norm {
+            sum.iter().sum::<f64>() / hid as f64
+        } else {
+            0.0
+        };
+        let inv =
+            1.0 / (sum.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / hid as f64 + 1e-6).sqrt();
         for c in 0..hid {
             close(x_out[r * hid + c], sum[c], "residual");
+            let shift = if layer_norm { f64::from(beta[c]) } else { 0.0 };
+            let want = (sum[c] - mean) * inv * f64::from(gamma[c]) + shift;
+            close(normed[r * hid + c], want, &format!("{what}: norm"));
+            let p = f64::from(table[pos[r] as usize * hid + c]);
             close(
-                normed[r * hid + c],
-                sum[c] * inv * f64::from(gamma[c]),
-                "rms norm",
+                positioned[r * hid + c],
+                f64::from(y[r * hid + c]) + p,
+                "positions",
             );
         }
         for c in 0..inter {
-            let g = f64::from(gu[r * 2 * inter + c]);
-            let u = f64::from(gu[r * 2 * inter + inter + c]);
-            close(act[r * inter + c], g / (1.0 + (-g).exp()) * u, "gated act");
+            let want = if gated {
+                let g = f64::from(gu[r * 2 * inter + c]);
+                let u = f64::from(gu[r * 2 * inter + inter + c]);
+                g / (1.0 + (-g).exp()) * u
+            } else {
+                ipfs_accelerate_core::GatedActivation::Gelu.apply(f64::from(gu[r * inter + c]))
+            };
+            close(act[r * inter + c], want, &format!("{what}: mlp act"));
         }
     }
     // Columns of the cache no row wrote stay as they were (zeros).

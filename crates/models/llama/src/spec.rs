@@ -4,7 +4,10 @@
 
 use std::path::Path;
 
-use ipfs_accelerate_core::{DecoderLayerWeights, DecoderSpec, Result, RotarySpec, TensorSource};
+use ipfs_accelerate_core::{
+    DecoderLayerWeights, DecoderNorm, DecoderPositions, DecoderSpec, Result, RotarySpec,
+    TensorSource,
+};
 use ipfs_accelerate_nn::{
     attention::ProjectionNames,
     mlp::GATED_MLP_NAMES,
@@ -54,13 +57,14 @@ fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> 
             let a = l.pp("self_attn");
             let f = l.pp("mlp");
             Ok(DecoderLayerWeights {
-                input_norm: l.scale("input_layernorm", h)?,
+                input_norm: l.rms_norm("input_layernorm", h)?,
                 query: a.dense_with(names.q, q, h, bias.q)?,
                 key: a.dense_with(names.k, kv, h, bias.k)?,
                 value: a.dense_with(names.v, kv, h, bias.v)?,
                 output: a.dense_with(names.o, h, q, bias.o)?,
-                post_norm: l.scale("post_attention_layernorm", h)?,
-                gate: f.dense_with(gate, inter, h, mlp_bias)?,
+                cross: None,
+                post_norm: l.rms_norm("post_attention_layernorm", h)?,
+                gate: Some(f.dense_with(gate, inter, h, mlp_bias)?),
                 up: f.dense_with(up, inter, h, mlp_bias)?,
                 down: f.dense_with(down, h, inter, mlp_bias)?,
                 window: c.layer_window(i),
@@ -83,16 +87,17 @@ fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> 
         kv_heads: c.kv_heads(),
         head_dim: dh,
         intermediate: inter,
+        norm: DecoderNorm::Rms,
         eps: c.rms_norm_eps as f32,
         max_positions: c.max_position_embeddings(),
         activation: gated_activation(c.hidden_act)?,
-        rotary: RotarySpec {
+        positions: DecoderPositions::Rotary(RotarySpec {
             inv_freq: rope.inv_freq(0).into_owned(),
             valid_positions,
-        },
+        }),
         embed: m.matrix("embed_tokens.weight", c.vocab_size, h)?,
         layers,
-        final_norm: m.scale("norm", h)?,
+        final_norm: m.rms_norm("norm", h)?,
         lm_head: if c.tie_word_embeddings {
             None
         } else {
@@ -106,112 +111,6 @@ fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipfs_accelerate_core::{DenseWeights, GatedActivation};
-
-    /// `y = W x + b` in f64.
-    fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
-        (0..d.out_features)
-            .map(|o| {
-                let w = &d.weight[o * d.in_features..(o + 1) * d.in_features];
-                f64::from(d.bias[o]) + w.iter().zip(x).map(|(a, b)| f64::from(*a) * b).sum::<f64>()
-            })
-            .collect()
-    }
-
-    fn rms(x: &[f64], g: &[f32], eps: f32) -> Vec<f64> {
-        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-        let inv = 1.0 / (ms + f64::from(eps)).sqrt();
-        x.iter()
-            .zip(g)
-            .map(|(v, g)| v * inv * f64::from(*g))
-            .collect()
-    }
-
-    /// Rotates one head in place at `pos` (HF's `rotate_half` pairing `i` with `i + d / 2`).
-    fn rope(x: &mut [f64], inv_freq: &[f32], pos: usize) {
-        let half = x.len() / 2;
-        for i in 0..half {
-            let a = f64::from(pos as f32 * inv_freq[i]);
-            let (c, s) = (a.cos(), a.sin());
-            let (x1, x2) = (x[i], x[i + half]);
-            x[i] = x1 * c - x2 * s;
-            x[i + half] = x2 * c + x1 * s;
-        }
-    }
-
-    /// Logits `[seq, vocab]` of one unpadded row, straight from the spec's description in f64:
-    /// what every engine executing a [`DecoderSpec`] must compute.
-    fn reference_forward(s: &DecoderSpec, ids: &[i64]) -> Vec<Vec<f64>> {
-        let (h, dh) = (s.hidden, s.head_dim);
-        let group = s.heads / s.kv_heads;
-        let mut x: Vec<Vec<f64>> = ids
-            .iter()
-            .map(|&t| {
-                s.embed.weight[t as usize * h..(t as usize + 1) * h]
-                    .iter()
-                    .map(|&v| v.into())
-                    .collect()
-            })
-            .collect();
-        for l in &s.layers {
-            let n: Vec<Vec<f64>> = x.iter().map(|r| rms(r, &l.input_norm, s.eps)).collect();
-            let mut q: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.query, r)).collect();
-            let mut k: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.key, r)).collect();
-            let v: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.value, r)).collect();
-            for (p, (qr, kr)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
-                qr.chunks_mut(dh)
-                    .for_each(|hd| rope(hd, &s.rotary.inv_freq, p));
-                kr.chunks_mut(dh)
-                    .for_each(|hd| rope(hd, &s.rotary.inv_freq, p));
-            }
-            for (p, xr) in x.iter_mut().enumerate() {
-                let mut ctx = vec![0.0; s.heads * dh];
-                for hd in 0..s.heads {
-                    let kvh = hd / group;
-                    let first = l.window.map_or(0, |w| (p + 1).saturating_sub(w));
-                    let qh = &q[p][hd * dh..(hd + 1) * dh];
-                    let scores: Vec<f64> = (first..=p)
-                        .map(|j| {
-                            let kh = &k[j][kvh * dh..(kvh + 1) * dh];
-                            qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f64>() / (dh as f64).sqrt()
-                        })
-                        .collect();
-                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|v| (v - mx).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for (j, w) in (first..=p).zip(&e) {
-                        for d in 0..dh {
-                            ctx[hd * dh + d] += w / z * v[j][kvh * dh + d];
-                        }
-                    }
-                }
-                for (a, b) in xr.iter_mut().zip(dense(&l.output, &ctx)) {
-                    *a += b;
-                }
-                let n2 = rms(xr, &l.post_norm, s.eps);
-                let g = dense(&l.gate, &n2);
-                let u = dense(&l.up, &n2);
-                let act: Vec<f64> = g
-                    .iter()
-                    .zip(&u)
-                    .map(|(g, u)| {
-                        let a = match s.activation {
-                            GatedActivation::Silu => g / (1.0 + (-g).exp()),
-                            other => panic!("the reference has no {other:?}"),
-                        };
-                        a * u
-                    })
-                    .collect();
-                for (a, b) in xr.iter_mut().zip(dense(&l.down, &act)) {
-                    *a += b;
-                }
-            }
-        }
-        let head = s.lm_head.as_ref().unwrap_or(&s.embed);
-        x.iter()
-            .map(|r| dense(head, &rms(r, &s.final_norm, s.eps)))
-            .collect()
-    }
 
     /// The shipped LLaMA and Qwen2 fixtures read into specs whose description, executed as written
     /// in f64, gives HF's logits within the fixtures' tolerance.
@@ -229,7 +128,12 @@ mod tests {
                 let seq = ids_t.shape()[1];
                 let got: Vec<f64> = ids
                     .chunks(seq)
-                    .flat_map(|row| reference_forward(&spec, row).into_iter().flatten())
+                    .flat_map(|row| {
+                        spec.reference_logits(row, None)
+                            .unwrap()
+                            .into_iter()
+                            .flatten()
+                    })
                     .collect();
                 let err = ipfs_accelerate_conformance::relative_error(&got, &want);
                 let tol = meta.tolerance.get("logits").copied().unwrap_or(1e-4);

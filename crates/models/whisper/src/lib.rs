@@ -22,4 +22,4 @@ pub use runner::{
     TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor, WhisperFamily, WhisperRunner,
     WhisperTasks,
 };
-pub use spec::encoder_spec;
+pub use spec::{decoder_spec, encoder_spec};

@@ -1,29 +1,42 @@
-//! Whisper's encoder as a backend-neutral [`EncoderSpec`], for engines that do not run through
-//! burn: the log-mel frames through two GELU convolutions (the second of stride 2), plus the
-//! learned `embed_positions`, then pre-norm layers (`k_proj` without a bias) and the final
-//! `layer_norm`. The layer names are the table the burn encoder loads with
-//! (`ENCODER_LAYER_NAMES`).
+//! Whisper as backend-neutral specs, for engines that do not run through burn.
+//!
+//! - [`encoder_spec`]: the log-mel frames through two GELU convolutions (the second of stride 2),
+//!   plus the learned `embed_positions`, then pre-norm layers (`k_proj` without a bias) and the
+//!   final `layer_norm`. The layer names are the table the burn encoder loads with
+//!   (`ENCODER_LAYER_NAMES`).
+//! - [`decoder_spec`]: token embedding plus learned positions, pre-norm layers of causal
+//!   self-attention, cross-attention over the encoder's states and a GELU MLP, the final
+//!   `layer_norm`, and `proj_out` (the token embedding when tied).
 
 use ipfs_accelerate_core::{
+    CrossAttentionWeights, DecoderLayerWeights, DecoderNorm, DecoderPositions, DecoderSpec,
     EncoderActivation, EncoderInput, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement,
     Result, TensorSource,
 };
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
+use ipfs_accelerate_nn::attention::ProjectionNames;
+use ipfs_accelerate_nn::spec::{encoder_activation, gated_activation, SpecReader};
 
 use crate::model::{ENCODER_LAYER_NAMES, WHISPER_BIAS};
 use crate::{WhisperConfig, LAYER_NORM_EPS};
+
+/// The prefix of the encoder's and decoder's tensors: `model` in a
+/// `WhisperForConditionalGeneration` checkpoint, none in a bare `WhisperModel`.
+fn base(source: &dyn TensorSource) -> &'static str {
+    if source.contains("model.encoder.conv1.weight")
+        || source.contains("model.decoder.embed_tokens.weight")
+    {
+        "model."
+    } else {
+        ""
+    }
+}
 
 /// The encoder of a `WhisperForConditionalGeneration` (tensors under `model.encoder`) or bare
 /// `WhisperModel` (`encoder`) checkpoint; its output is `encoder_last_hidden_state`.
 pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
     let c = config;
     let (d, mels) = (c.d_model, c.num_mel_bins);
-    let base = if source.contains("model.encoder.conv1.weight") {
-        "model.encoder"
-    } else {
-        "encoder"
-    };
-    let enc = SpecReader::new(source, base);
+    let enc = SpecReader::new(source, &format!("{}encoder", base(source)));
     // HF's `WhisperEncoder` applies exact GELU after each convolution whatever the layers use.
     let conv = |name: &str, inp: usize, stride: usize| -> Result<FrameConv> {
         let mut dense = enc.matrix(&format!("{name}.weight"), d, inp * 3)?;
@@ -69,6 +82,82 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
             .collect::<Result<_>>()?,
         final_norm: Some(enc.norm("layer_norm", d)?),
     };
+    spec.validate().map(|()| spec)
+}
+
+/// The decoder of a `WhisperForConditionalGeneration` (tensors under `model.decoder`, `proj_out`)
+/// or bare `WhisperModel` (`decoder`) checkpoint: token ids and the encoder's states in, logits
+/// out.
+pub fn decoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result<DecoderSpec> {
+    let c = config;
+    let (d, heads, ffn) = (c.d_model, c.decoder_attention_heads, c.decoder_ffn_dim);
+    let root = SpecReader::new(source, "");
+    let dec = SpecReader::new(source, &format!("{}decoder", base(source)));
+    let names = ProjectionNames::OUT_PROJ;
+    let attention = |a: &SpecReader<'_>| -> Result<[ipfs_accelerate_core::DenseWeights; 4]> {
+        let b = WHISPER_BIAS;
+        Ok([
+            a.dense_with(names.q, d, d, b.q)?,
+            a.dense_with(names.k, d, d, b.k)?,
+            a.dense_with(names.v, d, d, b.v)?,
+            a.dense_with(names.o, d, d, b.o)?,
+        ])
+    };
+    let layers = (0..c.decoder_layers)
+        .map(|i| {
+            let l = dec.pp(&format!("layers.{i}"));
+            let [query, key, value, output] = attention(&l.pp("self_attn"))?;
+            let [cq, ck, cv, co] = attention(&l.pp("encoder_attn"))?;
+            Ok(DecoderLayerWeights {
+                input_norm: l.norm("self_attn_layer_norm", d)?,
+                query,
+                key,
+                value,
+                output,
+                cross: Some(CrossAttentionWeights {
+                    norm: l.norm("encoder_attn_layer_norm", d)?,
+                    query: cq,
+                    key: ck,
+                    value: cv,
+                    output: co,
+                }),
+                post_norm: l.norm("final_layer_norm", d)?,
+                gate: None,
+                up: l.dense("fc1", ffn, d)?,
+                down: l.dense("fc2", d, ffn)?,
+                window: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let spec = DecoderSpec {
+        family: "whisper".into(),
+        vocab: c.vocab_size,
+        hidden: d,
+        heads,
+        kv_heads: heads,
+        head_dim: d / heads.max(1),
+        intermediate: ffn,
+        norm: DecoderNorm::Layer,
+        eps: LAYER_NORM_EPS as f32,
+        max_positions: c.max_target_positions,
+        activation: gated_activation(c.activation_function)?,
+        positions: DecoderPositions::Learned(
+            dec.read("embed_positions.weight", &[c.max_target_positions, d])?,
+        ),
+        embed: dec.matrix("embed_tokens.weight", c.vocab_size, d)?,
+        layers,
+        final_norm: dec.norm("layer_norm", d)?,
+        lm_head: if c.tie_word_embeddings {
+            None
+        } else {
+            Some(root.dense_with("proj_out", c.vocab_size, d, false)?)
+        },
+    };
+    if heads == 0 || !d.is_multiple_of(heads) {
+        return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
+            "whisper decoder: d_model {d} is not a multiple of {heads} heads"
+        )));
+    }
     spec.validate().map(|()| spec)
 }
 
@@ -119,6 +208,54 @@ mod tests {
         }
         if checked == 0 {
             eprintln!("the_encoder_spec_computes_hf_encoder_states: no whisper model fixture");
+        }
+    }
+
+    /// The decoder's spec, executed by its f64 reference over the fixtures' encoder states,
+    /// computes their (float64) `logits` of `decoder_input_ids`.
+    #[test]
+    fn the_decoder_spec_computes_hf_logits() {
+        let fixtures = family_fixtures("the_decoder_spec_computes_hf_logits", "whisper");
+        let mut checked = 0;
+        for fixture in fixtures {
+            if !fixture.dir.join("model.safetensors").is_file() {
+                continue; // the feature extractor's fixture: no model
+            }
+            let config = WhisperConfig::from_file(&fixture.dir.join("config.json")).unwrap();
+            let source = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
+            let spec = decoder_spec(&config, source.as_ref()).unwrap();
+            let refs = ipfs_accelerate_io::SafeTensorsFile::open(
+                fixture.dir.join("reference.safetensors"),
+            )
+            .unwrap();
+            let ids_t = refs.tensor("decoder_input_ids").unwrap();
+            let states = refs.tensor("encoder_last_hidden_state").unwrap();
+            let want = refs.tensor("logits").unwrap().to_f64_vec();
+            let (len, d) = (ids_t.shape()[1], config.d_model);
+            let frames = states.shape()[1];
+            let ids = ids_t.to_i64_vec().unwrap();
+            let states = states.to_f64_vec();
+            let got: Vec<f64> = ids
+                .chunks(len)
+                .enumerate()
+                .flat_map(|(b, row)| {
+                    let memory: Vec<Vec<f64>> = states[b * frames * d..(b + 1) * frames * d]
+                        .chunks(d)
+                        .map(<[f64]>::to_vec)
+                        .collect();
+                    spec.reference_logits(row, Some(&memory))
+                        .unwrap()
+                        .into_iter()
+                        .flatten()
+                })
+                .collect();
+            let error = relative_error(&got, &want);
+            eprintln!("{}: logits rel. error {error:.3e}", fixture.variant);
+            assert!(error <= 1e-9, "{}: {error}", fixture.variant);
+            checked += 1;
+        }
+        if checked == 0 {
+            eprintln!("the_decoder_spec_computes_hf_logits: no whisper model fixture");
         }
     }
 }
