@@ -5,23 +5,17 @@
 
 use std::ops::ControlFlow;
 
-use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, DecoderEngine, LogitsOf};
+use ipfs_accelerate_backend_cublas::{Columns, DecoderEngine, LogitsOf};
 use ipfs_accelerate_core::{
     BackendKind, DecoderSpec, Error, HostTensor, ModelRunner, Precision, Result, TensorMap,
 };
 use ipfs_accelerate_llama::{
     left_padded, run_causal_lm, ForwardInputs, LeftPadded, LlamaConfig, TextGeneration,
 };
-use ipfs_accelerate_nn::generate::{generate, GenerationConfig, TokenDecoder};
+use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 use ipfs_accelerate_nn::WeightQuantization;
 
-/// The environment variable that keeps generation on `cuda` off the cuBLAS decoder (`0` / `off`):
-/// it then runs on burn's CubeCL kernels in f32.
-pub const CUDA_DECODER_ENV: &str = "IPFS_ACCELERATE_CUDA_DECODER";
-
-/// The environment variable that makes greedy decoding on the cuBLAS decoder send every row's
-/// logits to the host and pick there (`0` / `off`), instead of picking on the device.
-pub const DEVICE_GREEDY_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_GREEDY";
+use crate::cuda_tokens::{EngineTokens, Prompt, CUDA_DECODER_ENV};
 
 /// A decoder LM loaded on the cuBLAS engine.
 pub struct CudaDecoder {
@@ -64,18 +58,19 @@ impl CudaDecoder {
             rows.into_iter().flatten().map(|v| v as i32).collect()
         };
         let next = positions.iter().map(|r| r[len - 1] as i32 + 1).collect();
-        Ok(EngineTokens {
-            session: self.engine.session(prompts.len(), len + max_new)?,
-            prompt: Some(Prompt {
-                ids: flat(ids),
-                positions: flat(positions),
-                mask: flat(mask),
-                len,
-            }),
+        let prompt = Prompt {
+            ids: flat(ids),
+            positions: flat(positions),
+            mask: flat(mask),
+            len,
+        };
+        let session = self.engine.session(prompts.len(), len + max_new)?;
+        Ok(EngineTokens::new(
+            session,
+            prompt,
             next,
-            vocab: self.engine.vocab(),
-            device_greedy: crate::backends::env_switch(DEVICE_GREEDY_ENV) != Some(false),
-        })
+            self.engine.vocab(),
+        ))
     }
 
     /// Logits `[batch, seq, vocab]` of every position (one uncached pass).
@@ -102,103 +97,6 @@ impl CudaDecoder {
     ) -> Result<Vec<Vec<u32>>> {
         let mut decoder = self.decoder(prompts, config.max_new_tokens)?;
         generate(&mut decoder, prompts, config, on_token)
-    }
-}
-
-/// A left-padded prompt: ids, positions and mask `[batch, len]`, and `len`.
-struct Prompt {
-    ids: Vec<i32>,
-    positions: Vec<i32>,
-    mask: Vec<i32>,
-    len: usize,
-}
-
-/// One generation's [`TokenDecoder`] on the engine: the prompt on the first call, one token per
-/// row after it.
-struct EngineTokens<'e> {
-    session: DecodeSession<'e>,
-    /// The padded prompt, until prefill.
-    prompt: Option<Prompt>,
-    /// The next position of each row.
-    next: Vec<i32>,
-    vocab: usize,
-    /// Greedy steps pick on the device ([`DEVICE_GREEDY_ENV`]).
-    device_greedy: bool,
-}
-
-impl TokenDecoder for EngineTokens<'_> {
-    fn batch(&self) -> usize {
-        self.next.len()
-    }
-
-    fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    fn prefill(&mut self) -> Result<Vec<f32>> {
-        let p = self
-            .prompt
-            .take()
-            .ok_or_else(|| Error::InvalidInput("prefill called twice on one decoder".into()))?;
-        let columns = Columns {
-            ids: &p.ids,
-            positions: &p.positions,
-            mask: &p.mask,
-        };
-        Ok(self.session.forward(&columns, p.len, LogitsOf::Last)?)
-    }
-
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.step_with(tokens, |session, columns| {
-            session.forward(columns, 1, LogitsOf::Last)
-        })
-    }
-
-    /// Greedy steps pick on the device: `batch` token ids come back instead of `batch × vocab`
-    /// logits.
-    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
-        if !self.device_greedy {
-            return None;
-        }
-        Some(self.step_with(tokens, |session, columns| {
-            session.forward_argmax(columns, 1)
-        }))
-    }
-}
-
-impl EngineTokens<'_> {
-    /// Feeds one token per row (after the prefill) through `run` and advances the positions.
-    fn step_with<R>(
-        &mut self,
-        tokens: &[u32],
-        run: impl FnOnce(
-            &mut DecodeSession<'_>,
-            &Columns<'_>,
-        ) -> std::result::Result<R, ipfs_accelerate_backend_cublas::EngineError>,
-    ) -> Result<R> {
-        if self.prompt.is_some() {
-            return Err(Error::InvalidInput("step called before prefill".into()));
-        }
-        if tokens.len() != self.next.len() {
-            return Err(Error::InvalidInput(format!(
-                "{} tokens for a batch of {}",
-                tokens.len(),
-                self.next.len()
-            )));
-        }
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let positions = self.next.clone();
-        let mask = vec![1; tokens.len()];
-        let out = run(
-            &mut self.session,
-            &Columns {
-                ids: &ids,
-                positions: &positions,
-                mask: &mask,
-            },
-        )?;
-        self.next.iter_mut().for_each(|p| *p += 1);
-        Ok(out)
     }
 }
 

@@ -42,6 +42,13 @@ mod backends;
 pub mod conformance;
 #[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
 mod cuda_decoder;
+#[cfg(all(
+    feature = "cuda",
+    any(feature = "llama", feature = "qwen2", feature = "whisper")
+))]
+mod cuda_tokens;
+#[cfg(all(feature = "cuda", feature = "whisper"))]
+mod cuda_whisper;
 mod error;
 mod loaded;
 #[cfg(any(feature = "llava", feature = "xclip", feature = "clap"))]

@@ -28,9 +28,10 @@ use ipfs_accelerate_wav2vec2::{Wav2Vec2Runner, Wav2Vec2Tasks};
 #[cfg(feature = "whisper")]
 use ipfs_accelerate_whisper::{TranscribeOptions, WhisperRunner, WhisperTasks};
 
-/// Loads a Whisper checkpoint folder. On `cuda` its encoder runs on the cuBLAS engine
-/// (`ipfs_accelerate_whisper::encoder_spec`) when the engine can take the checkpoint, and the
-/// decoder on burn's; otherwise burn runs both, and the reason is logged.
+/// Loads a Whisper checkpoint folder. On `cuda` the encoder and decoder run on the cuBLAS engines
+/// (`ipfs_accelerate_whisper::encoder_spec` and `decoder_spec`) when they can take the checkpoint;
+/// else the encoder alone when it can, and the decoder on burn's; else burn runs both. The reason
+/// for each step down is logged.
 #[cfg(feature = "whisper")]
 pub(crate) struct LoadWhisper {
     pub(crate) dir: std::path::PathBuf,
@@ -78,6 +79,27 @@ impl crate::backends::WithBackend for LoadWhisper {
 
     fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
         Ok(Box::new(self.runner::<H::Burn>(&hal.device(), hal.kind())?))
+    }
+
+    /// On `cuda`, both halves on the cuBLAS engines (no burn device at all) when they can take
+    /// the checkpoint.
+    fn without_device(
+        self,
+        kind: ipfs_accelerate_core::BackendKind,
+    ) -> std::result::Result<Result<Self::Output>, Self> {
+        #[cfg(feature = "cuda")]
+        if kind == ipfs_accelerate_core::BackendKind::Cuda {
+            match crate::cuda_whisper::CudaWhisper::load(&self.dir, &self.options) {
+                Ok(model) => return Ok(Ok(Box::new(model))),
+                Err(reason) => tracing::info!(
+                    "whisper on cuda: the cuBLAS engines cannot run {} ({reason}); the decoder \
+                     runs on burn",
+                    self.dir.display()
+                ),
+            }
+        }
+        let _ = kind;
+        Err(self)
     }
 }
 #[cfg(feature = "wav2vec2")]

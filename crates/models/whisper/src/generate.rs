@@ -115,7 +115,7 @@ pub(crate) fn check_prompts(prompts: &[Vec<u32>], batch: usize) -> Result<()> {
 
 /// Checks that a prompt of `prompt_len` tokens plus `config.max_new_tokens` fit the decoder's
 /// `positions` (the last generated token is never fed back, so prompt + new − 1 positions).
-pub(crate) fn check_positions(
+pub fn check_positions(
     prompt_len: usize,
     config: &GenerationConfig,
     positions: usize,

@@ -16,10 +16,10 @@ mod runner;
 mod spec;
 
 pub use config::{WhisperConfig, WhisperGenerationConfig, LAYER_NORM_EPS};
-pub use generate::{pick_language, Suppressed, Suppression, WhisperTokenDecoder};
+pub use generate::{check_positions, pick_language, Suppressed, Suppression, WhisperTokenDecoder};
 pub use model::{DecoderCache, Whisper, WhisperDecoder, WhisperEncoder};
 pub use runner::{
-    TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor, WhisperFamily, WhisperRunner,
-    WhisperTasks,
+    decode_outputs, TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor,
+    WhisperFamily, WhisperRunner, WhisperTasks,
 };
 pub use spec::{decoder_spec, encoder_spec};

@@ -567,62 +567,23 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
             None => self.encode_inputs(inputs)?,
         };
         let batch = encoder.dims()[0];
-        let mut out = TensorMap::new();
-        if let Some((ids, len)) = int_rows(inputs, "decoder_input_ids", batch)? {
-            let mask = int_rows(inputs, "decoder_attention_mask", batch)?;
-            if let Some((_, n)) = &mask {
-                if *n != len {
-                    return Err(Error::InvalidInput(format!(
-                        "decoder_attention_mask has {n} columns, decoder_input_ids {len}"
-                    )));
-                }
-            }
-            let logits = self.model.forward_logits(
-                &encoder,
-                &ids,
-                len,
-                mask.as_ref().map(|(m, _)| m.as_slice()),
-            )?;
-            out.insert("logits".into(), float_to_host(logits)?);
-        }
-        if let Some(steps) = inputs.get("greedy_steps") {
-            let steps = match steps.to_i64_vec()?.as_slice() {
-                [n] if *n >= 0 => *n as usize,
-                other => {
-                    return Err(Error::InvalidInput(format!(
-                        "greedy_steps must be one non-negative integer, got {other:?}"
-                    )))
-                }
-            };
-            let prompts: Vec<Vec<u32>> = match int_rows(inputs, "greedy_prompt", batch)? {
-                Some((ids, n)) => ids
-                    .chunks(n)
-                    .map(|r| {
-                        r.iter()
-                            .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
-                            .collect()
-                    })
-                    .collect(),
-                None => vec![vec![self.model.config().decoder_start_token_id]; batch],
-            };
-            let config = GenerationConfig {
-                max_new_tokens: steps,
-                ..Default::default()
-            };
-            let rows = self.model.generate_from_encoder(
-                encoder.clone(),
-                &prompts,
-                &config,
-                Suppression::default(),
-                true,
-                |_, _| ControlFlow::Continue(()),
-            )?;
-            let flat: Vec<i64> = rows.iter().flatten().map(|&t| i64::from(t)).collect();
-            out.insert(
-                "greedy_tokens".into(),
-                HostTensor::from_i64(vec![batch, steps], &flat)?,
-            );
-        }
+        let start = self.model.config().decoder_start_token_id;
+        let mut out = decode_outputs(
+            inputs,
+            batch,
+            start,
+            |ids, len, mask| float_to_host(self.model.forward_logits(&encoder, ids, len, mask)?),
+            |prompts, config| {
+                self.model.generate_from_encoder(
+                    encoder.clone(),
+                    prompts,
+                    config,
+                    Suppression::default(),
+                    true,
+                    |_, _| ControlFlow::Continue(()),
+                )
+            },
+        )?;
         let states = match engine_states {
             Some(states) => states,
             None => float_to_host(encoder)?,
@@ -630,6 +591,65 @@ impl<B: Backend> ModelRunner for WhisperRunner<B> {
         out.insert("encoder_last_hidden_state".into(), states);
         Ok(out)
     }
+}
+
+/// The decoding outputs of a Whisper [`ModelRunner::run`] over `batch` encoded inputs, for any
+/// executor: with `decoder_input_ids` `[batch, n]` (and `decoder_attention_mask`) the `logits`
+/// `[batch, n, vocab]` that `logits(ids, n, mask)` computes; with `greedy_steps` `[1]` the
+/// `greedy_tokens` `[batch, steps]` that `greedy(prompts, config)` generates from `greedy_prompt`
+/// (or `start`) without suppression or a stop token.
+pub fn decode_outputs(
+    inputs: &TensorMap,
+    batch: usize,
+    start: u32,
+    logits: impl FnOnce(&[i64], usize, Option<&[i64]>) -> Result<HostTensor>,
+    greedy: impl FnOnce(&[Vec<u32>], &GenerationConfig) -> Result<Vec<Vec<u32>>>,
+) -> Result<TensorMap> {
+    let mut out = TensorMap::new();
+    if let Some((ids, len)) = int_rows(inputs, "decoder_input_ids", batch)? {
+        let mask = int_rows(inputs, "decoder_attention_mask", batch)?;
+        if let Some((_, n)) = &mask {
+            if *n != len {
+                return Err(Error::InvalidInput(format!(
+                    "decoder_attention_mask has {n} columns, decoder_input_ids {len}"
+                )));
+            }
+        }
+        let logits = logits(&ids, len, mask.as_ref().map(|(m, _)| m.as_slice()))?;
+        out.insert("logits".into(), logits);
+    }
+    if let Some(steps) = inputs.get("greedy_steps") {
+        let steps = match steps.to_i64_vec()?.as_slice() {
+            [n] if *n >= 0 => *n as usize,
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "greedy_steps must be one non-negative integer, got {other:?}"
+                )))
+            }
+        };
+        let prompts: Vec<Vec<u32>> = match int_rows(inputs, "greedy_prompt", batch)? {
+            Some((ids, n)) => ids
+                .chunks(n)
+                .map(|r| {
+                    r.iter()
+                        .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
+                        .collect()
+                })
+                .collect(),
+            None => vec![vec![start]; batch],
+        };
+        let config = GenerationConfig {
+            max_new_tokens: steps,
+            ..Default::default()
+        };
+        let rows = greedy(&prompts, &config)?;
+        let flat: Vec<i64> = rows.iter().flatten().map(|&t| i64::from(t)).collect();
+        out.insert(
+            "greedy_tokens".into(),
+            HostTensor::from_i64(vec![batch, steps], &flat)?,
+        );
+    }
+    Ok(out)
 }
 
 /// The object-safe task interface of a loaded Whisper, whatever backend it runs on.

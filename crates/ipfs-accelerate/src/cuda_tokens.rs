@@ -1,0 +1,144 @@
+//! A generation's [`TokenDecoder`] on the cuBLAS decoder engine, shared by the decoders that run
+//! on it (LLaMA / Qwen2 in `cuda_decoder`, Whisper in `cuda_whisper`): the prompt on the first
+//! call, then one token per row, greedy steps picked on the device.
+
+use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf};
+use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_nn::generate::TokenDecoder;
+
+/// The environment variable that keeps generation on `cuda` off the cuBLAS decoder (`0` / `off`):
+/// LLaMA / Qwen2 then run on burn's CubeCL kernels in f32, and Whisper's decoder too (its
+/// encoder stays on the cuBLAS encoder).
+pub(crate) const CUDA_DECODER_ENV: &str = "IPFS_ACCELERATE_CUDA_DECODER";
+
+/// The environment variable that makes greedy decoding on the cuBLAS decoder send every row's
+/// logits to the host and pick there (`0` / `off`), instead of picking on the device.
+pub(crate) const DEVICE_GREEDY_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_GREEDY";
+
+/// A prompt (left-padded where rows differ in length): ids, positions and mask `[batch, len]`,
+/// and `len`.
+pub(crate) struct Prompt {
+    pub(crate) ids: Vec<i32>,
+    pub(crate) positions: Vec<i32>,
+    pub(crate) mask: Vec<i32>,
+    pub(crate) len: usize,
+}
+
+/// One generation's [`TokenDecoder`] on the engine: the prompt on the first call, one token per
+/// row after it.
+pub(crate) struct EngineTokens<'e> {
+    session: DecodeSession<'e>,
+    /// The padded prompt, until prefill.
+    prompt: Option<Prompt>,
+    /// The next position of each row.
+    next: Vec<i32>,
+    vocab: usize,
+    /// Greedy steps pick on the device ([`DEVICE_GREEDY_ENV`]).
+    device_greedy: bool,
+}
+
+impl TokenDecoder for EngineTokens<'_> {
+    fn batch(&self) -> usize {
+        self.next.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        let p = self
+            .prompt
+            .take()
+            .ok_or_else(|| Error::InvalidInput("prefill called twice on one decoder".into()))?;
+        let columns = Columns {
+            ids: &p.ids,
+            positions: &p.positions,
+            mask: &p.mask,
+        };
+        Ok(self.session.forward(&columns, p.len, LogitsOf::Last)?)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.step_with(tokens, |session, columns| {
+            session.forward(columns, 1, LogitsOf::Last)
+        })
+    }
+
+    /// Greedy steps pick on the device: `batch` token ids come back instead of `batch × vocab`
+    /// logits.
+    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
+        if !self.device_greedy {
+            return None;
+        }
+        Some(self.step_with(tokens, |session, columns| {
+            session.forward_argmax(columns, 1)
+        }))
+    }
+}
+
+impl<'e> EngineTokens<'e> {
+    /// A decoder over `session` whose rows start from `prompts` of one length, at positions 0,
+    /// 1, ... without padding (Whisper's decoder prompts).
+    pub(crate) fn unpadded(session: DecodeSession<'e>, prompts: &[Vec<u32>], vocab: usize) -> Self {
+        let len = prompts.first().map_or(0, Vec::len);
+        let prompt = Prompt {
+            ids: prompts.iter().flatten().map(|&t| t as i32).collect(),
+            positions: prompts.iter().flat_map(|_| 0..len as i32).collect(),
+            mask: vec![1; prompts.len() * len],
+            len,
+        };
+        Self::new(session, prompt, vec![len as i32; prompts.len()], vocab)
+    }
+
+    /// A decoder over `session` that starts with `prompt`; `next` is each row's position after
+    /// it.
+    pub(crate) fn new(
+        session: DecodeSession<'e>,
+        prompt: Prompt,
+        next: Vec<i32>,
+        vocab: usize,
+    ) -> Self {
+        EngineTokens {
+            session,
+            prompt: Some(prompt),
+            next,
+            vocab,
+            device_greedy: crate::backends::env_switch(DEVICE_GREEDY_ENV) != Some(false),
+        }
+    }
+
+    /// Feeds one token per row (after the prefill) through `run` and advances the positions.
+    fn step_with<R>(
+        &mut self,
+        tokens: &[u32],
+        run: impl FnOnce(
+            &mut DecodeSession<'_>,
+            &Columns<'_>,
+        ) -> std::result::Result<R, ipfs_accelerate_backend_cublas::EngineError>,
+    ) -> Result<R> {
+        if self.prompt.is_some() {
+            return Err(Error::InvalidInput("step called before prefill".into()));
+        }
+        if tokens.len() != self.next.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} tokens for a batch of {}",
+                tokens.len(),
+                self.next.len()
+            )));
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let positions = self.next.clone();
+        let mask = vec![1; tokens.len()];
+        let out = run(
+            &mut self.session,
+            &Columns {
+                ids: &ids,
+                positions: &positions,
+                mask: &mask,
+            },
+        )?;
+        self.next.iter_mut().for_each(|p| *p += 1);
+        Ok(out)
+    }
+}
