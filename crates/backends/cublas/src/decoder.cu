@@ -197,27 +197,39 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
 
 // Attention of the call's queries over a KV cache. Causal: query i of row b sits at column
 // past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
-// j > past + i - window); `keys` is not read. CROSS (cross-attention): every query sees the
-// columns j < keys (an encoder's states); `mask`, `past` and `window` are not read. Softmax is online over chunks of blockDim keys (no limit on the
-// context): one thread scores one key of the chunk, then every thread adds W features of the
-// values of a strided subset of the chunk's keys (W-wide loads, independent across keys). A query
-// that sees no key gets zeros (PyTorch SDPA's answer for a fully masked row).
+// j > past + i - window). CROSS (cross-attention): every query sees the columns j < keys (an
+// encoder's states), in splits of `split_keys` columns (flash-decoding: a decoding step's few
+// queries would otherwise leave most of the GPU idle over 1500 keys); with `parts` a block writes
+// its split's unnormalised output, running max and sum there for cross_combine, else (one split)
+// the output. Softmax is online over chunks of blockDim keys (no limit on the context): one thread
+// scores one key of the chunk, then every thread adds W features of the values of a strided
+// subset of the chunk's keys (W-wide loads, independent across keys). A query that sees no key
+// gets zeros (PyTorch SDPA's answer for a fully masked row).
 // q and out `[batch * n_new, heads * head_dim]`; caches `[batch, kv_heads, cap, head_dim]`;
-// values read in packs of W (head_dim a multiple of W). Grid (n_new, heads, batch), block a
-// multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) + 32) floats.
+// values read in packs of W (head_dim a multiple of W). Grid (n_new × splits, heads, batch),
+// block a multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) +
+// 32) floats.
 template <int W, bool CROSS>
 __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_cache,
                                       const int* mask, const int* past, int heads, int kv_heads,
                                       int head_dim, int n_new, int cap, int window, int keys,
-                                      float scale, T* out) {
+                                      int split_keys, float scale, float* parts, T* out) {
     allow_next();
     float* qs = shared_floats();
     float* ps = qs + head_dim;
     float* accs = ps + blockDim.x;
     float* red = accs + blockDim.x * W;
-    int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+    int i = CROSS ? blockIdx.x % n_new : blockIdx.x, split = CROSS ? blockIdx.x / n_new : 0;
+    int h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
     int kvh = h / (heads / kv_heads);
-    int col = CROSS ? keys - 1 : past[0] + i;
+    int first, col;
+    if (CROSS) {
+        first = split * split_keys;
+        col = min(keys, first + split_keys) - 1;
+    } else {
+        col = past[0] + i;
+        first = window > 0 ? max(0, col - window + 1) : 0;
+    }
     size_t row = (size_t)b * n_new + i;
     const T* qr = q + row * heads * head_dim + (size_t)h * head_dim;
     for (int d = t; d < head_dim; d += blockDim.x) qs[d] = ld(qr[d]) * scale;
@@ -232,7 +244,6 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     float acc[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] = 0.f;
-    int first = !CROSS && window > 0 ? max(0, col - window + 1) : 0;
     float m = NEG_INF, l = 0.f;
     for (int c0 = first; c0 <= col; c0 += blockDim.x) {
         int j = c0 + t;
@@ -277,25 +288,62 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     if (t < head_dim) {
         float o = 0.f;
         for (int gg = 0; gg < groups; ++gg) o += accs[gg * head_dim + t];
-        out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
+        if (CROSS && parts) {
+            int splits = gridDim.x / n_new;
+            float* part = parts + ((row * heads + h) * splits + split) * (head_dim + 2);
+            part[t] = o;
+            if (t == 0) part[head_dim] = m, part[head_dim + 1] = l;
+        } else {
+            out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
+        }
     }
 }
 
 // The entry points: 16-byte packs when head_dim is a multiple of VEC, single values otherwise;
 // causal self-attention and cross-attention apart (the cross form's bounds cost the causal one 16
 // registers).
-#define ATTENTION_ENTRY(NAME, W, CROSS)                                                            \
+#define ATTENTION_ENTRY(NAME, W)                                                                   \
     extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \
                                     const int* mask, const int* past, int heads, int kv_heads,     \
-                                    int head_dim, int n_new, int cap, int window, int keys,        \
-                                    float scale, T* out) {                                         \
-        cached_attention_impl<W, CROSS>(q, k_cache, v_cache, mask, past, heads, kv_heads,          \
-                                        head_dim, n_new, cap, window, keys, scale, out);           \
+                                    int head_dim, int n_new, int cap, int window, float scale,     \
+                                    T* out) {                                                      \
+        cached_attention_impl<W, false>(q, k_cache, v_cache, mask, past, heads, kv_heads,          \
+                                        head_dim, n_new, cap, window, 0, 0, scale, nullptr, out);  \
     }
-ATTENTION_ENTRY(cached_attention, VEC, false)
-ATTENTION_ENTRY(cached_attention_scalar, 1, false)
-ATTENTION_ENTRY(cross_attention, VEC, true)
-ATTENTION_ENTRY(cross_attention_scalar, 1, true)
+#define CROSS_ENTRY(NAME, W)                                                                       \
+    extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache, int heads,   \
+                                    int head_dim, int n_new, int keys, int split_keys,             \
+                                    float scale, float* parts, T* out) {                           \
+        cached_attention_impl<W, true>(q, k_cache, v_cache, nullptr, nullptr, heads, heads,        \
+                                       head_dim, n_new, keys, 0, keys, split_keys, scale, parts,   \
+                                       out);                                                       \
+    }
+ATTENTION_ENTRY(cached_attention, VEC)
+ATTENTION_ENTRY(cached_attention_scalar, 1)
+CROSS_ENTRY(cross_attention, VEC)
+CROSS_ENTRY(cross_attention_scalar, 1)
+
+// Joins a cross-attention's splits: out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M the
+// largest running max, for each query row and head. `parts` as cross_attention writes them
+// (`splits` per row and head, head_dim + 2 floats each). Grid (rows, heads), block a multiple of
+// 32 and at least head_dim.
+extern "C" __global__ void cross_combine(const float* parts, int heads, int head_dim, int splits,
+                                         T* out) {
+    size_t row = blockIdx.x;
+    int h = blockIdx.y, t = threadIdx.x, stride = head_dim + 2;
+    const float* p = parts + (row * heads + h) * splits * stride;
+    float top = NEG_INF;
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, p[s * stride + head_dim]);
+    if (t >= head_dim) return;
+    float o = 0.f, l = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        float m = p[s * stride + head_dim];
+        float w = m == NEG_INF ? 0.f : expf(m - top);
+        o += w * p[s * stride + t];
+        l += w * p[s * stride + head_dim + 1];
+    }
+    out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
+}
 
 // ---- Products on the weight as stored: dense rows of T, or ggml blocks (ggml_blocks.cuh) that
 // are dequantized in registers. A row is read in units: VEC values of T, or 8 weights of a block.

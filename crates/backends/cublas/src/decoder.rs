@@ -45,6 +45,26 @@ pub(crate) fn attention_threads(head_dim: usize) -> u32 {
 /// The largest head the kernels take (one attention block of 1024 threads covers it).
 const MAX_HEAD_DIM: usize = 1024;
 
+/// Blocks a cross-attention launch aims for (about two per SM of an H100): a decoding step's
+/// `rows × heads` blocks split their keys until there are this many.
+const CROSS_FILL_BLOCKS: usize = 264;
+
+/// How a cross-attention of `rows` query rows × `heads` over `keys` keys splits its keys:
+/// `(splits, keys per split)`, no split shorter than a block's chunk of `threads` keys
+/// (flash-decoding; `cross_combine` joins the splits when there are several).
+pub(crate) fn cross_splits(
+    rows: usize,
+    heads: usize,
+    keys: usize,
+    threads: usize,
+) -> (usize, usize) {
+    let most = keys.div_ceil(threads.max(1)).max(1);
+    let want = CROSS_FILL_BLOCKS.div_ceil((rows * heads).max(1));
+    let splits = want.clamp(1, most);
+    let per = keys.div_ceil(splits);
+    (keys.div_ceil(per), per)
+}
+
 struct Kernels {
     gather_rows: CudaFunction,
     append_mask: CudaFunction,
@@ -56,9 +76,11 @@ struct Kernels {
     cached_attention: CudaFunction,
     /// `cached_attention` reading single values (heads that are not a whole number of packs).
     cached_attention_scalar: CudaFunction,
-    /// Cross-attention over an encoder's keys and values, in packs and in single values.
+    /// Cross-attention over an encoder's keys and values, in packs and in single values, and the
+    /// join of its splits.
     cross_attention: CudaFunction,
     cross_attention_scalar: CudaFunction,
+    cross_combine: CudaFunction,
     /// The products and row reads of dense weights.
     dense: WeightKernels,
     /// `gemv_wide_dense` / `gemv1_wide_dense`: the dense products with a LayerNorm prologue and
@@ -257,7 +279,7 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 13] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 14] = [
     "gather_rows",
     "append_mask",
     "residual_norm",
@@ -269,6 +291,7 @@ pub(crate) const DECODER_KERNEL_NAMES: [&str; 13] = [
     "cached_attention_scalar",
     "cross_attention",
     "cross_attention_scalar",
+    "cross_combine",
     "gemv_wide_dense",
     "gemv1_wide_dense",
 ];
@@ -639,6 +662,8 @@ struct Buffers<T> {
     logits: CudaSlice<T>,
     /// Block weights dequantized for cuBLAS (calls whose products are not all GEMVs).
     scratch: Option<CudaSlice<T>>,
+    /// The cross-attention's partial outputs, when it splits its keys.
+    parts: Option<CudaSlice<f32>>,
 }
 
 /// The one-token step of a session as a CUDA graph: its buffers stay at the addresses the graph
@@ -767,6 +792,7 @@ where
             cached_attention_scalar: named("cached_attention_scalar")?,
             cross_attention: named("cross_attention")?,
             cross_attention_scalar: named("cross_attention_scalar")?,
+            cross_combine: named("cross_combine")?,
             wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
             dense,
             blocks,
@@ -890,7 +916,8 @@ where
                     .map(|c| -> Result<CrossLayer<T>, EngineError> {
                         Ok(CrossLayer {
                             norm: norm(&c.norm)?,
-                            query: stacked(&name("cross query"), &[&c.query], false)?,
+                            // Its bias is kept even when zero: the prompt's split adds it.
+                            query: stacked(&name("cross query"), &[&c.query], true)?,
                             kv: stacked(&name("cross key / value"), &[&c.key, &c.value], true)?,
                             output: stacked(&name("cross output"), &[&c.output], false)?,
                         })
@@ -1441,7 +1468,8 @@ where
             LogitsOf::Last => batch,
             LogitsOf::Every => batch * new,
         };
-        let mut buffers = self.buffers(batch, new, out_rows)?;
+        let frames = state.memory.as_ref().map(|m| m.frames);
+        let mut buffers = self.buffers(batch, new, out_rows, frames)?;
         self.stream.memcpy_htod(&host, &mut buffers.input)?;
         let memory = state.memory.as_ref();
         self.run(
@@ -1463,7 +1491,7 @@ where
         let batch = state.cache.batch;
         if state.step.is_none() {
             state.step = Some(StepGraph {
-                buffers: self.buffers(batch, 1, batch)?,
+                buffers: self.buffers(batch, 1, batch, state.memory.as_ref().map(|m| m.frames))?,
                 graph: None,
             });
         }
@@ -1569,12 +1597,14 @@ where
         Ok(host)
     }
 
-    /// The buffers of a call of `new` columns per row, with `out_rows` rows of logits.
+    /// The buffers of a call of `new` columns per row, with `out_rows` rows of logits (and a
+    /// cross-attention over `frames` encoder states).
     fn buffers(
         &self,
         batch: usize,
         new: usize,
         out_rows: usize,
+        frames: Option<usize>,
     ) -> Result<Buffers<T>, EngineError> {
         let d = &self.dims;
         let rows = batch * new;
@@ -1605,6 +1635,24 @@ where
                 Some(alloc(self.scratch_values, "dequantized weights")?)
             } else {
                 None
+            },
+            parts: match frames {
+                Some(keys) => {
+                    let threads = attention_threads(d.head_dim) as usize;
+                    match cross_splits(rows, d.heads, keys, threads) {
+                        (1, _) => None,
+                        (splits, _) => {
+                            let n = rows * d.heads * splits * (d.head_dim + 2);
+                            // SAFETY: every split's values are written before the join reads them.
+                            Some(unsafe {
+                                device_buffer(s, n, || {
+                                    format!("the cross-attention's {splits} splits ({n} values)")
+                                })
+                            }?)
+                        }
+                    }
+                }
+                None => None,
             },
         })
     }
@@ -1697,36 +1745,65 @@ where
             unsafe { args.launch(norm_cfg) }?;
             Ok(())
         };
-        // attention(q, keys, values, mask or null, (kv heads, cap, window, keys or 0 (causal))).
-        let attention = |q: &CudaSlice<T>,
-                         keys: &CudaSlice<T>,
-                         values: &CudaSlice<T>,
-                         mask: Option<&CudaSlice<i32>>,
-                         (kv_heads, cap, window, seen): (i32, i32, i32, i32),
-                         ctx: &mut CudaSlice<T>|
+        // cross_attention(q, keys, values of `frames` states, parts or none, ctx): the attention,
+        // its keys split across blocks (and the splits joined) when `parts` is given.
+        let cross_attention = |q: &CudaSlice<T>,
+                               keys: &CudaSlice<T>,
+                               values: &CudaSlice<T>,
+                               frames: usize,
+                               parts: Option<&mut CudaSlice<f32>>,
+                               ctx: &mut CudaSlice<T>|
          -> Result<(), EngineError> {
             let k = &self.kernels;
-            let kernel = match (seen > 0, dh.is_multiple_of(vec)) {
-                (false, true) => &k.cached_attention,
-                (false, false) => &k.cached_attention_scalar,
-                (true, true) => &k.cross_attention,
-                (true, false) => &k.cross_attention_scalar,
+            let kernel = if dh.is_multiple_of(vec) {
+                &k.cross_attention
+            } else {
+                &k.cross_attention_scalar
             };
+            let (splits, per) = match parts {
+                Some(_) => cross_splits(rows, d.heads, frames, att_threads as usize),
+                None => (1, frames),
+            };
+            let (keys_i, per_i) = (frames as i32, per as i32);
             let mut args = s.launch_builder(kernel);
-            args.arg(q).arg(keys).arg(values);
-            arg_or_null(&mut args, mask);
-            args.arg(&past_v)
+            args.arg(q)
+                .arg(keys)
+                .arg(values)
                 .arg(&heads_i)
-                .arg(&kv_heads)
                 .arg(&dh_i)
                 .arg(&n_i)
-                .arg(&cap)
-                .arg(&window)
-                .arg(&seen)
-                .arg(&scale)
-                .arg(ctx);
-            // SAFETY: as above; the caches hold `batch × kv_heads × cap × head_dim` values.
-            unsafe { args.launch(att_cfg) }?;
+                .arg(&keys_i)
+                .arg(&per_i)
+                .arg(&scale);
+            let parts = parts.map(|p| &*p);
+            arg_or_null(&mut args, parts);
+            args.arg(&mut *ctx);
+            let cfg = LaunchConfig {
+                grid_dim: ((new * splits) as u32, d.heads as u32, batch as u32),
+                ..att_cfg
+            };
+            // SAFETY: `cross_attention(q, k, v, heads, head_dim, n_new, keys, split_keys, scale,
+            // parts, out)`: the keys and values hold `batch × heads × frames × head_dim` values,
+            // `parts` (when given) `rows × heads × splits × (head_dim + 2)` floats.
+            unsafe { args.launch(cfg) }?;
+            if let Some(parts) = parts {
+                let splits_i = splits as i32;
+                // SAFETY: `cross_combine(parts, heads, head_dim, splits, out)` over the parts
+                // written above, `rows × heads × head_dim` outputs.
+                unsafe {
+                    s.launch_builder(&k.cross_combine)
+                        .arg(parts)
+                        .arg(&heads_i)
+                        .arg(&dh_i)
+                        .arg(&splits_i)
+                        .arg(ctx)
+                        .launch(LaunchConfig {
+                            grid_dim: (rows as u32, d.heads as u32, 1),
+                            block_dim: (att_threads, 1, 1),
+                            shared_mem_bytes: 0,
+                        })?;
+                }
+            }
             Ok(())
         };
         // A decoding step's few rows: every norm runs inside the GEMV that reads it and every
@@ -1807,8 +1884,28 @@ where
                     .launch(split_cfg(d.heads + 2 * d.kv_heads))?;
             }
             prof.mark("rope")?;
-            let causal = (kv_i, cap_i, layer.window, 0);
-            attention(&b.q, keys, values, Some(&cache.mask), causal, &mut b.ctx)?;
+            unsafe {
+                let attention = if dh.is_multiple_of(vec) {
+                    &self.kernels.cached_attention
+                } else {
+                    &self.kernels.cached_attention_scalar
+                };
+                s.launch_builder(attention)
+                    .arg(&b.q)
+                    .arg(&*keys)
+                    .arg(&*values)
+                    .arg(&cache.mask)
+                    .arg(&past_v)
+                    .arg(&heads_i)
+                    .arg(&kv_i)
+                    .arg(&dh_i)
+                    .arg(&n_i)
+                    .arg(&cap_i)
+                    .arg(&layer.window)
+                    .arg(&scale)
+                    .arg(&mut b.ctx)
+                    .launch(att_cfg)?;
+            }
             prof.mark("attention")?;
             let o = &layer.output;
             // The norm after the self-attention: the cross-attention's, else the MLP's.
@@ -1854,9 +1951,9 @@ where
                             .launch(split_cfg(d.heads))?;
                     }
                 }
-                let frames = m.frames as i32;
-                let cross_keys = (heads_i, frames, 0, frames);
-                attention(&b.q, &m.keys[l], &m.values[l], None, cross_keys, &mut b.ctx)?;
+                let (keys, values) = (&m.keys[l], &m.values[l]);
+                let parts = b.parts.as_mut();
+                cross_attention(&b.q, keys, values, m.frames, parts, &mut b.ctx)?;
                 let co = &cross.output;
                 if fused {
                     let add = Epilogue::add_into(co.bias.as_ref());
@@ -2193,6 +2290,19 @@ mod tests {
         assert_eq!(read(30, bf16), want(|v| half::bf16::from_f32(v).to_f32()));
         assert!(DecoderEngine::reads_ggml_type(1) && DecoderEngine::reads_ggml_type(30));
         assert!(DecoderEngine::reads_ggml_type(12) && !DecoderEngine::reads_ggml_type(10));
+    }
+
+    #[test]
+    fn cross_attention_splits_cover_the_keys_once() {
+        // Whisper-tiny's 1500 frames: one row of 6 heads splits into chunks of at most 128
+        // keys; batch 8 into fewer; a prompt's many rows not at all.
+        assert_eq!(cross_splits(1, 6, 1500, 128), (12, 125));
+        assert_eq!(cross_splits(8, 6, 1500, 128), (6, 250));
+        assert_eq!(cross_splits(400, 6, 1500, 128), (1, 1500));
+        for (rows, heads, keys) in [(1, 1, 1), (1, 6, 7), (3, 4, 1000), (1, 20, 1501)] {
+            let (splits, per) = cross_splits(rows, heads, keys, 128);
+            assert!(splits * per >= keys && (splits - 1) * per < keys, "{rows} {heads} {keys}");
+        }
     }
 
     #[test]

@@ -475,8 +475,8 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
 
 const ATTENTION_HARNESS: &str = r#"
 int main(void) {
-    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads, keys
-    int* h = take<int>(11);
+    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads, keys, split_keys
+    int* h = take<int>(12);
     float scale = *take<float>(1);
     int heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], batch = h[7];
     float* q = take<float>((size_t)batch * n_new * heads * hd);
@@ -484,13 +484,24 @@ int main(void) {
     float* v = take<float>((size_t)batch * kv * cap * hd);
     int* mask = take<int>((size_t)batch * cap);
     float* out = (float*)calloc((size_t)batch * n_new * heads * hd, sizeof(float));
-    int past = h[6], keys = h[10];
-    int* m = keys > 0 ? nullptr : mask;
-    emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
-        auto f = keys > 0 ? (h[0] ? cross_attention_scalar : cross_attention)
-                          : (h[0] ? cached_attention_scalar : cached_attention);
-        f(q, k, v, m, &past, heads, kv, hd, n_new, cap, h[8], keys, scale, out);
-    });
+    int past = h[6], keys = h[10], per = h[11];
+    if (keys == 0) {
+        emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
+            (h[0] ? cached_attention_scalar : cached_attention)(q, k, v, mask, &past, heads, kv, hd,
+                                                               n_new, cap, h[8], scale, out);
+        });
+    } else {
+        // Cross-attention (kv == heads, cap == keys) in splits of `per` keys, then their join.
+        int splits = (keys + per - 1) / per, rows = batch * n_new;
+        float* parts = splits > 1 ? (float*)calloc((size_t)rows * heads * splits * (hd + 2), 4) : nullptr;
+        emu_launch({(unsigned)(n_new * splits), (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
+            (h[0] ? cross_attention_scalar : cross_attention)(q, k, v, heads, hd, n_new, keys, per, scale,
+                                                              parts, out);
+        });
+        if (parts)
+            emu_launch({(unsigned)rows, (unsigned)heads, 1}, {(unsigned)h[9], 1, 1},
+                       [&] { cross_combine(parts, heads, hd, splits, out); });
+    }
     fwrite(out, sizeof(float), (size_t)batch * n_new * heads * hd, stdout);
     return 0;
 }
@@ -507,16 +518,23 @@ fn cached_attention_matches_the_definition() {
         return;
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    // (scalar kernel, head size, window, cross-attention keys)
-    for (scalar, hd, window, keys) in [
-        (false, 64, 0, 0),
-        (true, 18, 0, 0),
-        (true, 64, 50, 0),
-        (false, 32, 7, 0),
-        (false, 64, 0, 290),
-        (true, 18, 0, 7),
+    // (scalar kernel, head size, window, cross-attention keys and keys per split)
+    for (scalar, hd, window, keys, per) in [
+        (false, 64, 0, 0, 0),
+        (true, 18, 0, 0, 0),
+        (true, 64, 50, 0, 0),
+        (false, 32, 7, 0, 0),
+        (false, 64, 0, 300, 300),
+        (false, 64, 0, 300, 70),
+        (true, 18, 0, 300, 128),
     ] {
-        let (heads, kv, n_new, cap, past, batch) = (6, 2, 3, 300, 280, 3);
+        // Cross-attention reads as many key / value heads as query heads, `keys` of each.
+        let (heads, n_new, past, batch) = (6, 3, 280, 3);
+        let (kv, cap) = if keys > 0 {
+            (heads, keys as usize)
+        } else {
+            (2, 300)
+        };
         let threads = crate::decoder::attention_threads(hd) as i32;
         let scale = 1.0 / (hd as f32).sqrt();
         let q = rng.vec(batch * n_new * heads * hd, 2.0, 0.0);
@@ -546,6 +564,7 @@ fn cached_attention_matches_the_definition() {
             window,
             threads,
             keys,
+            per,
         ];
         header.iter().for_each(|v| input.extend(v.to_le_bytes()));
         input.extend(scale.to_le_bytes());
@@ -608,7 +627,7 @@ fn cached_attention_matches_the_definition() {
         }
         assert!(
             worst <= 1e-5,
-            "scalar {scalar}, head {hd}, window {window}, keys {keys}: worst difference {worst}"
+            "scalar {scalar}, head {hd}, window {window}, keys {keys} by {per}: worst difference {worst}"
         );
     }
 }
