@@ -28,7 +28,8 @@
 # Session 23: part 12 Whisper's decoder on the engine (cross-attention, LayerNorm, learned positions):
 # conformance in f32 and f16 (the shipped fixture, heads of 8; fused/whisper by tools/make_whisper_fixture.py,
 # heads of 64, batch 2 with a padded prompt), LLaMA / Qwen2 after the decoder's kernels changed, a decoding
-# step's profile, transcription of 30 s + 100 tokens against PyTorch generate, and SmolLM2 against PyTorch.
+# step's profile, transcription of 30 s + 100 tokens against PyTorch generate, and SmolLM2 against PyTorch;
+# part 13 the same for Whisper after the cross-attention split its keys across blocks (flash-decoding).
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -187,5 +188,16 @@ timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny 
 timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --new 100 --dtype f32 --peer torch:f32 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror|$G"
 echo "== SmolLM2-135M f16 128 + 128 against PyTorch (the decoder's GEMVs and attention after the change)"
 timeout 120 ./xtask compare --dev --backend cuda --db $DB --config llama-135m --prompt 128 --new 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|$G"
+fi
+if [ "$PART" = 13 ]; then
+echo "== verify f32 and f16: Whisper (shipped, heads of 8; fused/whisper, heads of 64, batch 2), LLaMA / Qwen2"
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures fixtures --family whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
+  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -5
+done
+echo "== a decoding step's device times (uncaptured: IPFS_ACCELERATE_CUDA_GRAPHS=0), Whisper-tiny f16"
+IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --new 4 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas decoder|rror" | tail -2
+echo "== Whisper-tiny transcription, 30 s + 100 tokens, against PyTorch generate f16"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --new 100 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror|$G"
 fi
 ls -la $OUT

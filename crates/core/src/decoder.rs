@@ -20,6 +20,8 @@ pub enum GatedActivation {
     GeluTanh,
     /// Exact GELU (erf).
     Gelu,
+    /// `max(x, 0)` (T5).
+    Relu,
 }
 
 /// Rotary position embeddings as the engine applies them: `x * cos + rotate_half(x) * sin` on
@@ -50,6 +52,71 @@ pub enum DecoderPositions {
     Rotary(RotarySpec),
     /// A learned table `[max_positions, hidden]` added to the token embeddings (Whisper).
     Learned(Vec<f32>),
+    /// A learned bias of each head per bucket of relative distance, added to the self-attention's
+    /// scores (T5).
+    Relative(RelativeBias),
+}
+
+/// T5's relative position bias: `table[bucket(key − query), head]` is added to the score of a
+/// query and a key (Mesh-TensorFlow's log-spaced buckets, [`relative_position_bucket`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelativeBias {
+    /// `[buckets, heads]` (HF's `relative_attention_bias.weight`).
+    pub table: Vec<f32>,
+    /// Buckets.
+    pub buckets: usize,
+    /// Distances from which every distance shares the last bucket.
+    pub max_distance: usize,
+    /// Whether keys after the query get buckets of their own (an encoder) or share bucket 0.
+    pub bidirectional: bool,
+}
+
+impl RelativeBias {
+    /// The bucket of `relative_position` (key position − query position).
+    pub fn bucket(&self, relative_position: i64) -> usize {
+        relative_position_bucket(
+            relative_position,
+            self.bidirectional,
+            self.buckets,
+            self.max_distance,
+        )
+    }
+}
+
+/// The bucket of `relative_position` (= key position − query position), as HF's
+/// `T5Attention._relative_position_bucket`: with `bidirectional` half of the buckets hold keys after
+/// the query; otherwise keys after the query all fall in bucket 0. Half of the (remaining) buckets
+/// are exact small distances, the rest log-spaced distances up to `max_distance`, beyond which all
+/// distances share the last bucket. The logarithm is taken in f32, as PyTorch does.
+pub fn relative_position_bucket(
+    relative_position: i64,
+    bidirectional: bool,
+    num_buckets: usize,
+    max_distance: usize,
+) -> usize {
+    let mut num_buckets = num_buckets as i64;
+    let mut bucket = 0i64;
+    let distance = if bidirectional {
+        num_buckets /= 2;
+        if relative_position > 0 {
+            bucket += num_buckets;
+        }
+        relative_position.abs()
+    } else {
+        -relative_position.min(0)
+    };
+    let max_exact = num_buckets / 2;
+    if distance < max_exact {
+        bucket += distance;
+    } else {
+        // f32 arithmetic in PyTorch's order: log(d / max_exact) / log(max_distance / max_exact) * n.
+        let ratio = distance as f32 / max_exact as f32;
+        let denom = (max_distance as f64 / max_exact as f64).ln() as f32;
+        let scaled = ratio.ln() / denom * (num_buckets - max_exact) as f32;
+        let large = max_exact + scaled as i64;
+        bucket += large.min(num_buckets - 1);
+    }
+    bucket.max(0) as usize
 }
 
 /// Cross-attention over an encoder's states (the decoder's "memory"), between the layer's
@@ -115,6 +182,11 @@ pub struct DecoderSpec {
     pub head_dim: usize,
     /// MLP inner size.
     pub intermediate: usize,
+    /// Whether a query sees only the columns up to its own (a decoder) or every column of its row
+    /// (an encoder stack run on a decoder engine: T5's encoder).
+    pub causal: bool,
+    /// What scores are multiplied by: `1 / sqrt(head_dim)`, or 1 for T5 (folded into its weights).
+    pub score_scale: f64,
     /// The norms' kind.
     pub norm: DecoderNorm,
     /// The norms' epsilon.
@@ -175,6 +247,22 @@ impl DecoderSpec {
                 table,
                 vec![self.max_positions, h],
             )?,
+            DecoderPositions::Relative(r) => {
+                if r.buckets < 2 || r.max_distance == 0 {
+                    return bad(format!(
+                        "{} relative buckets up to distance {} (at least 2 and 1)",
+                        r.buckets, r.max_distance
+                    ));
+                }
+                check_len(
+                    "relative_attention_bias.weight".into(),
+                    &r.table,
+                    vec![r.buckets, self.heads],
+                )?;
+            }
+        }
+        if !(self.score_scale.is_finite() && self.score_scale > 0.0) {
+            return bad(format!("score scale {} is not positive", self.score_scale));
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return bad(format!(
@@ -256,7 +344,15 @@ impl DecoderSpec {
     pub fn rotary(&self) -> Option<&RotarySpec> {
         match &self.positions {
             DecoderPositions::Rotary(r) => Some(r),
-            DecoderPositions::Learned(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The relative position bias, when positions are relative.
+    pub fn relative(&self) -> Option<&RelativeBias> {
+        match &self.positions {
+            DecoderPositions::Relative(r) => Some(r),
+            _ => None,
         }
     }
 
@@ -294,6 +390,7 @@ impl DecoderSpec {
     fn vector_values(&self) -> usize {
         let table = match &self.positions {
             DecoderPositions::Learned(t) => t.len(),
+            DecoderPositions::Relative(r) => r.table.len(),
             DecoderPositions::Rotary(_) => 0,
         };
         table
@@ -360,6 +457,8 @@ mod tests {
             kv_heads: kv,
             head_dim: dh,
             intermediate: inter,
+            causal: true,
+            score_scale: 0.5,
             norm: DecoderNorm::Rms,
             eps: 1e-6,
             max_positions: 16,

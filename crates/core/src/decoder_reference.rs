@@ -14,8 +14,19 @@ impl GatedActivation {
             GatedActivation::Silu => x / (1.0 + (-x).exp()),
             GatedActivation::Gelu => EncoderActivation::Gelu.apply(x),
             GatedActivation::GeluTanh => EncoderActivation::GeluTanh.apply(x),
+            GatedActivation::Relu => x.max(0.0),
         }
     }
+}
+
+/// The encoder states a cross-attention reads, `[frames][width]`, and which frames are tokens
+/// (1) or padding (0; every frame is a token without a mask).
+#[derive(Debug, Clone, Copy)]
+pub struct ReferenceMemory<'a> {
+    /// The states.
+    pub states: &'a [Vec<f64>],
+    /// The padding mask, `[frames]`.
+    pub mask: Option<&'a [i64]>,
 }
 
 /// Rotates one head in place at `pos` (HF's `rotate_half`: feature `i` pairs with `i + d / 2`).
@@ -32,13 +43,14 @@ fn rope(x: &mut [f64], inv_freq: &[f32], pos: usize) {
 }
 
 /// The attention output `[heads * head_dim]` of one query over `keys` / `values` (rows of
-/// `kv_heads * head_dim`), grouped-query heads sharing a key / value head.
+/// `kv_heads * head_dim`), grouped-query heads sharing a key / value head; scores times `scale`,
+/// plus `bias(head, key index)`.
 fn attend(
     q: &[f64],
-    keys: &[&[f64]],
-    values: &[&[f64]],
-    heads: usize,
-    kv_heads: usize,
+    (keys, values): (&[&[f64]], &[&[f64]]),
+    (heads, kv_heads): (usize, usize),
+    scale: f64,
+    bias: &dyn Fn(usize, usize) -> f64,
 ) -> Vec<f64> {
     let dh = q.len() / heads;
     let group = heads / kv_heads;
@@ -48,9 +60,11 @@ fn attend(
         let qh = &q[h * dh..(h + 1) * dh];
         let scores: Vec<f64> = keys
             .iter()
-            .map(|k| {
+            .enumerate()
+            .map(|(j, k)| {
                 let kh = &k[kvh * dh..(kvh + 1) * dh];
-                qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f64>() / (dh as f64).sqrt()
+                let dot: f64 = qh.iter().zip(kh).map(|(a, b)| a * b).sum();
+                dot * scale + bias(h, j)
             })
             .collect();
         let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -81,14 +95,30 @@ impl DecoderSpec {
         }
     }
 
-    /// The logits `[ids.len()][vocab]` of one unpadded row of token ids at positions 0, 1, ...,
-    /// computed in f64 from the spec as written; `memory` is the encoder's states `[frames][memory
-    /// width]` when the spec has cross-attention. Weights kept in ggml blocks are not read: such
-    /// specs are refused.
+    /// The logits `[ids.len()][vocab]` of one unpadded row of token ids at positions 0, 1, ...:
+    /// the head of [`DecoderSpec::reference_states`].
     pub fn reference_logits(
         &self,
         ids: &[i64],
-        memory: Option<&[Vec<f64>]>,
+        memory: Option<ReferenceMemory<'_>>,
+    ) -> Result<Vec<Vec<f64>>> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        Ok(self
+            .reference_states(ids, None, memory)?
+            .iter()
+            .map(|r| dense(head, r))
+            .collect())
+    }
+
+    /// The final-normed states `[ids.len()][hidden]` of one row of token ids at positions 0, 1,
+    /// ..., computed in f64 from the spec as written: keys whose `mask` is 0 are padding (no query
+    /// sees them); `memory` is the encoder's states when the spec has cross-attention. Weights
+    /// kept in ggml blocks are not read: such specs are refused.
+    pub fn reference_states(
+        &self,
+        ids: &[i64],
+        mask: Option<&[i64]>,
+        memory: Option<ReferenceMemory<'_>>,
     ) -> Result<Vec<Vec<f64>>> {
         self.validate()?;
         if self.dense_layers().any(|d| d.blocks.is_some()) {
@@ -103,15 +133,27 @@ impl DecoderSpec {
                 self.max_positions
             )));
         }
+        if mask.is_some_and(|m| m.len() != ids.len()) {
+            return Err(Error::InvalidInput(
+                "a mask of another length than the ids".into(),
+            ));
+        }
         let memory = match (self.memory_width(), memory) {
             (None, _) => None,
-            (Some(w), Some(m)) if !m.is_empty() && m.iter().all(|r| r.len() == w) => Some(m),
+            (Some(w), Some(m))
+                if !m.states.is_empty()
+                    && m.states.iter().all(|r| r.len() == w)
+                    && m.mask.is_none_or(|k| k.len() == m.states.len()) =>
+            {
+                Some(m)
+            }
             (Some(w), _) => {
                 return Err(Error::InvalidInput(format!(
                     "the decoder's cross-attention needs encoder states of width {w}"
                 )))
             }
         };
+        let token = |mask: Option<&[i64]>, j: usize| mask.is_none_or(|m| m[j] != 0);
         let h = self.hidden;
         let mut x: Vec<Vec<f64>> = Vec::with_capacity(ids.len());
         for (p, &t) in ids.iter().enumerate() {
@@ -132,14 +174,16 @@ impl DecoderSpec {
             }
             x.push(row);
         }
+        let n = ids.len();
+        let relative = self.relative();
         for l in &self.layers {
-            let n: Vec<Vec<f64>> = x
+            let normed: Vec<Vec<f64>> = x
                 .iter()
                 .map(|r| self.reference_norm(&l.input_norm, r))
                 .collect();
-            let mut q: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.query, r)).collect();
-            let mut k: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.key, r)).collect();
-            let v: Vec<Vec<f64>> = n.iter().map(|r| dense(&l.value, r)).collect();
+            let mut q: Vec<Vec<f64>> = normed.iter().map(|r| dense(&l.query, r)).collect();
+            let mut k: Vec<Vec<f64>> = normed.iter().map(|r| dense(&l.key, r)).collect();
+            let v: Vec<Vec<f64>> = normed.iter().map(|r| dense(&l.value, r)).collect();
             if let Some(r) = self.rotary() {
                 for (p, (qr, kr)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
                     qr.chunks_mut(self.head_dim)
@@ -148,19 +192,39 @@ impl DecoderSpec {
                         .for_each(|hd| rope(hd, &r.inv_freq, p));
                 }
             }
-            // The cross-attention's keys and values, once for every position.
+            // The cross-attention's keys and values (of the memory's tokens), once for every
+            // position.
             let cross_kv = match (&l.cross, memory) {
-                (Some(c), Some(m)) => Some((
-                    m.iter().map(|r| dense(&c.key, r)).collect::<Vec<_>>(),
-                    m.iter().map(|r| dense(&c.value, r)).collect::<Vec<_>>(),
-                )),
+                (Some(c), Some(m)) => {
+                    let kept = || {
+                        m.states
+                            .iter()
+                            .enumerate()
+                            .filter(|(j, _)| token(m.mask, *j))
+                            .map(|(_, r)| r)
+                    };
+                    Some((
+                        kept().map(|r| dense(&c.key, r)).collect::<Vec<_>>(),
+                        kept().map(|r| dense(&c.value, r)).collect::<Vec<_>>(),
+                    ))
+                }
                 _ => None,
             };
             for (p, xr) in x.iter_mut().enumerate() {
                 let first = l.window.map_or(0, |w| (p + 1).saturating_sub(w));
-                let keys: Vec<&[f64]> = k[first..=p].iter().map(Vec::as_slice).collect();
-                let values: Vec<&[f64]> = v[first..=p].iter().map(Vec::as_slice).collect();
-                let ctx = attend(&q[p], &keys, &values, self.heads, self.kv_heads);
+                let last = if self.causal { p } else { n - 1 };
+                let seen: Vec<usize> = (first..=last).filter(|&j| token(mask, j)).collect();
+                let keys: Vec<&[f64]> = seen.iter().map(|&j| k[j].as_slice()).collect();
+                let values: Vec<&[f64]> = seen.iter().map(|&j| v[j].as_slice()).collect();
+                let bias = |head: usize, at: usize| match relative {
+                    Some(r) => {
+                        let bucket = r.bucket(seen[at] as i64 - p as i64);
+                        f64::from(r.table[bucket * self.heads + head])
+                    }
+                    None => 0.0,
+                };
+                let heads = (self.heads, self.kv_heads);
+                let ctx = attend(&q[p], (&keys, &values), heads, self.score_scale, &bias);
                 for (a, b) in xr.iter_mut().zip(dense(&l.output, &ctx)) {
                     *a += b;
                 }
@@ -168,7 +232,8 @@ impl DecoderSpec {
                     let cq = dense(&c.query, &self.reference_norm(&c.norm, xr));
                     let keys: Vec<&[f64]> = ck.iter().map(Vec::as_slice).collect();
                     let values: Vec<&[f64]> = cv.iter().map(Vec::as_slice).collect();
-                    let ctx = attend(&cq, &keys, &values, self.heads, self.heads);
+                    let heads = (self.heads, self.heads);
+                    let ctx = attend(&cq, (&keys, &values), heads, self.score_scale, &|_, _| 0.0);
                     for (a, b) in xr.iter_mut().zip(dense(&c.output, &ctx)) {
                         *a += b;
                     }
@@ -188,9 +253,8 @@ impl DecoderSpec {
                 }
             }
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         Ok(x.iter()
-            .map(|r| dense(head, &self.reference_norm(&self.final_norm, r)))
+            .map(|r| self.reference_norm(&self.final_norm, r))
             .collect())
     }
 }

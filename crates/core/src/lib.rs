@@ -30,8 +30,9 @@ pub use backend::{
 pub use config::{label_count, label_name, softmax, JsonConfig};
 pub use decoder::{
     CrossAttentionWeights, DecoderLayerWeights, DecoderNorm, DecoderPositions, DecoderSpec,
-    GatedActivation, RotarySpec,
+    GatedActivation, RelativeBias, RotarySpec,
 };
+pub use decoder_reference::ReferenceMemory;
 pub use encoder::{
     DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
     EncoderProjection, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights,

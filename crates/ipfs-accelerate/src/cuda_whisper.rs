@@ -7,7 +7,9 @@
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, DecoderEngine, LogitsOf};
+use ipfs_accelerate_backend_cublas::{
+    Columns, DecodeSession, DecoderEngine, EncoderStates, LogitsOf,
+};
 use ipfs_accelerate_core::{BackendKind, Error, HostTensor, ModelRunner, Result, TensorMap};
 use ipfs_accelerate_nn::generate::{generate, single_row, GenerationConfig, TokenDecoder};
 use ipfs_accelerate_preprocess::audio::LogMel;
@@ -66,9 +68,13 @@ impl CudaWhisper {
                 states.shape()
             )));
         };
-        Ok(self
-            .decoder
-            .session_over(batch, capacity, &states.to_f32_vec(), frames)?)
+        let values = states.to_f32_vec();
+        let states = EncoderStates {
+            values: &values,
+            frames,
+            mask: None,
+        };
+        Ok(self.decoder.session_over(batch, capacity, states)?)
     }
 
     /// A token decoder over `states` whose rows start from `prompts` (one length, as

@@ -6,41 +6,8 @@ use ipfs_accelerate_core::Result;
 
 use crate::{convert::int_tensor, Embedding, VarBuilder};
 
-/// The bucket of `relative_position` (= key position − query position), as HF's
-/// `T5Attention._relative_position_bucket`: with `bidirectional` half of the buckets hold keys after
-/// the query; otherwise keys after the query all fall in bucket 0. Half of the (remaining) buckets
-/// are exact small distances, the rest log-spaced distances up to `max_distance`, beyond which all
-/// distances share the last bucket. The logarithm is taken in f32, as PyTorch does.
-pub fn relative_position_bucket(
-    relative_position: i64,
-    bidirectional: bool,
-    num_buckets: usize,
-    max_distance: usize,
-) -> usize {
-    let mut num_buckets = num_buckets as i64;
-    let mut bucket = 0i64;
-    let distance = if bidirectional {
-        num_buckets /= 2;
-        if relative_position > 0 {
-            bucket += num_buckets;
-        }
-        relative_position.abs()
-    } else {
-        -relative_position.min(0)
-    };
-    let max_exact = num_buckets / 2;
-    if distance < max_exact {
-        bucket += distance;
-    } else {
-        // f32 arithmetic in PyTorch's order: log(d / max_exact) / log(max_distance / max_exact) * n.
-        let ratio = distance as f32 / max_exact as f32;
-        let denom = (max_distance as f64 / max_exact as f64).ln() as f32;
-        let scaled = ratio.ln() / denom * (num_buckets - max_exact) as f32;
-        let large = max_exact + scaled as i64;
-        bucket += large.min(num_buckets - 1);
-    }
-    bucket.max(0) as usize
-}
+/// The bucket of a relative position (one description, in core).
+pub use ipfs_accelerate_core::decoder::relative_position_bucket;
 
 /// Buckets of a `[queries, keys]` grid, row-major, where query `i` sits at position
 /// `offset + i` (tokens already cached) and key `j` at position `j`.

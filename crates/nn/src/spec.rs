@@ -214,6 +214,7 @@ pub fn gated_activation(act: Activation) -> Result<GatedActivation> {
         Activation::Silu => GatedActivation::Silu,
         Activation::GeluTanh => GatedActivation::GeluTanh,
         Activation::Gelu => GatedActivation::Gelu,
+        Activation::Relu => GatedActivation::Relu,
         other => {
             return Err(Error::InvalidInput(format!(
                 "the decoder spec has no gated activation {other:?}"

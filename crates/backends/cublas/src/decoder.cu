@@ -195,10 +195,12 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
     dst[i + half] = st(x2);
 }
 
-// Attention of the call's queries over a KV cache. Causal: query i of row b sits at column
+// Attention of the call's queries over a KV cache. SELF: query i of row b sits at column
 // past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
-// j > past + i - window). CROSS (cross-attention): every query sees the columns j < keys (an
-// encoder's states), in splits of `split_keys` columns (flash-decoding: a decoding step's few
+// j > past + i - window). RELATIVE (T5): the same, or with `causal` 0 every column of the call
+// (an encoder stack), with the bias rel_table[rel_bucket[j - (past + i) + rel_offset], head] added
+// to each score. CROSS (cross-attention): every query sees the columns j < keys (an encoder's
+// states) whose `mask` (`[batch, keys]`, or null: all) is set, in splits of `split_keys` columns (flash-decoding: a decoding step's few
 // queries would otherwise leave most of the GPU idle over 1500 keys); with `parts` a block writes
 // its split's unnormalised output, running max and sum there for cross_combine, else (one split)
 // the output. Softmax is online over chunks of blockDim keys (no limit on the context): one thread
@@ -209,23 +211,33 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
 // values read in packs of W (head_dim a multiple of W). Grid (n_new × splits, heads, batch),
 // block a multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) +
 // 32) floats.
-template <int W, bool CROSS>
+#define SELF 0
+#define RELATIVE 1
+#define CROSS 2
+template <int W, int MODE>
 __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_cache,
                                       const int* mask, const int* past, int heads, int kv_heads,
                                       int head_dim, int n_new, int cap, int window, int keys,
-                                      int split_keys, float scale, float* parts, T* out) {
+                                      int split_keys, int causal, const int* rel_bucket,
+                                      const T* rel_table, int rel_offset, float scale,
+                                      float* parts, T* out) {
     allow_next();
     float* qs = shared_floats();
     float* ps = qs + head_dim;
     float* accs = ps + blockDim.x;
     float* red = accs + blockDim.x * W;
-    int i = CROSS ? blockIdx.x % n_new : blockIdx.x, split = CROSS ? blockIdx.x / n_new : 0;
+    const bool cross = MODE == CROSS;
+    int i = cross ? blockIdx.x % n_new : blockIdx.x, split = cross ? blockIdx.x / n_new : 0;
     int h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
     int kvh = h / (heads / kv_heads);
-    int first, col;
-    if (CROSS) {
+    int first, col, qpos = 0;
+    if (cross) {
         first = split * split_keys;
         col = min(keys, first + split_keys) - 1;
+    } else if (MODE == RELATIVE) {
+        qpos = past[0] + i;
+        col = causal ? qpos : past[0] + n_new - 1;
+        first = 0;
     } else {
         col = past[0] + i;
         first = window > 0 ? max(0, col - window + 1) : 0;
@@ -236,7 +248,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     __syncthreads();
     const T* kb = k_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
     const T* vb = v_cache + ((size_t)b * kv_heads + kvh) * cap * head_dim;
-    const int* mrow = CROSS ? nullptr : mask + (size_t)b * cap;
+    const int* mrow = mask ? mask + (size_t)b * cap : nullptr;
     // Value accumulation: thread t adds features [pk * W, pk * W + W) of keys kg, kg +
     // groups, ... of each chunk.
     int packs = head_dim / W, groups = blockDim.x / packs;
@@ -247,7 +259,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     float m = NEG_INF, l = 0.f;
     for (int c0 = first; c0 <= col; c0 += blockDim.x) {
         int j = c0 + t;
-        bool on = j <= col && (CROSS || mrow[j] != 0);
+        bool on = j <= col && ((cross && !mrow) || mrow[j] != 0);
         float s = NEG_INF;
         if (on) {
             const T* kr = kb + (size_t)j * head_dim;
@@ -257,6 +269,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
 #pragma unroll
                 for (int u = 0; u < W; ++u) s += qs[e + u] * ld(kp.v[u]);
             }
+            if (MODE == RELATIVE) s += ld(rel_table[rel_bucket[j - qpos + rel_offset] * heads + h]);
         }
         float m_new = fmaxf(m, block_reduce(s, red, BLOCK_MAX));
         if (m_new == NEG_INF) continue;  // nothing visible yet (uniform over the block)
@@ -288,7 +301,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     if (t < head_dim) {
         float o = 0.f;
         for (int gg = 0; gg < groups; ++gg) o += accs[gg * head_dim + t];
-        if (CROSS && parts) {
+        if (cross && parts) {
             int splits = gridDim.x / n_new;
             float* part = parts + ((row * heads + h) * splits + split) * (head_dim + 2);
             part[t] = o;
@@ -307,19 +320,31 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
                                     const int* mask, const int* past, int heads, int kv_heads,     \
                                     int head_dim, int n_new, int cap, int window, float scale,     \
                                     T* out) {                                                      \
-        cached_attention_impl<W, false>(q, k_cache, v_cache, mask, past, heads, kv_heads,          \
-                                        head_dim, n_new, cap, window, 0, 0, scale, nullptr, out);  \
+        cached_attention_impl<W, SELF>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, \
+                                       n_new, cap, window, 0, 0, 1, nullptr, nullptr, 0, scale,    \
+                                       nullptr, out);                                              \
+    }
+#define RELATIVE_ENTRY(NAME, W)                                                                    \
+    extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \
+                                    const int* mask, const int* past, int heads, int head_dim,     \
+                                    int n_new, int cap, int causal, const int* rel_bucket,         \
+                                    const T* rel_table, int rel_offset, float scale, T* out) {     \
+        cached_attention_impl<W, RELATIVE>(q, k_cache, v_cache, mask, past, heads, heads,          \
+                                           head_dim, n_new, cap, 0, 0, 0, causal, rel_bucket,      \
+                                           rel_table, rel_offset, scale, nullptr, out);            \
     }
 #define CROSS_ENTRY(NAME, W)                                                                       \
-    extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache, int heads,   \
-                                    int head_dim, int n_new, int keys, int split_keys,             \
-                                    float scale, float* parts, T* out) {                           \
-        cached_attention_impl<W, true>(q, k_cache, v_cache, nullptr, nullptr, heads, heads,        \
-                                       head_dim, n_new, keys, 0, keys, split_keys, scale, parts,   \
-                                       out);                                                       \
+    extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \
+                                    const int* mask, int heads, int head_dim, int n_new, int keys, \
+                                    int split_keys, float scale, float* parts, T* out) {           \
+        cached_attention_impl<W, CROSS>(q, k_cache, v_cache, mask, nullptr, heads, heads,          \
+                                        head_dim, n_new, keys, 0, keys, split_keys, 0, nullptr,    \
+                                        nullptr, 0, scale, parts, out);                            \
     }
 ATTENTION_ENTRY(cached_attention, VEC)
 ATTENTION_ENTRY(cached_attention_scalar, 1)
+RELATIVE_ENTRY(relative_attention, VEC)
+RELATIVE_ENTRY(relative_attention_scalar, 1)
 CROSS_ENTRY(cross_attention, VEC)
 CROSS_ENTRY(cross_attention_scalar, 1)
 

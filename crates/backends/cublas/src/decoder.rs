@@ -34,6 +34,7 @@ fn act_code(a: GatedActivation) -> i32 {
         GatedActivation::Gelu => 0,
         GatedActivation::GeluTanh => 1,
         GatedActivation::Silu => 5,
+        GatedActivation::Relu => 2,
     }
 }
 
@@ -81,6 +82,10 @@ struct Kernels {
     cross_attention: CudaFunction,
     cross_attention_scalar: CudaFunction,
     cross_combine: CudaFunction,
+    /// Self-attention with a relative position bias (T5), causal or not, in packs and in single
+    /// values.
+    relative_attention: CudaFunction,
+    relative_attention_scalar: CudaFunction,
     /// The products and row reads of dense weights.
     dense: WeightKernels,
     /// `gemv_wide_dense` / `gemv1_wide_dense`: the dense products with a LayerNorm prologue and
@@ -279,7 +284,7 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 14] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 16] = [
     "gather_rows",
     "append_mask",
     "residual_norm",
@@ -292,6 +297,8 @@ pub(crate) const DECODER_KERNEL_NAMES: [&str; 14] = [
     "cross_attention",
     "cross_attention_scalar",
     "cross_combine",
+    "relative_attention",
+    "relative_attention_scalar",
     "gemv_wide_dense",
     "gemv1_wide_dense",
 ];
@@ -546,6 +553,14 @@ impl<T> DevicePtrMut<T> for At<'_, T> {
     }
 }
 
+/// A relative position bias on the device: the bucket of every distance key − query in
+/// `-offset..=offset` (at `distance + offset`), and the bias table `[buckets, heads]`.
+struct Relative<T> {
+    buckets: CudaSlice<i32>,
+    table: CudaSlice<T>,
+    offset: i32,
+}
+
 /// A norm on the device: a LayerNorm has `beta` (zeros when the checkpoint has none), an
 /// RMSNorm not.
 struct Norm<T> {
@@ -597,6 +612,10 @@ struct Dims {
     learned_positions: bool,
     /// The width of the encoder states the cross-attention reads, if it has one.
     memory: Option<usize>,
+    /// Whether queries see only the columns up to their own.
+    causal: bool,
+    /// What scores are multiplied by.
+    score_scale: f32,
 }
 
 /// A [`DecoderSpec`] resident on the GPU in `T`.
@@ -611,6 +630,8 @@ pub struct Decoder<T: Elem> {
     inv_freq: Option<CudaSlice<f32>>,
     /// The learned position table `[max_positions, hidden]` (learned positions).
     position_table: Option<CudaSlice<T>>,
+    /// The relative position bias (relative positions).
+    relative: Option<Relative<T>>,
     layers: Vec<Layer<T>>,
     final_norm: Norm<T>,
     /// The LM head; `None`: the token embedding (tied).
@@ -682,11 +703,24 @@ struct SendGraph(CudaGraph);
 unsafe impl Send for SendGraph {}
 
 /// The keys and values of a cross-attention's encoder states, one pair per layer
-/// `[batch, heads, frames, head_dim]`, computed when the state is made.
+/// `[batch, heads, frames, head_dim]`, computed when the state is made, and which frames are
+/// tokens (none: all).
 struct Memory<T> {
     keys: Vec<CudaSlice<T>>,
     values: Vec<CudaSlice<T>>,
     frames: usize,
+    mask: Option<CudaSlice<i32>>,
+}
+
+/// The encoder's output a decoder with cross-attention reads.
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderStates<'a> {
+    /// `[batch, frames, width]`, f32, row-major.
+    pub values: &'a [f32],
+    /// Frames per row.
+    pub frames: usize,
+    /// `[batch, frames]`: 1 for a token, 0 for padding (none: every frame is a token).
+    pub mask: Option<&'a [i32]>,
 }
 
 /// One batch's decoding state: the cache, the columns in it, and the captured step.
@@ -712,6 +746,9 @@ pub enum LogitsOf {
     Last,
     /// Every new column: `[batch, new, vocab]`.
     Every,
+    /// No head: every new column's final-normed states `[batch, new, hidden]` (an encoder stack
+    /// run on the decoder, such as T5's).
+    States,
 }
 
 /// One call's new columns, row-major `[batch, new]` each.
@@ -793,6 +830,8 @@ where
             cross_attention: named("cross_attention")?,
             cross_attention_scalar: named("cross_attention_scalar")?,
             cross_combine: named("cross_combine")?,
+            relative_attention: named("relative_attention")?,
+            relative_attention_scalar: named("relative_attention_scalar")?,
             wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
             dense,
             blocks,
@@ -960,11 +999,22 @@ where
             .map_or(0, |most| {
                 most.min(SCRATCH_VALUES.max(spec.hidden.max(spec.intermediate)))
             });
-        let (inv_freq, position_table) = match &spec.positions {
-            DecoderPositions::Rotary(r) => (Some(stream.clone_htod(&r.inv_freq)?), None),
-            DecoderPositions::Learned(table) => (None, Some(up(table)?)),
+        let (inv_freq, position_table, relative) = match &spec.positions {
+            DecoderPositions::Rotary(r) => (Some(stream.clone_htod(&r.inv_freq)?), None, None),
+            DecoderPositions::Learned(table) => (None, Some(up(table)?), None),
+            DecoderPositions::Relative(r) => {
+                let reach = spec.max_positions as i64 - 1;
+                let buckets: Vec<i32> = (-reach..=reach).map(|d| r.bucket(d) as i32).collect();
+                let relative = Relative {
+                    buckets: stream.clone_htod(&buckets)?,
+                    table: up(&r.table)?,
+                    offset: reach as i32,
+                };
+                (None, None, Some(relative))
+            }
         };
         let vector_values = position_table.as_ref().map_or(0, |t| t.len())
+            + relative.as_ref().map_or(0, |r| r.table.len())
             + spec
                 .norms()
                 .map(|n| n.gamma.len() + if layer_norm { n.gamma.len() } else { 0 })
@@ -987,10 +1037,13 @@ where
                 valid_positions: spec.rotary().and_then(|r| r.valid_positions),
                 learned_positions: position_table.is_some(),
                 memory: spec.memory_width(),
+                causal: spec.causal,
+                score_scale: spec.score_scale as f32,
             },
             embed,
             inv_freq,
             position_table,
+            relative,
             layers,
             final_norm: norm(&spec.final_norm)?,
             lm_head,
@@ -1010,13 +1063,13 @@ where
 
     /// An empty cache for `batch` rows of at most `capacity` columns each; a cache the device
     /// cannot hold is [`EngineError::OutOfMemory`] naming its size. A decoder with
-    /// cross-attention needs `memory`: the encoder's states `[batch, frames, width]` (f32,
-    /// row-major) and `frames`, whose keys and values every layer computes here once.
+    /// cross-attention needs the encoder's states, whose keys and values every layer computes here
+    /// once.
     pub fn new_state(
         &self,
         batch: usize,
         capacity: usize,
-        memory: Option<(&[f32], usize)>,
+        memory: Option<EncoderStates<'_>>,
     ) -> Result<State<T>, EngineError> {
         let d = &self.dims;
         let memory = match (d.memory, memory) {
@@ -1031,17 +1084,24 @@ where
                     "the decoder's cross-attention needs encoder states of width {width}"
                 )))
             }
-            (Some(width), Some((states, frames))) => {
-                if frames == 0 || states.len() != batch * frames * width {
+            (Some(width), Some(m)) => {
+                let frames = m.frames;
+                if frames == 0 || m.values.len() != batch * frames * width {
                     return Err(EngineError::Input(format!(
                         "{} encoder values for {batch} rows × {frames} frames × {width} features",
-                        states.len()
+                        m.values.len()
                     )));
                 }
-                if let Some(bad) = states.iter().find(|v| !v.is_finite()) {
+                if m.mask.is_some_and(|k| k.len() != batch * frames) {
+                    return Err(EngineError::Input(format!(
+                        "an encoder mask of {} values for {batch} rows × {frames} frames",
+                        m.mask.map_or(0, <[i32]>::len)
+                    )));
+                }
+                if let Some(bad) = m.values.iter().find(|v| !v.is_finite()) {
                     return Err(EngineError::Input(format!("the encoder states hold {bad}")));
                 }
-                Some((states, frames))
+                Some(m)
             }
         };
         if batch == 0 || capacity == 0 {
@@ -1070,7 +1130,7 @@ where
             values.push(unsafe { device_buffer::<T>(&self.stream, per_layer, what) }?);
         }
         let memory = match memory {
-            Some((states, frames)) => Some(self.memory(batch, states, frames)?),
+            Some(m) => Some(self.memory(batch, m)?),
             None => None,
         };
         Ok(State {
@@ -1090,12 +1150,8 @@ where
 
     /// Every layer's cross-attention keys and values of `states` `[batch, frames, width]`: one
     /// product with the stacked key / value weight, split into heads (the value bias added).
-    fn memory(
-        &self,
-        batch: usize,
-        states: &[f32],
-        frames: usize,
-    ) -> Result<Memory<T>, EngineError> {
+    fn memory(&self, batch: usize, m: EncoderStates<'_>) -> Result<Memory<T>, EngineError> {
+        let (states, frames) = (m.values, m.frames);
         let d = &self.dims;
         let s = &self.stream;
         let rows = batch * frames;
@@ -1165,6 +1221,7 @@ where
             keys,
             values,
             frames,
+            mask: m.mask.map(|k| s.clone_htod(k)).transpose()?,
         })
     }
 
@@ -1467,6 +1524,8 @@ where
         let out_rows = match of {
             LogitsOf::Last => batch,
             LogitsOf::Every => batch * new,
+            // No logits: the states end in the normalised activations.
+            LogitsOf::States => 0,
         };
         let frames = state.memory.as_ref().map(|m| m.frames);
         let mut buffers = self.buffers(batch, new, out_rows, frames)?;
@@ -1481,7 +1540,10 @@ where
             self.profile,
         )?;
         state.past += new;
-        finish(&buffers.logits)
+        finish(match of {
+            LogitsOf::States => &buffers.hb,
+            _ => &buffers.logits,
+        })
     }
 
     /// One token per row through the session's graph (captured now if it is the first step);
@@ -1630,7 +1692,7 @@ where
             y: alloc(rows * h, "a projection's output")?,
             gu: alloc(rows * 2 * d.intermediate, "the gate / up projections")?,
             act: alloc(rows * d.intermediate, "the MLP activations")?,
-            logits: alloc(out_rows * d.vocab, "the logits")?,
+            logits: alloc((out_rows * d.vocab).max(1), "the logits")?,
             scratch: if self.scratch_values > 0 && !self.all_gemv(rows, out_rows) {
                 Some(alloc(self.scratch_values, "dequantized weights")?)
             } else {
@@ -1727,7 +1789,7 @@ where
             block_dim: ((dh / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let scale = 1.0 / (dh as f32).sqrt();
+        let scale = d.score_scale;
         // residual_norm(y or null, bias or null, x, gamma, beta or null, eps, hidden, out).
         let residual_norm = |y: Option<&CudaSlice<T>>,
                              bias: Option<&CudaSlice<T>>,
@@ -1750,7 +1812,7 @@ where
         let cross_attention = |q: &CudaSlice<T>,
                                keys: &CudaSlice<T>,
                                values: &CudaSlice<T>,
-                               frames: usize,
+                               (frames, mask): (usize, Option<&CudaSlice<i32>>),
                                parts: Option<&mut CudaSlice<f32>>,
                                ctx: &mut CudaSlice<T>|
          -> Result<(), EngineError> {
@@ -1766,10 +1828,9 @@ where
             };
             let (keys_i, per_i) = (frames as i32, per as i32);
             let mut args = s.launch_builder(kernel);
-            args.arg(q)
-                .arg(keys)
-                .arg(values)
-                .arg(&heads_i)
+            args.arg(q).arg(keys).arg(values);
+            arg_or_null(&mut args, mask);
+            args.arg(&heads_i)
                 .arg(&dh_i)
                 .arg(&n_i)
                 .arg(&keys_i)
@@ -1782,9 +1843,10 @@ where
                 grid_dim: ((new * splits) as u32, d.heads as u32, batch as u32),
                 ..att_cfg
             };
-            // SAFETY: `cross_attention(q, k, v, heads, head_dim, n_new, keys, split_keys, scale,
-            // parts, out)`: the keys and values hold `batch × heads × frames × head_dim` values,
-            // `parts` (when given) `rows × heads × splits × (head_dim + 2)` floats.
+            // SAFETY: `cross_attention(q, k, v, mask, heads, head_dim, n_new, keys, split_keys,
+            // scale, parts, out)`: the keys and values hold `batch × heads × frames × head_dim`
+            // values, the mask (when given) `batch × frames`, `parts` (when given) `rows × heads ×
+            // splits × (head_dim + 2)` floats.
             unsafe { args.launch(cfg) }?;
             if let Some(parts) = parts {
                 let splits_i = splits as i32;
@@ -1810,9 +1872,10 @@ where
         // residual add inside the GEMV that produces it (6 launches a layer instead of 9).
         let (out_rows, first, stride) = match of {
             LogitsOf::Last => (batch, (new - 1) * h, new * h),
-            LogitsOf::Every => (rows, 0, h),
+            LogitsOf::Every | LogitsOf::States => (rows, 0, h),
         };
-        let fused = self.all_gemv(rows, out_rows);
+        // States come out of the last norm kernel, which the GEMVs would fuse away.
+        let fused = of != LogitsOf::States && self.all_gemv(rows, out_rows);
         let ptr = |buf: &mut CudaSlice<T>| buf.device_ptr_mut(s).0;
         let (x_ptr, hb_ptr, ctx_ptr) = (ptr(&mut b.x), ptr(&mut b.hb), ptr(&mut b.ctx));
         let (qkv_ptr, gu_ptr, act_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.act));
@@ -1884,27 +1947,59 @@ where
                     .launch(split_cfg(d.heads + 2 * d.kv_heads))?;
             }
             prof.mark("rope")?;
-            unsafe {
+            if let Some(rel) = &self.relative {
+                let kernel = if dh.is_multiple_of(vec) {
+                    &self.kernels.relative_attention
+                } else {
+                    &self.kernels.relative_attention_scalar
+                };
+                let causal_i = i32::from(d.causal);
+                // SAFETY: relative_attention(q, k, v, mask, past, heads, head_dim, n_new, cap,
+                // causal, rel_bucket, rel_table, rel_offset, scale, out): as cached_attention
+                // (key / value heads = heads, checked at load), the buckets of distances
+                // -offset..=offset (a cache holds at most max_positions columns).
+                unsafe {
+                    s.launch_builder(kernel)
+                        .arg(&b.q)
+                        .arg(&*keys)
+                        .arg(&*values)
+                        .arg(&cache.mask)
+                        .arg(&past_v)
+                        .arg(&heads_i)
+                        .arg(&dh_i)
+                        .arg(&n_i)
+                        .arg(&cap_i)
+                        .arg(&causal_i)
+                        .arg(&rel.buckets)
+                        .arg(&rel.table)
+                        .arg(&rel.offset)
+                        .arg(&scale)
+                        .arg(&mut b.ctx)
+                        .launch(att_cfg)?;
+                }
+            } else {
                 let attention = if dh.is_multiple_of(vec) {
                     &self.kernels.cached_attention
                 } else {
                     &self.kernels.cached_attention_scalar
                 };
-                s.launch_builder(attention)
-                    .arg(&b.q)
-                    .arg(&*keys)
-                    .arg(&*values)
-                    .arg(&cache.mask)
-                    .arg(&past_v)
-                    .arg(&heads_i)
-                    .arg(&kv_i)
-                    .arg(&dh_i)
-                    .arg(&n_i)
-                    .arg(&cap_i)
-                    .arg(&layer.window)
-                    .arg(&scale)
-                    .arg(&mut b.ctx)
-                    .launch(att_cfg)?;
+                unsafe {
+                    s.launch_builder(attention)
+                        .arg(&b.q)
+                        .arg(&*keys)
+                        .arg(&*values)
+                        .arg(&cache.mask)
+                        .arg(&past_v)
+                        .arg(&heads_i)
+                        .arg(&kv_i)
+                        .arg(&dh_i)
+                        .arg(&n_i)
+                        .arg(&cap_i)
+                        .arg(&layer.window)
+                        .arg(&scale)
+                        .arg(&mut b.ctx)
+                        .launch(att_cfg)?;
+                }
             }
             prof.mark("attention")?;
             let o = &layer.output;
@@ -1953,7 +2048,8 @@ where
                 }
                 let (keys, values) = (&m.keys[l], &m.values[l]);
                 let parts = b.parts.as_mut();
-                cross_attention(&b.q, keys, values, m.frames, parts, &mut b.ctx)?;
+                let memory = (m.frames, m.mask.as_ref());
+                cross_attention(&b.q, keys, values, memory, parts, &mut b.ctx)?;
                 let co = &cross.output;
                 if fused {
                     let add = Epilogue::add_into(co.bias.as_ref());
@@ -2009,7 +2105,9 @@ where
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let size = std::mem::size_of::<T>() as u64;
-        if fused {
+        if of == LogitsOf::States {
+            // The last layer's norm wrote the final norm's output into `hb`.
+        } else if fused {
             let norm = Epilogue::norm(&self.final_norm, None);
             let last = x_ptr + first as u64 * size;
             self.gemv(head, (last, stride), out_rows, norm, logits_ptr)?;
@@ -2047,6 +2145,13 @@ pub fn check_decoder_spec(spec: &DecoderSpec) -> Result<(), EngineError> {
             spec.head_dim
         )));
     }
+    if spec.relative().is_some() && spec.kv_heads != spec.heads {
+        return Err(EngineError::Spec(format!(
+            "a relative position bias with {} key / value heads for {} query heads (the kernel \
+             reads one per query head)",
+            spec.kv_heads, spec.heads
+        )));
+    }
     if spec.rotary().is_none() && !spec.head_dim.is_multiple_of(2) {
         return Err(EngineError::Spec(format!(
             "heads of {} features (the split kernel takes pairs of features)",
@@ -2070,7 +2175,7 @@ trait AnyDecoder: Send + Sync {
         &self,
         batch: usize,
         capacity: usize,
-        memory: Option<(&[f32], usize)>,
+        memory: Option<EncoderStates<'_>>,
     ) -> Result<Box<dyn Any + Send>, EngineError>;
     fn forward(
         &self,
@@ -2103,7 +2208,7 @@ where
         &self,
         batch: usize,
         capacity: usize,
-        memory: Option<(&[f32], usize)>,
+        memory: Option<EncoderStates<'_>>,
     ) -> Result<Box<dyn Any + Send>, EngineError> {
         Ok(Box::new(Decoder::new_state(self, batch, capacity, memory)?))
     }
@@ -2206,21 +2311,17 @@ impl DecoderEngine {
         })
     }
 
-    /// A session of a decoder with cross-attention over `states`, the encoder's output `[batch,
-    /// frames, width]` (f32, row-major): every layer's keys and values of the states are computed
-    /// now, once.
+    /// A session of a decoder with cross-attention over `states`, the encoder's output: every
+    /// layer's keys and values of the states are computed now, once.
     pub fn session_over(
         &self,
         batch: usize,
         capacity: usize,
-        states: &[f32],
-        frames: usize,
+        states: EncoderStates<'_>,
     ) -> Result<DecodeSession<'_>, EngineError> {
         Ok(DecodeSession {
             engine: self,
-            state: self
-                .inner
-                .new_state(batch, capacity, Some((states, frames)))?,
+            state: self.inner.new_state(batch, capacity, Some(states))?,
         })
     }
 
@@ -2301,7 +2402,10 @@ mod tests {
         assert_eq!(cross_splits(400, 6, 1500, 128), (1, 1500));
         for (rows, heads, keys) in [(1, 1, 1), (1, 6, 7), (3, 4, 1000), (1, 20, 1501)] {
             let (splits, per) = cross_splits(rows, heads, keys, 128);
-            assert!(splits * per >= keys && (splits - 1) * per < keys, "{rows} {heads} {keys}");
+            assert!(
+                splits * per >= keys && (splits - 1) * per < keys,
+                "{rows} {heads} {keys}"
+            );
         }
     }
 

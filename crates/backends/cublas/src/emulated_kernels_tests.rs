@@ -475,31 +475,42 @@ fn check_weight_kernels<T: Elem>(bar: f64) {
 
 const ATTENTION_HARNESS: &str = r#"
 int main(void) {
-    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads, keys, split_keys
-    int* h = take<int>(12);
+    // scalar, heads, kv_heads, head_dim, n_new, cap, past, batch, window, threads, keys, split_keys,
+    // mode (0 self, 1 relative causal, 2 relative bidirectional, 3 cross, 4 cross with a mask)
+    int* h = take<int>(13);
     float scale = *take<float>(1);
-    int heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], batch = h[7];
+    int heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], batch = h[7], mode = h[12];
     float* q = take<float>((size_t)batch * n_new * heads * hd);
     float* k = take<float>((size_t)batch * kv * cap * hd);
     float* v = take<float>((size_t)batch * kv * cap * hd);
     int* mask = take<int>((size_t)batch * cap);
+    int* rel_bucket = take<int>(2 * cap - 1);
+    float* rel_table = take<float>(8 * heads);
     float* out = (float*)calloc((size_t)batch * n_new * heads * hd, sizeof(float));
     int past = h[6], keys = h[10], per = h[11];
-    if (keys == 0) {
-        emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
+    EmuDim grid = {(unsigned)n_new, (unsigned)heads, (unsigned)batch}, block = {(unsigned)h[9], 1, 1};
+    if (mode == 0) {
+        emu_launch(grid, block, [&] {
             (h[0] ? cached_attention_scalar : cached_attention)(q, k, v, mask, &past, heads, kv, hd,
                                                                n_new, cap, h[8], scale, out);
+        });
+    } else if (mode <= 2) {
+        emu_launch(grid, block, [&] {
+            (h[0] ? relative_attention_scalar : relative_attention)(
+                q, k, v, mask, &past, heads, hd, n_new, cap, mode == 1, rel_bucket, rel_table,
+                cap - 1, scale, out);
         });
     } else {
         // Cross-attention (kv == heads, cap == keys) in splits of `per` keys, then their join.
         int splits = (keys + per - 1) / per, rows = batch * n_new;
         float* parts = splits > 1 ? (float*)calloc((size_t)rows * heads * splits * (hd + 2), 4) : nullptr;
-        emu_launch({(unsigned)(n_new * splits), (unsigned)heads, (unsigned)batch}, {(unsigned)h[9], 1, 1}, [&] {
-            (h[0] ? cross_attention_scalar : cross_attention)(q, k, v, heads, hd, n_new, keys, per, scale,
-                                                              parts, out);
+        grid.x = n_new * splits;
+        emu_launch(grid, block, [&] {
+            (h[0] ? cross_attention_scalar : cross_attention)(q, k, v, mode == 4 ? mask : nullptr, heads,
+                                                              hd, n_new, keys, per, scale, parts, out);
         });
         if (parts)
-            emu_launch({(unsigned)rows, (unsigned)heads, 1}, {(unsigned)h[9], 1, 1},
+            emu_launch({(unsigned)rows, (unsigned)heads, 1}, block,
                        [&] { cross_combine(parts, heads, hd, splits, out); });
     }
     fwrite(out, sizeof(float), (size_t)batch * n_new * heads * hd, stdout);
@@ -507,33 +518,54 @@ int main(void) {
 }
 "#;
 
-/// `cached_attention` (16-byte packs) and `cached_attention_scalar` against attention computed
-/// here: grouped-query heads, a context longer than a block's chunk, several new columns, padding
-/// (a row whose keys are all masked gets zeros), a sliding window, and cross-attention (every
-/// query sees the first `keys` columns, no mask).
+/// Which attention kernel a case runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Attention {
+    /// `cached_attention`: causal over the cache.
+    Causal,
+    /// `relative_attention` with `causal` 1 or 0 (T5's decoder and encoder).
+    Relative { causal: bool },
+    /// `cross_attention`: every key (of a masked row, only its tokens).
+    Cross { masked: bool },
+}
+
+/// The cached, relative and cross attention kernels (16-byte packs and single values) against
+/// attention computed here: grouped-query heads, a context longer than a block's chunk, several
+/// new columns, padding (a row whose keys are all masked gets zeros), a sliding window, T5's
+/// relative position bias (causal and bidirectional), and cross-attention over every key or the
+/// unmasked ones, in one split or several joined by `cross_combine`.
 #[test]
-fn cached_attention_matches_the_definition() {
+fn attention_kernels_match_the_definition() {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = build::<f32>(dir.path(), ATTENTION_HARNESS) else {
         return;
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    // (scalar kernel, head size, window, cross-attention keys and keys per split)
-    for (scalar, hd, window, keys, per) in [
-        (false, 64, 0, 0, 0),
-        (true, 18, 0, 0, 0),
-        (true, 64, 50, 0, 0),
-        (false, 32, 7, 0, 0),
-        (false, 64, 0, 300, 300),
-        (false, 64, 0, 300, 70),
-        (true, 18, 0, 300, 128),
+    let (causal, bidirectional) = (
+        Attention::Relative { causal: true },
+        Attention::Relative { causal: false },
+    );
+    // (scalar kernel, head size, window, kind, keys per split of a cross-attention)
+    for (scalar, hd, window, kind, per) in [
+        (false, 64, 0, Attention::Causal, 0),
+        (true, 18, 0, Attention::Causal, 0),
+        (true, 64, 50, Attention::Causal, 0),
+        (false, 32, 7, Attention::Causal, 0),
+        (false, 64, 0, causal, 0),
+        (true, 18, 0, bidirectional, 0),
+        (false, 64, 0, Attention::Cross { masked: false }, 300),
+        (false, 64, 0, Attention::Cross { masked: false }, 70),
+        (true, 18, 0, Attention::Cross { masked: true }, 128),
+        (false, 64, 0, Attention::Cross { masked: true }, 300),
     ] {
-        // Cross-attention reads as many key / value heads as query heads, `keys` of each.
-        let (heads, n_new, past, batch) = (6, 3, 280, 3);
-        let (kv, cap) = if keys > 0 {
-            (heads, keys as usize)
+        // Every kind but the cached one reads as many key / value heads as query heads;
+        // cross-attention `keys` of each.
+        let (heads, n_new, past, batch, cap) = (6, 3, 280, 3, 300);
+        let kv = if kind == Attention::Causal { 2 } else { heads };
+        let keys = if matches!(kind, Attention::Cross { .. }) {
+            cap
         } else {
-            (2, 300)
+            0
         };
         let threads = crate::decoder::attention_threads(hd) as i32;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -551,6 +583,22 @@ fn cached_attention_matches_the_definition() {
                 }
             })
             .collect();
+        // T5's buckets (8, up to distance 20) of distances -(cap - 1)..=cap - 1.
+        let bidir = kind == bidirectional;
+        let reach = cap as i64 - 1;
+        let rel_bucket: Vec<i32> = (-reach..=reach)
+            .map(|d| {
+                ipfs_accelerate_core::decoder::relative_position_bucket(d, bidir, 8, 20) as i32
+            })
+            .collect();
+        let rel_table = rng.vec(8 * heads, 4.0, 0.0);
+        let mode = match kind {
+            Attention::Causal => 0,
+            Attention::Relative { causal: true } => 1,
+            Attention::Relative { causal: false } => 2,
+            Attention::Cross { masked: false } => 3,
+            Attention::Cross { masked: true } => 4,
+        };
         let mut input = Vec::new();
         let header = [
             i32::from(scalar),
@@ -563,24 +611,30 @@ fn cached_attention_matches_the_definition() {
             batch as i32,
             window,
             threads,
-            keys,
+            keys as i32,
             per,
+            mode,
         ];
         header.iter().for_each(|v| input.extend(v.to_le_bytes()));
         input.extend(scale.to_le_bytes());
         for x in q.iter().chain(&k).chain(&v) {
             input.extend(x.to_le_bytes());
         }
-        mask.iter().for_each(|m| input.extend(m.to_le_bytes()));
+        for m in mask.iter().chain(&rel_bucket) {
+            input.extend(m.to_le_bytes());
+        }
+        rel_table.iter().for_each(|x| input.extend(x.to_le_bytes()));
         let got = run(&exe, &input, "attention");
         let mut worst = 0f64;
         for b in 0..batch {
             for i in 0..n_new {
-                let col = if keys > 0 {
-                    keys as usize - 1
-                } else {
-                    past + i
+                let qpos = past + i;
+                let col = match kind {
+                    Attention::Cross { .. } => keys - 1,
+                    Attention::Relative { causal: false } => past + n_new - 1,
+                    _ => qpos,
                 };
+                let masked = kind != Attention::Cross { masked: false };
                 for h in 0..heads {
                     let kvh = h / (heads / kv);
                     let first = if window > 0 {
@@ -596,17 +650,27 @@ fn cached_attention_matches_the_definition() {
                             .collect()
                     };
                     let seen: Vec<usize> = (first..=col)
-                        .filter(|&j| keys > 0 || mask[b * cap + j] != 0)
+                        .filter(|&j| !masked || mask[b * cap + j] != 0)
                         .collect();
                     let scores: Vec<f64> = seen
                         .iter()
                         .map(|&j| {
-                            cache(&k, j)
+                            let dot: f64 = cache(&k, j)
                                 .iter()
                                 .zip(qr)
                                 .map(|(a, &b)| a * f64::from(b))
-                                .sum::<f64>()
-                                * f64::from(scale)
+                                .sum();
+                            let bias = match kind {
+                                Attention::Relative { .. } => {
+                                    let d = j as i64 - qpos as i64;
+                                    f64::from(
+                                        rel_table
+                                            [rel_bucket[(d + reach) as usize] as usize * heads + h],
+                                    )
+                                }
+                                _ => 0.0,
+                            };
+                            dot * f64::from(scale) + bias
                         })
                         .collect();
                     let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -627,7 +691,7 @@ fn cached_attention_matches_the_definition() {
         }
         assert!(
             worst <= 1e-5,
-            "scalar {scalar}, head {hd}, window {window}, keys {keys} by {per}: worst difference {worst}"
+            "{kind:?}, scalar {scalar}, head {hd}, window {window}, split {per}: worst difference {worst}"
         );
     }
 }

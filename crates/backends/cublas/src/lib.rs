@@ -46,7 +46,8 @@ mod ggml_blocks_tests;
 mod runner;
 
 pub use decoder::{
-    check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, LogitsOf, BLOCK_FORMATS,
+    check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, EncoderStates,
+    LogitsOf, BLOCK_FORMATS,
 };
 pub use engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
 pub use runner::EncoderRunner;

@@ -87,6 +87,8 @@ fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> 
         kv_heads: c.kv_heads(),
         head_dim: dh,
         intermediate: inter,
+        causal: true,
+        score_scale: 1.0 / (dh as f64).sqrt(),
         norm: DecoderNorm::Rms,
         eps: c.rms_norm_eps as f32,
         max_positions: c.max_position_embeddings(),

@@ -137,6 +137,8 @@ pub fn decoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
         kv_heads: heads,
         head_dim: d / heads.max(1),
         intermediate: ffn,
+        causal: true,
+        score_scale: 1.0 / ((d / heads.max(1)) as f64).sqrt(),
         norm: DecoderNorm::Layer,
         eps: LAYER_NORM_EPS as f32,
         max_positions: c.max_target_positions,
@@ -243,7 +245,11 @@ mod tests {
                         .chunks(d)
                         .map(<[f64]>::to_vec)
                         .collect();
-                    spec.reference_logits(row, Some(&memory))
+                    let memory = ipfs_accelerate_core::ReferenceMemory {
+                        states: &memory,
+                        mask: None,
+                    };
+                    spec.reference_logits(row, Some(memory))
                         .unwrap()
                         .into_iter()
                         .flatten()
