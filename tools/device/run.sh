@@ -29,7 +29,9 @@
 # conformance in f32 and f16 (the shipped fixture, heads of 8; fused/whisper by tools/make_whisper_fixture.py,
 # heads of 64, batch 2 with a padded prompt), LLaMA / Qwen2 after the decoder's kernels changed, a decoding
 # step's profile, transcription of 30 s + 100 tokens against PyTorch generate, and SmolLM2 against PyTorch;
-# part 13 the same for Whisper after the cross-attention split its keys across blocks (flash-decoding).
+# part 13 the same for Whisper after the cross-attention split its keys across blocks (flash-decoding);
+# part 14 T5 wholly on the decoder engine (the encoder as a non-causal stack, relative position bias):
+# conformance in f32 and f16 of T5, Whisper, LLaMA and Qwen2, T5-small 32 + 64 tokens against PyTorch.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -199,5 +201,18 @@ echo "== a decoding step's device times (uncaptured: IPFS_ACCELERATE_CUDA_GRAPHS
 IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --new 4 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas decoder|rror" | tail -2
 echo "== Whisper-tiny transcription, 30 s + 100 tokens, against PyTorch generate f16"
 timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny --new 100 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror|$G"
+fi
+if [ "$PART" = 14 ]; then
+echo "== verify f32 and f16: T5 (ReLU and gated-GELU), Whisper, LLaMA, Qwen2 on the engine"
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures fixtures --family t5,whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
+  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -1
+done
+echo "== a T5-small decoding step's device times (uncaptured), f16"
+IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config t5-small --prompt 32 --new 4 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas decoder|rror" | tail -3
+echo "== T5-small, 32 input tokens + 64 new, against PyTorch generate (f16, then f32)"
+for p in f16 f32; do
+  timeout 150 ./xtask compare --dev --backend cuda --db $DB --config t5-small --prompt 32 --new 64 --dtype $p --peer torch:$p --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror|$G"
+done
 fi
 ls -la $OUT

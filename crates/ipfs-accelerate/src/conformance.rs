@@ -122,6 +122,18 @@ pub fn load_family_in(
             ),
         }
     }
+    // T5 on cuda: both stacks on the cuBLAS decoder engine when it can take the checkpoint.
+    #[cfg(feature = "t5")]
+    if family == "t5" {
+        let work = crate::text2text::LoadT5 {
+            dir: dir.to_path_buf(),
+            options: crate::LoadOptions {
+                precision,
+                ..Default::default()
+            },
+        };
+        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    }
     // Whisper: on cuda its encoder on the cuBLAS engine when it can take the checkpoint.
     #[cfg(feature = "whisper")]
     if family == "whisper" {

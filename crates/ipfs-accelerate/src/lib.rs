@@ -42,9 +42,16 @@ mod backends;
 pub mod conformance;
 #[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
 mod cuda_decoder;
+#[cfg(all(feature = "cuda", feature = "t5"))]
+mod cuda_t5;
 #[cfg(all(
     feature = "cuda",
-    any(feature = "llama", feature = "qwen2", feature = "whisper")
+    any(
+        feature = "llama",
+        feature = "qwen2",
+        feature = "whisper",
+        feature = "t5"
+    )
 ))]
 mod cuda_tokens;
 #[cfg(all(feature = "cuda", feature = "whisper"))]

@@ -15,13 +15,46 @@
 use ipfs_accelerate_nn::generate::{GenerationConfig, Sampling};
 use ipfs_accelerate_t5::{T5Runner, T5Tasks};
 
-use crate::loaded::{dir_loader, task_type, LoadOptions, Loaded};
+use crate::loaded::{task_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
-dir_loader!(
-    /// Loads a T5 checkpoint folder.
-    LoadT5 => T5Tasks, T5Runner::from_dir
-);
+/// Loads a T5 checkpoint folder: on `cuda` both stacks on the cuBLAS decoder engine when it can
+/// take the checkpoint (the reason is logged when not), else on burn.
+pub(crate) struct LoadT5 {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) options: LoadOptions,
+}
+
+impl crate::backends::WithBackend for LoadT5 {
+    type Output = Box<dyn T5Tasks>;
+
+    fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+        Ok(Box::new(T5Runner::<H::Burn>::from_dir(
+            &self.dir,
+            &hal.device(),
+            hal.kind(),
+        )?))
+    }
+
+    fn without_device(
+        self,
+        kind: ipfs_accelerate_core::BackendKind,
+    ) -> std::result::Result<Result<Self::Output>, Self> {
+        #[cfg(feature = "cuda")]
+        if kind == ipfs_accelerate_core::BackendKind::Cuda {
+            match crate::cuda_t5::CudaT5::load(&self.dir, &self.options) {
+                Ok(model) => return Ok(Ok(Box::new(model))),
+                Err(reason) => tracing::info!(
+                    "t5 on cuda: the cuBLAS decoder engine cannot run {} ({reason}); using CubeCL",
+                    self.dir.display()
+                ),
+            }
+        }
+        // Without the cuda feature the options only matter to burn's loader.
+        let _ = (kind, &self.options);
+        Err(self)
+    }
+}
 
 task_type!(
     /// A loaded T5 checkpoint with its tokenizer.
@@ -31,7 +64,10 @@ task_type!(
 impl Text2Text {
     /// Loads `model` (it needs `tokenizer.json`) on the first usable backend.
     pub fn load(model: &str, options: &LoadOptions) -> Result<Self> {
-        let inner = Loaded::load(model, options, &["tokenizer.json"], LoadT5)?;
+        let inner = Loaded::load(model, options, &["tokenizer.json"], |dir| LoadT5 {
+            dir,
+            options: options.clone(),
+        })?;
         if !inner.dir.join("tokenizer.json").is_file() {
             return Err(Error::Unsupported(format!(
                 "{model} has no tokenizer.json: text-to-text needs one"

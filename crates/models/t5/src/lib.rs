@@ -16,8 +16,10 @@ mod generate;
 mod model;
 pub mod names;
 mod runner;
+mod spec;
 
 pub use config::{preset, T5Config};
 pub use generate::T5TokenDecoder;
 pub use model::{DecoderCache, T5Inputs, T5};
-pub use runner::{T5Family, T5Runner, T5Tasks};
+pub use runner::{generate_ids, run_outputs, T5Executor, T5Family, T5Runner, T5Tasks};
+pub use spec::{decoder_spec, encoder_stack_spec};
