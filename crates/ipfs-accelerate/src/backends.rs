@@ -346,6 +346,32 @@ pub(crate) fn cublas_encoder_for(
     Ok(Box::new(runner))
 }
 
+/// `load` (a model wholly on the cuBLAS engines) when `kind` is `cuda`; `None` on other backends
+/// and when it cannot take the checkpoint in `dir`, the reason logged (the caller then loads on
+/// burn: `fallback` says how).
+#[cfg(all(feature = "cuda", any(feature = "whisper", feature = "t5")))]
+pub(crate) fn cublas_engines<T>(
+    kind: BackendKind,
+    family: &str,
+    dir: &std::path::Path,
+    fallback: &str,
+    load: impl FnOnce() -> std::result::Result<T, String>,
+) -> Option<T> {
+    if kind != BackendKind::Cuda {
+        return None;
+    }
+    match load() {
+        Ok(model) => Some(model),
+        Err(reason) => {
+            tracing::info!(
+                "{family} on cuda: the cuBLAS engines cannot run {} ({reason}); {fallback}",
+                dir.display()
+            );
+            None
+        }
+    }
+}
+
 /// CLIP on the cuBLAS encoder: both towers' specs ([`ipfs_accelerate_clip::encoder_specs`]) each
 /// on the engine, combined into `CLIPModel`'s outputs by [`ipfs_accelerate_clip::TowerRunner`];
 /// why not, as [`cublas_encoder_for`] says it (images must be of the checkpoint's size).

@@ -11,12 +11,12 @@ use std::path::Path;
 use ipfs_accelerate_backend_cublas::{
     Columns, DecodeSession, DecoderEngine, EncoderStates, LogitsOf,
 };
-use ipfs_accelerate_core::{BackendKind, Error, HostTensor, ModelRunner, Result, TensorMap};
+use ipfs_accelerate_core::{Error, HostTensor, ModelRunner, Result, TensorMap};
 use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 use ipfs_accelerate_preprocess::TextTokenizer;
 use ipfs_accelerate_t5::{T5Config, T5Executor, T5Inputs};
 
-use crate::cuda_tokens::{EngineTokens, CUDA_DECODER_ENV};
+use crate::cuda_tokens::EngineTokens;
 
 /// A T5 checkpoint on two decoder engines (encoder stack and decoder).
 pub(crate) struct CudaT5 {
@@ -58,23 +58,18 @@ impl CudaT5 {
         dir: &Path,
         options: &crate::LoadOptions,
     ) -> std::result::Result<Self, String> {
-        if crate::backends::env_switch(CUDA_DECODER_ENV) == Some(false) {
-            return Err(format!("{CUDA_DECODER_ENV} is off"));
-        }
-        if options.quantization != ipfs_accelerate_nn::WeightQuantization::None {
-            return Err("it keeps float weights (no quantization)".into());
-        }
+        crate::cuda_tokens::float_engine_allowed(options)?;
         let config = T5Config::from_file(&dir.join("config.json")).map_err(|e| e.to_string())?;
         let weights = ipfs_accelerate_io::open_weights(dir).map_err(|e| e.to_string())?;
-        let load = |spec: ipfs_accelerate_core::Result<ipfs_accelerate_core::DecoderSpec>| {
-            let spec = spec.map_err(|e| e.to_string())?;
-            DecoderEngine::load(&spec, options.precision).map_err(|e| e.to_string())
-        };
-        let encoder = load(ipfs_accelerate_t5::encoder_stack_spec(
-            &config,
-            weights.as_ref(),
-        ))?;
-        let decoder = load(ipfs_accelerate_t5::decoder_spec(&config, weights.as_ref()))?;
+        let precision = options.precision;
+        let encoder = crate::cuda_tokens::engine_of(
+            ipfs_accelerate_t5::encoder_stack_spec(&config, weights.as_ref()),
+            precision,
+        )?;
+        let decoder = crate::cuda_tokens::engine_of(
+            ipfs_accelerate_t5::decoder_spec(&config, weights.as_ref()),
+            precision,
+        )?;
         let tok = dir.join("tokenizer.json");
         let tokenizer = if tok.is_file() {
             Some(
@@ -205,22 +200,7 @@ impl T5Executor for CudaT5 {
 }
 
 impl ModelRunner for CudaT5 {
-    fn family(&self) -> &str {
-        "t5"
-    }
-
-    fn backend(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-
-    fn engine(&self) -> Option<&str> {
-        Some("cublas")
-    }
-
-    /// The peak of the device's memory pool (both engines allocate from it).
-    fn device_memory_in_use(&self) -> Option<u64> {
-        self.decoder.peak_memory()
-    }
+    crate::cuda_tokens::cublas_identity!("t5", decoder);
 
     fn generate_ids(
         &self,

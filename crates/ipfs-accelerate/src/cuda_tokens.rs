@@ -2,6 +2,8 @@
 //! on it (LLaMA / Qwen2 in `cuda_decoder`, Whisper in `cuda_whisper`): the prompt on the first
 //! call, then one token per row, greedy steps picked on the device.
 
+#[cfg(any(feature = "whisper", feature = "t5"))]
+use ipfs_accelerate_backend_cublas::DecoderEngine;
 use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf};
 use ipfs_accelerate_core::{Error, Result};
 use ipfs_accelerate_nn::generate::TokenDecoder;
@@ -14,6 +16,55 @@ pub(crate) const CUDA_DECODER_ENV: &str = "IPFS_ACCELERATE_CUDA_DECODER";
 /// The environment variable that makes greedy decoding on the cuBLAS decoder send every row's
 /// logits to the host and pick there (`0` / `off`), instead of picking on the device.
 pub(crate) const DEVICE_GREEDY_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_GREEDY";
+
+/// Why a model may not load on the cuBLAS decoder engine in float weights with `options`: the
+/// engine switched off ([`CUDA_DECODER_ENV`]) or quantized weights asked for.
+#[cfg(any(feature = "whisper", feature = "t5"))]
+pub(crate) fn float_engine_allowed(options: &crate::LoadOptions) -> Result<(), String> {
+    if crate::backends::env_switch(CUDA_DECODER_ENV) == Some(false) {
+        return Err(format!("{CUDA_DECODER_ENV} is off"));
+    }
+    if options.quantization != ipfs_accelerate_nn::WeightQuantization::None {
+        return Err("it keeps float weights (no quantization)".into());
+    }
+    Ok(())
+}
+
+/// `spec` (a family's decoder spec, or why it has none) on the cuBLAS decoder engine in
+/// `precision`; why not as a sentence.
+#[cfg(any(feature = "whisper", feature = "t5"))]
+pub(crate) fn engine_of(
+    spec: Result<ipfs_accelerate_core::DecoderSpec>,
+    precision: ipfs_accelerate_core::Precision,
+) -> Result<DecoderEngine, String> {
+    let spec = spec.map_err(|e| e.to_string())?;
+    DecoderEngine::load(&spec, precision).map_err(|e| e.to_string())
+}
+
+/// The identity half of `ModelRunner` for a model on the cuBLAS engines: its `family`, `cuda`,
+/// the `cublas` engine, and the peak of the device's memory pool (every engine allocates from
+/// it), read through the engine field `engine`.
+macro_rules! cublas_identity {
+    ($family:expr, $engine:ident) => {
+        fn family(&self) -> &str {
+            $family
+        }
+
+        fn backend(&self) -> ipfs_accelerate_core::BackendKind {
+            ipfs_accelerate_core::BackendKind::Cuda
+        }
+
+        fn engine(&self) -> Option<&str> {
+            Some("cublas")
+        }
+
+        /// The peak of the device's memory pool: weights, caches and a call's activations.
+        fn device_memory_in_use(&self) -> Option<u64> {
+            self.$engine.peak_memory()
+        }
+    };
+}
+pub(crate) use cublas_identity;
 
 /// A prompt (left-padded where rows differ in length): ids, positions and mask `[batch, len]`,
 /// and `len`.

@@ -15,7 +15,7 @@ use ipfs_accelerate_nn::generate::{generate, single_row, GenerationConfig, Token
 use ipfs_accelerate_preprocess::audio::LogMel;
 use ipfs_accelerate_whisper::{decode_outputs, WhisperAssets, WhisperExecutor};
 
-use crate::cuda_tokens::{EngineTokens, CUDA_DECODER_ENV};
+use crate::cuda_tokens::EngineTokens;
 
 /// A Whisper checkpoint on the cuBLAS encoder and decoder engines.
 pub(crate) struct CudaWhisper {
@@ -32,17 +32,16 @@ impl CudaWhisper {
         dir: &Path,
         options: &crate::LoadOptions,
     ) -> std::result::Result<Self, String> {
-        if crate::backends::env_switch(CUDA_DECODER_ENV) == Some(false) {
-            return Err(format!("{CUDA_DECODER_ENV} is off"));
-        }
+        crate::cuda_tokens::float_engine_allowed(options)?;
         let assets = WhisperAssets::from_dir(dir).map_err(|e| e.to_string())?;
         let weights = ipfs_accelerate_io::open_weights(dir).map_err(|e| e.to_string())?;
         let encoder = crate::backends::cublas_encoder_for(BackendKind::Cuda, options, || {
             ipfs_accelerate_whisper::encoder_spec(&assets.config, weights.as_ref())
         })?;
-        let spec = ipfs_accelerate_whisper::decoder_spec(&assets.config, weights.as_ref())
-            .map_err(|e| e.to_string())?;
-        let decoder = DecoderEngine::load(&spec, options.precision).map_err(|e| e.to_string())?;
+        let decoder = crate::cuda_tokens::engine_of(
+            ipfs_accelerate_whisper::decoder_spec(&assets.config, weights.as_ref()),
+            options.precision,
+        )?;
         Ok(CudaWhisper {
             encoder,
             decoder,
@@ -181,22 +180,7 @@ impl WhisperExecutor for CudaWhisper {
 }
 
 impl ModelRunner for CudaWhisper {
-    fn family(&self) -> &str {
-        "whisper"
-    }
-
-    fn backend(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-
-    fn engine(&self) -> Option<&str> {
-        Some("cublas")
-    }
-
-    /// The peak of the device's memory pool (both engines allocate from it).
-    fn device_memory_in_use(&self) -> Option<u64> {
-        self.decoder.peak_memory()
-    }
+    crate::cuda_tokens::cublas_identity!("whisper", decoder);
 
     /// `input_features` → `encoder_last_hidden_state`, and as [`decode_outputs`] says `logits`
     /// and `greedy_tokens`.

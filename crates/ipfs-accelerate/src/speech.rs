@@ -88,15 +88,14 @@ impl crate::backends::WithBackend for LoadWhisper {
         kind: ipfs_accelerate_core::BackendKind,
     ) -> std::result::Result<Result<Self::Output>, Self> {
         #[cfg(feature = "cuda")]
-        if kind == ipfs_accelerate_core::BackendKind::Cuda {
-            match crate::cuda_whisper::CudaWhisper::load(&self.dir, &self.options) {
-                Ok(model) => return Ok(Ok(Box::new(model))),
-                Err(reason) => tracing::info!(
-                    "whisper on cuda: the cuBLAS engines cannot run {} ({reason}); the decoder \
-                     runs on burn",
-                    self.dir.display()
-                ),
-            }
+        if let Some(model) = crate::backends::cublas_engines(
+            kind,
+            "whisper",
+            &self.dir,
+            "the decoder runs on burn",
+            || crate::cuda_whisper::CudaWhisper::load(&self.dir, &self.options),
+        ) {
+            return Ok(Ok(Box::new(model)));
         }
         let _ = kind;
         Err(self)

@@ -41,14 +41,12 @@ impl crate::backends::WithBackend for LoadT5 {
         kind: ipfs_accelerate_core::BackendKind,
     ) -> std::result::Result<Result<Self::Output>, Self> {
         #[cfg(feature = "cuda")]
-        if kind == ipfs_accelerate_core::BackendKind::Cuda {
-            match crate::cuda_t5::CudaT5::load(&self.dir, &self.options) {
-                Ok(model) => return Ok(Ok(Box::new(model))),
-                Err(reason) => tracing::info!(
-                    "t5 on cuda: the cuBLAS decoder engine cannot run {} ({reason}); using CubeCL",
-                    self.dir.display()
-                ),
-            }
+        if let Some(model) =
+            crate::backends::cublas_engines(kind, "t5", &self.dir, "using CubeCL", || {
+                crate::cuda_t5::CudaT5::load(&self.dir, &self.options)
+            })
+        {
+            return Ok(Ok(Box::new(model)));
         }
         // Without the cuda feature the options only matter to burn's loader.
         let _ = (kind, &self.options);

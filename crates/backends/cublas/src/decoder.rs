@@ -1947,60 +1947,46 @@ where
                     .launch(split_cfg(d.heads + 2 * d.kv_heads))?;
             }
             prof.mark("rope")?;
-            if let Some(rel) = &self.relative {
-                let kernel = if dh.is_multiple_of(vec) {
-                    &self.kernels.relative_attention
-                } else {
-                    &self.kernels.relative_attention_scalar
-                };
-                let causal_i = i32::from(d.causal);
-                // SAFETY: relative_attention(q, k, v, mask, past, heads, head_dim, n_new, cap,
-                // causal, rel_bucket, rel_table, rel_offset, scale, out): as cached_attention
-                // (key / value heads = heads, checked at load), the buckets of distances
-                // -offset..=offset (a cache holds at most max_positions columns).
-                unsafe {
-                    s.launch_builder(kernel)
-                        .arg(&b.q)
-                        .arg(&*keys)
-                        .arg(&*values)
-                        .arg(&cache.mask)
-                        .arg(&past_v)
-                        .arg(&heads_i)
-                        .arg(&dh_i)
-                        .arg(&n_i)
-                        .arg(&cap_i)
-                        .arg(&causal_i)
-                        .arg(&rel.buckets)
-                        .arg(&rel.table)
-                        .arg(&rel.offset)
-                        .arg(&scale)
-                        .arg(&mut b.ctx)
-                        .launch(att_cfg)?;
-                }
-            } else {
-                let attention = if dh.is_multiple_of(vec) {
-                    &self.kernels.cached_attention
-                } else {
-                    &self.kernels.cached_attention_scalar
-                };
-                unsafe {
-                    s.launch_builder(attention)
-                        .arg(&b.q)
-                        .arg(&*keys)
-                        .arg(&*values)
-                        .arg(&cache.mask)
-                        .arg(&past_v)
-                        .arg(&heads_i)
-                        .arg(&kv_i)
-                        .arg(&dh_i)
-                        .arg(&n_i)
-                        .arg(&cap_i)
-                        .arg(&layer.window)
-                        .arg(&scale)
-                        .arg(&mut b.ctx)
-                        .launch(att_cfg)?;
-                }
-            }
+            // The self-attention: with a relative position bias (T5), else causal over the cache
+            // (RoPE already applied). Both read q, the cache, its mask and the past first.
+            let k = &self.kernels;
+            let kernel = match (&self.relative, dh.is_multiple_of(vec)) {
+                (Some(_), true) => &k.relative_attention,
+                (Some(_), false) => &k.relative_attention_scalar,
+                (None, true) => &k.cached_attention,
+                (None, false) => &k.cached_attention_scalar,
+            };
+            let mut args = s.launch_builder(kernel);
+            args.arg(&b.q)
+                .arg(&*keys)
+                .arg(&*values)
+                .arg(&cache.mask)
+                .arg(&past_v)
+                .arg(&heads_i);
+            let causal_i = i32::from(d.causal);
+            match &self.relative {
+                Some(rel) => args
+                    .arg(&dh_i)
+                    .arg(&n_i)
+                    .arg(&cap_i)
+                    .arg(&causal_i)
+                    .arg(&rel.buckets)
+                    .arg(&rel.table)
+                    .arg(&rel.offset),
+                None => args
+                    .arg(&kv_i)
+                    .arg(&dh_i)
+                    .arg(&n_i)
+                    .arg(&cap_i)
+                    .arg(&layer.window),
+            };
+            args.arg(&scale).arg(&mut b.ctx);
+            // SAFETY: cached_attention(q, k, v, mask, past, heads, kv_heads, head_dim, n_new, cap,
+            // window, scale, out) or relative_attention(q, k, v, mask, past, heads, head_dim,
+            // n_new, cap, causal, rel_bucket, rel_table, rel_offset, scale, out); the relative
+            // form reads one key / value head per query head (checked at load) and the buckets
+            // of distances -offset..=offset (a cache holds at most max_positions columns).
+            unsafe { args.launch(att_cfg) }?;
             prof.mark("attention")?;
             let o = &layer.output;
             // The norm after the self-attention: the cross-attention's, else the MLP's.
