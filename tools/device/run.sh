@@ -31,7 +31,9 @@
 # step's profile, transcription of 30 s + 100 tokens against PyTorch generate, and SmolLM2 against PyTorch;
 # part 13 the same for Whisper after the cross-attention split its keys across blocks (flash-decoding);
 # part 14 T5 wholly on the decoder engine (the encoder as a non-causal stack, relative position bias):
-# conformance in f32 and f16 of T5, Whisper, LLaMA and Qwen2, T5-small 32 + 64 tokens against PyTorch.
+# conformance in f32 and f16 of T5, Whisper, LLaMA and Qwen2, T5-small 32 + 64 tokens against PyTorch;
+# part 15 the final code (after the review): conformance, and Whisper-tiny, T5-small and SmolLM2 against
+# PyTorch f16.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -214,5 +216,17 @@ echo "== T5-small, 32 input tokens + 64 new, against PyTorch generate (f16, then
 for p in f16 f32; do
   timeout 150 ./xtask compare --dev --backend cuda --db $DB --config t5-small --prompt 32 --new 64 --dtype $p --peer torch:$p --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|rror|$G"
 done
+fi
+if [ "$PART" = 15 ]; then
+echo "== final code: verify f32 and f16 of T5, Whisper (shipped and heads of 64), LLaMA, Qwen2"
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures fixtures --family t5,whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
+  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -4
+done
+echo "== against PyTorch f16: Whisper-tiny 30 s + 100 tokens, T5-small 32 + 64, SmolLM2-135M 128 + 128"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1"
+timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 | grep -E -A6 "median ms|rror|$G"
 fi
 ls -la $OUT
