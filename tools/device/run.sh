@@ -3,9 +3,10 @@
 #   cargo build --release -p xtask --features cuda
 #   strip -o /tmp/xtask target/release/xtask && xz -T2 -6 -c /tmp/xtask > .devcarry/xtask.xz
 #   xz -6 -c ~/.cache/ipfs-accelerate/duckdb/libduckdb.so > .devcarry/libduckdb.so.xz   (xtask fetch-duckdb)
-#   cp -r ../shared/fixtures/{llama,qwen2,bert,vit,clip,whisper/base} .devcarry/fixtures/ (without the
+#   cp -r ../shared/fixtures/{llama,qwen2,bert,vit,clip,t5,whisper/base} .devcarry/fixtures/ (without the
 #   ONNX exports; whisper/base under fixtures/whisper/)
-#   tools/make_{bert,vit,clip}_fixture.py into .devcarry/fused/ (part 9: heads of 64 and 32)
+#   tools/make_{bert,vit,clip}_fixture.py into .devcarry/fused/ (part 9: heads of 64 and 32), and
+#   tools/make_whisper_fixture.py .devcarry/fused/whisper/heads64 128 2 2 400 2 7 (parts 12-15)
 #   cp tools/device/run.sh .devcarry/
 # then run `bash .devcarry/run.sh PART` with `carry: [".devcarry"]`; rows land in $OUT/gpu.duckdb,
 # and everything printed also goes to $OUT/log.txt (a call that runs out of time still returns it).
