@@ -34,7 +34,8 @@
 # part 14 T5 wholly on the decoder engine (the encoder as a non-causal stack, relative position bias):
 # conformance in f32 and f16 of T5, Whisper, LLaMA and Qwen2, T5-small 32 + 64 tokens against PyTorch;
 # part 15 the final code (after the review): conformance, and Whisper-tiny, T5-small and SmolLM2 against
-# PyTorch f16.
+# PyTorch f16; part 16 T5 fixtures with T5's own initialisation and heads of 64 (tools/make_t5_fixture.py, made
+# on the device), verified in f32 and f16 next to PyTorch's own fp16 error on them and on the shipped ones.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -229,5 +230,16 @@ c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters
 timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
 timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
 timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 | grep -E -A6 "median ms|rror|$G"
+fi
+if [ "$PART" = 16 ]; then
+echo "== T5 fixtures of T5's own initialisation, heads of 64, a padded batch of 2 (ReLU tied; gated GELU untied)"
+T=/tmp/t5fix/t5
+python3 ../tools/make_t5_fixture.py $T/relu64 256 4 64 2 512 0 1 2 20 7 > /dev/null 2>&1
+python3 ../tools/make_t5_fixture.py $T/gated64 256 4 64 2 512 1 1 2 20 7 > /dev/null 2>&1
+ls $T
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures /tmp/t5fix --family t5 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -7
+done
+python3 ../tools/device/peer_half_error.py $T/relu64 $T/gated64 fixtures/t5/t5 fixtures/t5/flan 2>&1 | grep PyTorch
 fi
 ls -la $OUT
