@@ -5,7 +5,7 @@
 
 use std::ops::ControlFlow;
 
-use ipfs_accelerate_backend_cublas::{Columns, DecoderEngine, LogitsOf};
+use ipfs_accelerate_backend_cublas::DecoderEngine;
 use ipfs_accelerate_core::{
     BackendKind, DecoderSpec, Error, HostTensor, ModelRunner, Precision, Result, TensorMap,
 };
@@ -75,18 +75,10 @@ impl CudaDecoder {
 
     /// Logits `[batch, seq, vocab]` of every position (one uncached pass).
     fn logits(&self, f: &ForwardInputs) -> Result<HostTensor> {
-        let narrow = |v: &[i64]| -> Vec<i32> { v.iter().map(|&x| x as i32).collect() };
-        let mut session = self.engine.session(f.batch, f.seq)?;
-        let logits = session.forward(
-            &Columns {
-                ids: &narrow(&f.ids),
-                positions: &narrow(&f.positions),
-                mask: &narrow(&f.mask),
-            },
-            f.seq,
-            LogitsOf::Every,
-        )?;
-        HostTensor::from_f32(vec![f.batch, f.seq, self.engine.vocab()], &logits)
+        let session = self.engine.session(f.batch, f.seq)?;
+        let dims = (f.batch, f.seq, self.engine.vocab());
+        let (positions, mask) = (Some(&f.positions[..]), Some(&f.mask[..]));
+        crate::cuda_tokens::logits_of_every(session, dims, &f.ids, positions, mask)
     }
 
     fn generate_rows(

@@ -16,7 +16,7 @@ use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 use ipfs_accelerate_preprocess::TextTokenizer;
 use ipfs_accelerate_t5::{T5Config, T5Executor, T5Inputs};
 
-use crate::cuda_tokens::EngineTokens;
+use crate::cuda_tokens::{narrow, positions, EngineTokens};
 
 /// A T5 checkpoint on two decoder engines (encoder stack and decoder).
 pub(crate) struct CudaT5 {
@@ -33,21 +33,6 @@ pub(crate) struct Encoded {
     batch: usize,
     seq: usize,
     mask: Vec<i32>,
-}
-
-/// `values` as the engine's 32-bit ids, or an error naming `what`.
-fn narrow(what: &str, values: &[i64]) -> Result<Vec<i32>> {
-    values
-        .iter()
-        .map(|&v| {
-            i32::try_from(v).map_err(|_| Error::InvalidInput(format!("{what}: {v} out of range")))
-        })
-        .collect()
-}
-
-/// Positions 0..len of each of `batch` rows.
-fn positions(batch: usize, len: usize) -> Vec<i32> {
-    (0..batch).flat_map(|_| 0..len as i32).collect()
 }
 
 impl CudaT5 {
@@ -159,21 +144,8 @@ impl T5Executor for CudaT5 {
         ids: &[i64],
         len: usize,
     ) -> Result<HostTensor> {
-        let batch = encoded.batch;
-        if len == 0 || ids.len() != batch * len {
-            return Err(Error::InvalidInput(format!(
-                "decoder_input_ids hold {} ids for [{batch}, {len}]",
-                ids.len()
-            )));
-        }
-        let mut session = self.session(encoded, len)?;
-        let columns = Columns {
-            ids: &narrow("decoder_input_ids", ids)?,
-            positions: &positions(batch, len),
-            mask: &vec![1; batch * len],
-        };
-        let logits = session.forward(&columns, len, LogitsOf::Every)?;
-        HostTensor::from_f32(vec![batch, len, self.decoder.vocab()], &logits)
+        let dims = (encoded.batch, len, self.decoder.vocab());
+        crate::cuda_tokens::logits_of_every(self.session(encoded, len)?, dims, ids, None, None)
     }
 
     fn generate_from(

@@ -41,6 +41,54 @@ pub(crate) fn engine_of(
     DecoderEngine::load(&spec, precision).map_err(|e| e.to_string())
 }
 
+/// `values` as the engine's 32-bit ids, positions or mask, or an error naming the input `what`.
+pub(crate) fn narrow(what: &str, values: &[i64]) -> Result<Vec<i32>> {
+    values
+        .iter()
+        .map(|&v| {
+            i32::try_from(v).map_err(|_| Error::InvalidInput(format!("{what}: {v} out of range")))
+        })
+        .collect()
+}
+
+/// Positions 0..len of each of `batch` rows.
+pub(crate) fn positions(batch: usize, len: usize) -> Vec<i32> {
+    (0..batch).flat_map(|_| 0..len as i32).collect()
+}
+
+/// Logits `[batch, len, vocab]` of every column of `ids` (row-major `[batch, len]`) in one
+/// uncached call of `session`: at `positions` (none: 0, 1, ... per row), `mask` 1 for a token and
+/// 0 for padding (none: all tokens).
+pub(crate) fn logits_of_every(
+    mut session: DecodeSession<'_>,
+    (batch, len, vocab): (usize, usize, usize),
+    ids: &[i64],
+    positions_of: Option<&[i64]>,
+    mask: Option<&[i64]>,
+) -> Result<ipfs_accelerate_core::HostTensor> {
+    if len == 0 || ids.len() != batch * len {
+        return Err(Error::InvalidInput(format!(
+            "{} decoder ids for [{batch}, {len}]",
+            ids.len()
+        )));
+    }
+    let positions = match positions_of {
+        Some(p) => narrow("position_ids", p)?,
+        None => positions(batch, len),
+    };
+    let mask = match mask {
+        Some(m) => narrow("attention_mask", m)?,
+        None => vec![1; batch * len],
+    };
+    let columns = Columns {
+        ids: &narrow("input_ids", ids)?,
+        positions: &positions,
+        mask: &mask,
+    };
+    let logits = session.forward(&columns, len, LogitsOf::Every)?;
+    ipfs_accelerate_core::HostTensor::from_f32(vec![batch, len, vocab], &logits)
+}
+
 /// The identity half of `ModelRunner` for a model on the cuBLAS engines: its `family`, `cuda`,
 /// the `cublas` engine, and the peak of the device's memory pool (every engine allocates from
 /// it), read through the engine field `engine`.
@@ -135,7 +183,7 @@ impl<'e> EngineTokens<'e> {
         let len = prompts.first().map_or(0, Vec::len);
         let prompt = Prompt {
             ids: prompts.iter().flatten().map(|&t| t as i32).collect(),
-            positions: prompts.iter().flat_map(|_| 0..len as i32).collect(),
+            positions: positions(prompts.len(), len),
             mask: vec![1; prompts.len() * len],
             len,
         };

@@ -7,9 +7,7 @@
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use ipfs_accelerate_backend_cublas::{
-    Columns, DecodeSession, DecoderEngine, EncoderStates, LogitsOf,
-};
+use ipfs_accelerate_backend_cublas::{DecodeSession, DecoderEngine, EncoderStates};
 use ipfs_accelerate_core::{BackendKind, Error, HostTensor, ModelRunner, Result, TensorMap};
 use ipfs_accelerate_nn::generate::{generate, single_row, GenerationConfig, TokenDecoder};
 use ipfs_accelerate_preprocess::audio::LogMel;
@@ -67,9 +65,17 @@ impl CudaWhisper {
                 states.shape()
             )));
         };
-        let values = states.to_f32_vec();
+        // The host tensor's own f32 values when it holds f32 (the encoder engine's output does).
+        let owned;
+        let values = match states.as_f32() {
+            Some(v) => v,
+            None => {
+                owned = states.to_f32_vec();
+                &owned
+            }
+        };
         let states = EncoderStates {
-            values: &values,
+            values,
             frames,
             mask: None,
         };
@@ -79,15 +85,7 @@ impl CudaWhisper {
     /// A token decoder over `states` whose rows start from `prompts` (one length, as
     /// [`WhisperExecutor::decoder`] takes them).
     fn tokens(&self, states: &HostTensor, prompts: &[Vec<u32>]) -> Result<EngineTokens<'_>> {
-        let len = prompts.first().map_or(0, Vec::len);
-        if prompts.len() != states.shape()[0] || len == 0 || prompts.iter().any(|p| p.len() != len)
-        {
-            return Err(Error::InvalidInput(format!(
-                "decoder prompts must be {} non-empty rows of equal length, got lengths {:?}",
-                states.shape()[0],
-                prompts.iter().map(Vec::len).collect::<Vec<_>>()
-            )));
-        }
+        ipfs_accelerate_whisper::check_prompts(prompts, states.shape()[0])?;
         let session = self.session(states, self.decoder.max_positions())?;
         Ok(EngineTokens::unpadded(
             session,
@@ -105,37 +103,8 @@ impl CudaWhisper {
         len: usize,
         mask: Option<&[i64]>,
     ) -> Result<HostTensor> {
-        let batch = states.shape()[0];
-        if ids.len() != batch * len {
-            return Err(Error::InvalidInput(format!(
-                "decoder_input_ids hold {} ids, expected [{batch}, {len}] for {batch} audio inputs",
-                ids.len()
-            )));
-        }
-        let narrow = |v: &[i64]| -> Result<Vec<i32>> {
-            v.iter()
-                .map(|&x| {
-                    i32::try_from(x)
-                        .map_err(|_| Error::InvalidInput(format!("decoder input {x} out of range")))
-                })
-                .collect()
-        };
-        let positions: Vec<i32> = (0..batch).flat_map(|_| 0..len as i32).collect();
-        let mask = match mask {
-            Some(m) => narrow(m)?,
-            None => vec![1; batch * len],
-        };
-        let mut session = self.session(states, len)?;
-        let logits = session.forward(
-            &Columns {
-                ids: &narrow(ids)?,
-                positions: &positions,
-                mask: &mask,
-            },
-            len,
-            LogitsOf::Every,
-        )?;
-        HostTensor::from_f32(vec![batch, len, self.decoder.vocab()], &logits)
+        let dims = (states.shape()[0], len, self.decoder.vocab());
+        crate::cuda_tokens::logits_of_every(self.session(states, len)?, dims, ids, None, mask)
     }
 
     /// Greedy rows from `prompts` after `states` (no suppression), through the shared loop.

@@ -102,7 +102,7 @@ impl<D: TokenDecoder> TokenDecoder for Suppressed<D> {
 }
 
 /// The checks every Whisper decoder makes on its prompts: `batch` non-empty rows of equal length.
-pub(crate) fn check_prompts(prompts: &[Vec<u32>], batch: usize) -> Result<()> {
+pub fn check_prompts(prompts: &[Vec<u32>], batch: usize) -> Result<()> {
     let len = prompts.first().map_or(0, Vec::len);
     if prompts.len() != batch || len == 0 || prompts.iter().any(|p| p.len() != len) {
         return Err(Error::InvalidInput(format!(

@@ -16,7 +16,9 @@ mod runner;
 mod spec;
 
 pub use config::{WhisperConfig, WhisperGenerationConfig, LAYER_NORM_EPS};
-pub use generate::{check_positions, pick_language, Suppressed, Suppression, WhisperTokenDecoder};
+pub use generate::{
+    check_positions, check_prompts, pick_language, Suppressed, Suppression, WhisperTokenDecoder,
+};
 pub use model::{DecoderCache, Whisper, WhisperDecoder, WhisperEncoder};
 pub use runner::{
     decode_outputs, TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor,
