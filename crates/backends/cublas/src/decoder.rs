@@ -553,6 +553,17 @@ impl<T> DevicePtrMut<T> for At<'_, T> {
     }
 }
 
+/// The heads `rope_split` splits a stacked projection into: `rows` rows (`n_new` per batch row) of
+/// `heads` query heads, then `kv_heads` key and as many value heads, into caches of `cap` columns.
+#[derive(Clone, Copy)]
+struct SplitShape {
+    heads: usize,
+    kv_heads: usize,
+    rows: usize,
+    n_new: usize,
+    cap: usize,
+}
+
 /// A relative position bias on the device: the bucket of every distance key − query in
 /// `-offset..=offset` (at `distance + offset`), and the bias table `[buckets, heads]`.
 struct Relative<T> {
@@ -1172,8 +1183,6 @@ where
         };
         let zero = s.alloc_zeros::<i32>(1)?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
-        let (frames_i, heads_i, dh_i, none_i) =
-            (frames as i32, d.heads as i32, d.head_dim as i32, 0i32);
         for layer in &self.layers {
             let cross = layer
                 .cross
@@ -1183,37 +1192,21 @@ where
             let x_ptr = x.device_ptr(s).0;
             let kv_ptr = kv.device_ptr_mut(s).0;
             self.linear(w, (x_ptr, w.in_features), rows, kv_ptr, scratch.as_mut())?;
-            let bias = w
-                .bias
-                .as_ref()
-                .ok_or_else(|| EngineError::Spec("the cross key / value bias is missing".into()))?;
             // SAFETY: both written in full by the split below.
             let mut k = unsafe { device_buffer::<T>(s, rows * width, what(rows * width)) }?;
             let mut v = unsafe { device_buffer::<T>(s, rows * width, what(rows * width)) }?;
-            // SAFETY: rope_split(qkv, bias, positions, inv_freq, past, heads, kv_heads, head_dim,
-            // n_new, cap, q, k, v) with no query heads and no rotation: `rows` rows of 2 × width
-            // values and their bias in, `batch × heads × frames × head_dim` keys and values out.
-            unsafe {
-                s.launch_builder(&self.kernels.rope_split)
-                    .arg(&kv)
-                    .arg(bias)
-                    .arg(&NULL)
-                    .arg(&NULL)
-                    .arg(&zero)
-                    .arg(&none_i)
-                    .arg(&heads_i)
-                    .arg(&dh_i)
-                    .arg(&frames_i)
-                    .arg(&frames_i)
-                    .arg(&NULL)
-                    .arg(&mut k)
-                    .arg(&mut v)
-                    .launch(LaunchConfig {
-                        grid_dim: (rows as u32, (2 * d.heads) as u32, 1),
-                        block_dim: ((d.head_dim / 2) as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    })?;
-            }
+            // No query heads, no rotation: the keys and values of every frame (the value bias
+            // added), `cap` = `n_new` = frames.
+            let shape = SplitShape {
+                heads: 0,
+                kv_heads: d.heads,
+                rows,
+                n_new: frames,
+                cap: frames,
+            };
+            let (k_ptr, v_ptr) = (k.device_ptr_mut(s).0, v.device_ptr_mut(s).0);
+            let past = zero.device_ptr(s).0;
+            self.split(w, kv_ptr, shape, (0, past), (0, k_ptr, v_ptr))?;
             keys.push(k);
             values.push(v);
         }
@@ -1223,6 +1216,57 @@ where
             frames,
             mask: m.mask.map(|k| s.clone_htod(k)).transpose()?,
         })
+    }
+
+    /// `rope_split` of the product of `w` at `qkv` (a device pointer) plus `w`'s bias: query heads
+    /// to `q`, key and value heads into the caches `k` / `v` at column `past[0]` + i (`q`, `k`,
+    /// `v` and `past` device pointers, 0 where `shape` has no such heads), rotated by RoPE at
+    /// `positions` when it is not 0 and the model has rotary frequencies.
+    fn split(
+        &self,
+        w: &Weight<T>,
+        qkv: u64,
+        shape: SplitShape,
+        (positions, past): (u64, u64),
+        (q, k, v): (u64, u64, u64),
+    ) -> Result<(), EngineError> {
+        let s = &self.stream;
+        let bias = w
+            .bias
+            .as_ref()
+            .ok_or_else(|| EngineError::Spec("a split projection without its bias".into()))?;
+        let inv_freq = match (&self.inv_freq, positions) {
+            (Some(f), p) if p != 0 => f.device_ptr(s).0,
+            _ => 0,
+        };
+        let dh = self.dims.head_dim;
+        let ints = [shape.heads, shape.kv_heads, dh, shape.n_new, shape.cap].map(|n| n as i32);
+        let mut args = s.launch_builder(&self.kernels.rope_split);
+        args.arg(&qkv)
+            .arg(bias)
+            .arg(&positions)
+            .arg(&inv_freq)
+            .arg(&past);
+        for n in &ints {
+            args.arg(n);
+        }
+        args.arg(&q).arg(&k).arg(&v);
+        // SAFETY: rope_split(qkv, bias, positions, inv_freq, past, heads, kv_heads, head_dim,
+        // n_new, cap, q, k, v): `rows` rows of (heads + 2 × kv_heads) × head_dim values at `qkv`
+        // and as many bias values; `rows` positions when rotating; q holds `rows` rows of heads,
+        // the caches `batch × kv_heads × cap × head_dim` values (the callers' buffers).
+        unsafe {
+            args.launch(LaunchConfig {
+                grid_dim: (
+                    shape.rows as u32,
+                    (shape.heads + 2 * shape.kv_heads) as u32,
+                    1,
+                ),
+                block_dim: ((dh / 2) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        Ok(())
     }
 
     /// Whether a product of `rows` rows of `k` values (row stride `x_stride`) runs on the GEMV
@@ -1756,7 +1800,7 @@ where
         let q_width = d.heads * dh;
         let (n_i, cap_i, h_i) = (new as i32, cap as i32, h as i32);
         let (heads_i, kv_i, dh_i) = (d.heads as i32, d.kv_heads as i32, dh as i32);
-        let (inter_i, gated_i, none_i) = (d.intermediate as i32, i32::from(d.gated), 0i32);
+        let (inter_i, gated_i) = (d.intermediate as i32, i32::from(d.gated));
         // SAFETY (launches): each argument list matches its kernel's signature in decoder.cu and
         // every buffer holds the rows × widths the grid covers.
         unsafe {
@@ -1783,11 +1827,6 @@ where
             grid_dim: (new as u32, d.heads as u32, batch as u32),
             block_dim: (att_threads, 1, 1),
             shared_mem_bytes: ((dh + att_threads as usize * (1 + vec) + 32) * 4) as u32,
-        };
-        let split_cfg = |slots: usize| LaunchConfig {
-            grid_dim: (rows as u32, slots as u32, 1),
-            block_dim: ((dh / 2) as u32, 1, 1),
-            shared_mem_bytes: 0,
         };
         let scale = d.score_scale;
         // residual_norm(y or null, bias or null, x, gamma, beta or null, eps, hidden, out).
@@ -1880,6 +1919,7 @@ where
         let (x_ptr, hb_ptr, ctx_ptr) = (ptr(&mut b.x), ptr(&mut b.hb), ptr(&mut b.ctx));
         let (qkv_ptr, gu_ptr, act_ptr) = (ptr(&mut b.qkv), ptr(&mut b.gu), ptr(&mut b.act));
         let (y_ptr, q_ptr, logits_ptr) = (ptr(&mut b.y), ptr(&mut b.q), ptr(&mut b.logits));
+        let (pos_ptr, past_ptr) = (pos_v.device_ptr(s).0, past_v.device_ptr(s).0);
         let inter = d.intermediate;
         match &self.embed.parts[..] {
             [part @ Part {
@@ -1926,26 +1966,16 @@ where
                 self.linear(w, (hb_ptr, h), rows, qkv_ptr, b.scratch.as_mut())?;
             }
             prof.mark("qkv")?;
-            let qkv_bias = w
-                .bias
-                .as_ref()
-                .ok_or_else(|| EngineError::Spec("the fused q / k / v bias is missing".into()))?;
             let (keys, values) = (&mut cache.keys[l], &mut cache.values[l]);
-            unsafe {
-                let mut args = s.launch_builder(&self.kernels.rope_split);
-                args.arg(&b.qkv).arg(qkv_bias).arg(&pos_v);
-                arg_or_null(&mut args, self.inv_freq.as_ref());
-                args.arg(&past_v)
-                    .arg(&heads_i)
-                    .arg(&kv_i)
-                    .arg(&dh_i)
-                    .arg(&n_i)
-                    .arg(&cap_i)
-                    .arg(&mut b.q)
-                    .arg(&mut *keys)
-                    .arg(&mut *values)
-                    .launch(split_cfg(d.heads + 2 * d.kv_heads))?;
-            }
+            let shape = SplitShape {
+                heads: d.heads,
+                kv_heads: d.kv_heads,
+                rows,
+                n_new: new,
+                cap,
+            };
+            let into = (q_ptr, keys.device_ptr_mut(s).0, values.device_ptr_mut(s).0);
+            self.split(w, qkv_ptr, shape, (pos_ptr, past_ptr), into)?;
             prof.mark("rope")?;
             // The self-attention: with a relative position bias (T5), else causal over the cache
             // (RoPE already applied). Both read q, the cache, its mask and the past first.
@@ -2010,27 +2040,15 @@ where
                     self.gemv(qw, (x_ptr, h), rows, norm, q_ptr)?;
                 } else {
                     self.linear(qw, (hb_ptr, h), rows, qkv_ptr, b.scratch.as_mut())?;
-                    let bias = qw.bias.as_ref().ok_or_else(|| {
-                        EngineError::Spec("the cross query's bias is missing".into())
-                    })?;
                     // The split with no key / value heads adds the queries' bias.
-                    unsafe {
-                        s.launch_builder(&self.kernels.rope_split)
-                            .arg(&b.qkv)
-                            .arg(bias)
-                            .arg(&NULL)
-                            .arg(&NULL)
-                            .arg(&past_v)
-                            .arg(&heads_i)
-                            .arg(&none_i)
-                            .arg(&dh_i)
-                            .arg(&n_i)
-                            .arg(&cap_i)
-                            .arg(&mut b.q)
-                            .arg(&NULL)
-                            .arg(&NULL)
-                            .launch(split_cfg(d.heads))?;
-                    }
+                    let shape = SplitShape {
+                        heads: d.heads,
+                        kv_heads: 0,
+                        rows,
+                        n_new: new,
+                        cap,
+                    };
+                    self.split(qw, qkv_ptr, shape, (0, past_ptr), (q_ptr, 0, 0))?;
                 }
                 let (keys, values) = (&m.keys[l], &m.values[l]);
                 let parts = b.parts.as_mut();
