@@ -5,7 +5,7 @@
 
 use std::ops::ControlFlow;
 
-use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_core::{Error, Result, TensorMap};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// A model that produces next-token logits for a batch of sequences, step by step.
@@ -110,6 +110,20 @@ impl GenerationConfig {
             max_new_tokens,
             ..Default::default()
         }
+    }
+}
+
+/// The `greedy_steps` input of a reference run (an integer tensor holding one count ≥ 0), if
+/// given: how many argmax steps a runner's `run` takes (the conformance fixtures' decoding).
+pub fn greedy_steps(inputs: &TensorMap) -> Result<Option<usize>> {
+    let Some(t) = inputs.get("greedy_steps") else {
+        return Ok(None);
+    };
+    match t.to_i64_vec()?.as_slice() {
+        &[n] if n >= 0 => Ok(Some(n as usize)),
+        other => Err(Error::InvalidInput(format!(
+            "greedy_steps must be one non-negative count, got {other:?}"
+        ))),
     }
 }
 

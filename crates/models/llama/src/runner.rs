@@ -277,18 +277,11 @@ pub fn run_causal_lm(
     Ok(map)
 }
 
-/// The `greedy_steps` input of a reference run (i64 `[1]`, a non-negative count).
+/// The `greedy_steps` input of a reference run, which a greedy run needs
+/// ([`ipfs_accelerate_nn::generate::greedy_steps`]).
 pub fn greedy_steps(inputs: &TensorMap) -> Result<usize> {
-    let steps = inputs
-        .get("greedy_steps")
-        .ok_or_else(|| Error::InvalidInput("missing input `greedy_steps`".into()))?
-        .to_i64_vec()?;
-    match steps.as_slice() {
-        [n] if *n >= 0 => Ok(*n as usize),
-        other => Err(Error::InvalidInput(format!(
-            "greedy_steps must be one non-negative count, got {other:?}"
-        ))),
-    }
+    ipfs_accelerate_nn::generate::greedy_steps(inputs)?
+        .ok_or_else(|| Error::InvalidInput("missing input `greedy_steps`".into()))
 }
 
 /// Fails with [`Error::InvalidInput`] when a token of `ids` (the input `name`) is outside

@@ -90,19 +90,6 @@ impl<B: Backend> T5Runner<B> {
     }
 }
 
-/// `greedy_steps` (an integer tensor of one value ≥ 0), if given.
-fn greedy_steps(inputs: &TensorMap) -> Result<Option<usize>> {
-    let Some(t) = inputs.get("greedy_steps") else {
-        return Ok(None);
-    };
-    match t.to_i64_vec()?.as_slice() {
-        &[n] if n >= 0 => Ok(Some(n as usize)),
-        other => Err(Error::InvalidInput(format!(
-            "greedy_steps must be one value ≥ 0, got {other:?}"
-        ))),
-    }
-}
-
 impl<B: Backend> T5Executor for T5Runner<B> {
     type Encoded = Tensor<B, 3>;
 
@@ -243,7 +230,7 @@ pub fn run_outputs<E: T5Executor + ?Sized>(executor: &E, inputs: &TensorMap) -> 
         let logits = executor.logits(&encoded, &enc_inputs, &dec.to_i64_vec()?, len)?;
         out.insert("logits".into(), logits);
     }
-    if let Some(steps) = greedy_steps(inputs)? {
+    if let Some(steps) = ipfs_accelerate_nn::generate::greedy_steps(inputs)? {
         let config = GenerationConfig {
             max_new_tokens: steps,
             sampling: Sampling::Greedy,

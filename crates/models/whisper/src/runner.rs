@@ -618,15 +618,7 @@ pub fn decode_outputs(
         let logits = logits(&ids, len, mask.as_ref().map(|(m, _)| m.as_slice()))?;
         out.insert("logits".into(), logits);
     }
-    if let Some(steps) = inputs.get("greedy_steps") {
-        let steps = match steps.to_i64_vec()?.as_slice() {
-            [n] if *n >= 0 => *n as usize,
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "greedy_steps must be one non-negative integer, got {other:?}"
-                )))
-            }
-        };
+    if let Some(steps) = ipfs_accelerate_nn::generate::greedy_steps(inputs)? {
         let prompts: Vec<Vec<u32>> = match int_rows(inputs, "greedy_prompt", batch)? {
             Some((ids, n)) => ids
                 .chunks(n)
