@@ -10,7 +10,11 @@ use ipfs_accelerate_core::{
 pub use ipfs_accelerate_kernels::BlockType;
 use ipfs_accelerate_kernels::{dequantize_row, quantize_row};
 
-use crate::{attention::ProjectionBias, transformer::PreLnNames, Activation};
+use crate::{
+    attention::{ProjectionBias, ProjectionNames},
+    transformer::PreLnNames,
+    Activation,
+};
 
 /// Reads f32 copies of a checkpoint's tensors under a prefix (`"vit."`, `""`), or (see
 /// [`SpecReader::keeping_blocks`]) a dense layer's ggml blocks as the file stores them.
@@ -166,6 +170,24 @@ impl<'a> SpecReader<'a> {
         })
     }
 
+    /// An attention block's projections under this reader, named by `names`: query `[q_width,
+    /// hidden]`, key and value `[kv_width, hidden]`, output `[hidden, q_width]`, in that order; a
+    /// projection without a bias in `bias` gets zeros.
+    pub fn attention(
+        &self,
+        names: &ProjectionNames<'_>,
+        hidden: usize,
+        (q_width, kv_width): (usize, usize),
+        bias: ProjectionBias,
+    ) -> Result<[DenseWeights; 4]> {
+        Ok([
+            self.dense_with(names.q, q_width, hidden, bias.q)?,
+            self.dense_with(names.k, kv_width, hidden, bias.k)?,
+            self.dense_with(names.v, kv_width, hidden, bias.v)?,
+            self.dense_with(names.o, hidden, q_width, bias.o)?,
+        ])
+    }
+
     /// One pre-norm layer (`names` under this reader's prefix) as the spec's layer: the norm
     /// before attention is `attention_norm`, the one before the MLP `output_norm`; a projection
     /// without a bias in `bias` gets zeros.
@@ -177,12 +199,13 @@ impl<'a> SpecReader<'a> {
         bias: ProjectionBias,
     ) -> Result<EncoderLayerWeights> {
         let (h, i) = (hidden, intermediate);
-        let a = &names.attention;
+        let [query, key, value, attention_output] =
+            self.attention(&names.attention, h, (h, h), bias)?;
         Ok(EncoderLayerWeights {
-            query: self.dense_with(a.q, h, h, bias.q)?,
-            key: self.dense_with(a.k, h, h, bias.k)?,
-            value: self.dense_with(a.v, h, h, bias.v)?,
-            attention_output: self.dense_with(a.o, h, h, bias.o)?,
+            query,
+            key,
+            value,
+            attention_output,
             attention_norm: self.norm(names.norm1, h)?,
             intermediate: self.dense(names.fc1, i, h)?,
             output: self.dense(names.fc2, h, i)?,

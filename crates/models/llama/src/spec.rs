@@ -54,14 +54,15 @@ fn read_spec(config: &LlamaConfig, root: SpecReader<'_>) -> Result<DecoderSpec> 
     let layers = (0..c.num_hidden_layers)
         .map(|i| {
             let l = m.pp(&format!("layers.{i}"));
-            let a = l.pp("self_attn");
+            let [query, key, value, output] =
+                l.pp("self_attn").attention(&names, h, (q, kv), bias)?;
             let f = l.pp("mlp");
             Ok(DecoderLayerWeights {
                 input_norm: l.rms_norm("input_layernorm", h)?,
-                query: a.dense_with(names.q, q, h, bias.q)?,
-                key: a.dense_with(names.k, kv, h, bias.k)?,
-                value: a.dense_with(names.v, kv, h, bias.v)?,
-                output: a.dense_with(names.o, h, q, bias.o)?,
+                query,
+                key,
+                value,
+                output,
                 cross: None,
                 post_norm: l.rms_norm("post_attention_layernorm", h)?,
                 gate: Some(f.dense_with(gate, inter, h, mlp_bias)?),

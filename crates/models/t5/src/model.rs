@@ -16,7 +16,7 @@ use ipfs_accelerate_nn::{
 use crate::T5Config;
 
 /// T5's projection names: `q`, `k`, `v`, `o`.
-const T5_PROJECTIONS: ProjectionNames<'static> = ProjectionNames {
+pub(crate) const T5_PROJECTIONS: ProjectionNames<'static> = ProjectionNames {
     q: "q",
     k: "k",
     v: "v",

@@ -11,11 +11,12 @@
 
 use ipfs_accelerate_core::{
     CrossAttentionWeights, DecoderLayerWeights, DecoderNorm, DecoderPositions, DecoderSpec,
-    DenseWeights, NormWeights, RelativeBias, Result, TensorSource,
+    NormWeights, RelativeBias, Result, TensorSource,
 };
+use ipfs_accelerate_nn::attention::ProjectionBias;
 use ipfs_accelerate_nn::spec::{gated_activation, SpecReader};
 
-use crate::names::ATTENTION_PROJECTIONS;
+use crate::model::T5_PROJECTIONS;
 use crate::T5Config;
 
 /// The name of the shared token embedding (`shared`, or a stack's copy when only that is stored).
@@ -37,21 +38,14 @@ fn stack_spec(config: &T5Config, source: &dyn TensorSource, decoder: bool) -> Re
     } else {
         c.num_layers
     };
-    let attention = |a: &SpecReader<'_>| -> Result<[DenseWeights; 4]> {
-        let [q, k, v, o] = ATTENTION_PROJECTIONS;
-        Ok([
-            a.dense_with(q, inner, d, false)?,
-            a.dense_with(k, inner, d, false)?,
-            a.dense_with(v, inner, d, false)?,
-            a.dense_with(o, d, inner, false)?,
-        ])
-    };
+    let attention =
+        |a: SpecReader<'_>| a.attention(&T5_PROJECTIONS, d, (inner, inner), ProjectionBias::NONE);
     let layers = (0..layers)
         .map(|i| {
             let l = stack.pp(&format!("block.{i}.layer"));
-            let [query, key, value, output] = attention(&l.pp("0.SelfAttention"))?;
+            let [query, key, value, output] = attention(l.pp("0.SelfAttention"))?;
             let cross = if decoder {
-                let [q, k, v, o] = attention(&l.pp("1.EncDecAttention"))?;
+                let [q, k, v, o] = attention(l.pp("1.EncDecAttention"))?;
                 Some(CrossAttentionWeights {
                     norm: l.rms_norm("1.layer_norm", d)?,
                     query: q,

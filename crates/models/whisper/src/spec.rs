@@ -93,21 +93,13 @@ pub fn decoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
     let (d, heads, ffn) = (c.d_model, c.decoder_attention_heads, c.decoder_ffn_dim);
     let root = SpecReader::new(source, "");
     let dec = SpecReader::new(source, &format!("{}decoder", base(source)));
-    let names = ProjectionNames::OUT_PROJ;
-    let attention = |a: &SpecReader<'_>| -> Result<[ipfs_accelerate_core::DenseWeights; 4]> {
-        let b = WHISPER_BIAS;
-        Ok([
-            a.dense_with(names.q, d, d, b.q)?,
-            a.dense_with(names.k, d, d, b.k)?,
-            a.dense_with(names.v, d, d, b.v)?,
-            a.dense_with(names.o, d, d, b.o)?,
-        ])
-    };
+    let attention =
+        |a: SpecReader<'_>| a.attention(&ProjectionNames::OUT_PROJ, d, (d, d), WHISPER_BIAS);
     let layers = (0..c.decoder_layers)
         .map(|i| {
             let l = dec.pp(&format!("layers.{i}"));
-            let [query, key, value, output] = attention(&l.pp("self_attn"))?;
-            let [cq, ck, cv, co] = attention(&l.pp("encoder_attn"))?;
+            let [query, key, value, output] = attention(l.pp("self_attn"))?;
+            let [cq, ck, cv, co] = attention(l.pp("encoder_attn"))?;
             Ok(DecoderLayerWeights {
                 input_norm: l.norm("self_attn_layer_norm", d)?,
                 query,
