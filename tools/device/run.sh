@@ -35,7 +35,9 @@
 # conformance in f32 and f16 of T5, Whisper, LLaMA and Qwen2, T5-small 32 + 64 tokens against PyTorch;
 # part 15 the final code (after the review): conformance, and Whisper-tiny, T5-small and SmolLM2 against
 # PyTorch f16; part 16 T5 fixtures with T5's own initialisation and heads of 64 (tools/make_t5_fixture.py, made
-# on the device), verified in f32 and f16 next to PyTorch's own fp16 error on them and on the shipped ones.
+# on the device), verified in f32 and f16 next to PyTorch's own fp16 error on them and on the shipped ones;
+# part 17 the code after the second review (one rope_split launcher): conformance, then the three decoders
+# against PyTorch f16 again.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -195,12 +197,17 @@ timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny 
 echo "== SmolLM2-135M f16 128 + 128 against PyTorch (the decoder's GEMVs and attention after the change)"
 timeout 120 ./xtask compare --dev --backend cuda --db $DB --config llama-135m --prompt 128 --new 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1 2>&1 | grep -E -A6 "median ms|$G"
 fi
+# Conformance of the decoder engine's families (parts 13-17): the shipped fixtures of `$1` and the
+# heads-of-64 Whisper fixture, in f32 then f16.
+verify_decoders() {
+  for p in f32 f16; do
+    timeout 60 ./xtask verify --fixtures fixtures --family "$1" --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
+    timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -4
+  done
+}
 if [ "$PART" = 13 ]; then
 echo "== verify f32 and f16: Whisper (shipped, heads of 8; fused/whisper, heads of 64, batch 2), LLaMA / Qwen2"
-for p in f32 f16; do
-  timeout 60 ./xtask verify --fixtures fixtures --family whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
-  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -5
-done
+verify_decoders whisper,llama,qwen2
 echo "== a decoding step's device times (uncaptured: IPFS_ACCELERATE_CUDA_GRAPHS=0), Whisper-tiny f16"
 IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --new 4 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas decoder|rror" | tail -2
 echo "== Whisper-tiny transcription, 30 s + 100 tokens, against PyTorch generate f16"
@@ -208,10 +215,7 @@ timeout 150 ./xtask compare --dev --backend cuda --db $DB --config whisper-tiny 
 fi
 if [ "$PART" = 14 ]; then
 echo "== verify f32 and f16: T5 (ReLU and gated-GELU), Whisper, LLaMA, Qwen2 on the engine"
-for p in f32 f16; do
-  timeout 60 ./xtask verify --fixtures fixtures --family t5,whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
-  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -1
-done
+verify_decoders t5,whisper,llama,qwen2
 echo "== a T5-small decoding step's device times (uncaptured), f16"
 IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config t5-small --prompt 32 --new 4 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas decoder|rror" | tail -3
 echo "== T5-small, 32 input tokens + 64 new, against PyTorch generate (f16, then f32)"
@@ -221,10 +225,7 @@ done
 fi
 if [ "$PART" = 15 ]; then
 echo "== final code: verify f32 and f16 of T5, Whisper (shipped and heads of 64), LLaMA, Qwen2"
-for p in f32 f16; do
-  timeout 60 ./xtask verify --fixtures fixtures --family t5,whisper,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -18
-  timeout 60 ./xtask verify --fixtures fused --family whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -4
-done
+verify_decoders t5,whisper,llama,qwen2
 echo "== against PyTorch f16: Whisper-tiny 30 s + 100 tokens, T5-small 32 + 64, SmolLM2-135M 128 + 128"
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1"
 timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
@@ -241,5 +242,13 @@ for p in f32 f16; do
   timeout 60 ./xtask verify --fixtures /tmp/t5fix --family t5 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -7
 done
 python3 ../tools/device/peer_half_error.py $T/relu64 $T/gated64 fixtures/t5/t5 fixtures/t5/flan 2>&1 | grep PyTorch
+fi
+if [ "$PART" = 17 ]; then
+echo "== after the second review: verify f32 and f16 of T5, Whisper, LLaMA, Qwen2"
+verify_decoders t5,whisper,llama,qwen2
+echo "== against PyTorch f16: Whisper-tiny 30 s + 100 tokens, T5-small 32 + 64"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1"
+timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
 fi
 ls -la $OUT
