@@ -55,6 +55,25 @@ pub struct BenchArgs {
     /// Prompt lengths of a generation benchmark in tokens, comma separated (default 128).
     #[arg(long, value_delimiter = ',')]
     pub prompt: Vec<usize>,
+    /// Generation of decoder LMs samples at this temperature (seeded by `--seed`) instead of
+    /// decoding greedily.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// With `--temperature`: keep only this many most likely tokens.
+    #[arg(long, requires = "temperature")]
+    pub top_k: Option<usize>,
+    /// With `--temperature`: nucleus sampling over this much probability mass.
+    #[arg(long, requires = "temperature")]
+    pub top_p: Option<f32>,
+    /// Generation of decoder LMs with HF's repetition penalty (1.0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// The sampler's seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print each timed generation's tokens (row 0) on stderr.
+    #[arg(long)]
+    pub show_tokens: bool,
     /// Timed iterations per point (per round).
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
@@ -196,6 +215,12 @@ pub fn bench(
     if args.rounds == 0 {
         return Err(BenchError::Spec("--rounds must be at least 1".into()));
     }
+    if !peers.is_empty() && (args.temperature.is_some() || args.repetition_penalty != 1.0) {
+        return Err(BenchError::Spec(
+            "peers generate greedily: --temperature and --repetition-penalty run without --peer"
+                .into(),
+        ));
+    }
     if !crate::build::this_build_optimized() {
         eprintln!("{}", crate::build::unoptimized_warning());
     }
@@ -215,6 +240,19 @@ pub fn bench(
         peak_flops: args.peak_gflops.map(|g| g * 1e9),
         new_tokens: args.new,
         prompts: args.prompt.clone(),
+        decoding: crate::runner::Decoding {
+            sampling: match args.temperature {
+                Some(temperature) => ipfs_accelerate::text::Sampling::Sample {
+                    temperature,
+                    top_k: args.top_k,
+                    top_p: args.top_p,
+                },
+                None => ipfs_accelerate::text::Sampling::Greedy,
+            },
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+            show_tokens: args.show_tokens,
+        },
         progress: true,
         command,
     };

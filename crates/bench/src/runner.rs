@@ -61,10 +61,45 @@ pub struct BenchSpec {
     /// Prompt lengths of a generation benchmark in tokens; empty: `sizes`, else
     /// [`crate::generation::DEFAULT_PROMPT`].
     pub prompts: Vec<usize>,
+    /// How decoder LMs choose their tokens in generation points (greedy by default).
+    pub decoding: Decoding,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// The command line, stored with the run.
     pub command: String,
+}
+
+/// How a decoder LM's generation points choose tokens: greedy (the default) or seeded sampling,
+/// with a repetition penalty; the model's stop tokens are never used (a point generates exactly
+/// its new tokens).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoding {
+    /// Greedy or sampling.
+    pub sampling: ipfs_accelerate::text::Sampling,
+    /// HF's repetition penalty (1.0 = off).
+    pub repetition_penalty: f32,
+    /// The sampler's seed.
+    pub seed: u64,
+    /// Print each timed generation's tokens (row 0) on stderr.
+    pub show_tokens: bool,
+}
+
+impl Default for Decoding {
+    fn default() -> Self {
+        Decoding {
+            sampling: ipfs_accelerate::text::Sampling::Greedy,
+            repetition_penalty: 1.0,
+            seed: 0,
+            show_tokens: false,
+        }
+    }
+}
+
+impl Decoding {
+    /// Whether this is plain greedy decoding.
+    pub fn is_greedy(&self) -> bool {
+        self.sampling == ipfs_accelerate::text::Sampling::Greedy && self.repetition_penalty == 1.0
+    }
 }
 
 impl Default for BenchSpec {
@@ -84,6 +119,7 @@ impl Default for BenchSpec {
             peak_flops: None,
             new_tokens: None,
             prompts: Vec::new(),
+            decoding: Decoding::default(),
             progress: false,
             command: String::new(),
         }
@@ -773,7 +809,7 @@ fn measure_generation(
     };
     let mut rows = match model {
         Model::Decoder(decoder) => {
-            let (ids, config) = match crate::generation::decoder_request(
+            let (ids, mut config) = match crate::generation::decoder_request(
                 decoder.as_ref(),
                 point.size,
                 new_tokens,
@@ -781,6 +817,13 @@ fn measure_generation(
                 Ok(r) => r,
                 Err(reason) => return failed(reason),
             };
+            let decoding = &point.spec.decoding;
+            config.sampling = decoding.sampling;
+            config.repetition_penalty = decoding.repetition_penalty;
+            config.seed = decoding.seed;
+            if let Err(e) = config.validate() {
+                return failed(e.to_string());
+            }
             // A batch: the prompt rotated by one id per row (distinct rows, same length), decoded
             // together; the timings follow row 0 (every row gets a token each step).
             let vocab = decoder.config().vocab_size as u32;
@@ -806,12 +849,20 @@ fn measure_generation(
                         })
                         .map(|mut rows| rows.swap_remove(0))
                 };
+                if decoding.show_tokens {
+                    if let Ok(tokens) = &generated {
+                        bar.suspend(|| eprintln!("tokens: {tokens:?}"));
+                    }
+                }
                 generated
                     .map(|t| t.len())
                     .map_err(|e| format!("generate failed: {e}"))
             };
             crate::generation::measure_generation(&once, request).to_vec()
         }
+        Model::Forward(_) if !point.spec.decoding.is_greedy() => failed(
+            "sampling and the repetition penalty apply to decoder LMs (llama, qwen2, GGUF)".into(),
+        ),
         Model::Forward(_) if point.batch != 1 => {
             failed("generation of this family runs batch 1 (decoder LMs take --batch)".into())
         }

@@ -1,21 +1,24 @@
 //! A generation's [`TokenDecoder`] on the cuBLAS decoder engine, shared by the decoders that run
 //! on it (LLaMA / Qwen2 in `cuda_decoder`, Whisper in `cuda_whisper`): the prompt on the first
-//! call, then one token per row, greedy steps picked on the device.
+//! call, then one token per row, each step's tokens picked on the device (greedy there; sampled
+//! from the few most likely tokens the device keeps, with the CPU sampler's draws).
 
 #[cfg(any(feature = "whisper", feature = "t5"))]
 use ipfs_accelerate_backend_cublas::DecoderEngine;
-use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf};
+use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf, TopRequest, MAX_TOP_VOCAB};
 use ipfs_accelerate_core::{Error, Result};
-use ipfs_accelerate_nn::generate::TokenDecoder;
+use ipfs_accelerate_nn::generate::{
+    choose_among, penalized_tokens, pick_drawn, RowPick, Sampling, TokenDecoder,
+};
 
 /// The environment variable that keeps generation on `cuda` off the cuBLAS decoder (`0` / `off`):
 /// LLaMA / Qwen2 then run on burn's CubeCL kernels in f32, and Whisper's decoder too (its
 /// encoder stays on the cuBLAS encoder).
 pub(crate) const CUDA_DECODER_ENV: &str = "IPFS_ACCELERATE_CUDA_DECODER";
 
-/// The environment variable that makes greedy decoding on the cuBLAS decoder send every row's
-/// logits to the host and pick there (`0` / `off`), instead of picking on the device.
-pub(crate) const DEVICE_GREEDY_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_GREEDY";
+/// The environment variable that makes decoding on the cuBLAS decoder send every row's logits
+/// to the host and pick there (`0` / `off`), instead of picking on the device.
+pub(crate) const DEVICE_PICKS_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_PICKS";
 
 /// Why a model may not load on the cuBLAS decoder engine in float weights with `options`: the
 /// engine switched off ([`CUDA_DECODER_ENV`]) or quantized weights asked for.
@@ -132,8 +135,8 @@ pub(crate) struct EngineTokens<'e> {
     /// The next position of each row.
     next: Vec<i32>,
     vocab: usize,
-    /// Greedy steps pick on the device ([`DEVICE_GREEDY_ENV`]).
-    device_greedy: bool,
+    /// Steps pick on the device ([`DEVICE_PICKS_ENV`]).
+    device_picks: bool,
 }
 
 impl TokenDecoder for EngineTokens<'_> {
@@ -164,15 +167,24 @@ impl TokenDecoder for EngineTokens<'_> {
         })
     }
 
-    /// Greedy steps pick on the device: `batch` token ids come back instead of `batch × vocab`
-    /// logits.
-    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
-        if !self.device_greedy {
+    /// Steps pick on the device: greedy rows without a penalty by an argmax there (`batch` ids
+    /// come back instead of `batch × vocab` logits); otherwise the device applies the penalties
+    /// and keeps each row's most likely tokens (and its softmax total), and the CPU sampler's
+    /// choice is made from those with the same draws, from the whole row only when they do not
+    /// decide.
+    fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+        if !self.device_picks || picks.len() != self.next.len() {
             return None;
         }
-        Some(self.step_with(tokens, |session, columns| {
-            session.forward_argmax(columns, 1)
-        }))
+        if picks.iter().all(RowPick::is_plain_greedy) {
+            return Some(self.step_with(tokens, |session, columns| {
+                session.forward_argmax(columns, 1)
+            }));
+        }
+        if self.vocab > MAX_TOP_VOCAB {
+            return None;
+        }
+        Some(self.sampled_step(tokens, picks))
     }
 }
 
@@ -203,8 +215,56 @@ impl<'e> EngineTokens<'e> {
             prompt: Some(prompt),
             next,
             vocab,
-            device_greedy: crate::backends::env_switch(DEVICE_GREEDY_ENV) != Some(false),
+            device_picks: crate::backends::env_switch(DEVICE_PICKS_ENV) != Some(false),
         }
+    }
+
+    /// One step whose tokens are chosen from each row's most likely tokens on the device.
+    fn sampled_step(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Result<Vec<u32>> {
+        let vocab = self.vocab;
+        let penalized: Vec<Vec<u32>> = picks
+            .iter()
+            .map(|p| match p.repetition_penalty {
+                1.0 => Vec::new(),
+                _ => penalized_tokens(p.history),
+            })
+            .collect();
+        let requests: Vec<TopRequest<'_>> = picks
+            .iter()
+            .zip(&penalized)
+            .map(|(p, tokens)| TopRequest {
+                penalty: p.repetition_penalty,
+                penalized: tokens,
+                // The whole row's total, where top-k keeps the whole row.
+                total_at: match p.sampling {
+                    Sampling::Sample {
+                        temperature, top_k, ..
+                    } if top_k.is_none_or(|k| k >= vocab) => Some(temperature),
+                    _ => None,
+                },
+            })
+            .collect();
+        let top = self.step_with(tokens, |session, columns| {
+            session.forward_top(columns, 1, &requests)
+        })?;
+        let mut picked = Vec::with_capacity(picks.len());
+        for (row, (pick, top)) in picks.iter().zip(top).enumerate() {
+            let token = match choose_among(&top.top, top.total, vocab, pick) {
+                Some(token) => token,
+                None => {
+                    // The nucleus or the draw reaches past the kept tokens: the whole row (its
+                    // penalty already applied).
+                    let mut row_scores = self.session.scores(row)?;
+                    let unpenalised = RowPick {
+                        repetition_penalty: 1.0,
+                        ..*pick
+                    };
+                    pick_drawn(&mut row_scores, &unpenalised)?
+                }
+            };
+            picked.push(token);
+        }
+        Ok(picked)
     }
 
     /// Feeds one token per row (after the prefill) through `run` and advances the positions.

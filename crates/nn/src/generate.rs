@@ -19,12 +19,13 @@ pub trait TokenDecoder {
     fn prefill(&mut self) -> Result<Vec<f32>>;
     /// Feeds one new token per row and returns the logits of the next token, `[batch, vocab]`.
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
-    /// [`step`](Self::step) when every row decodes greedily (no repetition penalty): the argmax
-    /// of each row's next-token logits (the first on ties; an error for NaN logits), picked where
-    /// the logits are (a GPU) instead of sending them back. `None` (the default) when the decoder
-    /// cannot; the caller then steps and picks from the logits.
-    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
-        let _ = tokens;
+    /// [`step`](Self::step) that also chooses each row's next token where the logits are (a
+    /// GPU), as [`Sampler::pick`] would from them: `picks[row]` holds the row's sampler settings,
+    /// its history and the sampler's draw ([`pick_drawn`] and [`choose_among`] are the CPU's
+    /// choice for the decoder to finish with). `None` (the default) when the decoder cannot; the
+    /// caller then steps and picks from the logits with the same draws.
+    fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+        let _ = (tokens, picks);
         None
     }
 }
@@ -43,8 +44,8 @@ impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         (**self).step(tokens)
     }
-    fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
-        (**self).step_greedy(tokens)
+    fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+        (**self).step_pick(tokens, picks)
     }
 }
 
@@ -183,6 +184,46 @@ impl GenerationConfig {
     }
 }
 
+/// What choosing one row's next token takes: the row's sampler settings, its tokens so far and
+/// the sampler's draw for this token. A decoder that picks where its logits are
+/// ([`TokenDecoder::step_pick`]) gets one per row.
+#[derive(Debug, Clone, Copy)]
+pub struct RowPick<'a> {
+    /// Greedy or sampling.
+    pub sampling: Sampling,
+    /// HF's `repetition_penalty` (1.0 = off).
+    pub repetition_penalty: f32,
+    /// The row's tokens so far (prompt and generated), for the penalty.
+    pub history: &'a [u32],
+    /// The sampler's uniform draw in `[0, 1)` for this token (0 when greedy).
+    pub draw: f64,
+}
+
+impl<'a> RowPick<'a> {
+    /// A greedy pick without a penalty (what a finished row, whose token is not used, asks).
+    pub fn greedy(history: &'a [u32]) -> Self {
+        RowPick {
+            sampling: Sampling::Greedy,
+            repetition_penalty: 1.0,
+            history,
+            draw: 0.0,
+        }
+    }
+
+    /// Whether this pick is the argmax of the unpenalised logits.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.sampling == Sampling::Greedy && self.repetition_penalty == 1.0
+    }
+
+    /// The temperature when sampling.
+    pub fn temperature(&self) -> Option<f32> {
+        match self.sampling {
+            Sampling::Greedy => None,
+            Sampling::Sample { temperature, .. } => Some(temperature),
+        }
+    }
+}
+
 /// Picks next tokens from logits according to a [`GenerationConfig`].
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -201,75 +242,165 @@ impl Sampler {
     /// The next token for one row of `logits`, given the tokens of that row so far (prompt and
     /// generated) for the repetition penalty. `logits` is modified in place.
     pub fn pick(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32> {
-        if logits.is_empty() {
-            return Err(Error::InvalidInput("empty logits row".into()));
-        }
-        let penalty = self.config.repetition_penalty;
-        if penalty != 1.0 {
-            for &t in history {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
-                }
-            }
-        }
-        if logits.iter().any(|v| v.is_nan()) {
-            return Err(Error::Compute("the model produced NaN logits".into()));
-        }
-        match self.config.sampling {
-            Sampling::Greedy => Ok(argmax(logits)),
-            Sampling::Sample {
-                temperature,
-                top_k,
-                top_p,
-            } => Ok(self.sample(logits, temperature, top_k, top_p)),
-        }
+        let pick = self.next_pick(history);
+        pick_drawn(logits, &pick)
     }
 
-    fn sample(
-        &mut self,
-        logits: &[f32],
-        temperature: f32,
-        top_k: Option<usize>,
-        top_p: Option<f32>,
-    ) -> u32 {
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        // Most likely first; ties keep the lower id first.
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if let Some(k) = top_k {
-            order.truncate(k.max(1));
+    /// What the next pick of a row with `history` takes, drawing from the seeded generator when
+    /// sampling (as [`pick`](Self::pick) does): pass it to [`pick_drawn`] or
+    /// [`choose_among`].
+    pub fn next_pick<'a>(&mut self, history: &'a [u32]) -> RowPick<'a> {
+        let draw = match self.config.sampling {
+            Sampling::Greedy => 0.0,
+            Sampling::Sample { .. } => self.rng.random(),
+        };
+        self.drawn(history, draw)
+    }
+
+    /// The pick of a row with `history` whose draw was already made (`draw`).
+    pub fn drawn<'a>(&self, history: &'a [u32], draw: f64) -> RowPick<'a> {
+        RowPick {
+            sampling: self.config.sampling,
+            repetition_penalty: self.config.repetition_penalty,
+            history,
+            draw,
         }
-        let max = logits[order[0]] / temperature;
-        let mut probs: Vec<f64> = order
-            .iter()
-            .map(|&i| f64::from(logits[i] / temperature - max).exp())
-            .collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        if let Some(p) = top_p {
-            // Keep the smallest prefix whose mass reaches p (at least one token).
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
-                if acc >= f64::from(p) {
-                    keep = i + 1;
-                    break;
-                }
+    }
+}
+
+/// HF's repetition penalty on one row of logits: each distinct token of `history` once, its
+/// logit divided by `penalty` when positive and multiplied when negative.
+pub fn penalize(logits: &mut [f32], history: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    for t in penalized_tokens(history) {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
+        }
+    }
+}
+
+/// The distinct tokens of `history`, ascending: those the repetition penalty changes.
+pub fn penalized_tokens(history: &[u32]) -> Vec<u32> {
+    let mut tokens = history.to_vec();
+    tokens.sort_unstable();
+    tokens.dedup();
+    tokens
+}
+
+/// [`Sampler::pick`] after its draw: the penalty, the NaN check, then the choice.
+pub fn pick_drawn(logits: &mut [f32], pick: &RowPick<'_>) -> Result<u32> {
+    if logits.is_empty() {
+        return Err(Error::InvalidInput("empty logits row".into()));
+    }
+    penalize(logits, pick.history, pick.repetition_penalty);
+    if logits.iter().any(|v| v.is_nan()) {
+        return Err(Error::Compute("the model produced NaN logits".into()));
+    }
+    Ok(match pick.sampling {
+        Sampling::Greedy => argmax(logits),
+        Sampling::Sample {
+            temperature,
+            top_k,
+            top_p,
+        } => {
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            // Most likely first; ties keep the lower id first.
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            if let Some(k) = top_k {
+                order.truncate(k.max(1));
             }
-            probs.truncate(keep.max(1));
-            let total: f64 = probs.iter().sum();
-            probs.iter_mut().for_each(|q| *q /= total);
+            let values: Vec<f32> = order.iter().map(|&i| logits[i]).collect();
+            let at = sample_index(&values, values.len(), None, temperature, top_p, pick.draw)
+                .unwrap_or(values.len() - 1);
+            order[at] as u32
         }
-        let draw: f64 = self.rng.random();
+    })
+}
+
+/// [`pick_drawn`]'s choice from a row's most likely tokens alone: `top` holds the first
+/// `top.len()` `(token, penalised logit)` of the row in the sampler's order (largest first,
+/// ties by the lower token), `vocab` is the row's length and `total` the sum over the whole row
+/// of `exp(f64(logit / T − max / T))` (needed only when sampling keeps more tokens than `top`
+/// holds, and top-k keeps the whole row). The same token as [`pick_drawn`] on the whole row (bit
+/// for bit when `top` holds every kept token; otherwise up to the rounding of `total`), or
+/// `None` when `top` does not decide (the nucleus or the draw reaches past it, or top-k keeps
+/// more than `top` holds but not the whole row). A decoder that picks on its device uses it.
+pub fn choose_among(
+    top: &[(u32, f32)],
+    total: Option<f64>,
+    vocab: usize,
+    pick: &RowPick<'_>,
+) -> Option<u32> {
+    let first = top.first()?;
+    match pick.sampling {
+        Sampling::Greedy => Some(first.0),
+        Sampling::Sample {
+            temperature,
+            top_k,
+            top_p,
+        } => {
+            let kept = top_k.map_or(vocab, |k| k.clamp(1, vocab.max(1)));
+            // The row's total is the kept tokens' only when top-k keeps the whole row.
+            let total = total.filter(|_| kept == vocab);
+            let values: Vec<f32> = top.iter().take(kept).map(|t| t.1).collect();
+            let at = sample_index(&values, kept, total, temperature, top_p, pick.draw)?;
+            Some(top[at].0)
+        }
+    }
+}
+
+/// The sampler's draw among the `kept` most likely tokens: `values` are the logits of the first
+/// of them in order (all `kept`, or a prefix with `total`, the sum of `exp(v / T − max)` over
+/// all `kept`). Softmax at temperature `temperature`, then the smallest prefix whose mass
+/// reaches `top_p`, then the index where the cumulative mass passes `draw` (the last kept index
+/// when rounding leaves it short); `None` when a prefix cannot decide.
+fn sample_index(
+    values: &[f32],
+    kept: usize,
+    total: Option<f64>,
+    temperature: f32,
+    top_p: Option<f32>,
+    draw: f64,
+) -> Option<usize> {
+    let complete = values.len() >= kept;
+    let max = values.first()? / temperature;
+    let mut probs: Vec<f64> = values[..kept.min(values.len())]
+        .iter()
+        .map(|&v| f64::from(v / temperature - max).exp())
+        .collect();
+    let total: f64 = if complete { probs.iter().sum() } else { total? };
+    probs.iter_mut().for_each(|p| *p /= total);
+    let mut decided = complete;
+    if let Some(p) = top_p {
+        // Keep the smallest prefix whose mass reaches p (at least one token).
         let mut acc = 0.0;
+        let mut keep = None;
         for (i, q) in probs.iter().enumerate() {
             acc += q;
-            if draw < acc {
-                return order[i] as u32;
+            if acc >= f64::from(p) {
+                keep = Some(i + 1);
+                break;
             }
         }
-        order[probs.len() - 1] as u32
+        match keep {
+            Some(k) => probs.truncate(k.max(1)),
+            None if !complete => return None,
+            None => {}
+        }
+        decided = true;
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
     }
+    let mut acc = 0.0;
+    for (i, q) in probs.iter().enumerate() {
+        acc += q;
+        if draw < acc {
+            return Some(i);
+        }
+    }
+    decided.then(|| probs.len() - 1)
 }
 
 /// Index of the largest value (the first one on ties).
@@ -296,16 +427,9 @@ pub fn generate(
     config: &GenerationConfig,
     on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<Vec<Vec<u32>>> {
-    let mut sampler = Sampler::new(config.clone())?;
+    let mut sampler = [Sampler::new(config.clone())?];
     let limits = vec![config; prompts.len()];
-    run_rows(
-        decoder,
-        prompts,
-        &limits,
-        |_, logits, history| sampler.pick(logits, history),
-        on_token,
-        Stop::All,
-    )
+    run_rows(decoder, prompts, &limits, &mut sampler, on_token, Stop::All)
 }
 
 /// [`generate`] with a configuration per row (its own seeded sampler, token limit and stop
@@ -334,7 +458,7 @@ pub fn generate_each(
         decoder,
         prompts,
         &limits,
-        |row, logits, history| samplers[row].pick(logits, history),
+        &mut samplers,
         on_token,
         Stop::Row,
     )
@@ -514,13 +638,16 @@ enum Stop {
     Row,
 }
 
-/// The decoding loop of [`generate`] and [`generate_each`]: `pick(row, logits, history)` chooses
-/// each row's token; `limits[row]` gives its token limit and stop tokens.
+/// The decoding loop of [`generate`] and [`generate_each`]: `samplers` holds one sampler that
+/// draws for every row in turn, or one per row; `limits[row]` gives each row's token limit and
+/// stop tokens. After the prefill the decoder may pick each step's tokens itself
+/// ([`TokenDecoder::step_pick`], with the draws the samplers would make); when it cannot, the
+/// tokens are picked here from its logits with the same draws.
 fn run_rows(
     decoder: &mut dyn TokenDecoder,
     prompts: &[Vec<u32>],
     limits: &[&GenerationConfig],
-    mut pick: impl FnMut(usize, &mut [f32], &[u32]) -> Result<u32>,
+    samplers: &mut [Sampler],
     mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
     scope: Stop,
 ) -> Result<Vec<Vec<u32>>> {
@@ -532,19 +659,18 @@ fn run_rows(
             prompts.len()
         )));
     }
+    let shared = samplers.len() == 1;
     let mut history: Vec<Vec<u32>> = prompts.to_vec();
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
     let mut done: Vec<bool> = limits.iter().map(|c| c.max_new_tokens == 0).collect();
     if done.iter().all(|d| *d) {
         return Ok(out);
     }
-    // Every row greedy without a penalty: the decoder may pick on its device.
-    let device_greedy = limits
-        .iter()
-        .all(|c| c.sampling == Sampling::Greedy && c.repetition_penalty == 1.0);
     let mut logits = decoder.prefill()?;
     // The tokens the decoder picked itself in the last step, instead of `logits`.
     let mut picked: Option<Vec<u32>> = None;
+    // The draws of the last step's picks, when the decoder left them to the host.
+    let mut drawn: Option<Vec<f64>> = None;
     loop {
         match &picked {
             Some(tokens)
@@ -570,13 +696,18 @@ fn run_rows(
                 next.push(history[row].last().copied().unwrap_or(0));
                 continue;
             }
-            let token = match &picked {
-                Some(tokens) => tokens[row],
-                None => pick(
-                    row,
-                    &mut logits[row * vocab..(row + 1) * vocab],
-                    &history[row],
-                )?,
+            let sampler = &mut samplers[if shared { 0 } else { row }];
+            let token = match (&picked, &drawn) {
+                (Some(tokens), _) => tokens[row],
+                (None, draws) => {
+                    let row_logits = &mut logits[row * vocab..(row + 1) * vocab];
+                    match draws {
+                        Some(draws) => {
+                            pick_drawn(row_logits, &sampler.drawn(&history[row], draws[row]))?
+                        }
+                        None => sampler.pick(row_logits, &history[row])?,
+                    }
+                }
             };
             history[row].push(token);
             out[row].push(token);
@@ -595,13 +726,27 @@ fn run_rows(
         if stop || done.iter().all(|d| *d) {
             return Ok(out);
         }
-        picked = match device_greedy.then(|| decoder.step_greedy(&next)).flatten() {
-            Some(tokens) => Some(tokens?),
-            None => {
-                logits = decoder.step(&next)?;
-                None
+        // The next picks' draws, in row order (as picking here would draw them).
+        let picks: Vec<RowPick<'_>> = (0..batch)
+            .map(|row| {
+                if done[row] {
+                    RowPick::greedy(&history[row])
+                } else {
+                    samplers[if shared { 0 } else { row }].next_pick(&history[row])
+                }
+            })
+            .collect();
+        match decoder.step_pick(&next, &picks) {
+            Some(tokens) => {
+                picked = Some(tokens?);
+                drawn = None;
             }
-        };
+            None => {
+                drawn = Some(picks.iter().map(|p| p.draw).collect());
+                logits = decoder.step(&next)?;
+                picked = None;
+            }
+        }
     }
 }
 
@@ -695,65 +840,207 @@ mod tests {
         assert_eq!(streamed.len(), 4);
     }
 
-    /// A bigram decoder that picks greedy tokens itself, counting the steps it picked.
-    struct PicksItself(Bigram, usize);
+    /// A bigram decoder that picks tokens itself from its `top` most likely logits alone (as a
+    /// GPU decoder does), falling back to the whole row when they do not decide; counts the
+    /// steps it picked and the rows that fell back.
+    struct PicksItself {
+        inner: Bigram,
+        top: usize,
+        steps: usize,
+        fallbacks: usize,
+    }
+
+    fn picks_itself(last: Vec<u32>, top: usize) -> PicksItself {
+        PicksItself {
+            inner: bigram(last),
+            top,
+            steps: 0,
+            fallbacks: 0,
+        }
+    }
+
+    /// The sum of `exp(f64(v / t - max / t))` over `row`, what a device computes for
+    /// [`choose_among`].
+    fn total(row: &[f32], t: f32) -> f64 {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) / t;
+        row.iter().map(|&v| f64::from(v / t - max).exp()).sum()
+    }
+
+    /// The `top` most likely `(token, logit)` of `row`, in the sampler's order.
+    fn most_likely(row: &[f32], top: usize) -> Vec<(u32, f32)> {
+        let mut order: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        order.truncate(top);
+        order
+    }
 
     impl TokenDecoder for PicksItself {
         fn batch(&self) -> usize {
-            self.0.batch()
+            self.inner.batch()
         }
         fn vocab(&self) -> usize {
-            self.0.vocab()
+            self.inner.vocab()
         }
         fn prefill(&mut self) -> Result<Vec<f32>> {
-            self.0.prefill()
+            self.inner.prefill()
         }
         fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-            self.0.step(tokens)
+            self.inner.step(tokens)
         }
-        fn step_greedy(&mut self, tokens: &[u32]) -> Option<Result<Vec<u32>>> {
-            self.1 += 1;
-            let vocab = self.0.vocab();
-            Some(
-                self.0
-                    .step(tokens)
-                    .map(|l| l.chunks(vocab).map(argmax).collect()),
-            )
+        fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+            self.steps += 1;
+            let vocab = self.inner.vocab();
+            let logits = match self.inner.step(tokens) {
+                Ok(l) => l,
+                Err(e) => return Some(Err(e)),
+            };
+            let mut out = Vec::new();
+            for (row, pick) in logits.chunks(vocab).zip(picks) {
+                let mut row = row.to_vec();
+                penalize(&mut row, pick.history, pick.repetition_penalty);
+                let total = pick.temperature().map(|t| total(&row, t));
+                match choose_among(&most_likely(&row, self.top), total, vocab, pick) {
+                    Some(t) => out.push(t),
+                    None => {
+                        self.fallbacks += 1;
+                        let unpenalised = RowPick {
+                            repetition_penalty: 1.0,
+                            ..*pick
+                        };
+                        match pick_drawn(&mut row, &unpenalised) {
+                            Ok(t) => out.push(t),
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                }
+            }
+            Some(Ok(out))
         }
     }
 
     #[test]
-    fn decoders_that_pick_greedy_tokens_give_the_same_tokens() {
+    fn decoders_that_pick_tokens_give_the_same_tokens() {
         let prompts = [vec![0], vec![2]];
         let greedy = GenerationConfig {
             max_new_tokens: 5,
             stop_tokens: vec![3],
             ..Default::default()
         };
-        let on_host = generate(&mut bigram(vec![0, 2]), &prompts, &greedy, |_, _| {
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-        let mut itself = PicksItself(bigram(vec![0, 2]), 0);
-        let picked = generate(&mut itself, &prompts, &greedy, |_, _| {
-            ControlFlow::Continue(())
-        });
-        assert_eq!(picked.unwrap(), on_host);
-        assert_eq!(
-            itself.1, 2,
-            "every step after the prefill picked by the decoder"
-        );
-        // A penalty (or sampling) needs the logits: the decoder is not asked.
-        let penalized = GenerationConfig {
-            repetition_penalty: 1.5,
-            ..greedy
+        let sample = |top_k, top_p, penalty| GenerationConfig {
+            max_new_tokens: 40,
+            sampling: Sampling::Sample {
+                temperature: 0.7,
+                top_k,
+                top_p,
+            },
+            repetition_penalty: penalty,
+            seed: 11,
+            ..Default::default()
         };
-        let mut asked = PicksItself(bigram(vec![0, 2]), 0);
-        generate(&mut asked, &prompts, &penalized, |_, _| {
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-        assert_eq!(asked.1, 0);
+        let configs = [
+            greedy.clone(),
+            GenerationConfig {
+                repetition_penalty: 1.5,
+                ..greedy
+            },
+            sample(None, None, 1.0),
+            sample(Some(2), None, 1.3),
+            sample(Some(3), Some(0.6), 1.0),
+            sample(None, Some(0.9), 1.2),
+        ];
+        for config in &configs {
+            let on_host = generate(&mut bigram(vec![0, 2]), &prompts, config, |_, _| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            for top in [1, 2, 4] {
+                let mut itself = picks_itself(vec![0, 2], top);
+                let picked = generate(&mut itself, &prompts, config, |_, _| {
+                    ControlFlow::Continue(())
+                });
+                assert_eq!(picked.unwrap(), on_host, "{config:?}, top {top}");
+                assert_eq!(
+                    itself.steps,
+                    on_host.iter().map(Vec::len).max().unwrap() - 1,
+                    "every step after the prefill picked by the decoder"
+                );
+                if top == 4 {
+                    assert_eq!(itself.fallbacks, 0, "the whole row always decides");
+                }
+            }
+            let configs = vec![config.clone(), sample(Some(2), Some(0.5), 1.1)];
+            let alone = generate_each(&mut bigram(vec![0, 2]), &prompts, &configs, |_, _| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            let mut itself = picks_itself(vec![0, 2], 2);
+            let picked = generate_each(&mut itself, &prompts, &configs, |_, _| {
+                ControlFlow::Continue(())
+            });
+            assert_eq!(picked.unwrap(), alone, "{configs:?}");
+        }
+    }
+
+    /// `choose_among` on a row's most likely tokens is `pick_drawn` on the whole row whenever
+    /// it decides, and it decides whenever the prefix holds every kept token.
+    #[test]
+    fn choosing_among_the_most_likely_tokens_is_the_whole_rows_choice() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let vocab = 50;
+        let mut decided = 0;
+        for case in 0..3000 {
+            let spread = [0.5f32, 2.0, 6.0][case % 3];
+            let mut row: Vec<f32> = (0..vocab)
+                .map(|_| (rng.random::<f32>() - 0.5) * spread)
+                .collect();
+            // Ties, and a value repeated at a later index.
+            row[7] = row[3];
+            let top_k = [None, Some(1), Some(5), Some(20), Some(80)][case % 5];
+            let top_p = [None, Some(0.3), Some(0.9), Some(1.0)][case % 4];
+            let temperature = [0.3f32, 1.0, 2.5][(case / 7) % 3];
+            let pick = RowPick {
+                sampling: Sampling::Sample {
+                    temperature,
+                    top_k,
+                    top_p,
+                },
+                repetition_penalty: 1.0,
+                history: &[],
+                draw: rng.random(),
+            };
+            let want = pick_drawn(&mut row.clone(), &pick).unwrap();
+            let total = Some(total(&row, temperature));
+            for top in [1, 8, 20, vocab] {
+                let got = choose_among(&most_likely(&row, top), total, vocab, &pick);
+                let kept = top_k.map_or(vocab, |k| k.min(vocab));
+                if top >= kept {
+                    assert_eq!(got, Some(want), "case {case}, top {top}");
+                } else if let Some(got) = got {
+                    assert_eq!(got, want, "case {case}, top {top}");
+                    decided += 1;
+                }
+            }
+        }
+        assert!(decided > 500, "prefixes decide often: {decided}");
+        let greedy = RowPick::greedy(&[]);
+        assert_eq!(
+            choose_among(&[(4, 1.0), (2, 0.5)], None, 9, &greedy),
+            Some(4)
+        );
+        assert_eq!(choose_among(&[], None, 9, &greedy), None);
+    }
+
+    /// HF penalises each distinct token of the sequence once, however often it occurs.
+    #[test]
+    fn repetition_penalty_applies_once_per_token() {
+        let mut logits = vec![3.0, -2.0, 1.0];
+        penalize(&mut logits, &[0, 1, 0, 0, 1], 2.0);
+        assert_eq!(logits, vec![1.5, -4.0, 1.0]);
+        assert_eq!(penalized_tokens(&[5, 1, 5, 2, 1]), vec![1, 2, 5]);
     }
 
     #[test]

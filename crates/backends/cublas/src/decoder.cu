@@ -133,6 +133,116 @@ extern "C" __global__ void argmax_rows(const T* logits, int vocab, int* out) {
     if (t == 0) out[blockIdx.x] = nan[0] ? -1 : (index[0] == 0x7fffffff ? 0 : index[0]);
 }
 
+// Sampling on the device: each row's SAMPLE_TOP most likely tokens (and, when asked, the sum of
+// its softmax's numerators), so the host chooses a token from a few values instead of the row.
+// A value's key orders rows as the host's sampler does (`total_cmp`, largest first, then the
+// lower index): sorting keys ascending puts the most likely first.
+#define SAMPLE_THREADS 512
+#define SAMPLE_CHUNK 4096
+#define SAMPLE_TOP 64
+__device__ __forceinline__ unsigned long long sample_key(float v, int i) {
+    unsigned b = __float_as_uint(v);
+    unsigned u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // ascending total order
+    return ((unsigned long long)(~u) << 32) | (unsigned)i;
+}
+__device__ __forceinline__ float sample_value(unsigned long long key) {
+    unsigned u = ~(unsigned)(key >> 32);
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+// Bitonic sort of n (a power of two) keys in shared memory, ascending, by the whole block.
+__device__ void sort_keys(unsigned long long* keys, int n) {
+    for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                unsigned long long a = keys[lo], b = keys[hi];
+                if ((a > b) == ((lo & size) == 0)) keys[lo] = b, keys[hi] = a;
+            }
+        }
+    __syncthreads();
+}
+
+// Grid (chunks, rows), SAMPLE_THREADS threads: block (c, r) takes columns [c, c + 1) ×
+// SAMPLE_CHUNK of row r of `logits` [rows, vocab] in f32, applies the row's repetition penalty
+// (`penalties[r]`, to the distinct tokens `tokens[offsets[r] .. offsets[r + 1]]`: divided when
+// positive, multiplied when negative, in f32 as the host does), writes the values to `scores`
+// [rows, vocab], and its SAMPLE_TOP largest keys to `top` [rows, chunks, SAMPLE_TOP] (the keys
+// past the row's end sort last); `nan[r * chunks + c]` says whether the chunk held NaN.
+extern "C" __global__ void sample_chunks(const T* logits, int vocab, const int* offsets,
+                                         const int* tokens, const float* penalties,
+                                         float* scores, unsigned long long* top, int* nan) {
+    __shared__ unsigned long long keys[SAMPLE_CHUNK];
+    __shared__ int seen_nan;
+    int row = blockIdx.y, chunks = gridDim.x, base = blockIdx.x * SAMPLE_CHUNK;
+    size_t at = (size_t)row * vocab;
+    if (threadIdx.x == 0) seen_nan = 0;
+    for (int i = threadIdx.x; i < SAMPLE_CHUNK; i += blockDim.x)
+        keys[i] = base + i < vocab ? __float_as_uint(ld(logits[at + base + i])) : 0u;
+    __syncthreads();
+    float p = penalties[row];
+    if (p != 1.f)
+        for (int j = offsets[row] + threadIdx.x; j < offsets[row + 1]; j += blockDim.x) {
+            int c = tokens[j] - base;
+            if (c < 0 || c >= SAMPLE_CHUNK || base + c >= vocab) continue;
+            float v = __uint_as_float((unsigned)keys[c]);
+            keys[c] = __float_as_uint(v < 0.f ? v * p : v / p);
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < SAMPLE_CHUNK; i += blockDim.x) {
+        if (base + i >= vocab) {
+            keys[i] = ~0ull;
+            continue;
+        }
+        float v = __uint_as_float((unsigned)keys[i]);
+        scores[at + base + i] = v;
+        if (v != v) seen_nan = 1;
+        keys[i] = sample_key(v, base + i);
+    }
+    sort_keys(keys, SAMPLE_CHUNK);
+    unsigned long long* out = top + ((size_t)row * chunks + blockIdx.x) * SAMPLE_TOP;
+    for (int j = threadIdx.x; j < SAMPLE_TOP; j += blockDim.x) out[j] = keys[j];
+    if (threadIdx.x == 0) nan[row * chunks + blockIdx.x] = seen_nan;
+}
+
+// Grid (rows), SAMPLE_THREADS threads, after sample_chunks: row r's SAMPLE_TOP largest keys of
+// its `chunks` (chunks × SAMPLE_TOP ≤ SAMPLE_CHUNK) to out[r * (SAMPLE_TOP + 2) ...], then the
+// sum over the row of exp(f64(v / t − max / t)) as a double's bits when `temperatures[r]` = t
+// > 0 (0 otherwise), then 1 when the row holds NaN.
+extern "C" __global__ void sample_merge(const unsigned long long* top, const int* nan,
+                                        int chunks, const float* scores, int vocab,
+                                        const float* temperatures, unsigned long long* out) {
+    __shared__ unsigned long long keys[SAMPLE_CHUNK];
+    __shared__ double partial[SAMPLE_THREADS];
+    int row = blockIdx.x, n = chunks * SAMPLE_TOP, size = 1;
+    while (size < n) size <<= 1;
+    for (int i = threadIdx.x; i < size; i += blockDim.x)
+        keys[i] = i < n ? top[(size_t)row * n + i] : ~0ull;
+    sort_keys(keys, size);
+    unsigned long long* o = out + (size_t)row * (SAMPLE_TOP + 2);
+    for (int j = threadIdx.x; j < SAMPLE_TOP; j += blockDim.x) o[j] = keys[j];
+    float t = temperatures[row];
+    double s = 0.0;
+    if (t > 0.f) {
+        float max = __fdiv_rn(sample_value(keys[0]), t);
+        const float* r = scores + (size_t)row * vocab;
+        for (int c = threadIdx.x; c < vocab; c += blockDim.x)
+            s += exp((double)__fsub_rn(__fdiv_rn(r[c], t), max));
+    }
+    partial[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int any = 0;
+        for (int c = 0; c < chunks; ++c) any |= nan[row * chunks + c];
+        o[SAMPLE_TOP] = (unsigned long long)__double_as_longlong(partial[0]);
+        o[SAMPLE_TOP + 1] = (unsigned long long)any;
+    }
+}
+
 // The MLP's middle. Gated: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
 // gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise. Plain
 // (`gated` 0): out[r, c] = act(up + bias), `gu` and `bias` holding the up projection's `inter`

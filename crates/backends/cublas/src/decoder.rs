@@ -73,6 +73,9 @@ struct Kernels {
     add_positions: CudaFunction,
     mlp_act: CudaFunction,
     argmax_rows: CudaFunction,
+    /// Sampling on the device: a row's most likely tokens per chunk, then per row.
+    sample_chunks: CudaFunction,
+    sample_merge: CudaFunction,
     rope_split: CudaFunction,
     cached_attention: CudaFunction,
     /// `cached_attention` reading single values (heads that are not a whole number of packs).
@@ -284,13 +287,15 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 16] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 18] = [
     "gather_rows",
     "append_mask",
     "residual_norm",
     "add_positions",
     "mlp_act",
     "argmax_rows",
+    "sample_chunks",
+    "sample_merge",
     "rope_split",
     "cached_attention",
     "cached_attention_scalar",
@@ -317,6 +322,51 @@ fn arg_or_null<'a, T>(args: &mut LaunchArgs<'a>, value: Option<&'a CudaSlice<T>>
 
 /// Threads of `argmax_rows` (`ARGMAX_THREADS` in decoder.cu).
 const ARGMAX_THREADS: u32 = 256;
+
+/// Threads, columns per block and tokens kept per row of `sample_chunks` / `sample_merge`
+/// (`SAMPLE_THREADS`, `SAMPLE_CHUNK`, `SAMPLE_TOP` in decoder.cu).
+const SAMPLE_THREADS: u32 = 512;
+const SAMPLE_CHUNK: usize = 4096;
+/// How many of a row's most likely tokens [`DecodeSession::forward_top`] returns.
+pub const TOP_TOKENS: usize = 64;
+
+/// The largest vocabulary [`DecodeSession::forward_top`] takes: its merge sorts every chunk's
+/// [`TOP_TOKENS`] in one block's shared memory.
+pub const MAX_TOP_VOCAB: usize = SAMPLE_CHUNK / TOP_TOKENS * SAMPLE_CHUNK;
+
+/// What the device prepares for choosing one row's next token ([`DecodeSession::forward_top`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TopRequest<'a> {
+    /// The repetition penalty (1.0 = none): each of `penalized` is divided by it when positive
+    /// and multiplied when negative, in f32.
+    pub penalty: f32,
+    /// The distinct tokens the penalty applies to.
+    pub penalized: &'a [u32],
+    /// The temperature `t` of a row whose total the host needs: the sum over the row of
+    /// `exp(f64(v / t − max / t))` (each quotient and difference in f32).
+    pub total_at: Option<f32>,
+}
+
+/// One row's most likely tokens after its penalty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopTokens {
+    /// Up to [`TOP_TOKENS`] `(token, penalised logit)`, the largest first (`total_cmp`), ties
+    /// by the lower token.
+    pub top: Vec<(u32, f32)>,
+    /// The row's total, when [`TopRequest::total_at`] asked for it.
+    pub total: Option<f64>,
+}
+
+/// The inverse of decoder.cu's `sample_key`: the token and value a key holds.
+pub(crate) fn top_entry(key: u64) -> (u32, f32) {
+    let u = !((key >> 32) as u32);
+    let bits = if u & 0x8000_0000 != 0 {
+        u & 0x7fff_ffff
+    } else {
+        !u
+    };
+    (key as u32, f32::from_bits(bits))
+}
 
 /// Set to `0` / `off` to run every product of the decoder on cuBLAS, or to a number of rows
 /// (1 to 8) up to which products run on the engine's own GEMV kernel (default: 8 for a model that
@@ -744,6 +794,8 @@ pub struct State<T> {
     step: Option<StepGraph<T>>,
     /// Whether steps replay a CUDA graph ([`GRAPHS_ENV`]; off after a capture fails).
     graphs: bool,
+    /// The penalised f32 logits `[batch, vocab]` of the last [`Decoder::forward_top`].
+    scores: Option<CudaSlice<f32>>,
 }
 
 /// Set to `0` / `off` to run every decoding step as separate launches instead of replaying a
@@ -835,6 +887,8 @@ where
             add_positions: named("add_positions")?,
             mlp_act: named("mlp_act")?,
             argmax_rows: named("argmax_rows")?,
+            sample_chunks: named("sample_chunks")?,
+            sample_merge: named("sample_merge")?,
             rope_split: named("rope_split")?,
             cached_attention: named("cached_attention")?,
             cached_attention_scalar: named("cached_attention_scalar")?,
@@ -1156,6 +1210,7 @@ where
             past: 0,
             step: None,
             graphs: !switched_off(GRAPHS_ENV),
+            scores: None,
         })
     }
 
@@ -1534,6 +1589,146 @@ where
                     .map_err(|_| EngineError::Numeric("the model produced NaN logits".into()))
             })
             .collect()
+    }
+
+    /// [`Decoder::forward`] of the last column, with each row's most likely tokens after its
+    /// repetition penalty (and its softmax total when asked) instead of the logits; the
+    /// penalised logits stay on the device for [`Decoder::scores`]. NaN logits are an error.
+    pub fn forward_top(
+        &self,
+        state: &mut State<T>,
+        columns: &Columns<'_>,
+        new: usize,
+        rows: &[TopRequest<'_>],
+    ) -> Result<Vec<TopTokens>, EngineError> {
+        let batch = state.cache.batch;
+        if rows.len() != batch {
+            return Err(EngineError::Input(format!(
+                "{} sampling requests for a batch of {batch}",
+                rows.len()
+            )));
+        }
+        state.scores = None;
+        let (top, scores) = self.compute(state, columns, new, LogitsOf::Last, |logits| {
+            self.top_tokens(logits, rows)
+        })?;
+        state.scores = Some(scores);
+        Ok(top)
+    }
+
+    /// Row `row` of the penalised logits of the last [`Decoder::forward_top`].
+    pub fn scores(&self, state: &State<T>, row: usize) -> Result<Vec<f32>, EngineError> {
+        let scores = state
+            .scores
+            .as_ref()
+            .ok_or_else(|| EngineError::Input("no sampled step to read scores of".into()))?;
+        let batch = state.cache.batch;
+        if row >= batch {
+            return Err(EngineError::Input(format!(
+                "row {row} of a batch of {batch}"
+            )));
+        }
+        let vocab = scores.len() / batch;
+        Ok(self
+            .stream
+            .clone_dtoh(&scores.slice(row * vocab..(row + 1) * vocab))?)
+    }
+
+    /// `sample_chunks` and `sample_merge` over `logits` `[rows, vocab]`: each row's most likely
+    /// tokens and the penalised logits.
+    fn top_tokens(
+        &self,
+        logits: &CudaSlice<T>,
+        rows: &[TopRequest<'_>],
+    ) -> Result<(Vec<TopTokens>, CudaSlice<f32>), EngineError> {
+        let n = rows.len();
+        let vocab = logits.len() / n.max(1);
+        if vocab > MAX_TOP_VOCAB {
+            return Err(EngineError::Input(format!(
+                "a vocabulary of {vocab} (sampling on the device takes up to {MAX_TOP_VOCAB})"
+            )));
+        }
+        let chunks = vocab.div_ceil(SAMPLE_CHUNK);
+        // offsets (n + 1), then the penalised tokens; penalties (n), then temperatures (n).
+        let mut ints: Vec<i32> = Vec::with_capacity(n + 1);
+        ints.push(0);
+        for r in rows {
+            let last = ints[ints.len() - 1];
+            ints.push(last + r.penalized.len() as i32);
+        }
+        ints.extend(
+            rows.iter()
+                .flat_map(|r| r.penalized.iter().map(|&t| t as i32)),
+        );
+        let floats: Vec<f32> = rows
+            .iter()
+            .map(|r| r.penalty)
+            .chain(rows.iter().map(|r| r.total_at.unwrap_or(0.0)))
+            .collect();
+        let s = &self.stream;
+        let ints_d = s.clone_htod(&ints)?;
+        let floats_d = s.clone_htod(&floats)?;
+        let what = |part: &'static str| move || format!("{part} of sampling {n} rows of {vocab}");
+        // SAFETY: every element is written by the launches below before it is read.
+        let (mut scores, mut top, mut nan, mut out) = unsafe {
+            (
+                device_buffer::<f32>(s, n * vocab, what("the scores"))?,
+                device_buffer::<u64>(s, n * chunks * TOP_TOKENS, what("the chunks' tokens"))?,
+                device_buffer::<i32>(s, n * chunks, what("the NaN flags"))?,
+                device_buffer::<u64>(s, n * (TOP_TOKENS + 2), what("the tokens"))?,
+            )
+        };
+        let (vocab_i, chunks_i) = (vocab as i32, chunks as i32);
+        let (offsets, tokens) = (ints_d.slice(..n + 1), ints_d.slice(n + 1..));
+        let (penalties, temperatures) = (floats_d.slice(..n), floats_d.slice(n..));
+        let block = |grid: (u32, u32, u32)| LaunchConfig {
+            grid_dim: grid,
+            block_dim: (SAMPLE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `sample_chunks` (decoder.cu) over `n` rows of `vocab` in `chunks` blocks of
+        // SAMPLE_CHUNK each; `offsets` has n + 1 entries bounding `tokens`; `scores`, `top`
+        // and `nan` hold n × vocab, n × chunks × TOP_TOKENS and n × chunks values. Then
+        // `sample_merge` over the same, `out` holding n × (TOP_TOKENS + 2) values.
+        unsafe {
+            s.launch_builder(&self.kernels.sample_chunks)
+                .arg(logits)
+                .arg(&vocab_i)
+                .arg(&offsets)
+                .arg(&tokens)
+                .arg(&penalties)
+                .arg(&mut scores)
+                .arg(&mut top)
+                .arg(&mut nan)
+                .launch(block((chunks as u32, n as u32, 1)))?;
+            s.launch_builder(&self.kernels.sample_merge)
+                .arg(&top)
+                .arg(&nan)
+                .arg(&chunks_i)
+                .arg(&scores)
+                .arg(&vocab_i)
+                .arg(&temperatures)
+                .arg(&mut out)
+                .launch(block((n as u32, 1, 1)))?;
+        }
+        let host = s.clone_dtoh(&out)?;
+        let picked = host
+            .chunks(TOP_TOKENS + 2)
+            .zip(rows)
+            .map(|(row, request)| {
+                if row[TOP_TOKENS + 1] != 0 {
+                    return Err(EngineError::Numeric("the model produced NaN logits".into()));
+                }
+                Ok(TopTokens {
+                    top: row[..TOP_TOKENS.min(vocab)]
+                        .iter()
+                        .map(|&k| top_entry(k))
+                        .collect(),
+                    total: request.total_at.map(|_| f64::from_bits(row[TOP_TOKENS])),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((picked, scores))
     }
 
     /// Runs the columns as [`Decoder::forward`] does and hands the logits on the device to
@@ -2194,6 +2389,14 @@ trait AnyDecoder: Send + Sync {
         columns: &Columns<'_>,
         new: usize,
     ) -> Result<Vec<u32>, EngineError>;
+    fn forward_top(
+        &self,
+        state: &mut (dyn Any + Send),
+        columns: &Columns<'_>,
+        new: usize,
+        rows: &[TopRequest<'_>],
+    ) -> Result<Vec<TopTokens>, EngineError>;
+    fn scores(&self, state: &mut (dyn Any + Send), row: usize) -> Result<Vec<f32>, EngineError>;
 }
 
 impl<T: Elem> AnyDecoder for Decoder<T>
@@ -2234,6 +2437,20 @@ where
         new: usize,
     ) -> Result<Vec<u32>, EngineError> {
         Decoder::forward_argmax(self, own_state(state)?, columns, new)
+    }
+
+    fn forward_top(
+        &self,
+        state: &mut (dyn Any + Send),
+        columns: &Columns<'_>,
+        new: usize,
+        rows: &[TopRequest<'_>],
+    ) -> Result<Vec<TopTokens>, EngineError> {
+        Decoder::forward_top(self, own_state(state)?, columns, new, rows)
+    }
+
+    fn scores(&self, state: &mut (dyn Any + Send), row: usize) -> Result<Vec<f32>, EngineError> {
+        Decoder::scores(self, own_state(state)?, row)
     }
 }
 
@@ -2365,6 +2582,28 @@ impl DecodeSession<'_> {
         self.engine
             .inner
             .forward_argmax(self.state.as_mut(), columns, new)
+    }
+
+    /// Runs `new` columns per row and returns each row's [`TOP_TOKENS`] most likely next tokens
+    /// after its repetition penalty, chosen on the device (with the row's softmax total where
+    /// `rows[r].total_at` asks), for the host to sample from; the penalised logits stay on the
+    /// device for [`scores`](Self::scores). Vocabularies up to [`MAX_TOP_VOCAB`]; NaN logits are
+    /// an error.
+    pub fn forward_top(
+        &mut self,
+        columns: &Columns<'_>,
+        new: usize,
+        rows: &[TopRequest<'_>],
+    ) -> Result<Vec<TopTokens>, EngineError> {
+        self.engine
+            .inner
+            .forward_top(self.state.as_mut(), columns, new, rows)
+    }
+
+    /// Row `row` of the penalised logits of the last [`forward_top`](Self::forward_top) (for a
+    /// choice its most likely tokens do not decide).
+    pub fn scores(&mut self, row: usize) -> Result<Vec<f32>, EngineError> {
+        self.engine.inner.scores(self.state.as_mut(), row)
     }
 }
 

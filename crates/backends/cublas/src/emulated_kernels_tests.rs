@@ -158,6 +158,14 @@ fn softmax_over(row: &[f32], visible: &[usize], len: usize) -> Vec<f64> {
 
 /// Runs the harness on `input`; its output as f32 values.
 fn run(exe: &Path, input: &[u8], what: &str) -> Vec<f32> {
+    run_raw(exe, input, what)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// The bytes a harness writes for `input`.
+fn run_raw(exe: &Path, input: &[u8], what: &str) -> Vec<u8> {
     let mut child = Command::new(exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -166,11 +174,7 @@ fn run(exe: &Path, input: &[u8], what: &str) -> Vec<f32> {
     std::io::Write::write_all(child.stdin.as_mut().unwrap(), input).unwrap();
     let result = child.wait_with_output().unwrap();
     assert!(result.status.success(), "{what}: {}", result.status);
-    result
-        .stdout
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    result.stdout
 }
 
 /// Asserts that a kernel's `a` is within 1e-5 (relative, plus 1e-5 absolute) of the definition's
@@ -1195,6 +1199,153 @@ fn argmax_rows_picks_the_first_largest_value() {
         .collect();
     assert_eq!(got, want);
     assert_eq!(got[0], 300.0);
+}
+
+const SAMPLE_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(3);  // rows, vocab, penalised tokens in all
+    int rows = d[0], vocab = d[1], n_tokens = d[2];
+    int* offsets = take<int>(rows + 1);
+    int* tokens = take<int>(n_tokens);
+    float* penalties = take<float>(rows);
+    float* temperatures = take<float>(rows);
+    T* logits = to_t(take<float>((size_t)rows * vocab), (size_t)rows * vocab);
+    int chunks = (vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    float* scores = (float*)calloc((size_t)rows * vocab, sizeof(float));
+    unsigned long long* top =
+        (unsigned long long*)calloc((size_t)rows * chunks * SAMPLE_TOP, sizeof(unsigned long long));
+    int* nan = (int*)calloc((size_t)rows * chunks, sizeof(int));
+    size_t n_out = (size_t)rows * (SAMPLE_TOP + 2);
+    unsigned long long* out = (unsigned long long*)calloc(n_out, sizeof(unsigned long long));
+    emu_launch({(unsigned)chunks, (unsigned)rows, 1}, {SAMPLE_THREADS, 1, 1}, [&] {
+        sample_chunks(logits, vocab, offsets, tokens, penalties, scores, top, nan);
+    });
+    emu_launch({(unsigned)rows, 1, 1}, {SAMPLE_THREADS, 1, 1},
+               [&] { sample_merge(top, nan, chunks, scores, vocab, temperatures, out); });
+    fwrite(out, sizeof(unsigned long long), n_out, stdout);
+    fwrite(scores, sizeof(float), (size_t)rows * vocab, stdout);
+    return 0;
+}
+"#;
+
+/// Sampling's `sample_chunks` + `sample_merge` against the host sampler's definitions: the
+/// penalty on each listed token once (in f32), the 64 most likely tokens in `total_cmp` order
+/// with ties by the lower token (across chunks, at chunk edges, -0.0 after +0.0), the softmax
+/// total in f64, and a row with NaN flagged.
+#[test]
+fn sample_kernels_keep_the_hosts_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<f32>(dir.path(), SAMPLE_HARNESS) else {
+        return;
+    };
+    let vocab = 9000usize; // three chunks, the last one partial
+    let mut rng = Rng(0x5a3b_1e00_7777_0101);
+    let mut rows: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(vocab, 8.0, 0.0)).collect();
+    // Ties across chunks and threads; signed zeros; a maximum at a chunk's edge.
+    for c in [4095, 4096, 100, 8999] {
+        rows[0][c] = 5.0;
+    }
+    rows[1].iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+    rows[1][10] = 0.0;
+    rows[1][11] = -0.0;
+    rows[1][12] = 0.0;
+    rows[3][6000] = f32::NAN;
+    let penalised: Vec<Vec<u32>> = vec![vec![100, 4095, 4096, 7000], vec![], vec![3, 8999], vec![]];
+    let penalties = [1.7f32, 1.0, 0.5, 1.3];
+    let temperatures = [0.8f32, 0.0, 1.5, 1.0];
+    let mut input = Vec::new();
+    let total_tokens: usize = penalised.iter().map(Vec::len).sum();
+    for v in [rows.len(), vocab, total_tokens] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    let mut offset = 0i32;
+    input.extend(offset.to_le_bytes());
+    for p in &penalised {
+        offset += p.len() as i32;
+        input.extend(offset.to_le_bytes());
+    }
+    for t in penalised.iter().flatten() {
+        input.extend((*t as i32).to_le_bytes());
+    }
+    for v in penalties
+        .iter()
+        .chain(&temperatures)
+        .chain(rows.iter().flatten())
+    {
+        input.extend(v.to_le_bytes());
+    }
+    let raw = run_raw(&exe, &input, "sample kernels");
+    let per_row = crate::decoder::TOP_TOKENS + 2;
+    let (keys, scores) = raw.split_at(rows.len() * per_row * 8);
+    let keys: Vec<u64> = keys
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let scores: Vec<f32> = scores
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    for (r, row) in rows.iter().enumerate() {
+        let got = &keys[r * per_row..(r + 1) * per_row];
+        let mut want = row.clone();
+        for &t in &penalised[r] {
+            let l = &mut want[t as usize];
+            *l = if *l < 0.0 {
+                *l * penalties[r]
+            } else {
+                *l / penalties[r]
+            };
+        }
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same(&scores[r * vocab..(r + 1) * vocab], &want),
+            "row {r}'s scores"
+        );
+        if r == 3 {
+            assert_eq!(got[per_row - 1], 1, "the NaN row is flagged");
+            continue;
+        }
+        assert_eq!(got[per_row - 1], 0, "row {r} has no NaN");
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| want[b].total_cmp(&want[a]).then(a.cmp(&b)));
+        let top: Vec<(u32, f32)> = got[..per_row - 2]
+            .iter()
+            .map(|&k| crate::decoder::top_entry(k))
+            .collect();
+        let expected: Vec<(u32, f32)> = order[..per_row - 2]
+            .iter()
+            .map(|&i| (i as u32, want[i]))
+            .collect();
+        assert_eq!(top.len(), expected.len());
+        for (g, e) in top.iter().zip(&expected) {
+            assert!(
+                g.0 == e.0 && g.1.to_bits() == e.1.to_bits(),
+                "row {r}: {g:?} against {e:?}"
+            );
+        }
+        let total = f64::from_bits(got[per_row - 2]);
+        if temperatures[r] > 0.0 {
+            let t = temperatures[r];
+            let max = want[order[0]] / t;
+            let sum: f64 = want.iter().map(|&v| f64::from(v / t - max).exp()).sum();
+            assert!(
+                (total - sum).abs() <= 1e-12 * sum,
+                "row {r}: {total} against {sum}"
+            );
+        } else {
+            assert_eq!(total, 0.0);
+        }
+    }
+    // Row 0: the unpenalised maximum in the last column (the others' ties were penalised).
+    assert_eq!(crate::decoder::top_entry(keys[0]).0, 8999);
+    assert_eq!(
+        (
+            crate::decoder::top_entry(keys[per_row]).0,
+            crate::decoder::top_entry(keys[per_row + 1]).0
+        ),
+        (10, 12),
+        "+0.0 before -0.0"
+    );
 }
 
 const PADDED_SOFTMAX_HARNESS: &str = r#"

@@ -99,6 +99,11 @@ static inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* row, bool 
 using std::max;
 using std::min;
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline long long __double_as_longlong(double d) { long long l; memcpy(&l, &d, 8); return l; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define __device__
 #define __global__

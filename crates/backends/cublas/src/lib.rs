@@ -47,7 +47,7 @@ mod runner;
 
 pub use decoder::{
     check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, EncoderStates,
-    LogitsOf, BLOCK_FORMATS,
+    LogitsOf, TopRequest, TopTokens, BLOCK_FORMATS, MAX_TOP_VOCAB, TOP_TOKENS,
 };
 pub use engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
 pub use runner::EncoderRunner;
