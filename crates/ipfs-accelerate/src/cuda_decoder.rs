@@ -12,7 +12,9 @@ use ipfs_accelerate_core::{
 use ipfs_accelerate_llama::{
     left_padded, run_causal_lm, ForwardInputs, LeftPadded, LlamaConfig, TextGeneration,
 };
-use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
+use ipfs_accelerate_nn::generate::{
+    generate, generate_continuous, GenerationConfig, RowDecoder, RowRequest, TokenDecoder,
+};
 use ipfs_accelerate_nn::WeightQuantization;
 
 use crate::cuda_tokens::{EngineTokens, Prompt, CUDA_DECODER_ENV};
@@ -173,5 +175,177 @@ impl TextGeneration for CudaDecoder {
         let max_new = configs.iter().map(|c| c.max_new_tokens).max().unwrap_or(0);
         let mut decoder = self.decoder(prompts, max_new)?;
         ipfs_accelerate_nn::generate::generate_each(&mut decoder, prompts, configs, on_token)
+    }
+
+    fn joins_running_batches(&self) -> bool {
+        true
+    }
+
+    /// Continuous batching on the engine ([`EngineRows`]).
+    fn generate_continuous(
+        &self,
+        first: Vec<RowRequest>,
+        max_rows: usize,
+        admit: &mut dyn FnMut(usize) -> Vec<RowRequest>,
+        on_token: &mut dyn FnMut(usize, u32) -> ControlFlow<()>,
+        on_done: &mut dyn FnMut(usize, Result<Vec<u32>>),
+    ) -> Result<()> {
+        let mut rows = EngineRows {
+            model: self,
+            histories: first.iter().map(|r| r.prompt.clone()).collect(),
+            session: None,
+        };
+        generate_continuous(&mut rows, first, max_rows, admit, on_token, on_done)
+    }
+}
+
+/// The fewest free columns a rebuilt cache gets (it gets as many as its rows' longest history
+/// when that is more, so a long generation rebuilds a logarithmic number of times).
+const MIN_ROOM: usize = 64;
+
+/// The session of [`EngineRows`]: its decoder, whether each of its rows holds a running request
+/// (false: one that finished), and its cache's columns in use and in all.
+struct RowSession<'e> {
+    tokens: EngineTokens<'e>,
+    alive: Vec<bool>,
+    columns: usize,
+    capacity: usize,
+}
+
+/// Continuous batching on the cuBLAS decoder: a [`RowDecoder`] whose rows are whole requests.
+/// The engine's KV cache holds one batch with one column count, so a request that joins, a cache
+/// that is full, or a batch with more finished rows than running ones **rebuilds** it: the
+/// running requests' histories (prompt and tokens so far) are prefilled again together, left
+/// padded, in one pass. Between rebuilds every step is the session's ordinary (graph-replayed)
+/// decoding step; finished rows ride along until the next rebuild drops them. Each request gets
+/// the tokens it gets alone, up to the rounding of a batched product.
+struct EngineRows<'e> {
+    model: &'e CudaDecoder,
+    /// Each running request's tokens so far, in batch order.
+    histories: Vec<Vec<u32>>,
+    session: Option<RowSession<'e>>,
+}
+
+impl<'e> EngineRows<'e> {
+    /// A session over `histories`, prefilled: the logits of each one's next token.
+    fn rebuild(&self, histories: &[Vec<u32>]) -> Result<(RowSession<'e>, Vec<f32>)> {
+        let len = histories.iter().map(Vec::len).max().unwrap_or(0);
+        let capacity = (len + len.max(MIN_ROOM)).min(self.model.engine.max_positions().max(len));
+        let mut tokens = self.model.decoder(histories, capacity - len)?;
+        let logits = tokens.prefill()?;
+        let session = RowSession {
+            tokens,
+            alive: vec![true; histories.len()],
+            columns: len,
+            capacity,
+        };
+        Ok((session, logits))
+    }
+}
+
+impl TokenDecoder for EngineRows<'_> {
+    fn batch(&self) -> usize {
+        self.histories.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.engine.vocab()
+    }
+
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        let (session, logits) = self.rebuild(&self.histories)?;
+        self.session = Some(session);
+        Ok(logits)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.len() != self.histories.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} tokens for {} running requests",
+                tokens.len(),
+                self.histories.len()
+            )));
+        }
+        for (history, &t) in self.histories.iter_mut().zip(tokens) {
+            history.push(t);
+        }
+        let live = self.histories.len();
+        let steps_in_place = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.columns < s.capacity && s.alive.len() - live <= live);
+        if !steps_in_place {
+            let (session, logits) = self.rebuild(&self.histories)?;
+            self.session = Some(session);
+            return Ok(logits);
+        }
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::InvalidInput("step called before prefill".into()));
+        };
+        // Finished rows are fed token 0 (their logits are dropped).
+        let mut next = tokens.iter();
+        let fed: Vec<u32> = session
+            .alive
+            .iter()
+            .map(|&a| {
+                if a {
+                    next.next().copied().unwrap_or(0)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let logits = session.tokens.step(&fed)?;
+        session.columns += 1;
+        let vocab = self.model.engine.vocab();
+        Ok(logits
+            .chunks(vocab.max(1))
+            .zip(&session.alive)
+            .filter(|(_, &a)| a)
+            .flat_map(|(row, _)| row.iter().copied())
+            .collect())
+    }
+}
+
+impl RowDecoder for EngineRows<'_> {
+    fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
+        if prompts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut all = self.histories.clone();
+        all.extend(prompts.iter().cloned());
+        // The running batch stays as it is until the new session is prefilled.
+        let (session, logits) = self.rebuild(&all)?;
+        let vocab = self.model.engine.vocab();
+        let joined = logits[self.histories.len() * vocab..].to_vec();
+        self.histories = all;
+        self.session = Some(session);
+        Ok(joined)
+    }
+
+    fn retain(&mut self, keep: &[usize]) -> Result<()> {
+        let live = self.histories.len();
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&k| k >= live) {
+            return Err(Error::InvalidInput(format!(
+                "rows {keep:?} to keep of {live} (ascending, below the batch)"
+            )));
+        }
+        if let Some(session) = self.session.as_mut() {
+            let mut row = 0;
+            for alive in session.alive.iter_mut().filter(|a| **a) {
+                *alive = keep.binary_search(&row).is_ok();
+                row += 1;
+            }
+        }
+        let mut row = 0;
+        self.histories.retain(|_| {
+            row += 1;
+            keep.binary_search(&(row - 1)).is_ok()
+        });
+        if self.histories.is_empty() {
+            // Nothing runs: the cache goes now.
+            self.session = None;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,186 @@
+//! Generation on the cuBLAS decoder engine (the `cuda` feature, on a machine with an NVIDIA GPU):
+//! requests that join a running batch (continuous batching) get the tokens they get alone, and
+//! tokens picked on the device (greedy, sampled, penalised) are the CPU sampler's picks from the
+//! same logits. Needs the shared LLaMA fixture (`$IPFS_ACCELERATE_SHARED`); where there is no
+//! usable GPU the tests say so and pass (the engine's host code has its own tests).
+#![cfg(feature = "cuda")]
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use ipfs_accelerate::text::{load_decoder, GenerationConfig, RowRequest, Sampling, TextGeneration};
+use ipfs_accelerate::{BackendKind, Precision};
+
+/// The tiny LLaMA fixture's checkpoint folder.
+fn fixture() -> Option<PathBuf> {
+    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = shared.join("fixtures/llama/causal_lm");
+    dir.join("config.json").exists().then_some(dir)
+}
+
+/// The fixture on the cuBLAS decoder in `precision`, or `None` (said on stderr) without one.
+fn engine_model(precision: Precision) -> Option<Box<dyn TextGeneration>> {
+    let Some(dir) = fixture() else {
+        eprintln!("skipped: no shared LLaMA fixture (set IPFS_ACCELERATE_SHARED)");
+        return None;
+    };
+    match load_decoder(&dir, BackendKind::Cuda, precision) {
+        Ok(model) if model.engine() == Some("cublas") => Some(model),
+        Ok(_) => {
+            eprintln!("skipped: the cuBLAS decoder is not usable here");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn sampled(temperature: f32, top_k: Option<usize>, top_p: Option<f32>) -> Sampling {
+    Sampling::Sample {
+        temperature,
+        top_k,
+        top_p,
+    }
+}
+
+/// Greedy or sampled, with a penalty or without, `max` tokens, no stop token.
+fn config(sampling: Sampling, penalty: f32, seed: u64, max: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: max,
+        sampling,
+        repetition_penalty: penalty,
+        stop_tokens: Vec::new(),
+        seed,
+    }
+}
+
+/// A prompt of `len` ids starting at `first`.
+fn prompt(first: u32, len: usize, vocab: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (first + 7 * i) % vocab).collect()
+}
+
+#[test]
+fn requests_joining_a_running_batch_get_their_tokens_alone() {
+    for precision in [Precision::F32, Precision::F16] {
+        let Some(model) = engine_model(precision) else {
+            return;
+        };
+        assert!(model.joins_running_batches());
+        let vocab = model.config().vocab_size as u32;
+        let greedy = |max| config(Sampling::Greedy, 1.0, 0, max);
+        let request = |first, len, config| RowRequest {
+            prompt: prompt(first, len, vocab),
+            config,
+        };
+        let first = vec![
+            request(5, 9, greedy(14)),
+            request(11, 3, config(sampled(0.9, Some(20), None), 1.2, 4, 10)),
+        ];
+        // After the first step two join (one longer than every running row); when a row has
+        // finished, none; then one that wants no token, one whose prompt the model rejects (an
+        // empty one) and one more; then a last one.
+        let mut arrivals = vec![
+            vec![
+                request(2, 17, greedy(6)),
+                request(40, 4, config(sampled(1.0, None, Some(0.9)), 1.0, 9, 12)),
+            ],
+            vec![],
+            vec![
+                request(3, 5, greedy(0)),
+                RowRequest {
+                    prompt: Vec::new(),
+                    config: greedy(3),
+                },
+                request(8, 2, greedy(20)),
+            ],
+            vec![request(1, 6, config(Sampling::Greedy, 1.5, 0, 5))],
+        ]
+        .into_iter();
+        let mut all = first.clone();
+        let mut done: Vec<Option<Result<Vec<u32>, String>>> = vec![None; 8];
+        let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 8];
+        model
+            .generate_continuous(
+                first,
+                4,
+                &mut |_| {
+                    let got: Vec<RowRequest> = arrivals.next().unwrap_or_default();
+                    all.extend(got.iter().cloned());
+                    got
+                },
+                &mut |id, t| {
+                    streamed[id].push(t);
+                    ControlFlow::Continue(())
+                },
+                &mut |id, result| done[id] = Some(result.map_err(|e| e.to_string())),
+            )
+            .unwrap();
+        assert_eq!(all.len(), 8, "every arrival was admitted");
+        for (id, r) in all.iter().enumerate() {
+            let got = done[id].clone().expect("every request ends");
+            if r.prompt.is_empty() {
+                assert!(got.is_err(), "request {id}: an empty prompt fails alone");
+                continue;
+            }
+            let alone = model
+                .generate_each(
+                    std::slice::from_ref(&r.prompt),
+                    std::slice::from_ref(&r.config),
+                    &mut |_, _| ControlFlow::Continue(()),
+                )
+                .unwrap()
+                .remove(0);
+            let got = got.unwrap();
+            assert_eq!(got, alone, "{precision:?}: request {id}");
+            assert_eq!(got.len(), r.config.max_new_tokens, "request {id}");
+            assert_eq!(streamed[id], got, "request {id} streamed its tokens");
+        }
+    }
+}
+
+#[test]
+fn tokens_picked_on_the_device_are_the_cpu_samplers() {
+    let Some(model) = engine_model(Precision::F32) else {
+        return;
+    };
+    let vocab = model.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|r| prompt(3 + r, 5 + 4 * r as usize, vocab))
+        .collect();
+    let cases = [
+        config(Sampling::Greedy, 1.3, 0, 24),
+        config(sampled(0.8, Some(50), None), 1.1, 1, 24),
+        config(sampled(0.7, None, Some(0.9)), 1.0, 2, 24),
+        config(sampled(0.05, None, Some(0.9)), 1.2, 3, 24),
+        config(sampled(1.3, Some(200), Some(0.5)), 1.0, 4, 24),
+    ];
+    let run = |device: bool| {
+        // SAFETY (of the environment): the only test of this binary that reads the switch.
+        std::env::set_var(
+            "IPFS_ACCELERATE_CUDA_DEVICE_PICKS",
+            if device { "1" } else { "0" },
+        );
+        let configs: Vec<GenerationConfig> = cases.to_vec();
+        let mut rows = Vec::new();
+        for c in &configs {
+            let each = vec![c.clone(); prompts.len()];
+            rows.push(
+                model
+                    .generate_each(&prompts, &each, &mut |_, _| ControlFlow::Continue(()))
+                    .unwrap(),
+            );
+        }
+        rows
+    };
+    let on_device = run(true);
+    let on_host = run(false);
+    std::env::remove_var("IPFS_ACCELERATE_CUDA_DEVICE_PICKS");
+    for ((c, d), h) in cases.iter().zip(&on_device).zip(&on_host) {
+        assert_eq!(d, h, "{c:?}");
+        assert!(d.iter().all(|r| r.len() == 24));
+    }
+}
