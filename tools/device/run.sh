@@ -38,6 +38,11 @@
 # on the device), verified in f32 and f16 next to PyTorch's own fp16 error on them and on the shipped ones;
 # part 17 the code after the second review (one rope_split launcher): conformance, then the three decoders
 # against PyTorch f16 again.
+# Session 24: part 18 sampling on the device (the penalty and each row's 64 most likely tokens there, the CPU
+# sampler's choice from them): seeded sampled tokens with the picks on the device and on the host
+# (IPFS_ACCELERATE_CUDA_DEVICE_PICKS=1 / 0) must be the same, then their decode times alternating; the
+# facade's cuda_generation test binary (continuous batching on the engine, device picks through the public API);
+# conformance of LLaMA / Qwen2.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -250,5 +255,42 @@ echo "== against PyTorch f16: Whisper-tiny 30 s + 100 tokens, T5-small 32 + 64"
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1"
 timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
 timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
+fi
+if [ "$PART" = 18 ]; then
+echo "== seeded sampling: the same tokens with the picks on the device (1) and on the host (0)"
+same_samples() {  # config dtype batch flags...
+  local config=$1 dtype=$2 batch=$3; shift 3
+  for d in 1 0; do
+    IPFS_ACCELERATE_CUDA_DEVICE_PICKS=$d timeout 90 ./xtask bench --dev --backend cuda --no-db --config $config --prompt 32 --new 40 --dtype $dtype --batch $batch --iters 2 --warmup 0 --show-tokens "$@" 2>&1 | grep -E "^tokens:|rror" > /tmp/tok$d
+  done
+  if cmp -s /tmp/tok1 /tmp/tok0 && grep -q "^tokens:" /tmp/tok1; then
+    echo "same ($(grep -c '^tokens:' /tmp/tok1) generations): $config $dtype b$batch $*"
+  else
+    echo "DIFFERENT: $config $dtype b$batch $*"; head -c 600 /tmp/tok1; echo; head -c 600 /tmp/tok0; echo
+  fi
+}
+same_samples llama-135m f16 1 --temperature 0.8 --top-k 50 --repetition-penalty 1.1 --seed 1
+same_samples llama-135m f32 1 --temperature 0.7 --top-p 0.9 --seed 2
+same_samples llama-135m f16 1 --temperature 0.05 --top-p 0.9 --seed 3
+same_samples llama-135m f16 1 --repetition-penalty 1.3
+same_samples llama-1b f16 8 --temperature 1.0 --top-k 40 --top-p 0.95 --seed 4
+same_samples qwen2-0.5b q4_k 1 --temperature 0.6 --top-k 100 --top-p 0.8 --repetition-penalty 1.05 --seed 5
+echo "== decode with sampling (top-k 50, penalty 1.1), picks on the device against the host, alternating"
+for round in 1 2; do
+  for d in 1 0; do
+    for cfg in "llama-1b 1" "llama-1b 8" "llama-135m 1"; do
+      set -- $cfg
+      echo "-- round $round, device picks $d, $1 b$2"
+      IPFS_ACCELERATE_CUDA_DEVICE_PICKS=$d timeout 90 ./xtask bench --dev --backend cuda --no-db --config $1 --prompt 128 --new 128 --dtype f16 --batch $2 --iters 5 --warmup 1 --temperature 0.8 --top-k 50 --repetition-penalty 1.1 2>&1 | grep -E "decode|rror|$G"
+    done
+  done
+done
+echo "== the facade's cuda_generation tests (continuous batching on the engine, device picks)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD timeout 200 ./cuda_generation --test-threads 1 --nocapture 2>&1 | tail -12
+echo "== verify f32 and f16: LLaMA, Qwen2"
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures fixtures --family llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -6
+done
 fi
 ls -la $OUT

@@ -600,8 +600,8 @@ impl TextGenerator {
     /// output)` ends each — a request that fails (a prompt too long, bad options) fails alone.
     /// Each request gets the tokens it would get alone (up to the rounding of a batched
     /// product; on the cpu, bit for bit). On an executor that cannot change a running batch
-    /// ([`joins_running_batches`](Self::joins_running_batches) false: the cuBLAS decoder)
-    /// `first` runs as one batch and `admit` is never called. `Err` is a failure of a whole
+    /// ([`joins_running_batches`](Self::joins_running_batches) false) `first` runs as one
+    /// batch and `admit` is never called. `Err` is a failure of a whole
     /// decoding step: requests not yet ended get no `on_done`.
     ///
     /// ```no_run
