@@ -13,7 +13,7 @@ use ipfs_accelerate_llama::{
     left_padded, run_causal_lm, ForwardInputs, LeftPadded, LlamaConfig, TextGeneration,
 };
 use ipfs_accelerate_nn::generate::{
-    generate, generate_continuous, GenerationConfig, RowDecoder, RowRequest, TokenDecoder,
+    generate, generate_continuous, GenerationConfig, RowDecoder, RowPick, RowRequest, TokenDecoder,
 };
 use ipfs_accelerate_nn::WeightQuantization;
 
@@ -259,33 +259,94 @@ impl TokenDecoder for EngineRows<'_> {
     }
 
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if tokens.len() != self.histories.len() {
-            return Err(Error::InvalidInput(format!(
-                "{} tokens for {} running requests",
-                tokens.len(),
-                self.histories.len()
-            )));
-        }
+        self.check_tokens(tokens)?;
         for (history, &t) in self.histories.iter_mut().zip(tokens) {
             history.push(t);
         }
-        let live = self.histories.len();
-        let steps_in_place = self
-            .session
-            .as_ref()
-            .is_some_and(|s| s.columns < s.capacity && s.alive.len() - live <= live);
-        if !steps_in_place {
+        let vocab = self.model.engine.vocab();
+        let Some(session) = self.in_place() else {
             let (session, logits) = self.rebuild(&self.histories)?;
             self.session = Some(session);
             return Ok(logits);
-        }
-        let Some(session) = self.session.as_mut() else {
-            return Err(Error::InvalidInput("step called before prefill".into()));
         };
-        // Finished rows are fed token 0 (their logits are dropped).
-        let mut next = tokens.iter();
-        let fed: Vec<u32> = session
+        let fed = session.fed(tokens);
+        let logits = session.tokens.step(&fed)?;
+        session.columns += 1;
+        Ok(logits
+            .chunks(vocab.max(1))
+            .zip(&session.alive)
+            .filter(|(_, &a)| a)
+            .flat_map(|(row, _)| row.iter().copied())
+            .collect())
+    }
+
+    /// A step in place picks on the device as the static decoder does (finished rows ask for a
+    /// greedy token no one reads); a step that rebuilds the cache leaves the picks to the host.
+    fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+        if self.check_tokens(tokens).is_err() || picks.len() != tokens.len() {
+            return None;
+        }
+        let session = self.in_place()?;
+        let mut live = picks.iter();
+        let all: Vec<RowPick<'_>> = session
             .alive
+            .iter()
+            .map(|&a| match a {
+                true => live.next().copied().unwrap_or(RowPick::greedy(&[])),
+                false => RowPick::greedy(&[]),
+            })
+            .collect();
+        if !session.tokens.picks_on_device(&all) {
+            return None;
+        }
+        let fed = session.fed(tokens);
+        let picked = match session.tokens.step_pick(&fed, &all)? {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        session.columns += 1;
+        let picked: Vec<u32> = picked
+            .into_iter()
+            .zip(&session.alive)
+            .filter(|(_, &a)| a)
+            .map(|(t, _)| t)
+            .collect();
+        for (history, &t) in self.histories.iter_mut().zip(tokens) {
+            history.push(t);
+        }
+        Some(Ok(picked))
+    }
+}
+
+impl<'e> EngineRows<'e> {
+    /// `Err` unless `tokens` has one per running request.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.len() == self.histories.len() {
+            return Ok(());
+        }
+        Err(Error::InvalidInput(format!(
+            "{} tokens for {} running requests",
+            tokens.len(),
+            self.histories.len()
+        )))
+    }
+
+    /// The session, when the next step runs in it: it has a free column and no more finished
+    /// rows than running ones (otherwise the step rebuilds the cache).
+    fn in_place(&mut self) -> Option<&mut RowSession<'e>> {
+        let live = self.histories.len();
+        self.session
+            .as_mut()
+            .filter(|s| s.columns < s.capacity && s.alive.len() - live <= live)
+    }
+}
+
+impl RowSession<'_> {
+    /// The tokens of a step: the running rows' `tokens` in order, token 0 for finished rows
+    /// (their logits are dropped).
+    fn fed(&self, tokens: &[u32]) -> Vec<u32> {
+        let mut next = tokens.iter();
+        self.alive
             .iter()
             .map(|&a| {
                 if a {
@@ -294,16 +355,7 @@ impl TokenDecoder for EngineRows<'_> {
                     0
                 }
             })
-            .collect();
-        let logits = session.tokens.step(&fed)?;
-        session.columns += 1;
-        let vocab = self.model.engine.vocab();
-        Ok(logits
-            .chunks(vocab.max(1))
-            .zip(&session.alive)
-            .filter(|(_, &a)| a)
-            .flat_map(|(row, _)| row.iter().copied())
-            .collect())
+            .collect()
     }
 }
 

@@ -173,16 +173,13 @@ impl TokenDecoder for EngineTokens<'_> {
     /// choice is made from those with the same draws, from the whole row only when they do not
     /// decide.
     fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
-        if !self.device_picks || picks.len() != self.next.len() {
+        if !self.picks_on_device(picks) {
             return None;
         }
         if picks.iter().all(RowPick::is_plain_greedy) {
             return Some(self.step_with(tokens, |session, columns| {
                 session.forward_argmax(columns, 1)
             }));
-        }
-        if self.vocab > MAX_TOP_VOCAB {
-            return None;
         }
         Some(self.sampled_step(tokens, picks))
     }
@@ -217,6 +214,14 @@ impl<'e> EngineTokens<'e> {
             vocab,
             device_picks: crate::backends::env_switch(DEVICE_PICKS_ENV) != Some(false),
         }
+    }
+
+    /// Whether [`TokenDecoder::step_pick`] picks `picks` on the device (switched on, one per
+    /// row, and a vocabulary the sampling kernels take unless every row is plain greedy).
+    pub(crate) fn picks_on_device(&self, picks: &[RowPick<'_>]) -> bool {
+        self.device_picks
+            && picks.len() == self.next.len()
+            && (self.vocab <= MAX_TOP_VOCAB || picks.iter().all(RowPick::is_plain_greedy))
     }
 
     /// One step whose tokens are chosen from each row's most likely tokens on the device.

@@ -533,18 +533,40 @@ pub fn generate_continuous(
     } else {
         decoder.prefill()?
     };
+    // Each row's next token when the decoder picked it ([`TokenDecoder::step_pick`]); the rows
+    // it left to the host have their logits in `logits`, in order, and the draw already made
+    // for them in `drawn` (none for a row just prefilled: its sampler draws as it picks).
+    let mut picked: Vec<Option<u32>> = vec![None; rows.len()];
+    let mut drawn: Vec<Option<f64>> = vec![None; rows.len()];
     loop {
-        if logits.len() != rows.len() * vocab {
+        let from_logits = picked.iter().filter(|p| p.is_none()).count();
+        if logits.len() != from_logits * vocab {
             return Err(Error::Compute(format!(
-                "decoder returned {} logits for {} rows × vocab {vocab}",
-                logits.len(),
-                rows.len()
+                "decoder returned {} logits for {from_logits} rows × vocab {vocab}",
+                logits.len()
+            )));
+        }
+        if let Some(t) = picked.iter().flatten().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Compute(format!(
+                "decoder picked token {t} of a vocabulary of {vocab}"
             )));
         }
         let mut next = Vec::with_capacity(rows.len());
         let mut ended = Vec::with_capacity(rows.len());
-        for (row, chunk) in rows.iter_mut().zip(logits.chunks_mut(vocab.max(1))) {
-            let token = row.sampler.pick(chunk, &row.history)?;
+        let mut chunks = logits.chunks_mut(vocab.max(1));
+        for (i, row) in rows.iter_mut().enumerate() {
+            let token = match picked[i] {
+                Some(token) => token,
+                None => {
+                    let chunk = chunks.next().ok_or_else(|| {
+                        Error::Compute("fewer rows of logits than rows to pick".into())
+                    })?;
+                    match drawn[i] {
+                        Some(draw) => pick_drawn(chunk, &row.sampler.drawn(&row.history, draw))?,
+                        None => row.sampler.pick(chunk, &row.history)?,
+                    }
+                }
+            };
             row.history.push(token);
             row.out.push(token);
             let mut ends = row.config.stop_tokens.contains(&token)
@@ -567,11 +589,34 @@ pub fn generate_continuous(
             }
             rows = kept;
         }
-        logits = if rows.is_empty() {
-            Vec::new()
-        } else {
-            decoder.step(&next)?
-        };
+        logits = Vec::new();
+        picked = vec![None; rows.len()];
+        drawn = vec![None; rows.len()];
+        if !rows.is_empty() {
+            // The next picks' draws (each row's own sampler), for the decoder or for here.
+            let picks: Vec<RowPick<'_>> = rows
+                .iter_mut()
+                .map(|r| r.sampler.next_pick(&r.history))
+                .collect();
+            let draws: Vec<f64> = picks.iter().map(|p| p.draw).collect();
+            match decoder.step_pick(&next, &picks) {
+                Some(tokens) => {
+                    let tokens = tokens?;
+                    if tokens.len() != rows.len() {
+                        return Err(Error::Compute(format!(
+                            "decoder picked {} tokens for {} rows",
+                            tokens.len(),
+                            rows.len()
+                        )));
+                    }
+                    picked = tokens.into_iter().map(Some).collect();
+                }
+                None => {
+                    drawn = draws.into_iter().map(Some).collect();
+                    logits = decoder.step(&next)?;
+                }
+            }
+        }
         let free = max_rows.saturating_sub(rows.len());
         if free > 0 {
             let mut joining = Vec::new();
@@ -597,6 +642,8 @@ pub fn generate_continuous(
                     Ok(l) => {
                         check_admitted(&l, prompts.len(), vocab)?;
                         logits.extend(l);
+                        picked.extend(std::iter::repeat_n(None, joining.len()));
+                        drawn.extend(std::iter::repeat_n(None, joining.len()));
                         rows.append(&mut joining);
                         Vec::new()
                     }
@@ -608,6 +655,8 @@ pub fn generate_continuous(
                     Ok(l) => {
                         check_admitted(&l, 1, vocab)?;
                         logits.extend(l);
+                        picked.push(None);
+                        drawn.push(None);
                         rows.push(row);
                     }
                     Err(e) => on_done(row.id, Err(e)),
@@ -919,6 +968,66 @@ mod tests {
                 }
             }
             Some(Ok(out))
+        }
+    }
+
+    impl RowDecoder for PicksItself {
+        fn admit(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<f32>> {
+            self.inner.admit(prompts)
+        }
+        fn retain(&mut self, keep: &[usize]) -> Result<()> {
+            self.inner.retain(keep)
+        }
+    }
+
+    /// Continuous batching asks a decoder that picks tokens itself, with each row's own draws:
+    /// the same tokens as picking from its logits.
+    #[test]
+    fn continuous_batching_with_a_decoder_that_picks() {
+        let request = |t: u32, config: GenerationConfig| RowRequest {
+            prompt: vec![t],
+            config,
+        };
+        let sample = |seed, penalty, top_k| GenerationConfig {
+            max_new_tokens: 9,
+            sampling: Sampling::Sample {
+                temperature: 0.8,
+                top_k,
+                top_p: Some(0.95),
+            },
+            repetition_penalty: penalty,
+            seed,
+            ..Default::default()
+        };
+        let first = vec![request(0, sample(1, 1.2, None)), request(1, greedy_to_3())];
+        let arrivals = || {
+            vec![
+                vec![request(2, sample(5, 1.0, Some(2)))],
+                vec![],
+                vec![request(3, sample(7, 1.5, None)), request(1, greedy_to_3())],
+            ]
+            .into_iter()
+        };
+        let run = |decoder: &mut dyn RowDecoder| {
+            let mut arrivals = arrivals();
+            let mut done: Vec<Option<Vec<u32>>> = vec![None; 5];
+            generate_continuous(
+                decoder,
+                first.clone(),
+                3,
+                |_| arrivals.next().unwrap_or_default(),
+                |_, _| ControlFlow::Continue(()),
+                |id, r| done[id] = Some(r.unwrap()),
+            )
+            .unwrap();
+            done
+        };
+        let on_host = run(&mut bigram(vec![0, 1]));
+        assert!(on_host.iter().all(Option::is_some), "{on_host:?}");
+        for top in [1, 2, 4] {
+            let mut itself = picks_itself(vec![0, 1], top);
+            assert_eq!(run(&mut itself), on_host, "top {top}");
+            assert!(itself.steps > 5);
         }
     }
 
