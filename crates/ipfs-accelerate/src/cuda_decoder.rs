@@ -383,10 +383,8 @@ impl RowDecoder for EngineRows<'_> {
             )));
         }
         if let Some(session) = self.session.as_mut() {
-            let mut row = 0;
-            for alive in session.alive.iter_mut().filter(|a| **a) {
+            for (row, alive) in session.alive.iter_mut().filter(|a| **a).enumerate() {
                 *alive = keep.binary_search(&row).is_ok();
-                row += 1;
             }
         }
         let mut row = 0;
