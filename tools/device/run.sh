@@ -42,7 +42,8 @@
 # sampler's choice from them): seeded sampled tokens with the picks on the device and on the host
 # (IPFS_ACCELERATE_CUDA_DEVICE_PICKS=1 / 0) must be the same, then their decode times alternating; the
 # facade's cuda_generation test binary (continuous batching on the engine, device picks through the public API);
-# conformance of LLaMA / Qwen2.
+# conformance of LLaMA / Qwen2; part 19 the cuda_generation tests again after continuous batching picked on the
+# device too (three runs).
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -291,6 +292,13 @@ IPFS_ACCELERATE_SHARED=$PWD timeout 200 ./cuda_generation --test-threads 1 --noc
 echo "== verify f32 and f16: LLaMA, Qwen2"
 for p in f32 f16; do
   timeout 60 ./xtask verify --fixtures fixtures --family llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -6
+done
+fi
+if [ "$PART" = 19 ]; then
+echo "== the facade's cuda_generation tests, continuous batching picking on the device (three runs)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+for run in 1 2 3; do
+  IPFS_ACCELERATE_SHARED=$PWD timeout 100 ./cuda_generation --test-threads 1 2>&1 | grep -E "^test |test result|panicked|left|right"
 done
 fi
 ls -la $OUT

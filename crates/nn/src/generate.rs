@@ -473,8 +473,9 @@ pub fn generate_each(
 /// `on_token(request, token)` streams each token and `on_done(request, result)` ends each
 /// request — with its tokens, or the error of its own admission (a prompt the model rejects, bad
 /// options), which fails only that request. Each request gets the tokens it would get alone (up
-/// to the rounding of a batched product), as with [`generate_each`]. An error of a whole step is
-/// returned; requests not yet ended got no `on_done`.
+/// to the rounding of a batched product), as with [`generate_each`]. After the first token the
+/// decoder may pick each step's tokens itself ([`TokenDecoder::step_pick`], with each row's
+/// own draws). An error of a whole step is returned; requests not yet ended got no `on_done`.
 pub fn generate_continuous(
     decoder: &mut dyn RowDecoder,
     first: Vec<RowRequest>,
