@@ -215,14 +215,28 @@ pub fn bench(
     if args.rounds == 0 {
         return Err(BenchError::Spec("--rounds must be at least 1".into()));
     }
-    if !peers.is_empty() && (args.temperature.is_some() || args.repetition_penalty != 1.0) {
+
+    if !crate::build::this_build_optimized() {
+        eprintln!("{}", crate::build::unoptimized_warning());
+    }
+    let decoding = crate::runner::Decoding {
+        sampling: match args.temperature {
+            Some(temperature) => ipfs_accelerate::text::Sampling::Sample {
+                temperature,
+                top_k: args.top_k,
+                top_p: args.top_p,
+            },
+            None => ipfs_accelerate::text::Sampling::Greedy,
+        },
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+        show_tokens: args.show_tokens,
+    };
+    if !peers.is_empty() && !decoding.is_greedy() {
         return Err(BenchError::Spec(
             "peers generate greedily: --temperature and --repetition-penalty run without --peer"
                 .into(),
         ));
-    }
-    if !crate::build::this_build_optimized() {
-        eprintln!("{}", crate::build::unoptimized_warning());
     }
     crate::install_interrupt_handler()?;
     let spec = BenchSpec {
@@ -240,19 +254,7 @@ pub fn bench(
         peak_flops: args.peak_gflops.map(|g| g * 1e9),
         new_tokens: args.new,
         prompts: args.prompt.clone(),
-        decoding: crate::runner::Decoding {
-            sampling: match args.temperature {
-                Some(temperature) => ipfs_accelerate::text::Sampling::Sample {
-                    temperature,
-                    top_k: args.top_k,
-                    top_p: args.top_p,
-                },
-                None => ipfs_accelerate::text::Sampling::Greedy,
-            },
-            repetition_penalty: args.repetition_penalty,
-            seed: args.seed,
-            show_tokens: args.show_tokens,
-        },
+        decoding,
         progress: true,
         command,
     };

@@ -8,7 +8,7 @@ use ipfs_accelerate_backend_cublas::DecoderEngine;
 use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf, TopRequest, MAX_TOP_VOCAB};
 use ipfs_accelerate_core::{Error, Result};
 use ipfs_accelerate_nn::generate::{
-    choose_among, penalized_tokens, pick_drawn, RowPick, Sampling, TokenDecoder,
+    choose_among, penalized_tokens, pick_drawn, RowPick, TokenDecoder,
 };
 
 /// The environment variable that keeps generation on `cuda` off the cuBLAS decoder (`0` / `off`):
@@ -240,13 +240,7 @@ impl<'e> EngineTokens<'e> {
             .map(|(p, tokens)| TopRequest {
                 penalty: p.repetition_penalty,
                 penalized: tokens,
-                // The whole row's total, where top-k keeps the whole row.
-                total_at: match p.sampling {
-                    Sampling::Sample {
-                        temperature, top_k, ..
-                    } if top_k.is_none_or(|k| k >= vocab) => Some(temperature),
-                    _ => None,
-                },
+                total_at: p.total_at(vocab),
             })
             .collect();
         let top = self.step_with(tokens, |session, columns| {

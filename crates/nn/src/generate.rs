@@ -215,11 +215,15 @@ impl<'a> RowPick<'a> {
         self.sampling == Sampling::Greedy && self.repetition_penalty == 1.0
     }
 
-    /// The temperature when sampling.
-    pub fn temperature(&self) -> Option<f32> {
+    /// The temperature `T` of the whole row's softmax total that [`choose_among`] reads for
+    /// this pick over a vocabulary of `vocab`: sampling whose top-k keeps the whole row; `None`
+    /// when it reads no total (greedy, or top-k below the vocabulary).
+    pub fn total_at(&self, vocab: usize) -> Option<f32> {
         match self.sampling {
-            Sampling::Greedy => None,
-            Sampling::Sample { temperature, .. } => Some(temperature),
+            Sampling::Sample {
+                temperature, top_k, ..
+            } if top_k.is_none_or(|k| k >= vocab) => Some(temperature),
+            _ => None,
         }
     }
 }
@@ -343,7 +347,7 @@ pub fn choose_among(
         } => {
             let kept = top_k.map_or(vocab, |k| k.clamp(1, vocab.max(1)));
             // The row's total is the kept tokens' only when top-k keeps the whole row.
-            let total = total.filter(|_| kept == vocab);
+            let total = total.filter(|_| pick.total_at(vocab).is_some());
             let values: Vec<f32> = top.iter().take(kept).map(|t| t.1).collect();
             let at = sample_index(&values, kept, total, temperature, top_p, pick.draw)?;
             Some(top[at].0)
@@ -401,6 +405,20 @@ fn sample_index(
         }
     }
     decided.then(|| probs.len() - 1)
+}
+
+/// A row's token from its `logits` by `sampler`: with the draw it already made for this token
+/// (`drawn`: a decoder declined to pick after the draws were made), else drawing now.
+fn pick_row(
+    sampler: &mut Sampler,
+    logits: &mut [f32],
+    history: &[u32],
+    drawn: Option<f64>,
+) -> Result<u32> {
+    match drawn {
+        Some(draw) => pick_drawn(logits, &sampler.drawn(history, draw)),
+        None => sampler.pick(logits, history),
+    }
 }
 
 /// Index of the largest value (the first one on ties).
@@ -562,10 +580,7 @@ pub fn generate_continuous(
                     let chunk = chunks.next().ok_or_else(|| {
                         Error::Compute("fewer rows of logits than rows to pick".into())
                     })?;
-                    match drawn[i] {
-                        Some(draw) => pick_drawn(chunk, &row.sampler.drawn(&row.history, draw))?,
-                        None => row.sampler.pick(chunk, &row.history)?,
-                    }
+                    pick_row(&mut row.sampler, chunk, &row.history, drawn[i])?
                 }
             };
             row.history.push(token);
@@ -746,18 +761,14 @@ fn run_rows(
                 next.push(history[row].last().copied().unwrap_or(0));
                 continue;
             }
-            let sampler = &mut samplers[if shared { 0 } else { row }];
-            let token = match (&picked, &drawn) {
-                (Some(tokens), _) => tokens[row],
-                (None, draws) => {
-                    let row_logits = &mut logits[row * vocab..(row + 1) * vocab];
-                    match draws {
-                        Some(draws) => {
-                            pick_drawn(row_logits, &sampler.drawn(&history[row], draws[row]))?
-                        }
-                        None => sampler.pick(row_logits, &history[row])?,
-                    }
-                }
+            let token = match &picked {
+                Some(tokens) => tokens[row],
+                None => pick_row(
+                    &mut samplers[if shared { 0 } else { row }],
+                    &mut logits[row * vocab..(row + 1) * vocab],
+                    &history[row],
+                    drawn.as_ref().map(|d| d[row]),
+                )?,
             };
             history[row].push(token);
             out[row].push(token);
@@ -952,7 +963,7 @@ mod tests {
             for (row, pick) in logits.chunks(vocab).zip(picks) {
                 let mut row = row.to_vec();
                 penalize(&mut row, pick.history, pick.repetition_penalty);
-                let total = pick.temperature().map(|t| total(&row, t));
+                let total = pick.total_at(vocab).map(|t| total(&row, t));
                 match choose_among(&most_likely(&row, self.top), total, vocab, pick) {
                     Some(t) => out.push(t),
                     None => {
