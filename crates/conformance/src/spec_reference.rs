@@ -108,7 +108,7 @@ impl ModelRunner for SpecReference {
                 EncoderHead::FirstToken(_) | EncoderHead::Pooled(_) => {
                     map.insert("logits".into(), f32_tensor(vec![batch, n], l)?);
                 }
-                EncoderHead::EveryToken(_) => {
+                EncoderHead::EveryToken(_) | EncoderHead::EveryTokenMlp { .. } => {
                     map.insert("logits".into(), f32_tensor(vec![batch, seq, n], l)?);
                 }
                 EncoderHead::Span(_) => {

@@ -102,9 +102,21 @@ impl DecoderSpec {
         ids: &[i64],
         memory: Option<ReferenceMemory<'_>>,
     ) -> Result<Vec<Vec<f64>>> {
+        self.reference_logits_replacing(ids, memory, &[])
+    }
+
+    /// [`DecoderSpec::reference_logits`] with the token embeddings of some positions replaced
+    /// before any position embedding is added: `replaced` pairs a position with its `hidden`
+    /// input values (LLaVA's image features).
+    pub fn reference_logits_replacing(
+        &self,
+        ids: &[i64],
+        memory: Option<ReferenceMemory<'_>>,
+        replaced: &[(usize, &[f32])],
+    ) -> Result<Vec<Vec<f64>>> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         Ok(self
-            .reference_states(ids, None, memory)?
+            .states(ids, None, memory, replaced)?
             .iter()
             .map(|r| dense(head, r))
             .collect())
@@ -120,7 +132,30 @@ impl DecoderSpec {
         mask: Option<&[i64]>,
         memory: Option<ReferenceMemory<'_>>,
     ) -> Result<Vec<Vec<f64>>> {
+        self.states(ids, mask, memory, &[])
+    }
+
+    /// [`DecoderSpec::reference_states`] with the input embeddings of the positions in
+    /// `replaced` replaced.
+    fn states(
+        &self,
+        ids: &[i64],
+        mask: Option<&[i64]>,
+        memory: Option<ReferenceMemory<'_>>,
+        replaced: &[(usize, &[f32])],
+    ) -> Result<Vec<Vec<f64>>> {
         self.validate()?;
+        if let Some((p, v)) = replaced
+            .iter()
+            .find(|(p, v)| *p >= ids.len() || v.len() != self.hidden)
+        {
+            return Err(Error::InvalidInput(format!(
+                "{} replacement values at position {p} of {} (hidden size {})",
+                v.len(),
+                ids.len(),
+                self.hidden
+            )));
+        }
         if self.dense_layers().any(|d| d.blocks.is_some()) {
             return Err(Error::InvalidInput(
                 "the reference reads f32 weights, not ggml blocks".into(),
@@ -163,10 +198,11 @@ impl DecoderSpec {
                 .ok_or_else(|| {
                     Error::InvalidInput(format!("token {t} is outside the vocabulary"))
                 })?;
-            let mut row: Vec<f64> = self.embed.weight[t * h..(t + 1) * h]
-                .iter()
-                .map(|&v| v.into())
-                .collect();
+            let input = match replaced.iter().find(|(q, _)| *q == p) {
+                Some((_, values)) => values,
+                None => &self.embed.weight[t * h..(t + 1) * h],
+            };
+            let mut row: Vec<f64> = input.iter().map(|&v| v.into()).collect();
             if let DecoderPositions::Learned(table) = &self.positions {
                 for (a, b) in row.iter_mut().zip(&table[p * h..(p + 1) * h]) {
                     *a += f64::from(*b);

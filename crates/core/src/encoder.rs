@@ -190,16 +190,27 @@ pub enum EncoderHead {
     /// `dense(h)` on every token with two outputs, split into `start_logits` and `end_logits`,
     /// `[batch, seq]` each (extractive question answering).
     Span(DenseWeights),
+    /// `logits = down(activation(up(h)))` on every token, `[batch, seq, out]` (LLaVA's
+    /// multimodal projector over the vision tower's features).
+    EveryTokenMlp {
+        /// The first layer, `hidden → inner`.
+        up: DenseWeights,
+        /// Between the two.
+        activation: EncoderActivation,
+        /// The second layer, `inner → out`.
+        down: DenseWeights,
+    },
 }
 
 impl EncoderHead {
-    /// The head's dense layer.
+    /// The head's (last) dense layer, whose outputs are the head's.
     pub fn dense(&self) -> &DenseWeights {
         match self {
             EncoderHead::FirstToken(d)
             | EncoderHead::Pooled(d)
             | EncoderHead::EveryToken(d)
-            | EncoderHead::Span(d) => d,
+            | EncoderHead::Span(d)
+            | EncoderHead::EveryTokenMlp { down: d, .. } => d,
         }
     }
 }
@@ -546,7 +557,16 @@ impl EncoderSpec {
             if c.out_features == 0 {
                 return bad("the classifier has no labels".into());
             }
-            c.check("classifier", c.out_features, h)?;
+            match head {
+                EncoderHead::EveryTokenMlp { up, down, .. } => {
+                    if up.out_features == 0 {
+                        return bad("the head's first layer has no outputs".into());
+                    }
+                    up.check("head.up", up.out_features, h)?;
+                    down.check("head.down", c.out_features, up.out_features)?;
+                }
+                _ => c.check("classifier", c.out_features, h)?,
+            }
             match head {
                 EncoderHead::Pooled(_) if self.pooler.is_none() => {
                     return bad("a head over the pooled output needs a pooler".into());

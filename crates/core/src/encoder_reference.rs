@@ -310,6 +310,21 @@ impl EncoderSpec {
             EncoderHead::EveryToken(d) | EncoderHead::Span(d) => {
                 x.iter().flatten().flat_map(|r| dense(d, r)).collect()
             }
+            EncoderHead::EveryTokenMlp {
+                up,
+                activation,
+                down,
+            } => x
+                .iter()
+                .flatten()
+                .flat_map(|r| {
+                    let inner: Vec<f64> = dense(up, r)
+                        .into_iter()
+                        .map(|v| activation.apply(v))
+                        .collect();
+                    dense(down, &inner)
+                })
+                .collect(),
         });
         let projection = self.projection.as_ref().map(|p| {
             let positions = match ids {

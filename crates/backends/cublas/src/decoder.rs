@@ -822,6 +822,56 @@ pub struct Columns<'a> {
     pub positions: &'a [i32],
     /// 1 for a token, 0 for padding.
     pub mask: &'a [i32],
+    /// Input embeddings that replace some columns' token embeddings.
+    pub replaced: Option<Replaced<'a>>,
+}
+
+/// Input embeddings that replace the token embeddings of some of a call's columns, before any
+/// position embedding is added (LLaVA's image features at its image tokens).
+#[derive(Debug, Clone, Copy)]
+pub struct Replaced<'a> {
+    /// Indices into the call's `[batch, new]` columns (row-major), ascending.
+    pub columns: &'a [usize],
+    /// `[columns.len(), hidden]`, row-major, finite.
+    pub values: &'a [f32],
+}
+
+impl Replaced<'_> {
+    /// The replaced columns as runs `(first column, first value row, length)` of consecutive
+    /// columns, after checking them against `rows` columns of `hidden` values.
+    fn runs(&self, rows: usize, hidden: usize) -> Result<Vec<(usize, usize, usize)>, EngineError> {
+        let n = self.columns.len();
+        if self.values.len() != n * hidden {
+            return Err(EngineError::Input(format!(
+                "{} replacement values for {n} columns of hidden size {hidden}",
+                self.values.len()
+            )));
+        }
+        if let Some(w) = self.columns.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(EngineError::Input(format!(
+                "replaced columns must ascend: {} then {}",
+                w[0], w[1]
+            )));
+        }
+        if let Some(&c) = self.columns.last().filter(|&&c| c >= rows) {
+            return Err(EngineError::Input(format!(
+                "replaced column {c} of a call of {rows} columns"
+            )));
+        }
+        if let Some(bad) = self.values.iter().find(|v| !v.is_finite()) {
+            return Err(EngineError::Input(format!(
+                "the replacement embeddings hold {bad}"
+            )));
+        }
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        for (k, &c) in self.columns.iter().enumerate() {
+            match runs.last_mut() {
+                Some((first, _, len)) if *first + *len == c => *len += 1,
+                _ => runs.push((c, k, 1)),
+            }
+        }
+        Ok(runs)
+    }
 }
 
 impl<T: Elem> Decoder<T>
@@ -1743,8 +1793,14 @@ where
     ) -> Result<R, EngineError> {
         let host = self.check_columns(state, columns, new)?;
         let batch = state.cache.batch;
+        let d = &self.dims;
+        // The replacements in the storage type, and where they go.
+        let replaced = match &columns.replaced {
+            Some(r) => Some((r.runs(batch * new, d.hidden)?, T::from_f32_slice(r.values))),
+            None => None,
+        };
         self.stream.context().bind_to_thread()?;
-        if new == 1 && of == LogitsOf::Last && state.graphs {
+        if new == 1 && of == LogitsOf::Last && state.graphs && replaced.is_none() {
             match self.graph_step(state, &host) {
                 Ok(()) => match &state.step {
                     Some(step) => return finish(&step.buffers.logits),
@@ -1774,7 +1830,7 @@ where
             &mut state.cache,
             memory,
             &mut buffers,
-            new,
+            (new, replaced.as_ref()),
             of,
             self.profile,
         )?;
@@ -1807,7 +1863,7 @@ where
                 &mut state.cache,
                 state.memory.as_ref(),
                 &mut step.buffers,
-                1,
+                (1, None),
                 LogitsOf::Last,
                 false,
             );
@@ -1978,7 +2034,7 @@ where
         cache: &mut Cache<T>,
         memory: Option<&Memory<T>>,
         b: &mut Buffers<T>,
-        new: usize,
+        (new, replaced): (usize, Option<&(Vec<(usize, usize, usize)>, Vec<T>)>),
         of: LogitsOf,
         profile: bool,
     ) -> Result<(), EngineError> {
@@ -2136,6 +2192,14 @@ where
                     .launch(rows_by_columns(rows, h))?;
             },
             _ => return Err(EngineError::Spec("the embedding is one table".into())),
+        }
+        // Replaced columns: their values over the token embeddings, one copy a run (on the
+        // stream, so after the gather).
+        if let Some((runs, values)) = replaced {
+            for &(column, from, len) in runs {
+                let mut dst = b.x.slice_mut(column * h..(column + len) * h);
+                s.memcpy_htod(&values[from * h..(from + len) * h], &mut dst)?;
+            }
         }
         if let Some(table) = &self.position_table {
             unsafe {

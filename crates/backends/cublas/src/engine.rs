@@ -406,6 +406,12 @@ enum DeviceHead<T> {
     FirstToken(Dense<T>),
     Pooled(Dense<T>),
     EveryToken(Dense<T>),
+    /// `down(act(up(h)))` on every token.
+    EveryTokenMlp {
+        up: Dense<T>,
+        act: Act,
+        down: Dense<T>,
+    },
 }
 
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
@@ -924,6 +930,15 @@ where
                 Some(EncoderHead::EveryToken(d) | EncoderHead::Span(d)) => {
                     Some(DeviceHead::EveryToken(dense(d)?))
                 }
+                Some(EncoderHead::EveryTokenMlp {
+                    up,
+                    activation,
+                    down,
+                }) => Some(DeviceHead::EveryTokenMlp {
+                    up: dense(up)?,
+                    act: (*activation).into(),
+                    down: dense(down)?,
+                }),
             },
             causal: spec.causal,
             projection: match &spec.projection {
@@ -1222,7 +1237,9 @@ where
         let pre = self.placement == NormPlacement::Pre;
         // Pre-norm: `h1` holds the norm of the residual stream `x` that the next block reads.
         // Without a final norm, the last residual add writes the projection's norm of every
-        // token (CLIP's `post_layernorm`, which the projection reads from `h1`).
+        // token (CLIP's `post_layernorm`, which the projection reads from `h1`). Without either
+        // (a tower read at an inner layer, as LLaVA reads CLIP's) the outputs are the stream `x`
+        // and the last norm into `h1` (the first layer's, any would do) is not read.
         let projection_norm = self.projection.as_ref().and_then(|p| p.norm.as_ref());
         let next_norm = |l: usize| {
             self.layers
@@ -1230,6 +1247,7 @@ where
                 .map(|layer| &layer.attention_norm)
                 .or(self.final_norm.as_ref())
                 .or(projection_norm)
+                .or(self.layers.first().map(|layer| &layer.attention_norm))
         };
         if pre {
             if let Some(n) = next_norm(0) {
@@ -1269,9 +1287,8 @@ where
             profile.mark("ffn down gemm")?;
             if pre {
                 // x += y + bias; h1 = the next layer's first norm, or the final norm (x).
-                let n = next_norm(l + 1).ok_or_else(|| {
-                    EngineError::Spec("a pre-norm encoder needs a final norm".into())
-                })?;
+                let n = next_norm(l + 1)
+                    .ok_or_else(|| EngineError::Spec("a pre-norm encoder without layers".into()))?;
                 self.add_norm_sum(&add_norm, &y, &layer.output, &mut x, n, &mut h1)?;
             } else {
                 let n = &layer.output_norm;
@@ -1324,6 +1341,11 @@ where
             Some(DeviceHead::EveryToken(d)) => {
                 let y = dense_rows(out, h, batch * seq, d, Act::None)?;
                 Some(self.to_host(&y, vec![batch, seq, d.out_features])?)
+            }
+            Some(DeviceHead::EveryTokenMlp { up, act, down }) => {
+                let inner = dense_rows(out, h, batch * seq, up, *act)?;
+                let y = dense_rows(&inner, up.out_features, batch * seq, down, Act::None)?;
+                Some(self.to_host(&y, vec![batch, seq, down.out_features])?)
             }
         };
         let projection = match &self.projection {

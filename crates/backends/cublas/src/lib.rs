@@ -47,7 +47,7 @@ mod runner;
 
 pub use decoder::{
     check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, EncoderStates,
-    LogitsOf, TopRequest, TopTokens, BLOCK_FORMATS, MAX_TOP_VOCAB, TOP_TOKENS,
+    LogitsOf, Replaced, TopRequest, TopTokens, BLOCK_FORMATS, MAX_TOP_VOCAB, TOP_TOKENS,
 };
 pub use engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
 pub use runner::EncoderRunner;
@@ -155,17 +155,6 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    let projection_norm = spec.projection.as_ref().is_some_and(|p| p.norm.is_some());
-    if spec.norm == ipfs_accelerate_core::NormPlacement::Pre
-        && spec.final_norm.is_none()
-        && !projection_norm
-    {
-        return Err(EngineError::Spec(
-            "a pre-norm encoder without a final norm (or a normed projection) is not \
-             implemented"
-                .into(),
-        ));
-    }
     // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).
     if (spec.hidden + 32) * 4 > 48 * 1024 {
         return Err(EngineError::Spec(format!(

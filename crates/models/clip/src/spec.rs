@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use ipfs_accelerate_core::{
-    EncoderInput, EncoderProjection, EncoderSpec, NormPlacement, PatchEmbeddings, PooledToken,
-    Result, TensorSource, TokenEmbeddings,
+    EncoderHead, EncoderInput, EncoderProjection, EncoderSpec, NormPlacement, PatchEmbeddings,
+    PooledToken, Result, TensorSource, TokenEmbeddings,
 };
 use ipfs_accelerate_nn::{
     attention::ProjectionBias,
@@ -18,7 +18,7 @@ use ipfs_accelerate_nn::{
     transformer::PreLnNames,
 };
 
-use crate::{ClipConfig, ClipTextConfig};
+use crate::{ClipConfig, ClipTextConfig, ClipVisionConfig};
 
 impl ClipTextConfig {
     /// The token each text row is pooled at: the first `eos_token_id`, or with the legacy
@@ -120,17 +120,13 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
     Ok(spec)
 }
 
-/// The vision tower of a `CLIPModel` checkpoint (`vision_model.*`, `visual_projection`), its
-/// output `image_embeds` before normalisation. Images must be of the configured size (the burn
-/// model interpolates the positions for others).
-pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
-    let c = &config.vision_config;
+/// The vision tower's patch embeddings under `vision` (`<tower>.embeddings`): bias-free patch
+/// projection, class token, learned positions.
+fn patch_input(c: &ClipVisionConfig, vision: &SpecReader<'_>) -> Result<EncoderInput> {
     let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
-    let root = SpecReader::new(source, "");
-    let vision = SpecReader::new(source, "vision_model");
     let emb = vision.pp("embeddings");
     let tokens = c.grid() * c.grid() + 1;
-    let input = EncoderInput::Patches(PatchEmbeddings {
+    Ok(EncoderInput::Patches(PatchEmbeddings {
         channels: ch,
         patch: p,
         image: (c.image_size, c.image_size),
@@ -142,7 +138,17 @@ pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Re
         ),
         class: emb.read("class_embedding", &[h])?,
         position: emb.read("position_embedding.weight", &[tokens, h])?,
-    });
+    }))
+}
+
+/// The vision tower of a `CLIPModel` checkpoint (`vision_model.*`, `visual_projection`), its
+/// output `image_embeds` before normalisation. Images must be of the configured size (the burn
+/// model interpolates the positions for others).
+pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let c = &config.vision_config;
+    let h = c.hidden_size;
+    let root = SpecReader::new(source, "");
+    let vision = SpecReader::new(source, "vision_model");
     let spec = EncoderSpec {
         embedding_norm: Some(vision.norm("pre_layrnorm", h)?),
         projection: Some(EncoderProjection {
@@ -151,7 +157,42 @@ pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Re
             norm: Some(vision.norm("post_layernorm", h)?),
             dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
         }),
-        ..tower_trunk!(&vision, c, input)
+        ..tower_trunk!(&vision, c, patch_input(c, &vision)?)
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// A CLIP vision tower under `prefix` (LLaVA's `vision_tower.vision_model`) read at its hidden
+/// state `layers` (HF's `hidden_states[layers]`: the first `layers` layers after `pre_layrnorm`,
+/// no final norm), with `head` over every token (LLaVA's projector) when given.
+pub fn vision_hidden_state_spec(
+    c: &ClipVisionConfig,
+    source: &dyn TensorSource,
+    prefix: &str,
+    layers: usize,
+    head: Option<EncoderHead>,
+) -> Result<EncoderSpec> {
+    if layers > c.num_hidden_layers {
+        return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
+            "hidden state {layers} of a vision tower of {} layers",
+            c.num_hidden_layers
+        )));
+    }
+    let vision = SpecReader::new(source, prefix);
+    let spec = EncoderSpec {
+        embedding_norm: Some(vision.norm("pre_layrnorm", c.hidden_size)?),
+        head,
+        ..trunk(
+            &vision,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.intermediate_size,
+            layers,
+            c.layer_norm_eps,
+            c.hidden_act,
+            patch_input(c, &vision)?,
+        )?
     };
     spec.validate()?;
     Ok(spec)

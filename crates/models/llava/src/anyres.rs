@@ -113,6 +113,24 @@ impl AnyresLayout {
     pub fn feature_count(&self, base_tokens: usize) -> usize {
         base_tokens + self.unpad.rows * (self.unpad.cols + 1)
     }
+
+    /// Where each of the image's packed features comes from (HF's `pack_image_features`), given
+    /// its views' features `[views · tokens]` (view-major, `tokens = grid²` each): `Some(row)` of
+    /// those, or `None` for `image_newline`. The base view's rows come first, then the tile
+    /// features arranged as the image (tiles row by row, each tile's patch grid inside), cut to
+    /// [`AnyresLayout::unpad`], with a newline after every row.
+    pub fn packed_rows(&self, tokens: usize) -> Vec<Option<usize>> {
+        let (g, u) = (self.grid, self.unpad);
+        let mut rows: Vec<Option<usize>> = (0..tokens).map(Some).collect();
+        for r in u.top..u.top + u.rows {
+            for c in u.left..u.left + u.cols {
+                let view = 1 + (r / g) * self.tiles_wide + c / g;
+                rows.push(Some(view * tokens + (r % g) * g + c % g));
+            }
+            rows.push(None);
+        }
+        rows
+    }
 }
 
 #[cfg(test)]
@@ -138,6 +156,36 @@ mod tests {
         // Same aspect ratio: nothing is cut.
         assert_eq!(unpad_region((30, 60), (4, 8)).rows, 4);
         assert_eq!(unpad_region((30, 60), (4, 8)).cols, 8);
+    }
+
+    #[test]
+    fn packed_rows_arrange_the_tiles_as_the_image() {
+        // 2 tiles high × 1 wide of a 2×2 patch grid, rows 1..3 of the 4×2 feature grid kept.
+        let layout = AnyresLayout {
+            resolution: (4, 2),
+            tiles_high: 2,
+            tiles_wide: 1,
+            grid: 2,
+            unpad: Unpad {
+                top: 1,
+                left: 0,
+                rows: 2,
+                cols: 2,
+            },
+        };
+        let rows = layout.packed_rows(4);
+        assert_eq!(rows.len(), layout.feature_count(4));
+        // Base view 0..4; grid row 1 is tile 1's (view 1) patch row 1; grid row 2 is tile 2's
+        // (view 2) patch row 0.
+        let expected = [0, 1, 2, 3].map(Some).into_iter().chain([
+            Some(6),
+            Some(7),
+            None,
+            Some(8),
+            Some(9),
+            None,
+        ]);
+        assert!(rows.into_iter().eq(expected));
     }
 
     #[test]

@@ -358,4 +358,33 @@ impl LlavaConfig {
         let g = self.grid();
         g * g + usize::from(self.vision_feature_select_strategy == SelectStrategy::Full)
     }
+
+    /// The number of features an image of original `(height, width)` gives (the size matters
+    /// for LLaVA-NeXT only): what its `<image>` placeholder must be expanded to.
+    pub fn image_feature_count(&self, image_size: (usize, usize)) -> Result<usize> {
+        let base = self.tokens_per_view();
+        match self.variant {
+            LlavaVariant::Llava => Ok(base),
+            LlavaVariant::LlavaNext => {
+                Ok(crate::AnyresLayout::new(self, image_size)?.feature_count(base))
+            }
+        }
+    }
+
+    /// Expands each image placeholder (`image_token_id`) of a tokenised prompt into as many image
+    /// tokens as the corresponding image (of original `(height, width)`, in order) gives
+    /// features, as HF's processor does to each `<image>`.
+    pub fn expand_image_tokens(
+        &self,
+        prompt: &[u32],
+        image_sizes: &[(usize, usize)],
+    ) -> Result<Vec<u32>> {
+        let counts = image_sizes
+            .iter()
+            .map(|&s| self.image_feature_count(s))
+            .collect::<Result<Vec<_>>>()?;
+        let token = u32::try_from(self.image_token_id)
+            .map_err(|_| Error::InvalidInput("image_token_id is negative".into()))?;
+        crate::expand_image_tokens(prompt, token, &counts)
+    }
 }

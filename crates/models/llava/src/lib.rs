@@ -70,10 +70,14 @@ mod model;
 mod names;
 mod processor;
 mod runner;
+mod spec;
 
 pub use anyres::{unpad_region, AnyresLayout, Unpad, MAX_SIDE};
 pub use config::{resolve_layer, FeatureLayers, LlavaConfig, LlavaVariant, SelectStrategy};
 pub use model::{read_image_sizes, LlavaModel, PromptTokens};
 pub use names::LlavaWeights;
 pub use processor::{render_chat_template, LlavaInputs, LlavaProcessor};
-pub use runner::{expand_image_tokens, LlavaFamily, LlavaNextFamily, LlavaRunner, LlavaTasks};
+pub use runner::{
+    expand_image_tokens, stop_tokens, LlavaFamily, LlavaNextFamily, LlavaRunner, LlavaTasks,
+};
+pub use spec::{image_features_with, image_newline, image_slots, text_spec, tower_spec};

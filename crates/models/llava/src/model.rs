@@ -169,9 +169,8 @@ impl<B: Backend> LlavaModel<B> {
         }
     }
 
-    /// HF's `pack_image_features` for one image: the base view's features, then the tile
-    /// features arranged as the image (tiles row by row, each tile's patch grid inside),
-    /// unpadded, with `image_newline` after every row.
+    /// HF's `pack_image_features` for one image: its views' features gathered by
+    /// [`AnyresLayout::packed_rows`] (`image_newline` where it says so).
     fn pack(&self, features: Tensor<B, 3>, layout: &AnyresLayout) -> Result<Tensor<B, 2>> {
         let newline = self
             .image_newline
@@ -179,37 +178,25 @@ impl<B: Backend> LlavaModel<B> {
             .ok_or_else(|| Error::Compute("LLaVA-NeXT model without image_newline".into()))?;
         let [views, tokens, d] = features.dims();
         let g = layout.grid;
-        let (th, tw) = (layout.tiles_high, layout.tiles_wide);
         if views != layout.views() || tokens != g * g {
             return Err(Error::Compute(format!(
-                "{views} views of {tokens} features do not form a {th}x{tw} tile grid of {g}x{g} \
-                 patches plus a base view"
+                "{views} views of {tokens} features do not form a {}x{} tile grid of {g}x{g} \
+                 patches plus a base view",
+                layout.tiles_high, layout.tiles_wide
             )));
         }
-        let base = features.clone().narrow(0, 0, 1).reshape([tokens, d]);
-        let u = layout.unpad;
-        let tiles = features
-            .narrow(0, 1, th * tw)
-            .reshape([th, tw, g, g, d])
-            .permute([0, 2, 1, 3, 4])
-            .reshape([th * g, tw * g, d])
-            .narrow(0, u.top, u.rows)
-            .narrow(1, u.left, u.cols);
-        let newline = newline.reshape([1, 1, d]).expand([u.rows, 1, d]);
-        let rows = Tensor::cat(vec![tiles, newline], 1).reshape([u.rows * (u.cols + 1), d]);
-        Ok(Tensor::cat(vec![base, rows], 0))
-    }
-
-    /// The number of features an image of original `(height, width)` gives (the size matters
-    /// for LLaVA-NeXT only): what its `<image>` placeholder must be expanded to.
-    pub fn image_feature_count(&self, image_size: (usize, usize)) -> Result<usize> {
-        let base = self.config.tokens_per_view();
-        match self.config.variant {
-            LlavaVariant::Llava => Ok(base),
-            LlavaVariant::LlavaNext => {
-                Ok(AnyresLayout::new(&self.config, image_size)?.feature_count(base))
-            }
-        }
+        let rows = views * tokens;
+        let index: Vec<i64> = layout
+            .packed_rows(tokens)
+            .into_iter()
+            .map(|r| r.unwrap_or(rows) as i64)
+            .collect();
+        let n = index.len();
+        let all = Tensor::cat(
+            vec![features.reshape([rows, d]), newline.reshape([1, d])],
+            0,
+        );
+        Ok(all.select(0, int_tensor::<B, 1>(index, [n], &self.device)))
     }
 
     /// The decoder's input embeddings `[batch, seq, hidden]` for `ids` `[batch, seq]`: token
@@ -226,21 +213,8 @@ impl<B: Backend> LlavaModel<B> {
         if features.is_empty() {
             return Ok(embeds);
         }
-        let image = self.config.image_token_id;
-        let slots: Vec<usize> = ids
-            .iter()
-            .enumerate()
-            .filter(|&(i, &id)| id == image && mask.is_none_or(|m| m.get(i) != Some(&0)))
-            .map(|(i, _)| i)
-            .collect();
         let count: usize = features.iter().map(|f| f.dims()[0]).sum();
-        if slots.len() != count {
-            return Err(Error::InvalidInput(format!(
-                "image features and image tokens do not match: the prompt holds {} image tokens \
-                 (id {image}), the images give {count} features",
-                slots.len()
-            )));
-        }
+        let slots = crate::spec::image_slots(&self.config, ids, mask, count)?;
         let d = self.config.text_config.hidden_size;
         let rows = batch * seq;
         let mut index: Vec<i64> = (0..rows as i64).collect();
@@ -311,7 +285,7 @@ pub fn read_image_sizes(t: &HostTensor) -> Result<Vec<(usize, usize)>> {
 /// The views LLaVA-NeXT encodes, `[total, channels, h, w]`: each image's first
 /// [`AnyresLayout::views`] views of a stacked `[images, views, channels, h, w]` input, or an
 /// already concatenated `[total, channels, h, w]` one (checked against the total).
-fn gather_views(pixels: &HostTensor, layouts: &[AnyresLayout]) -> Result<HostTensor> {
+pub(crate) fn gather_views(pixels: &HostTensor, layouts: &[AnyresLayout]) -> Result<HostTensor> {
     if !pixels.dtype().is_float() {
         return Err(Error::InvalidInput(format!(
             "pixel_values must be floats, got {}",

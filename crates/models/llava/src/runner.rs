@@ -72,11 +72,12 @@ pub fn expand_image_tokens(prompt: &[u32], image_token: u32, counts: &[usize]) -
     Ok(out)
 }
 
-/// `eos_token_id` of `generation_config.json` in `dir`, when present.
-fn generation_eos(dir: &Path) -> Result<Option<Vec<u32>>> {
+/// The tokens generation stops at: `eos_token_id` of `generation_config.json` in `dir` when
+/// present, else the text model's.
+pub fn stop_tokens(dir: &Path, config: &LlavaConfig) -> Result<Vec<u32>> {
     let path = dir.join("generation_config.json");
     if !path.is_file() {
-        return Ok(None);
+        return Ok(config.text_config.eos_token_ids());
     }
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let value: serde_json::Value =
@@ -84,13 +85,12 @@ fn generation_eos(dir: &Path) -> Result<Option<Vec<u32>>> {
     let ids: Vec<u64> = match value.get("eos_token_id") {
         Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().collect(),
         Some(serde_json::Value::Array(list)) => list.iter().filter_map(|v| v.as_u64()).collect(),
-        _ => return Ok(None),
+        _ => return Ok(config.text_config.eos_token_ids()),
     };
-    Ok(Some(
-        ids.into_iter()
-            .filter_map(|i| u32::try_from(i).ok())
-            .collect(),
-    ))
+    Ok(ids
+        .into_iter()
+        .filter_map(|i| u32::try_from(i).ok())
+        .collect())
 }
 
 /// A loaded LLaVA / LLaVA-NeXT checkpoint on one backend.
@@ -112,9 +112,7 @@ impl<B: Backend> LlavaRunner<B> {
         let config = LlavaConfig::from_file_as(&dir.join("config.json"), variant)?;
         let weights = ipfs_accelerate_io::open_weights(dir)?;
         let mut runner = Self::load(weights, &config, device, kind)?;
-        if let Some(eos) = generation_eos(dir)? {
-            runner.stop_tokens = eos;
-        }
+        runner.stop_tokens = stop_tokens(dir, &config)?;
         Ok(runner)
     }
 
@@ -145,24 +143,16 @@ impl<B: Backend> LlavaRunner<B> {
     /// Image tokens one image of original `(height, width)` takes in the prompt (LLaVA-1.5:
     /// the same for every image; LLaVA-NeXT: depends on the size through the anyres grid).
     pub fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
-        self.model.image_feature_count(image_size)
+        self.config().image_feature_count(image_size)
     }
 
-    /// Expands each image placeholder (`image_token_id`) of a tokenised prompt into as many image
-    /// tokens as the corresponding image (of original `(height, width)`, in order) gives
-    /// features, as HF's processor does to each `<image>`.
+    /// [`LlavaConfig::expand_image_tokens`].
     pub fn expand_image_tokens(
         &self,
         prompt: &[u32],
         image_sizes: &[(usize, usize)],
     ) -> Result<Vec<u32>> {
-        let counts = image_sizes
-            .iter()
-            .map(|&s| self.image_token_count(s))
-            .collect::<Result<Vec<_>>>()?;
-        let token = u32::try_from(self.config().image_token_id)
-            .map_err(|_| Error::InvalidInput("image_token_id is negative".into()))?;
-        expand_image_tokens(prompt, token, &counts)
+        self.config().expand_image_tokens(prompt, image_sizes)
     }
 
     /// Generation defaults of this checkpoint: greedy, stopping at its EOS token(s).
