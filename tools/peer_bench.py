@@ -57,14 +57,14 @@ def run_torch_generation(args, dtypes, torch, tf, version):
     """Times --iters greedy generations of --new tokens after a --seq-token prompt with model.generate."""
     with open(args.config) as f:
         cfg = json.load(f)
-    auto = {"t5": tf.AutoModelForSeq2SeqLM, "whisper": tf.WhisperForConditionalGeneration}.get(
-        args.family, tf.AutoModelForCausalLM)
+    auto = {"t5": tf.AutoModelForSeq2SeqLM, "whisper": tf.WhisperForConditionalGeneration,
+            "llava": tf.LlavaForConditionalGeneration}.get(args.family, tf.AutoModelForCausalLM)
     if args.model_dir:
         model = auto.from_pretrained(args.model_dir).eval()
     else:
         torch.manual_seed(0)
         config = tf.AutoConfig.for_model(**cfg)
-        model = (auto(config) if args.family == "whisper" else auto.from_config(config)).eval()
+        model = (auto(config) if args.family in ("whisper", "llava") else auto.from_config(config)).eval()
     names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
     class FirstToken:
@@ -89,6 +89,16 @@ def run_torch_generation(args, dtypes, torch, tf, version):
             if args.family == "whisper":  # --seq log-mel frames, the decoder from its start token
                 feats = torch.randn(1, cfg.get("num_mel_bins", 80), args.seq, device=args.device, dtype=names[d])
                 inputs = dict(input_features=feats)
+            elif args.family == "llava":  # ours: the first prompt id, one image's tokens, the rest
+                vocab = cfg["text_config"]["vocab_size"]
+                image = cfg.get("image_token_id", cfg.get("image_token_index"))
+                text = prompt_ids(args.seq, vocab)
+                row = [text[0]] + [image] * cfg["image_seq_length"] + [t - 1 if t == image else t for t in text[1:]]
+                ids = torch.tensor([row], device=args.device)
+                side = cfg["vision_config"]["image_size"]
+                pixels = (torch.arange(3 * side * side, device=args.device) * 37 % 255) / 127.5 - 1.0
+                inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              pixel_values=pixels.reshape(1, 3, side, side).to(names[d]))
             else:
                 # --batch rows: the prompt rotated by one id per row, as ours (decoder LMs)
                 vocab = cfg.get("vocab_size", 32000)

@@ -185,7 +185,9 @@ pub fn synthesize(family: &str, config: &Value, batch: usize, size: usize) -> Re
         }
         "llava" => {
             let vocab = field(config, Some("text_config"), "vocab_size")?;
-            let image_token = field(config, None, "image_token_index")? as i64;
+            let image_token = field(config, None, "image_token_id")
+                .or_else(|_| field(config, None, "image_token_index"))?
+                as i64;
             let image_tokens = field(config, None, "image_seq_length")?;
             let text = token_ids(batch, size, vocab);
             let mut all = Vec::with_capacity(batch * (size + image_tokens));

@@ -349,7 +349,10 @@ pub(crate) fn cublas_encoder_for(
 /// `load` (a model wholly on the cuBLAS engines) when `kind` is `cuda`; `None` on other backends
 /// and when it cannot take the checkpoint in `dir`, the reason logged (the caller then loads on
 /// burn: `fallback` says how).
-#[cfg(all(feature = "cuda", any(feature = "whisper", feature = "t5")))]
+#[cfg(all(
+    feature = "cuda",
+    any(feature = "whisper", feature = "t5", feature = "llava")
+))]
 pub(crate) fn cublas_engines<T>(
     kind: BackendKind,
     family: &str,

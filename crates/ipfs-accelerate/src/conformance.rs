@@ -146,6 +146,24 @@ pub fn load_family_in(
         };
         return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
     }
+    // LLaVA / LLaVA-NeXT: on cuda the tower and the language model on the cuBLAS engines when
+    // they can take the checkpoint.
+    #[cfg(feature = "llava")]
+    if let Some(variant) = match family {
+        "llava" => Some(ipfs_accelerate_llava::LlavaVariant::Llava),
+        "llava_next" => Some(ipfs_accelerate_llava::LlavaVariant::LlavaNext),
+        _ => None,
+    } {
+        let work = crate::multimodal::LoadLlava {
+            dir: dir.to_path_buf(),
+            variant,
+            options: crate::LoadOptions {
+                precision,
+                ..Default::default()
+            },
+        };
+        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    }
     // BERT, ViT and CLIP (both towers) on cuda: the cuBLAS encoder when it can take the
     // checkpoint, else burn's CubeCL path.
     #[cfg(feature = "cuda")]
@@ -303,6 +321,7 @@ fn block_format_errors(precision: Precision) -> Result<Vec<(&'static str, f64)>>
             ids: &ids,
             positions: &positions,
             mask: &mask,
+            replaced: None,
         };
         let mut logits = session
             .forward(&columns, prompt, LogitsOf::Every)
@@ -314,6 +333,7 @@ fn block_format_errors(precision: Precision) -> Result<Vec<(&'static str, f64)>>
                 ids: &id,
                 positions: &at,
                 mask: &[1],
+                replaced: None,
             };
             logits.extend(
                 session

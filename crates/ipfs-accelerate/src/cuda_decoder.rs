@@ -17,7 +17,7 @@ use ipfs_accelerate_nn::generate::{
 };
 use ipfs_accelerate_nn::WeightQuantization;
 
-use crate::cuda_tokens::{EngineTokens, Prompt, CUDA_DECODER_ENV};
+use crate::cuda_tokens::{EngineTokens, Prompt, Replacement, CUDA_DECODER_ENV};
 
 /// A decoder LM loaded on the cuBLAS engine.
 pub struct CudaDecoder {
@@ -50,21 +50,33 @@ impl CudaDecoder {
     /// cache holds the prompt and `max_new` tokens. The engine checks the ids against the
     /// vocabulary and the cache against the model's positions.
     fn decoder(&self, prompts: &[Vec<u32>], max_new: usize) -> Result<EngineTokens<'_>> {
+        self.decoder_replacing(prompts, max_new, |_, _| Ok(None))
+    }
+
+    /// [`CudaDecoder::decoder`] whose prefill replaces the input embeddings that `replace` picks
+    /// from the padded batch's ids and mask (row-major `[batch, len]`).
+    pub(crate) fn decoder_replacing(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        replace: impl FnOnce(&[i64], &[i64]) -> Result<Option<Replacement>>,
+    ) -> Result<EngineTokens<'_>> {
         let LeftPadded {
             ids,
             mask,
             positions,
             len,
         } = left_padded(prompts, self.config.padding_id())?;
-        let flat = |rows: Vec<Vec<i64>>| -> Vec<i32> {
-            rows.into_iter().flatten().map(|v| v as i32).collect()
-        };
+        let (ids, mask) = (ids.concat(), mask.concat());
+        let replaced = replace(&ids, &mask)?;
+        let narrow = |rows: &[i64]| -> Vec<i32> { rows.iter().map(|&v| v as i32).collect() };
         let next = positions.iter().map(|r| r[len - 1] as i32 + 1).collect();
         let prompt = Prompt {
-            ids: flat(ids),
-            positions: flat(positions),
-            mask: flat(mask),
+            ids: narrow(&ids),
+            positions: narrow(&positions.concat()),
+            mask: narrow(&mask),
             len,
+            replaced,
         };
         let session = self.engine.session(prompts.len(), len + max_new)?;
         Ok(EngineTokens::new(
@@ -75,12 +87,17 @@ impl CudaDecoder {
         ))
     }
 
+    /// The engine.
+    pub(crate) fn engine(&self) -> &DecoderEngine {
+        &self.engine
+    }
+
     /// Logits `[batch, seq, vocab]` of every position (one uncached pass).
     fn logits(&self, f: &ForwardInputs) -> Result<HostTensor> {
         let session = self.engine.session(f.batch, f.seq)?;
         let dims = (f.batch, f.seq, self.engine.vocab());
         let (positions, mask) = (Some(&f.positions[..]), Some(&f.mask[..]));
-        crate::cuda_tokens::logits_of_every(session, dims, &f.ids, positions, mask)
+        crate::cuda_tokens::logits_of_every(session, dims, &f.ids, (positions, mask), None)
     }
 
     fn generate_rows(

@@ -120,6 +120,7 @@ impl T5Executor for CudaT5 {
             ids: &narrow("input_ids", &inputs.input_ids)?,
             positions: &positions(batch, seq),
             mask: &mask,
+            replaced: None,
         };
         let states = session.forward(&columns, seq, LogitsOf::States)?;
         Ok(Encoded {
@@ -145,7 +146,13 @@ impl T5Executor for CudaT5 {
         len: usize,
     ) -> Result<HostTensor> {
         let dims = (encoded.batch, len, self.decoder.vocab());
-        crate::cuda_tokens::logits_of_every(self.session(encoded, len)?, dims, ids, None, None)
+        crate::cuda_tokens::logits_of_every(
+            self.session(encoded, len)?,
+            dims,
+            ids,
+            (None, None),
+            None,
+        )
     }
 
     fn generate_from(

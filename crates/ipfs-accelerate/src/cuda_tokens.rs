@@ -3,9 +3,11 @@
 //! call, then one token per row, each step's tokens picked on the device (greedy there; sampled
 //! from the few most likely tokens the device keeps, with the CPU sampler's draws).
 
-#[cfg(any(feature = "whisper", feature = "t5"))]
+#[cfg(any(feature = "whisper", feature = "t5", feature = "llava"))]
 use ipfs_accelerate_backend_cublas::DecoderEngine;
-use ipfs_accelerate_backend_cublas::{Columns, DecodeSession, LogitsOf, TopRequest, MAX_TOP_VOCAB};
+use ipfs_accelerate_backend_cublas::{
+    Columns, DecodeSession, LogitsOf, Replaced, TopRequest, MAX_TOP_VOCAB,
+};
 use ipfs_accelerate_core::{Error, Result};
 use ipfs_accelerate_nn::generate::{
     choose_among, penalized_tokens, pick_drawn, RowPick, TokenDecoder,
@@ -22,7 +24,7 @@ pub(crate) const DEVICE_PICKS_ENV: &str = "IPFS_ACCELERATE_CUDA_DEVICE_PICKS";
 
 /// Why a model may not load on the cuBLAS decoder engine in float weights with `options`: the
 /// engine switched off ([`CUDA_DECODER_ENV`]) or quantized weights asked for.
-#[cfg(any(feature = "whisper", feature = "t5"))]
+#[cfg(any(feature = "whisper", feature = "t5", feature = "llava"))]
 pub(crate) fn float_engine_allowed(options: &crate::LoadOptions) -> Result<(), String> {
     if crate::backends::env_switch(CUDA_DECODER_ENV) == Some(false) {
         return Err(format!("{CUDA_DECODER_ENV} is off"));
@@ -35,7 +37,7 @@ pub(crate) fn float_engine_allowed(options: &crate::LoadOptions) -> Result<(), S
 
 /// `spec` (a family's decoder spec, or why it has none) on the cuBLAS decoder engine in
 /// `precision`; why not as a sentence.
-#[cfg(any(feature = "whisper", feature = "t5"))]
+#[cfg(any(feature = "whisper", feature = "t5", feature = "llava"))]
 pub(crate) fn engine_of(
     spec: Result<ipfs_accelerate_core::DecoderSpec>,
     precision: ipfs_accelerate_core::Precision,
@@ -61,13 +63,14 @@ pub(crate) fn positions(batch: usize, len: usize) -> Vec<i32> {
 
 /// Logits `[batch, len, vocab]` of every column of `ids` (row-major `[batch, len]`) in one
 /// uncached call of `session`: at `positions` (none: 0, 1, ... per row), `mask` 1 for a token and
-/// 0 for padding (none: all tokens).
+/// 0 for padding (none: all tokens), with the input embeddings of the columns in `replaced`
+/// replaced.
 pub(crate) fn logits_of_every(
     mut session: DecodeSession<'_>,
     (batch, len, vocab): (usize, usize, usize),
     ids: &[i64],
-    positions_of: Option<&[i64]>,
-    mask: Option<&[i64]>,
+    (positions_of, mask): (Option<&[i64]>, Option<&[i64]>),
+    replaced: Option<&Replacement>,
 ) -> Result<ipfs_accelerate_core::HostTensor> {
     if len == 0 || ids.len() != batch * len {
         return Err(Error::InvalidInput(format!(
@@ -87,6 +90,7 @@ pub(crate) fn logits_of_every(
         ids: &narrow("input_ids", ids)?,
         positions: &positions,
         mask: &mask,
+        replaced: replaced.map(Replacement::columns),
     };
     let logits = session.forward(&columns, len, LogitsOf::Every)?;
     ipfs_accelerate_core::HostTensor::from_f32(vec![batch, len, vocab], &logits)
@@ -118,12 +122,31 @@ macro_rules! cublas_identity {
 pub(crate) use cublas_identity;
 
 /// A prompt (left-padded where rows differ in length): ids, positions and mask `[batch, len]`,
-/// and `len`.
+/// `len`, and input embeddings that replace some columns' token embeddings.
 pub(crate) struct Prompt {
     pub(crate) ids: Vec<i32>,
     pub(crate) positions: Vec<i32>,
     pub(crate) mask: Vec<i32>,
     pub(crate) len: usize,
+    pub(crate) replaced: Option<Replacement>,
+}
+
+/// Input embeddings for some of a call's columns (LLaVA's image features at its image tokens).
+pub(crate) struct Replacement {
+    /// Indices into the `[batch, len]` columns, ascending.
+    pub(crate) columns: Vec<usize>,
+    /// `[columns.len(), hidden]`.
+    pub(crate) values: Vec<f32>,
+}
+
+impl Replacement {
+    /// The engine's view of it.
+    pub(crate) fn columns(&self) -> Replaced<'_> {
+        Replaced {
+            columns: &self.columns,
+            values: &self.values,
+        }
+    }
 }
 
 /// One generation's [`TokenDecoder`] on the engine: the prompt on the first call, one token per
@@ -157,6 +180,7 @@ impl TokenDecoder for EngineTokens<'_> {
             ids: &p.ids,
             positions: &p.positions,
             mask: &p.mask,
+            replaced: p.replaced.as_ref().map(Replacement::columns),
         };
         Ok(self.session.forward(&columns, p.len, LogitsOf::Last)?)
     }
@@ -195,6 +219,7 @@ impl<'e> EngineTokens<'e> {
             positions: positions(prompts.len(), len),
             mask: vec![1; prompts.len() * len],
             len,
+            replaced: None,
         };
         Self::new(session, prompt, vec![len as i32; prompts.len()], vocab)
     }
@@ -294,6 +319,7 @@ impl<'e> EngineTokens<'e> {
                 ids: &ids,
                 positions: &positions,
                 mask: &mask,
+                replaced: None,
             },
         )?;
         self.next.iter_mut().for_each(|p| *p += 1);

@@ -104,7 +104,13 @@ impl CudaWhisper {
         mask: Option<&[i64]>,
     ) -> Result<HostTensor> {
         let dims = (states.shape()[0], len, self.decoder.vocab());
-        crate::cuda_tokens::logits_of_every(self.session(states, len)?, dims, ids, None, mask)
+        crate::cuda_tokens::logits_of_every(
+            self.session(states, len)?,
+            dims,
+            ids,
+            (None, mask),
+            None,
+        )
     }
 
     /// Greedy rows from `prompts` after `states` (no suppression), through the shared loop.

@@ -40,8 +40,13 @@
 mod assets;
 mod backends;
 pub mod conformance;
-#[cfg(all(feature = "cuda", any(feature = "llama", feature = "qwen2")))]
+#[cfg(all(
+    feature = "cuda",
+    any(feature = "llama", feature = "qwen2", feature = "llava")
+))]
 mod cuda_decoder;
+#[cfg(all(feature = "cuda", feature = "llava"))]
+mod cuda_llava;
 #[cfg(all(feature = "cuda", feature = "t5"))]
 mod cuda_t5;
 #[cfg(all(
@@ -50,7 +55,8 @@ mod cuda_t5;
         feature = "llama",
         feature = "qwen2",
         feature = "whisper",
-        feature = "t5"
+        feature = "t5",
+        feature = "llava"
     )
 ))]
 mod cuda_tokens;

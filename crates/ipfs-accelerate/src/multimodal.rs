@@ -31,6 +31,8 @@ pub use ipfs_accelerate_preprocess::audio::Audio;
 pub use ipfs_accelerate_preprocess::image::RgbImage;
 
 #[cfg(feature = "llava")]
+pub(crate) use describe::LoadLlava;
+#[cfg(feature = "llava")]
 pub use describe::{Description, ImageDescriber};
 
 #[cfg(feature = "llava")]
@@ -42,18 +44,44 @@ mod describe {
 
     use super::*;
 
-    struct LoadLlava(PathBuf, LlavaVariant);
+    /// Loading a LLaVA / LLaVA-NeXT checkpoint folder, as work for
+    /// [`crate::backends::with_backend`].
+    pub(crate) struct LoadLlava {
+        pub(crate) dir: PathBuf,
+        pub(crate) variant: LlavaVariant,
+        pub(crate) options: LoadOptions,
+    }
 
     impl crate::backends::WithBackend for LoadLlava {
         type Output = Box<dyn LlavaTasks>;
 
         fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
             Ok(Box::new(LlavaRunner::<H::Burn>::load_dir(
-                &self.0,
-                self.1,
+                &self.dir,
+                self.variant,
                 &hal.device(),
                 hal.kind(),
             )?))
+        }
+
+        /// On `cuda`, the tower and the language model on the cuBLAS engines (no burn device at
+        /// all) when they can take the checkpoint.
+        fn without_device(
+            self,
+            kind: ipfs_accelerate_core::BackendKind,
+        ) -> std::result::Result<Result<Self::Output>, Self> {
+            #[cfg(feature = "cuda")]
+            if let Some(model) = crate::backends::cublas_engines(
+                kind,
+                self.variant.name(),
+                &self.dir,
+                "burn runs it",
+                || crate::cuda_llava::CudaLlava::load(&self.dir, self.variant, &self.options),
+            ) {
+                return Ok(Ok(Box::new(model)));
+            }
+            let _ = kind;
+            Err(self)
         }
     }
 
@@ -94,8 +122,12 @@ mod describe {
                 "llava_next" => LlavaVariant::LlavaNext,
                 _ => LlavaVariant::Llava,
             };
-            let inner =
-                Loaded::from_dir(dir, options, clock, |d| LoadLlava(d, variant), None, None)?;
+            let load = |dir| LoadLlava {
+                dir,
+                variant,
+                options: options.clone(),
+            };
+            let inner = Loaded::from_dir(dir, options, clock, load, None, None)?;
             let processor = LlavaProcessor::from_dir(&inner.dir)?;
             Ok(ImageDescriber { inner, processor })
         }

@@ -836,6 +836,10 @@ pub struct Replaced<'a> {
     pub values: &'a [f32],
 }
 
+/// [`Replaced`] ready to copy: its runs `(first column, first value row, length)` and its values
+/// in the storage type.
+type Upload<T> = (Vec<(usize, usize, usize)>, Vec<T>);
+
 impl Replaced<'_> {
     /// The replaced columns as runs `(first column, first value row, length)` of consecutive
     /// columns, after checking them against `rows` columns of `hidden` values.
@@ -2034,7 +2038,7 @@ where
         cache: &mut Cache<T>,
         memory: Option<&Memory<T>>,
         b: &mut Buffers<T>,
-        (new, replaced): (usize, Option<&(Vec<(usize, usize, usize)>, Vec<T>)>),
+        (new, replaced): (usize, Option<&Upload<T>>),
         of: LogitsOf,
         profile: bool,
     ) -> Result<(), EngineError> {

@@ -332,9 +332,3 @@ pub(crate) fn gather_views(pixels: &HostTensor, layouts: &[AnyresLayout]) -> Res
         ))),
     }
 }
-
-/// Feature counts per image as an I64 `[images]` host tensor (the `image_feature_count` output).
-pub fn counts_tensor<B: Backend>(features: &[Tensor<B, 2>]) -> Result<HostTensor> {
-    let counts: Vec<i64> = features.iter().map(|f| f.dims()[0] as i64).collect();
-    HostTensor::from_i64(vec![counts.len()], &counts)
-}

@@ -19,7 +19,7 @@ use ipfs_accelerate_nn::{
 };
 
 use crate::config::{LlavaConfig, LlavaVariant};
-use crate::model::{counts_tensor, LlavaModel, PromptTokens};
+use crate::model::{LlavaModel, PromptTokens};
 use crate::processor::LlavaInputs;
 
 /// The LLaVA-1.5 family (`LlavaForConditionalGeneration` checkpoints).
@@ -226,42 +226,6 @@ impl<B: Backend> LlavaRunner<B> {
         decoder.set_prompt_embeds(embeds)?;
         generate(&mut decoder, prompts, config, on_token)
     }
-
-    /// `greedy_steps` argmax tokens after every row of `input_ids` (left padding stripped by the
-    /// attention mask), recomputing the whole sequence each step as the reference fixtures do:
-    /// I64 `[batch, steps]`.
-    fn greedy(
-        &self,
-        inputs: &TensorMap,
-        tokens: PromptTokens<'_>,
-        features: &[Tensor<B, 2>],
-    ) -> Result<HostTensor> {
-        let steps = greedy_steps(inputs)?;
-        let (ids, seq) = (tokens.ids, tokens.seq);
-        check_vocab("input_ids", ids, self.config().text_config.vocab_size)?;
-        let mut prompts = Vec::with_capacity(tokens.batch);
-        for (r, row) in ids.chunks(seq).enumerate() {
-            let start = match tokens.mask {
-                None => 0,
-                Some(m) => {
-                    let m = &m[r * seq..(r + 1) * seq];
-                    let first = m.iter().position(|&v| v != 0).unwrap_or(seq);
-                    if m[first..].contains(&0) {
-                        return Err(Error::InvalidInput(
-                            "generation takes left padding only (zeros before the tokens)".into(),
-                        ));
-                    }
-                    first
-                }
-            };
-            prompts.push(row[start..].iter().map(|&t| t as u32).collect());
-        }
-        greedy_tokens(&prompts, steps, |prompts, config| {
-            self.generate_from_features(features, prompts, config, DecodeMode::Recompute, |_, _| {
-                ControlFlow::Continue(())
-            })
-        })
-    }
 }
 
 impl<B: Backend> ModelRunner for LlavaRunner<B> {
@@ -273,18 +237,15 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         self.kind
     }
 
-    /// `input_ids` `[batch, seq]` (+ `attention_mask`, `pixel_values`, and `image_sizes` for
-    /// LLaVA-NeXT) → `logits` `[batch, seq, vocab]` and, with pixels, `image_feature_count`
-    /// `[images]`; with `greedy_steps` also `greedy_tokens` `[batch, steps]`.
+    /// Greedy tokens after the one row of `input_ids` and its images (no stop token): the
+    /// benchmark's generation.
     fn generate_ids(
         &self,
         inputs: &TensorMap,
         max_new_tokens: usize,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
-        let (_, _, ids) = input_ids(inputs)?;
-        check_vocab("input_ids", &ids, self.config().text_config.vocab_size)?;
-        let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        let prompt = single_prompt(inputs, self.config().text_config.vocab_size)?;
         let rows = self.generate_with(
             inputs.get("pixel_values"),
             inputs.get("image_sizes"),
@@ -296,31 +257,111 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         ipfs_accelerate_nn::generate::single_row(rows)
     }
 
+    /// See [`run_llava`].
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let (ids_t, [batch, seq], ids) = input_ids(inputs)?;
-        let mask = same_shape_ids(inputs, "attention_mask", ids_t)?;
-        let tokens = PromptTokens {
-            ids: &ids,
-            batch,
-            seq,
-            mask: mask.as_deref(),
-        };
-        let features = match inputs.get("pixel_values") {
-            Some(p) => self.model.image_features(p, inputs.get("image_sizes"))?,
-            None => Vec::new(),
-        };
-        let logits = self.model.forward(tokens, &features)?;
-        let mut map = TensorMap::new();
-        map.insert("logits".into(), float_to_host(logits)?);
-        if !features.is_empty() {
-            map.insert("image_feature_count".into(), counts_tensor(&features)?);
-        }
-        if inputs.contains_key("greedy_steps") {
-            let greedy = self.greedy(inputs, tokens, &features)?;
-            map.insert("greedy_tokens".into(), greedy);
-        }
-        Ok(map)
+        run_llava(
+            inputs,
+            self.config().text_config.vocab_size,
+            |pixels, sizes| {
+                let features = self.model.image_features(pixels, sizes)?;
+                let counts = features.iter().map(|f| f.dims()[0]).collect();
+                Ok((features, counts))
+            },
+            |tokens, features| float_to_host(self.model.forward(tokens, features)?),
+            |prompts, config, features| {
+                self.generate_from_features(
+                    features,
+                    prompts,
+                    config,
+                    DecodeMode::Recompute,
+                    |_, _| ControlFlow::Continue(()),
+                )
+            },
+        )
     }
+}
+
+/// The `run` of every LLaVA executor (`ModelRunner::run`): `input_ids` `[batch, seq]` (+
+/// `attention_mask`, `pixel_values`, and `image_sizes` for LLaVA-NeXT) → `logits` `[batch, seq,
+/// vocab]` through `logits`, and with pixels `image_feature_count` `[images]` (`features` gives
+/// the images' features and their row counts); with `greedy_steps` also `greedy_tokens`
+/// `[batch, steps]` through `decode`, which runs the rows (left padding stripped by the mask)
+/// under a greedy [`GenerationConfig`] of that many new tokens.
+pub fn run_llava<F: Default>(
+    inputs: &TensorMap,
+    vocab: usize,
+    features: impl FnOnce(&HostTensor, Option<&HostTensor>) -> Result<(F, Vec<usize>)>,
+    logits: impl FnOnce(PromptTokens<'_>, &F) -> Result<HostTensor>,
+    decode: impl FnOnce(&[Vec<u32>], &GenerationConfig, &F) -> Result<Vec<Vec<u32>>>,
+) -> Result<TensorMap> {
+    let (ids_t, [batch, seq], ids) = input_ids(inputs)?;
+    check_vocab("input_ids", &ids, vocab)?;
+    let mask = same_shape_ids(inputs, "attention_mask", ids_t)?;
+    let tokens = PromptTokens {
+        ids: &ids,
+        batch,
+        seq,
+        mask: mask.as_deref(),
+    };
+    let (features, counts) = match inputs.get("pixel_values") {
+        Some(p) => features(p, inputs.get("image_sizes"))?,
+        None => (F::default(), Vec::new()),
+    };
+    let mut map = TensorMap::new();
+    map.insert("logits".into(), logits(tokens, &features)?);
+    if !counts.is_empty() {
+        let counts: Vec<i64> = counts.iter().map(|&c| c as i64).collect();
+        map.insert(
+            "image_feature_count".into(),
+            HostTensor::from_i64(vec![counts.len()], &counts)?,
+        );
+    }
+    if inputs.contains_key("greedy_steps") {
+        let steps = greedy_steps(inputs)?;
+        let prompts = prompt_rows(tokens)?;
+        let greedy = greedy_tokens(&prompts, steps, |prompts, config| {
+            decode(prompts, config, &features)
+        })?;
+        map.insert("greedy_tokens".into(), greedy);
+    }
+    Ok(map)
+}
+
+/// The prompt of a one-row `input_ids` whose tokens are in `0..vocab` (what `generate_ids`
+/// generates after).
+pub fn single_prompt(inputs: &TensorMap, vocab: usize) -> Result<Vec<u32>> {
+    let (_, [rows, _], ids) = input_ids(inputs)?;
+    if rows != 1 {
+        return Err(Error::InvalidInput(format!(
+            "generation takes one row of input_ids, got {rows}"
+        )));
+    }
+    check_vocab("input_ids", &ids, vocab)?;
+    Ok(ids.iter().map(|&t| t as u32).collect())
+}
+
+/// Each row of `tokens` without its left padding (zeros of the mask before the tokens; a zero
+/// after a token is an error).
+fn prompt_rows(tokens: PromptTokens<'_>) -> Result<Vec<Vec<u32>>> {
+    let seq = tokens.seq;
+    let mut prompts = Vec::with_capacity(tokens.batch);
+    for (r, row) in tokens.ids.chunks(seq.max(1)).enumerate() {
+        let start = match tokens.mask {
+            None => 0,
+            Some(m) => {
+                let m = &m[r * seq..(r + 1) * seq];
+                let first = m.iter().position(|&v| v != 0).unwrap_or(seq);
+                if m[first..].contains(&0) {
+                    return Err(Error::InvalidInput(
+                        "generation takes left padding only (zeros before the tokens)".into(),
+                    ));
+                }
+                first
+            }
+        };
+        prompts.push(row[start..].iter().map(|&t| t as u32).collect());
+    }
+    Ok(prompts)
 }
 
 /// The input `input_ids` `[batch, seq]`: the tensor, its shape and its values.
