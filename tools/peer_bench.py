@@ -12,9 +12,10 @@ Weights: the checkpoint in --model-dir when given (a local folder with config.js
 weights of --config (seeded; the shapes, not the values, matter for timing).
 Families: bert (input_ids, attention_mask, token_type_ids of batch x seq), vit (pixel_values of
 batch x 3 x seq x seq), clip (seq text tokens and one image per row) and whisper's encoder (input_features of
-batch x mels x seq frames); with --new N (torch only), llama, qwen2, t5 and whisper generation: a prompt of --seq
-token ids (the same ids ours uses; t5: the encoder's; whisper: --seq log-mel frames), N new tokens, greedy, no
-stop at end-of-sequence, `model.generate` with the KV cache;
+batch x mels x seq frames); with --new N (torch only), llama, qwen2, t5, whisper and llava generation: a prompt
+of --seq token ids (the same ids ours uses; t5: the encoder's; whisper: --seq log-mel frames; llava: the first
+id, one image's image_seq_length image tokens, the rest, and one image of the config's size), N new tokens,
+greedy, no stop at end-of-sequence, `model.generate` with the KV cache;
 its line then has ttft_ms (time to the first new token) and decode_ms (ms per new token after the first), one
 per timed iteration.
 
@@ -35,7 +36,7 @@ import traceback
 FAMILIES = ("bert", "vit", "clip", "whisper")
 # Families only the torch peer runs (no ONNX export here).
 TORCH_ONLY = ("clip", "whisper")
-GENERATING = ("llama", "qwen2", "t5", "whisper")
+GENERATING = ("llama", "qwen2", "t5", "whisper", "llava")
 ENGINES = ("torch", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
 

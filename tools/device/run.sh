@@ -44,6 +44,9 @@
 # facade's cuda_generation test binary (continuous batching on the engine, device picks through the public API);
 # conformance of LLaMA / Qwen2; part 19 the cuda_generation tests again after continuous batching picked on the
 # device too (three runs).
+# Session 25: part 20 LLaVA / LLaVA-NeXT on the cuBLAS engines (the tower with the projector on the encoder
+# engine, the image features in place of the image tokens' embeddings at the decoder's prefill): conformance
+# in f32 and f16, then a LLaVA-1.5 checkpoint (CLIP ViT-L/14-336 + a Llama-3.2-1B-shaped LM) against PyTorch f16.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -56,6 +59,28 @@ G="could not run as a CUDA graph"
 now() { python3 -c 'import time; print(time.time())'; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PART=${1:-1}
+# A LLaVA-1.5 checkpoint in /tmp/llava (parts 20, 21).
+save_llava() {
+echo "== a LLaVA-1.5 checkpoint: CLIP ViT-L/14-336 tower + a Llama-3.2-1B-shaped LM, random weights, f16 safetensors"
+cat > /tmp/save_llava.py <<'PY'
+import torch, transformers as tf
+vision = dict(model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+              num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu")
+text = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+            rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+            rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=8192))
+config = tf.LlavaConfig(vision_config=vision, text_config=text, image_token_id=128000, image_seq_length=576,
+                        vision_feature_layer=-2, vision_feature_select_strategy="default")
+torch.manual_seed(0)
+with torch.device("cuda"):
+    m = tf.LlavaForConditionalGeneration(config).to(torch.float16)
+m.save_pretrained("/tmp/llava")
+print("saved", sum(p.numel() for p in m.parameters()), "parameters, transformers", tf.__version__)
+PY
+timeout 200 python3 /tmp/save_llava.py 2>&1 | tail -2
+}
 if [ "$PART" = 1 ]; then
 echo "== a SmolLM2-135M checkpoint folder (f16 safetensors, random weights of the real config)"
 cat > /tmp/save.py <<'PY'
@@ -300,5 +325,24 @@ xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
 for run in 1 2 3; do
   IPFS_ACCELERATE_SHARED=$PWD timeout 100 ./cuda_generation --test-threads 1 2>&1 | grep -E "^test |test result|panicked|left|right"
 done
+fi
+if [ "$PART" = 20 ]; then
+echo "== verify f32 and f16: LLaVA and LLaVA-NeXT on the cuBLAS engines; LLaMA and Qwen2 (the decoder's prefill changed)"
+for p in f32 f16; do
+  timeout 150 ./xtask verify --fixtures fixtures --family llava,llava_next,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
+done
+save_llava
+python3 -c "import json; c=json.load(open('/tmp/llava/config.json')); print({k: c.get(k) for k in ('image_token_id', 'image_token_index', 'image_seq_length')})"
+echo "== against PyTorch f16 (LlavaForConditionalGeneration.generate): one 336-pixel image + 32 text tokens, 64 new"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"
+timeout 400 ./xtask compare $c --config /tmp/llava --prompt 32 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
+fi
+if [ "$PART" = 21 ]; then
+save_llava
+echo "== where the first token's time goes: wall times, then per-stage device times (graphs off)"
+IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config /tmp/llava --prompt 32 --new 2 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas|rror" | tail -4 | cut -c1-900
+echo "== against PyTorch f16 (LlavaForConditionalGeneration.generate): one 336-pixel image + 32 text tokens, 64 new"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"
+timeout 300 ./xtask compare $c --config /tmp/llava --prompt 32 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
 fi
 ls -la $OUT

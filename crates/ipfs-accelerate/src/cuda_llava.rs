@@ -19,6 +19,10 @@ use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 use crate::cuda_decoder::CudaDecoder;
 use crate::cuda_tokens::Replacement;
 
+/// Set to `1` to print the engines' per-stage device times and, for LLaVA, the wall time of the
+/// image features and of the first token.
+const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
+
 /// A LLaVA checkpoint on the cuBLAS encoder and decoder engines.
 pub(crate) struct CudaLlava {
     tower: Box<dyn ModelRunner>,
@@ -138,13 +142,30 @@ impl CudaLlava {
         sizes: Option<&HostTensor>,
         prompts: &[Vec<u32>],
         config: &GenerationConfig,
-        on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+        mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
+        let start = std::time::Instant::now();
         let features = match pixels {
             Some(p) => self.features(p, sizes)?,
             None => Vec::new(),
         };
-        self.generate_rows(&features, prompts, config, on_token)
+        if crate::backends::env_switch(PROFILE_ENV) != Some(true) {
+            return self.generate_rows(&features, prompts, config, on_token);
+        }
+        // The wall time of the image features and of the first token after them.
+        let ready = start.elapsed();
+        let mut first = None;
+        let rows = self.generate_rows(&features, prompts, config, |row, token| {
+            first.get_or_insert_with(|| start.elapsed() - ready);
+            on_token(row, token)
+        })?;
+        eprintln!(
+            "cublas llava: image features {:.3} ms (tower and host steps), then the first token \
+             {:.3} ms",
+            ready.as_secs_f64() * 1e3,
+            first.unwrap_or_default().as_secs_f64() * 1e3
+        );
+        Ok(rows)
     }
 }
 
