@@ -46,7 +46,10 @@
 # device too (three runs).
 # Session 25: part 20 LLaVA / LLaVA-NeXT on the cuBLAS engines (the tower with the projector on the encoder
 # engine, the image features in place of the image tokens' embeddings at the decoder's prefill): conformance
-# in f32 and f16, then a LLaVA-1.5 checkpoint (CLIP ViT-L/14-336 + a Llama-3.2-1B-shaped LM) against PyTorch f16.
+# in f32 and f16, then a LLaVA-1.5 checkpoint (CLIP ViT-L/14-336 + a Llama-3.2-1B-shaped LM) against PyTorch f16;
+# part 21 where its first token's time goes; part 22 the prefill's causal attention on tensor cores (the
+# encoder's flash kernel over the KV cache) and the image features gathered once in the tower's dtype:
+# conformance, the profile, flash against the per-query kernel at prompts of 128 and 1024, PyTorch f16.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -344,5 +347,27 @@ IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtas
 echo "== against PyTorch f16 (LlavaForConditionalGeneration.generate): one 336-pixel image + 32 text tokens, 64 new"
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"
 timeout 300 ./xtask compare $c --config /tmp/llava --prompt 32 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
+fi
+if [ "$PART" = 22 ]; then
+echo "== verify f32 and f16 after the prefill's attention moved to tensor cores (f16, 16+ new columns)"
+for p in f32 f16; do
+  timeout 150 ./xtask verify --fixtures fixtures --family llava,llava_next,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
+done
+save_llava
+echo "== LLaVA: where the first token's time goes (graphs off)"
+IPFS_ACCELERATE_CUDA_GRAPHS=0 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config /tmp/llava --prompt 32 --new 2 --dtype f16 --iters 1 --warmup 1 2>&1 | grep -E "^cublas|rror" | tail -4 | cut -c1-900
+echo "== prefill attention: tensor cores (1) against the per-query kernel (0), alternating; Llama-3.2-1B f16 b1, bench p50 of 5"
+for round in 1 2; do
+  for f in 1 0; do
+    for p in 128 1024; do
+      echo "-- round $round, flash $f, prompt $p"
+      IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f timeout 90 ./xtask bench --dev --backend cuda --no-db --config llama-1b --prompt $p --new 16 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "prefill|rror|$G"
+    done
+  done
+done
+echo "== against PyTorch f16: LLaVA (one 336-pixel image + 32 text tokens, 64 new), Llama-3.2-1B prompt 1024 + 64"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"
+timeout 200 ./xtask compare $c --config /tmp/llava --prompt 32 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
+timeout 150 ./xtask compare $c --config llama-1b --prompt 1024 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
 fi
 ls -la $OUT

@@ -205,7 +205,27 @@ impl HostTensor {
     /// Checks that a float tensor holds no NaN or infinite value ([`Error::NonFinite`] naming
     /// `name` otherwise); integer tensors always pass.
     pub fn check_finite(&self, name: &str) -> Result<()> {
-        if !self.dtype.is_float() {
+        let b = &self.data[..];
+        // Non-finite values counted on the bits, without converting (all-ones exponents).
+        let halves = |exponent: u16| {
+            b.chunks_exact(2)
+                .filter(|c| u16::from_le_bytes([c[0], c[1]]) & exponent == exponent)
+                .count()
+        };
+        let count = match self.dtype {
+            DType::F32 => b
+                .chunks_exact(4)
+                .filter(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+                .count(),
+            DType::F64 => b
+                .chunks_exact(8)
+                .filter(|c| !(f64::from_le_bytes(arr8(c)) as f32).is_finite())
+                .count(),
+            DType::F16 => halves(0x7C00),
+            DType::BF16 => halves(0x7F80),
+            _ => 0,
+        };
+        if count == 0 {
             return Ok(());
         }
         check_finite(&self.to_f32_vec(), name)
@@ -519,5 +539,51 @@ mod owned_vector_tests {
         assert_eq!(t.to_f32_vec(), vec![0.5; 3]);
         assert!(HostTensor::from_vec(vec![2], DType::F16, vec![1.0f32, 2.0]).is_err());
         assert!(HostTensor::from_vec(vec![3], DType::F32, vec![1.0f32, 2.0]).is_err());
+    }
+
+    #[test]
+    fn non_finite_values_are_found_in_every_float_dtype() {
+        let values = [0.5f32, 1e38, -1e-8, 65504.0];
+        let halves = |f: fn(f32) -> u16| values.iter().map(|&v| f(v)).collect::<Vec<u16>>();
+        let f16s = halves(|v| half::f16::from_f32(v).to_bits());
+        let bf16s = halves(|v| half::bf16::from_f32(v).to_bits());
+        let tensors = [
+            HostTensor::from_f32(vec![4], &values).unwrap(),
+            HostTensor::from_vec(vec![4], DType::F16, f16s).unwrap(),
+            HostTensor::from_vec(vec![4], DType::BF16, bf16s).unwrap(),
+            HostTensor::from_f64(vec![4], &values.map(f64::from)).unwrap(),
+        ];
+        // 1e38 overflows f16 to infinity; the others hold it.
+        let finite = [true, false, true, true];
+        for (t, ok) in tensors.iter().zip(finite) {
+            assert_eq!(t.check_finite("x").is_ok(), ok, "{}", t.dtype());
+        }
+        for nan in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let bits = |f: fn(f32) -> u16| vec![f(1.0), f(nan)];
+            let t = [
+                HostTensor::from_f32(vec![2], &[1.0, nan]).unwrap(),
+                HostTensor::from_vec(
+                    vec![2],
+                    DType::F16,
+                    bits(|v| half::f16::from_f32(v).to_bits()),
+                )
+                .unwrap(),
+                HostTensor::from_vec(
+                    vec![2],
+                    DType::BF16,
+                    bits(|v| half::bf16::from_f32(v).to_bits()),
+                )
+                .unwrap(),
+                HostTensor::from_f64(vec![2], &[1.0, f64::from(nan)]).unwrap(),
+            ];
+            for t in &t {
+                let e = t.check_finite("x").unwrap_err().to_string();
+                assert!(e.contains('x'), "{e}");
+            }
+        }
+        assert!(HostTensor::from_f64(vec![1], &[1e300])
+            .unwrap()
+            .check_finite("x")
+            .is_err());
     }
 }

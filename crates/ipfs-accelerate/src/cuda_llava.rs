@@ -11,8 +11,8 @@ use std::path::Path;
 
 use ipfs_accelerate_core::{BackendKind, Error, HostTensor, ModelRunner, Result, TensorMap};
 use ipfs_accelerate_llava::{
-    image_features_with, image_slots, run_llava, single_prompt, LlavaConfig, LlavaInputs,
-    LlavaTasks, LlavaVariant, PromptTokens,
+    image_features_with, image_slots, run_llava, single_prompt, ImageFeatures, LlavaConfig,
+    LlavaInputs, LlavaTasks, LlavaVariant, PromptTokens,
 };
 use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 
@@ -63,9 +63,9 @@ impl CudaLlava {
         })
     }
 
-    /// Each image's features `[count · text_hidden]` (see
-    /// [`ipfs_accelerate_llava::image_features_with`]), the views through the encoder engine.
-    fn features(&self, pixels: &HostTensor, sizes: Option<&HostTensor>) -> Result<Vec<Vec<f32>>> {
+    /// The images' features (see [`ipfs_accelerate_llava::image_features_with`]), the views
+    /// through the encoder engine.
+    fn features(&self, pixels: &HostTensor, sizes: Option<&HostTensor>) -> Result<ImageFeatures> {
         image_features_with(
             &self.config,
             self.newline.as_deref(),
@@ -82,28 +82,28 @@ impl CudaLlava {
     }
 
     /// The features in the columns of `ids` (row-major, padding where `mask` is 0) that hold
-    /// image tokens; none without features.
+    /// image tokens; none without images.
     fn replacement(
         &self,
-        features: &[Vec<f32>],
+        features: Option<&ImageFeatures>,
         ids: &[i64],
         mask: Option<&[i64]>,
     ) -> Result<Option<Replacement>> {
-        let d = self.config.text_config.hidden_size;
-        let rows = features.iter().map(|f| f.len() / d).sum();
+        let rows = features.map_or(0, |f| f.counts.iter().sum());
         let columns = image_slots(&self.config, ids, mask, rows)?;
-        if columns.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Replacement {
+        Ok(features.filter(|_| rows > 0).map(|f| Replacement {
             columns,
-            values: features.concat(),
+            values: f.values.clone(),
         }))
     }
 
     /// Logits `[batch, seq, vocab]` of every position of `tokens` with the features spliced in
     /// (HF's forward: positions `0..seq` per row).
-    fn logits(&self, tokens: PromptTokens<'_>, features: &[Vec<f32>]) -> Result<HostTensor> {
+    fn logits(
+        &self,
+        tokens: PromptTokens<'_>,
+        features: Option<&ImageFeatures>,
+    ) -> Result<HostTensor> {
         let (batch, seq) = (tokens.batch, tokens.seq);
         let engine = self.text.engine();
         let session = engine.session(batch, seq)?;
@@ -122,7 +122,7 @@ impl CudaLlava {
     /// order, take `features` in order.
     fn generate_rows(
         &self,
-        features: &[Vec<f32>],
+        features: Option<&ImageFeatures>,
         prompts: &[Vec<u32>],
         config: &GenerationConfig,
         on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
@@ -145,17 +145,15 @@ impl CudaLlava {
         mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
     ) -> Result<Vec<Vec<u32>>> {
         let start = std::time::Instant::now();
-        let features = match pixels {
-            Some(p) => self.features(p, sizes)?,
-            None => Vec::new(),
-        };
+        let features = pixels.map(|p| self.features(p, sizes)).transpose()?;
+        let features = features.as_ref();
         if crate::backends::env_switch(PROFILE_ENV) != Some(true) {
-            return self.generate_rows(&features, prompts, config, on_token);
+            return self.generate_rows(features, prompts, config, on_token);
         }
         // The wall time of the image features and of the first token after them.
         let ready = start.elapsed();
         let mut first = None;
-        let rows = self.generate_rows(&features, prompts, config, |row, token| {
+        let rows = self.generate_rows(features, prompts, config, |row, token| {
             first.get_or_insert_with(|| start.elapsed() - ready);
             on_token(row, token)
         })?;
@@ -190,17 +188,17 @@ impl ModelRunner for CudaLlava {
     /// See [`run_llava`]; the greedy tokens decode with the KV cache (the same tokens as
     /// recomputing).
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let d = self.config.text_config.hidden_size;
         run_llava(
             inputs,
             self.config.text_config.vocab_size,
             |pixels, sizes| {
                 let features = self.features(pixels, sizes)?;
-                let counts = features.iter().map(|f| f.len() / d).collect();
-                Ok((features, counts))
+                let counts = features.counts.clone();
+                Ok((Some(features), counts))
             },
-            |tokens, features| self.logits(tokens, features),
+            |tokens, features| self.logits(tokens, features.as_ref()),
             |prompts, config, features| {
+                let features = features.as_ref();
                 self.generate_rows(features, prompts, config, |_, _| ControlFlow::Continue(()))
             },
         )

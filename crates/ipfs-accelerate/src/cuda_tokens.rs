@@ -135,8 +135,8 @@ pub(crate) struct Prompt {
 pub(crate) struct Replacement {
     /// Indices into the `[batch, len]` columns, ascending.
     pub(crate) columns: Vec<usize>,
-    /// `[columns.len(), hidden]`.
-    pub(crate) values: Vec<f32>,
+    /// `[columns.len(), hidden]` floats.
+    pub(crate) values: ipfs_accelerate_core::HostTensor,
 }
 
 impl Replacement {

@@ -451,6 +451,24 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
                                         head_dim, n_new, keys, 0, keys, split_keys, 0, nullptr,    \
                                         nullptr, 0, scale, parts, out);                            \
     }
+// A prefill's causal self-attention over the cache on tensor cores (kernels.cu's
+// flash_attention_impl): queries `[batch * n_new, heads * D]`, caches `[batch, kv_heads, cap, D]`
+// holding `past + n_new` columns, `mask` `[batch, cap]`; query i sees the columns up to past + i.
+// Grid (ceil(n_new / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; f16 storage.
+#define CACHED_FLASH(D)                                                                            \
+    extern "C" __global__ void cached_flash_attention_##D(                                         \
+        const T* q, const T* k_cache, const T* v_cache, const int* mask, int past, int n_new,     \
+        int heads, int kv_heads, int cap, float scale_log2, T* out) {                              \
+        int b = blockIdx.y / heads, h = blockIdx.y - b * heads, kvh = h / (heads / kv_heads);     \
+        long long width = (long long)heads * D;                                                    \
+        long long kv = ((long long)b * kv_heads + kvh) * cap * D;                                  \
+        flash_attention_impl<D>(q + (long long)b * n_new * width + h * D, width, n_new,            \
+                                k_cache + kv, v_cache + kv, D, past + n_new,                       \
+                                mask + (long long)b * cap, nullptr, nullptr, 1, past, scale_log2,  \
+                                out + (long long)b * n_new * width + h * D, width);                \
+    }
+CACHED_FLASH(32)
+CACHED_FLASH(64)
 ATTENTION_ENTRY(cached_attention, VEC)
 ATTENTION_ENTRY(cached_attention_scalar, 1)
 RELATIVE_ENTRY(relative_attention, VEC)

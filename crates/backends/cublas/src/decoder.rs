@@ -89,6 +89,8 @@ struct Kernels {
     /// values.
     relative_attention: CudaFunction,
     relative_attention_scalar: CudaFunction,
+    /// A prefill's causal self-attention on tensor cores, heads of 32 and of 64 (f16).
+    cached_flash_attention: (CudaFunction, CudaFunction),
     /// The products and row reads of dense weights.
     dense: WeightKernels,
     /// `gemv_wide_dense` / `gemv1_wide_dense`: the dense products with a LayerNorm prologue and
@@ -287,7 +289,7 @@ impl<'a, T> Epilogue<'a, T> {
 
 /// The entry points the decoder loads besides the weight kernels (checked against the compiled
 /// module by the tests).
-pub(crate) const DECODER_KERNEL_NAMES: [&str; 18] = [
+pub(crate) const DECODER_KERNEL_NAMES: [&str; 20] = [
     "gather_rows",
     "append_mask",
     "residual_norm",
@@ -304,6 +306,8 @@ pub(crate) const DECODER_KERNEL_NAMES: [&str; 18] = [
     "cross_combine",
     "relative_attention",
     "relative_attention_scalar",
+    "cached_flash_attention_32",
+    "cached_flash_attention_64",
     "gemv_wide_dense",
     "gemv1_wide_dense",
 ];
@@ -706,6 +710,10 @@ pub struct Decoder<T: Elem> {
     /// Whether GEMVs start overlapped with the kernel before them ([`OVERLAP_ENV`]; compute
     /// capability 9.0 and later).
     overlap: bool,
+    /// Whether a prefill's self-attention may run on tensor cores ([`FLASH_MIN_COLUMNS`]): f16
+    /// storage, heads of 32 or 64, compute capability 8.0 or later, not switched off by
+    /// [`crate::engine::FUSED_ATTENTION_ENV`].
+    flash_prefill: bool,
     /// Values of the scratch a call dequantizes block weights into for cuBLAS (0: no block
     /// weights).
     scratch_values: usize,
@@ -832,23 +840,38 @@ pub struct Columns<'a> {
 pub struct Replaced<'a> {
     /// Indices into the call's `[batch, new]` columns (row-major), ascending.
     pub columns: &'a [usize],
-    /// `[columns.len(), hidden]`, row-major, finite.
-    pub values: &'a [f32],
+    /// `[columns.len(), hidden]` finite f32, f16 or bf16 values (copied as they are when in the
+    /// engine's storage type).
+    pub values: &'a HostTensor,
 }
 
 /// [`Replaced`] ready to copy: its runs `(first column, first value row, length)` and its values
-/// in the storage type.
-type Upload<T> = (Vec<(usize, usize, usize)>, Vec<T>);
+/// in the storage type (borrowed when the values are in it already).
+type Upload<'a, T> = (Vec<(usize, usize, usize)>, std::borrow::Cow<'a, [T]>);
+
+/// The fewest new columns a call's self-attention runs on tensor cores for (the flash kernel
+/// computes 64 queries a block; a decoding step's few go to `cached_attention`).
+const FLASH_MIN_COLUMNS: usize = 16;
+
+/// What [`Decoder::run`] computes besides its buffers: `new` columns per row after `past`
+/// cached ones (`None` inside a captured graph, where the device's count is read), and the
+/// replaced input embeddings.
+struct Call<'c, 'a, T: Clone> {
+    new: usize,
+    past: Option<usize>,
+    replaced: Option<&'c Upload<'a, T>>,
+}
 
 impl Replaced<'_> {
     /// The replaced columns as runs `(first column, first value row, length)` of consecutive
     /// columns, after checking them against `rows` columns of `hidden` values.
     fn runs(&self, rows: usize, hidden: usize) -> Result<Vec<(usize, usize, usize)>, EngineError> {
         let n = self.columns.len();
-        if self.values.len() != n * hidden {
+        if self.values.shape() != [n, hidden] || !self.values.dtype().is_float() {
             return Err(EngineError::Input(format!(
-                "{} replacement values for {n} columns of hidden size {hidden}",
-                self.values.len()
+                "replacement values of shape {:?} ({}) for {n} columns of hidden size {hidden}",
+                self.values.shape(),
+                self.values.dtype()
             )));
         }
         if let Some(w) = self.columns.windows(2).find(|w| w[0] >= w[1]) {
@@ -862,11 +885,9 @@ impl Replaced<'_> {
                 "replaced column {c} of a call of {rows} columns"
             )));
         }
-        if let Some(bad) = self.values.iter().find(|v| !v.is_finite()) {
-            return Err(EngineError::Input(format!(
-                "the replacement embeddings hold {bad}"
-            )));
-        }
+        self.values
+            .check_finite("the replacement embeddings")
+            .map_err(|e| EngineError::Input(e.to_string()))?;
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         for (k, &c) in self.columns.iter().enumerate() {
             match runs.last_mut() {
@@ -951,6 +972,10 @@ where
             cross_combine: named("cross_combine")?,
             relative_attention: named("relative_attention")?,
             relative_attention_scalar: named("relative_attention_scalar")?,
+            cached_flash_attention: (
+                named("cached_flash_attention_32")?,
+                named("cached_flash_attention_64")?,
+            ),
             wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
             dense,
             blocks,
@@ -1172,6 +1197,10 @@ where
             _workspace: workspace,
             gemv_rows: gemv_rows(scratch_values > 0),
             overlap: stream.context().compute_capability()?.0 >= 9 && !switched_off(OVERLAP_ENV),
+            flash_prefill: T::DTYPE == DType::F16
+                && matches!(spec.head_dim, 32 | 64)
+                && stream.context().compute_capability()?.0 >= 8
+                && !switched_off(crate::engine::FUSED_ATTENTION_ENV),
             profile: std::env::var(crate::engine::PROFILE_ENV).is_ok_and(|v| v == "1"),
             blas,
             stream,
@@ -1800,7 +1829,17 @@ where
         let d = &self.dims;
         // The replacements in the storage type, and where they go.
         let replaced = match &columns.replaced {
-            Some(r) => Some((r.runs(batch * new, d.hidden)?, T::from_f32_slice(r.values))),
+            Some(r) => {
+                let runs = r.runs(batch * new, d.hidden)?;
+                let same = (r.values.dtype() == T::DTYPE)
+                    .then(|| bytemuck::try_cast_slice::<u8, T>(&r.values.bytes()[..]).ok())
+                    .flatten();
+                let values = match same {
+                    Some(v) => std::borrow::Cow::Borrowed(v),
+                    None => std::borrow::Cow::Owned(T::from_f32_slice(&r.values.to_f32_vec())),
+                };
+                Some((runs, values))
+            }
             None => None,
         };
         self.stream.context().bind_to_thread()?;
@@ -1834,7 +1873,11 @@ where
             &mut state.cache,
             memory,
             &mut buffers,
-            (new, replaced.as_ref()),
+            Call {
+                new,
+                past: Some(state.past),
+                replaced: replaced.as_ref(),
+            },
             of,
             self.profile,
         )?;
@@ -1867,7 +1910,11 @@ where
                 &mut state.cache,
                 state.memory.as_ref(),
                 &mut step.buffers,
-                (1, None),
+                Call {
+                    new: 1,
+                    past: None,
+                    replaced: None,
+                },
                 LogitsOf::Last,
                 false,
             );
@@ -2038,10 +2085,15 @@ where
         cache: &mut Cache<T>,
         memory: Option<&Memory<T>>,
         b: &mut Buffers<T>,
-        (new, replaced): (usize, Option<&Upload<T>>),
+        call: Call<'_, '_, T>,
         of: LogitsOf,
         profile: bool,
     ) -> Result<(), EngineError> {
+        let Call {
+            new,
+            past,
+            replaced,
+        } = call;
         let d = self.dims;
         let s = &self.stream;
         let mut prof = crate::engine::Profile::new(profile.then_some(s))?;
@@ -2243,43 +2295,89 @@ where
             // The self-attention: with a relative position bias (T5), else causal over the cache
             // (RoPE already applied). Both read q, the cache, its mask and the past first.
             let k = &self.kernels;
-            let kernel = match (&self.relative, dh.is_multiple_of(vec)) {
-                (Some(_), true) => &k.relative_attention,
-                (Some(_), false) => &k.relative_attention_scalar,
-                (None, true) => &k.cached_attention,
-                (None, false) => &k.cached_attention_scalar,
-            };
-            let mut args = s.launch_builder(kernel);
-            args.arg(&b.q)
-                .arg(&*keys)
-                .arg(&*values)
-                .arg(&cache.mask)
-                .arg(&past_v)
-                .arg(&heads_i);
-            let causal_i = i32::from(d.causal);
-            match &self.relative {
-                Some(rel) => args
-                    .arg(&dh_i)
-                    .arg(&n_i)
-                    .arg(&cap_i)
-                    .arg(&causal_i)
-                    .arg(&rel.buckets)
-                    .arg(&rel.table)
-                    .arg(&rel.offset),
-                None => args
-                    .arg(&kv_i)
-                    .arg(&dh_i)
-                    .arg(&n_i)
-                    .arg(&cap_i)
-                    .arg(&layer.window),
-            };
-            args.arg(&scale).arg(&mut b.ctx);
-            // SAFETY: cached_attention(q, k, v, mask, past, heads, kv_heads, head_dim, n_new, cap,
-            // window, scale, out) or relative_attention(q, k, v, mask, past, heads, head_dim,
-            // n_new, cap, causal, rel_bucket, rel_table, rel_offset, scale, out); the relative
-            // form reads one key / value head per query head (checked at load) and the buckets
-            // of distances -offset..=offset (a cache holds at most max_positions columns).
-            unsafe { args.launch(att_cfg) }?;
+            // A prefill's causal attention on tensor cores, where it applies.
+            let flash_past = past.filter(|&past| {
+                self.flash_prefill
+                    && self.relative.is_none()
+                    && d.causal
+                    && new >= FLASH_MIN_COLUMNS
+                    && (layer.window <= 0 || past + new <= layer.window as usize)
+            });
+            if let Some(past) = flash_past {
+                let kernel = match dh {
+                    32 => &k.cached_flash_attention.0,
+                    _ => &k.cached_flash_attention.1,
+                };
+                let scale_log2 = scale * std::f32::consts::LOG2_E;
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        new.div_ceil(crate::engine::FLASH_ROWS) as u32,
+                        (batch * d.heads) as u32,
+                        1,
+                    ),
+                    block_dim: (2 * crate::engine::FLASH_ROWS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: `cached_flash_attention_<d>(q, k, v, mask, past, n_new, heads,
+                // kv_heads, cap, scale_log2, out)` (decoder.cu) over (query tiles, batch · heads)
+                // blocks; the caches hold `batch × kv_heads × cap × head_dim` values whose first
+                // `past + new` columns are written, q and out `batch · new` rows of `heads ×
+                // head_dim`, the mask `batch × cap`.
+                unsafe {
+                    s.launch_builder(kernel)
+                        .arg(&b.q)
+                        .arg(&*keys)
+                        .arg(&*values)
+                        .arg(&cache.mask)
+                        .arg(&(past as i32))
+                        .arg(&n_i)
+                        .arg(&heads_i)
+                        .arg(&kv_i)
+                        .arg(&cap_i)
+                        .arg(&scale_log2)
+                        .arg(&mut b.ctx)
+                        .launch(cfg)?;
+                }
+            } else {
+                let kernel = match (&self.relative, dh.is_multiple_of(vec)) {
+                    (Some(_), true) => &k.relative_attention,
+                    (Some(_), false) => &k.relative_attention_scalar,
+                    (None, true) => &k.cached_attention,
+                    (None, false) => &k.cached_attention_scalar,
+                };
+                let mut args = s.launch_builder(kernel);
+                args.arg(&b.q)
+                    .arg(&*keys)
+                    .arg(&*values)
+                    .arg(&cache.mask)
+                    .arg(&past_v)
+                    .arg(&heads_i);
+                let causal_i = i32::from(d.causal);
+                match &self.relative {
+                    Some(rel) => args
+                        .arg(&dh_i)
+                        .arg(&n_i)
+                        .arg(&cap_i)
+                        .arg(&causal_i)
+                        .arg(&rel.buckets)
+                        .arg(&rel.table)
+                        .arg(&rel.offset),
+                    None => args
+                        .arg(&kv_i)
+                        .arg(&dh_i)
+                        .arg(&n_i)
+                        .arg(&cap_i)
+                        .arg(&layer.window),
+                };
+                args.arg(&scale).arg(&mut b.ctx);
+                // SAFETY: cached_attention(q, k, v, mask, past, heads, kv_heads, head_dim,
+                // n_new, cap, window, scale, out) or relative_attention(q, k, v, mask, past,
+                // heads, head_dim, n_new, cap, causal, rel_bucket, rel_table, rel_offset, scale,
+                // out); the relative form reads one key / value head per query head (checked at
+                // load) and the buckets of distances -offset..=offset (a cache holds at most
+                // max_positions columns).
+                unsafe { args.launch(att_cfg) }?;
+            }
             prof.mark("attention")?;
             let o = &layer.output;
             // The norm after the self-attention: the cross-attention's, else the MLP's.

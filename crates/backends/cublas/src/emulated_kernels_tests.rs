@@ -1527,3 +1527,87 @@ fn check_fused_attention<T: Elem>() {
         }
     }
 }
+
+const CACHED_FLASH_HARNESS: &str = r#"
+int main(void) {
+    int* h = take<int>(7);  // batch, heads, kv_heads, head_dim, n_new, cap, past
+    int batch = h[0], heads = h[1], kv = h[2], hd = h[3], n_new = h[4], cap = h[5], past = h[6];
+    size_t qn = (size_t)batch * n_new * heads * hd, cn = (size_t)batch * kv * cap * hd;
+    T* q = to_t(take<float>(qn), qn);
+    T* k = to_t(take<float>(cn), cn);
+    T* v = to_t(take<float>(cn), cn);
+    int* mask = take<int>((size_t)batch * cap);
+    T* flash = to_t(take<float>(qn), qn);
+    T* plain = to_t(take<float>(qn), qn);
+    float scale = 1.f / sqrtf((float)hd);
+    emu_launch({(unsigned)((n_new + 63) / 64), (unsigned)(batch * heads), 1}, {128, 1, 1}, [&] {
+        (hd == 32 ? cached_flash_attention_32 : cached_flash_attention_64)(
+            q, k, v, mask, past, n_new, heads, kv, cap, scale * 1.4426950408889634f, flash);
+    });
+    emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {128, 1, 1}, [&] {
+        cached_attention(q, k, v, mask, &past, heads, kv, hd, n_new, cap, 0, scale, plain);
+    });
+    put(flash, qn);
+    put(plain, qn);
+    return 0;
+}
+"#;
+
+/// The prefill's attention on tensor cores (`cached_flash_attention_*`, mma.sync and ldmatrix
+/// emulated) against `cached_attention` (checked against the definition above) on the same f16
+/// cache: grouped-query heads, columns cached before the call, several query and key tiles, a
+/// left-padded row (whose padded queries see no key: zeros) and holes in the mask. The flash
+/// kernel rounds the probabilities to f16 for the product with v, hence the bar of 4e-3.
+#[test]
+fn cached_flash_attention_matches_the_cached_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<half::f16>(dir.path(), CACHED_FLASH_HARNESS) else {
+        return;
+    };
+    let mut rng = Rng(0x0f1a_5bca_c4ed_0001);
+    // (batch, heads, kv_heads, head_dim, new, cap, past)
+    for (batch, heads, kv, hd, new, cap, past) in [
+        (2usize, 4usize, 2usize, 64usize, 70usize, 80usize, 0usize),
+        (1, 3, 1, 32, 20, 40, 13),
+        (1, 2, 2, 64, 130, 136, 0),
+    ] {
+        let (qn, cn) = (batch * new * heads * hd, batch * kv * cap * hd);
+        // Row 1 left-padded by 5 columns; holes every 7th column of row 0 after the first.
+        let mask: Vec<i32> = (0..batch * cap)
+            .map(|i| {
+                let (b, j) = (i / cap, i % cap);
+                i32::from(if b == 1 { j >= 5 } else { j == 0 || j % 7 != 3 })
+            })
+            .collect();
+        let mut input = Vec::new();
+        for v in [batch, heads, kv, hd, new, cap, past] {
+            input.extend((v as i32).to_le_bytes());
+        }
+        let values = [
+            rng.vec(qn, 4.0, 0.0),
+            rng.vec(cn, 4.0, 0.0),
+            rng.vec(cn, 2.0, 0.0),
+        ];
+        for v in values.iter().flatten() {
+            input.extend(v.to_le_bytes());
+        }
+        for m in &mask {
+            input.extend(m.to_le_bytes());
+        }
+        for v in std::iter::repeat_n(7.0f32, 2 * qn) {
+            input.extend(v.to_le_bytes());
+        }
+        let got = run(&exe, &input, "cached flash attention");
+        let (flash, plain) = got.split_at(qn);
+        // Both wrote every value (the buffers start at 7), the padded queries' as zeros.
+        assert!(flash.iter().chain(plain).all(|&v| v != 7.0));
+        assert!(plain.iter().filter(|&&v| v != 0.0).count() > qn / 2);
+        for (i, (f, p)) in flash.iter().zip(plain).enumerate() {
+            assert!(
+                (f - p).abs() <= 4e-3,
+                "value {i} (batch {batch}, heads {heads}/{kv}, head {hd}, new {new}, past {past}): \
+                 {f} against {p}"
+            );
+        }
+    }
+}

@@ -726,7 +726,7 @@ pub(crate) fn vec_width<T>() -> usize {
 
 /// Queries per block of the fused attention kernel (`FLASH_ROWS` in kernels.cu; two threads
 /// each).
-const FLASH_ROWS: usize = 64;
+pub(crate) const FLASH_ROWS: usize = 64;
 
 /// The shape of one layer's attention.
 #[derive(Clone, Copy)]

@@ -415,10 +415,14 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
                            [](float v, int op) { return warp_reduce(v, op); });
 }
 
+#endif  // ENCODER_KERNELS
+
 // ---- Fused attention on tensor cores (flash-style): softmax(scale · q kᵀ + mask) v for one head
-// and 64 queries per block, reading q, k and v from the fused QKV projection `[batch * seq, 3 *
-// hidden]` and writing the context into `[batch * seq, hidden]` at the head's columns, so neither
-// the split into heads, the score rows nor the merge touch global memory.
+// and 64 queries per block. The encoder reads q, k and v from the fused QKV projection `[batch *
+// seq, 3 * hidden]` and writes the context into `[batch * seq, hidden]` at the head's columns, so
+// neither the split into heads, the score rows nor the merge touch global memory; the decoder's
+// prefill reads its queries `[batch * n_new, heads * head_dim]` and the KV cache (decoder.cu,
+// `cached_flash_attention_*`).
 // - The products are mma.sync m16n8k16 (f16 operands, f32 accumulators; compute capability 8.0 and
 //   later, which the engine checks), their operands read from shared memory by ldmatrix.
 // - The softmax runs online over tiles of 64 keys (FlashAttention-2); its unnormalised
@@ -588,11 +592,19 @@ __device__ __forceinline__ void stage_keys(const T* k, const T* v, long long str
     }
 }
 
-// Grid (ceil(seq / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; `D` = the head size (a
+// One (batch row, head): its `queries` query rows at `q` (the head's first column; rows `q_stride`
+// apart), its `keys` keys and values at `k`, `v` (rows `kv_stride` apart) and their mask
+// `visible[key]`; with `causal` query i sees keys up to i + `offset` (the columns cached before
+// it). `q_bias` and `v_bias` (the head's columns, or null) are added to the queries and the
+// output. The context rows go to `out` (the head's first column, rows `out_stride` apart). Grid
+// x: ceil(queries / FLASH_ROWS) blocks of FLASH_ROWS * 2 threads; `D` = the head size (a
 // multiple of 16). `scale_log2` = scale · log2(e).
 template <int D>
-__device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mask, int seq,
-                                     int heads, float scale_log2, int causal, T* out) {
+__device__ void flash_attention_impl(const T* q, long long q_stride, int queries, const T* k,
+                                     const T* v, long long kv_stride, int keys,
+                                     const int* visible, const T* q_bias, const T* v_bias,
+                                     int causal, int offset, float scale_log2, T* out,
+                                     long long out_stride) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     constexpr int LD = D + FLASH_PAD, TILE = FLASH_KEYS * LD;
     // f16 bits in 16-byte words (ldmatrix and cp.async address 16-byte rows): the queries, then
@@ -601,19 +613,13 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
     __shared__ int keep[2][FLASH_KEYS];
     unsigned short* qs = reinterpret_cast<unsigned short*>(q_words);
     unsigned short* kv = reinterpret_cast<unsigned short*>(kv_words);
-    int hidden = heads * D;
-    long long stride = 3LL * hidden;
-    int b = blockIdx.y / heads, h = blockIdx.y - b * heads;
-    const T* rows = qkv + (long long)b * seq * stride + h * D;
-    const int* visible = mask + (long long)b * seq;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = blockIdx.x * FLASH_ROWS;
-    int tiles = (seq + FLASH_KEYS - 1) / FLASH_KEYS;
-    if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1) / FLASH_KEYS + 1);
+    int tiles = (keys + FLASH_KEYS - 1) / FLASH_KEYS;
+    if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1 + offset) / FLASH_KEYS + 1);
     // The queries and the first key tile, one group of copies.
-    stage_rows<D>(rows, stride, q0, FLASH_ROWS, seq, qs, LD);
-    stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, 0, seq, visible, kv, kv + TILE,
-                  keep[0], LD);
+    stage_rows<D>(q, q_stride, q0, FLASH_ROWS, queries, qs, LD);
+    stage_keys<D>(k, v, kv_stride, 0, keys, visible, kv, kv + TILE, keep[0], LD);
     flash_commit();
     flash_wait<0>();
     __syncthreads();
@@ -621,10 +627,11 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
     // columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns
     // 8-15), plus the bias of their columns (rounded to f16, as the unfused split does).
     unsigned qa[D / 16][4];
-    const T* qb = bias + h * D + 2 * t;
+    const T* qb = q_bias + 2 * t;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         ldmatrix_x4<false>(qa[kk], qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+        if (!q_bias) continue;
         float b0 = ld(qb[kk * 16]), b1 = ld(qb[kk * 16 + 1]);
         float b8 = ld(qb[kk * 16 + 8]), b9 = ld(qb[kk * 16 + 9]);
         qa[kk][0] = f16_pair_plus(qa[kk][0], b0, b1);
@@ -645,8 +652,8 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         int buf = tile & 1, k0 = tile * FLASH_KEYS;
         if (tile + 1 < tiles) {
             unsigned short* next = kv + (buf ^ 1) * 2 * TILE;
-            stage_keys<D>(rows + hidden, rows + 2 * hidden, stride, k0 + FLASH_KEYS, seq,
-                          visible, next, next + TILE, keep[buf ^ 1], LD);
+            stage_keys<D>(k, v, kv_stride, k0 + FLASH_KEYS, keys, visible, next, next + TILE,
+                          keep[buf ^ 1], LD);
             flash_commit();
             flash_wait<1>();
         } else {
@@ -680,7 +687,7 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
             for (int e = 0; e < 4; ++e) {
                 int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
                 float x = on[key] != 0 ? s[j][e] * scale_log2 : NEG_INF;
-                if (causal && k0 + key > query[row]) x = NEG_INF;
+                if (causal && k0 + key > query[row] + offset) x = NEG_INF;
                 s[j][e] = x;
                 tile_max[row] = fmaxf(tile_max[row], x);
             }
@@ -728,18 +735,18 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
-    const T* vb = bias + 2 * hidden + h * D + 2 * t;
+    const T* vb = v_bias + 2 * t;
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
         float total = run_sum[row] + __shfl_xor_sync(0xffffffffu, run_sum[row], 1);
         total += __shfl_xor_sync(0xffffffffu, total, 2);
         float inv = total > 0.f ? 1.f / total : 0.f;
-        if (query[row] >= seq) continue;
-        T* dst = out + ((long long)b * seq + query[row]) * hidden + h * D + 2 * t;
+        if (query[row] >= queries) continue;
+        T* dst = out + query[row] * out_stride + 2 * t;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            float lo = o[j][2 * row] * inv + ld(vb[j * 8]);
-            float hi = o[j][2 * row + 1] * inv + ld(vb[j * 8 + 1]);
+            float lo = o[j][2 * row] * inv + (v_bias ? ld(vb[j * 8]) : 0.f);
+            float hi = o[j][2 * row + 1] * inv + (v_bias ? ld(vb[j * 8 + 1]) : 0.f);
             if (sizeof(T) == 2) {
                 *reinterpret_cast<unsigned*>(dst + j * 8) = f16_pair(lo, hi);
             } else {
@@ -751,11 +758,19 @@ __device__ void flash_attention_impl(const T* qkv, const T* bias, const int* mas
 #endif
 }
 
+#ifdef ENCODER_KERNELS
+// The encoder's: grid (ceil(seq / FLASH_ROWS), batch * heads).
 #define FLASH_ATTENTION(D)                                                                        \
     extern "C" __global__ void flash_attention_##D(const T* qkv, const T* bias, const int* mask,  \
                                                    int seq, int heads, float scale_log2,         \
                                                    int causal, T* out) {                         \
-        flash_attention_impl<D>(qkv, bias, mask, seq, heads, scale_log2, causal, out);           \
+        int hidden = heads * D, b = blockIdx.y / heads, h = blockIdx.y - b * heads;              \
+        long long stride = 3LL * hidden;                                                         \
+        const T* rows = qkv + (long long)b * seq * stride + h * D;                               \
+        flash_attention_impl<D>(rows, stride, seq, rows + hidden, rows + 2 * hidden, stride, seq, \
+                                mask + (long long)b * seq, bias + h * D,                         \
+                                bias + 2 * hidden + h * D, causal, 0, scale_log2,                \
+                                out + (long long)b * seq * hidden + h * D, hidden);              \
     }
 FLASH_ATTENTION(32)
 FLASH_ATTENTION(64)

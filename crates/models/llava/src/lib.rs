@@ -81,4 +81,6 @@ pub use runner::{
     expand_image_tokens, run_llava, single_prompt, stop_tokens, LlavaFamily, LlavaNextFamily,
     LlavaRunner, LlavaTasks,
 };
-pub use spec::{image_features_with, image_newline, image_slots, text_spec, tower_spec};
+pub use spec::{
+    image_features_with, image_newline, image_slots, text_spec, tower_spec, ImageFeatures,
+};

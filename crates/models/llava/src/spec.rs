@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
+use half::{bf16, f16};
 use ipfs_accelerate_core::{
-    DecoderSpec, EncoderHead, EncoderSpec, Error, HostTensor, Result, TensorSource,
+    DType, DecoderSpec, EncoderHead, EncoderSpec, Error, HostTensor, Result, TensorSource,
 };
 use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
 
@@ -74,48 +75,35 @@ pub fn image_newline(
     }
 }
 
-/// Each image's features `[count · text_hidden]` (row-major), in the order they replace the image
-/// tokens, from `pixel_values` (and LLaVA-NeXT's `image_sizes`, see
+/// The images' features in the order they replace the image tokens: `values` `[rows,
+/// text_hidden]` in the dtype the tower computed them in, `counts` the rows of each image.
+#[derive(Debug, Clone)]
+pub struct ImageFeatures {
+    /// Every image's feature rows, one after the other.
+    pub values: HostTensor,
+    /// Rows per image.
+    pub counts: Vec<usize>,
+}
+
+/// The images' features from `pixel_values` (and LLaVA-NeXT's `image_sizes`, see
 /// [`crate::LlavaModel::image_features`] for the shapes): `project` runs the views
 /// `[views, channels, size, size]` through [`tower_spec`] and returns its `logits`
-/// `[views, tokens, text_hidden]`; the class token is dropped with the `default` strategy and
-/// LLaVA-NeXT's tiles packed with `newline` as HF's `pack_image_features` does.
+/// `[views, tokens, text_hidden]` (f32, f16 or bf16); the class token is dropped with the
+/// `default` strategy and LLaVA-NeXT's tiles packed with `newline` as HF's `pack_image_features`
+/// does. The rows are gathered in one pass, in the dtype `project` returned.
 pub fn image_features_with(
     config: &LlavaConfig,
     newline: Option<&[f32]>,
     pixels: &HostTensor,
     image_sizes: Option<&HostTensor>,
     project: impl FnOnce(&HostTensor) -> Result<HostTensor>,
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<ImageFeatures> {
     let d = config.text_config.hidden_size;
     let tokens = config.tokens_per_view();
-    // The views' selected features, `tokens` rows of `d` each per view.
-    let selected = |projected: HostTensor, views: usize| -> Result<Vec<f32>> {
-        let shape = projected.shape().to_vec();
-        let all = shape.get(1).copied().unwrap_or(0);
-        if shape.len() != 3 || shape[0] != views || shape[2] != d || all < tokens {
-            return Err(Error::Compute(format!(
-                "the vision tower gave features of shape {shape:?} for {views} views of \
-                 {tokens} features of width {d}"
-            )));
-        }
-        let skip = all - tokens;
-        let values = projected.to_f32_vec();
-        Ok(values
-            .chunks_exact(all * d)
-            .flat_map(|view| &view[skip * d..])
-            .copied()
-            .collect())
-    };
-    match config.variant {
-        LlavaVariant::Llava => {
-            let views = pixels.shape().first().copied().unwrap_or(0);
-            let features = selected(project(pixels)?, views)?;
-            Ok(features
-                .chunks_exact(tokens * d)
-                .map(<[f32]>::to_vec)
-                .collect())
-        }
+    // Each image's rows: `Some(view, token)` of the projected views (after selection), or
+    // `None` for the newline.
+    let (views, layouts) = match config.variant {
+        LlavaVariant::Llava => (std::borrow::Cow::Borrowed(pixels), Vec::new()),
         LlavaVariant::LlavaNext => {
             if config.vision_feature_select_strategy != SelectStrategy::Default {
                 return Err(Error::InvalidInput(
@@ -129,31 +117,91 @@ pub fn image_features_with(
                 .into_iter()
                 .map(|s| AnyresLayout::new(config, s))
                 .collect::<Result<Vec<_>>>()?;
-            let newline = newline
-                .filter(|n| n.len() == d)
-                .ok_or_else(|| Error::Compute("LLaVA-NeXT model without image_newline".into()))?;
-            let views = gather_views(pixels, &layouts)?;
-            let total = views.shape()[0];
-            let features = selected(project(&views)?, total)?;
+            (
+                std::borrow::Cow::Owned(gather_views(pixels, &layouts)?),
+                layouts,
+            )
+        }
+    };
+    let count = views.shape().first().copied().unwrap_or(0);
+    let images: Vec<Vec<Option<(usize, usize)>>> = match config.variant {
+        LlavaVariant::Llava => (0..count)
+            .map(|v| (0..tokens).map(|t| Some((v, t))).collect())
+            .collect(),
+        LlavaVariant::LlavaNext => {
             let mut first = 0;
-            let mut out = Vec::with_capacity(layouts.len());
-            for layout in &layouts {
-                let own = &features[first * tokens * d..(first + layout.views()) * tokens * d];
-                let packed = layout
-                    .packed_rows(tokens)
-                    .into_iter()
-                    .flat_map(|row| match row {
-                        Some(r) => &own[r * d..(r + 1) * d],
-                        None => newline,
-                    })
-                    .copied()
-                    .collect();
-                out.push(packed);
-                first += layout.views();
+            layouts
+                .iter()
+                .map(|layout| {
+                    let rows = layout
+                        .packed_rows(tokens)
+                        .into_iter()
+                        .map(|r| r.map(|r| (first + r / tokens, r % tokens)))
+                        .collect();
+                    first += layout.views();
+                    rows
+                })
+                .collect()
+        }
+    };
+    let projected = project(&views)?;
+    let shape = projected.shape().to_vec();
+    let all = shape.get(1).copied().unwrap_or(0);
+    if shape.len() != 3 || shape[0] != count || shape[2] != d || all < tokens {
+        return Err(Error::Compute(format!(
+            "the vision tower gave features of shape {shape:?} for {count} views of {tokens} \
+             features of width {d}"
+        )));
+    }
+    let dtype = projected.dtype();
+    let width = d * dtype.size();
+    let newline: Vec<u8> = match newline {
+        None => Vec::new(),
+        Some(n) if n.len() != d => {
+            return Err(Error::Compute(format!(
+                "image_newline of {} values for features of width {d}",
+                n.len()
+            )))
+        }
+        Some(n) => match dtype {
+            DType::F32 => n.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F16 => n
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::BF16 => n
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            other => {
+                return Err(Error::Compute(format!(
+                    "the vision tower gave {other} features"
+                )))
             }
-            Ok(out)
+        },
+    };
+    let skip = all - tokens;
+    let source = &projected.bytes()[..];
+    let rows: usize = images.iter().map(Vec::len).sum();
+    let mut values = Vec::with_capacity(rows * width);
+    for row in images.iter().flatten() {
+        match *row {
+            Some((view, token)) => {
+                let at = (view * all + skip + token) * width;
+                values.extend_from_slice(&source[at..at + width]);
+            }
+            None if newline.is_empty() => {
+                return Err(Error::Compute(
+                    "LLaVA-NeXT model without image_newline".into(),
+                ))
+            }
+            None => values.extend_from_slice(&newline),
         }
     }
+    Ok(ImageFeatures {
+        values: HostTensor::from_bytes("image features", vec![rows, d], dtype, values.into())?,
+        counts: images.iter().map(Vec::len).collect(),
+    })
 }
 
 /// The positions of `ids` (row-major, any shape) that image features replace: every
@@ -220,7 +268,8 @@ mod tests {
                 )
                 .unwrap();
                 let d = config.text_config.hidden_size;
-                let rows: Vec<&[f32]> = features.iter().flat_map(|f| f.chunks(d)).collect();
+                let values = features.values.to_f32_vec();
+                let rows: Vec<&[f32]> = values.chunks(d).collect();
                 let ids_t = &inputs["input_ids"];
                 let seq = ids_t.shape()[1];
                 let ids = ids_t.to_i64_vec().unwrap();
@@ -243,7 +292,7 @@ mod tests {
                 let tol = fixture.meta().unwrap().tolerance["logits"];
                 assert!(err <= tol, "{family}: relative error {err} > {tol}");
                 if let Ok(count) = reference.raw("image_feature_count") {
-                    let counts: Vec<i64> = features.iter().map(|f| (f.len() / d) as i64).collect();
+                    let counts: Vec<i64> = features.counts.iter().map(|&c| c as i64).collect();
                     assert_eq!(counts, count.to_i64_vec().unwrap());
                 }
                 seen += 1;
