@@ -48,8 +48,9 @@
 # engine, the image features in place of the image tokens' embeddings at the decoder's prefill): conformance
 # in f32 and f16, then a LLaVA-1.5 checkpoint (CLIP ViT-L/14-336 + a Llama-3.2-1B-shaped LM) against PyTorch f16;
 # part 21 where its first token's time goes; part 22 the prefill's causal attention on tensor cores (the
-# encoder's flash kernel over the KV cache) and the image features gathered once in the tower's dtype:
-# conformance, the profile, flash against the per-query kernel at prompts of 128 and 1024, PyTorch f16.
+# encoder's flash kernel over the KV cache), a decoding step's self-attention split across blocks, and the
+# image features gathered once in the tower's dtype: conformance, the profile, flash against the per-query
+# kernel at prompts of 128 and 1024, decode at a 1024-token context, PyTorch f16.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -364,6 +365,10 @@ for round in 1 2; do
       IPFS_ACCELERATE_CUDA_FUSED_ATTENTION=$f timeout 90 ./xtask bench --dev --backend cuda --no-db --config llama-1b --prompt $p --new 16 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "prefill|rror|$G"
     done
   done
+done
+echo "== decode with the cache's keys split across blocks: SmolLM2 and Llama-3.2-1B b1, prompt 1024 + 128, p50 of 5"
+for cfg in llama-135m llama-1b; do
+  timeout 90 ./xtask bench --dev --backend cuda --no-db --config $cfg --prompt 1024 --new 128 --dtype f16 --iters 5 --warmup 1 2>&1 | grep -E "decode|rror|$G"
 done
 echo "== against PyTorch f16: LLaVA (one 336-pixel image + 32 text tokens, 64 new), Llama-3.2-1B prompt 1024 + 64"
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"

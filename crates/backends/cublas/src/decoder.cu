@@ -310,10 +310,11 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
 // j > past + i - window). RELATIVE (T5): the same, or with `causal` 0 every column of the call
 // (an encoder stack), with the bias rel_table[rel_bucket[j - (past + i) + rel_offset], head] added
 // to each score. CROSS (cross-attention): every query sees the columns j < keys (an encoder's
-// states) whose `mask` (`[batch, keys]`, or null: all) is set, in splits of `split_keys` columns (flash-decoding: a decoding step's few
-// queries would otherwise leave most of the GPU idle over 1500 keys); with `parts` a block writes
-// its split's unnormalised output, running max and sum there for cross_combine, else (one split)
-// the output. Softmax is online over chunks of blockDim keys (no limit on the context): one thread
+// states) whose `mask` (`[batch, keys]`, or null: all) is set. CROSS and SELF split their keys
+// into splits of `split_keys` columns when `parts` is given (flash-decoding: a decoding step's
+// few queries would otherwise leave most of the GPU idle over 1500 keys, or a long cache); a
+// block then writes its split's unnormalised output, running max and sum there for
+// cross_combine, else (one split) the output. Softmax is online over chunks of blockDim keys (no limit on the context): one thread
 // scores one key of the chunk, then every thread adds W features of the values of a strided
 // subset of the chunk's keys (W-wide loads, independent across keys). A query that sees no key
 // gets zeros (PyTorch SDPA's answer for a fully masked row).
@@ -337,7 +338,10 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     float* accs = ps + blockDim.x;
     float* red = accs + blockDim.x * W;
     const bool cross = MODE == CROSS;
-    int i = cross ? blockIdx.x % n_new : blockIdx.x, split = cross ? blockIdx.x / n_new : 0;
+    // Split keys (cross-attention, or a decoding step's self-attention with `parts`): blocks
+    // (split, query) in x.
+    const bool splits = cross || parts;
+    int i = splits ? blockIdx.x % n_new : blockIdx.x, split = splits ? blockIdx.x / n_new : 0;
     int h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
     int kvh = h / (heads / kv_heads);
     int first, col, qpos = 0;
@@ -351,6 +355,10 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     } else {
         col = past[0] + i;
         first = window > 0 ? max(0, col - window + 1) : 0;
+        if (parts) {  // this split's keys only (none past the query's column: an empty part)
+            first = max(first, split * split_keys);
+            col = min(col, split * split_keys + split_keys - 1);
+        }
     }
     size_t row = (size_t)b * n_new + i;
     const T* qr = q + row * heads * head_dim + (size_t)h * head_dim;
@@ -411,7 +419,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     if (t < head_dim) {
         float o = 0.f;
         for (int gg = 0; gg < groups; ++gg) o += accs[gg * head_dim + t];
-        if (cross && parts) {
+        if (parts) {
             int splits = gridDim.x / n_new;
             float* part = parts + ((row * heads + h) * splits + split) * (head_dim + 2);
             part[t] = o;
@@ -429,10 +437,10 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
     extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \
                                     const int* mask, const int* past, int heads, int kv_heads,     \
                                     int head_dim, int n_new, int cap, int window, float scale,     \
-                                    T* out) {                                                      \
+                                    int split_keys, float* parts, T* out) {                        \
         cached_attention_impl<W, SELF>(q, k_cache, v_cache, mask, past, heads, kv_heads, head_dim, \
-                                       n_new, cap, window, 0, 0, 1, nullptr, nullptr, 0, scale,    \
-                                       nullptr, out);                                              \
+                                       n_new, cap, window, 0, split_keys, 1, nullptr, nullptr, 0,  \
+                                       scale, parts, out);                                         \
     }
 #define RELATIVE_ENTRY(NAME, W)                                                                    \
     extern "C" __global__ void NAME(const T* q, const T* k_cache, const T* v_cache,              \

@@ -1866,7 +1866,8 @@ where
             LogitsOf::States => 0,
         };
         let frames = state.memory.as_ref().map(|m| m.frames);
-        let mut buffers = self.buffers(batch, new, out_rows, frames)?;
+        let cap = state.cache.capacity;
+        let mut buffers = self.buffers((batch, new, cap), out_rows, frames)?;
         self.stream.memcpy_htod(&host, &mut buffers.input)?;
         let memory = state.memory.as_ref();
         self.run(
@@ -1895,7 +1896,11 @@ where
         let batch = state.cache.batch;
         if state.step.is_none() {
             state.step = Some(StepGraph {
-                buffers: self.buffers(batch, 1, batch, state.memory.as_ref().map(|m| m.frames))?,
+                buffers: self.buffers(
+                    (batch, 1, state.cache.capacity),
+                    batch,
+                    state.memory.as_ref().map(|m| m.frames),
+                )?,
                 graph: None,
             });
         }
@@ -2005,12 +2010,11 @@ where
         Ok(host)
     }
 
-    /// The buffers of a call of `new` columns per row, with `out_rows` rows of logits (and a
-    /// cross-attention over `frames` encoder states).
+    /// The buffers of a call of `new` columns per row over a cache of `cap` columns, with
+    /// `out_rows` rows of logits (and a cross-attention over `frames` encoder states).
     fn buffers(
         &self,
-        batch: usize,
-        new: usize,
+        (batch, new, cap): (usize, usize, usize),
         out_rows: usize,
         frames: Option<usize>,
     ) -> Result<Buffers<T>, EngineError> {
@@ -2044,25 +2048,37 @@ where
             } else {
                 None
             },
-            parts: match frames {
-                Some(keys) => {
-                    let threads = attention_threads(d.head_dim) as usize;
-                    match cross_splits(rows, d.heads, keys, threads) {
-                        (1, _) => None,
-                        (splits, _) => {
-                            let n = rows * d.heads * splits * (d.head_dim + 2);
-                            // SAFETY: every split's values are written before the join reads them.
-                            Some(unsafe {
-                                device_buffer(s, n, || {
-                                    format!("the cross-attention's {splits} splits ({n} values)")
-                                })
-                            }?)
-                        }
+            parts: {
+                // The most splits of the cross-attention or of the self-attention.
+                let threads = attention_threads(d.head_dim) as usize;
+                let cross = frames.map_or(1, |keys| cross_splits(rows, d.heads, keys, threads).0);
+                let splits = cross.max(self.self_splits(rows, cap).0);
+                match splits {
+                    1 => None,
+                    splits => {
+                        let n = rows * d.heads * splits * (d.head_dim + 2);
+                        // SAFETY: every split's values are written before the join reads them.
+                        Some(unsafe {
+                            device_buffer(s, n, || {
+                                format!("the attention's {splits} splits ({n} values)")
+                            })
+                        }?)
                     }
                 }
-                None => None,
             },
         })
+    }
+
+    /// How a call of `rows` query rows splits the self-attention's keys over a cache of `cap`
+    /// columns: `(splits, keys per split)` as [`cross_splits`] (by the capacity, so a captured
+    /// step's grid holds as the cache fills; splits past a query's column are empty). One split
+    /// for T5's relative attention.
+    fn self_splits(&self, rows: usize, cap: usize) -> (usize, usize) {
+        if self.relative.is_some() {
+            return (1, cap);
+        }
+        let threads = attention_threads(self.dims.head_dim) as usize;
+        cross_splits(rows, self.dims.heads, cap, threads)
     }
 
     /// Whether every product of a call of `rows` rows (`out_rows` of logits) runs on the GEMV
@@ -2153,8 +2169,32 @@ where
             unsafe { args.launch(norm_cfg) }?;
             Ok(())
         };
+        // combine(parts, splits, ctx): the join of an attention's splits into its output.
+        let combine = |parts: &CudaSlice<f32>,
+                       splits: usize,
+                       ctx: &mut CudaSlice<T>|
+         -> Result<(), EngineError> {
+            let splits_i = splits as i32;
+            // SAFETY: `cross_combine(parts, heads, head_dim, splits, out)` over the parts written
+            // by the attention before it, `rows × heads × head_dim` outputs.
+            unsafe {
+                s.launch_builder(&self.kernels.cross_combine)
+                    .arg(parts)
+                    .arg(&heads_i)
+                    .arg(&dh_i)
+                    .arg(&splits_i)
+                    .arg(ctx)
+                    .launch(LaunchConfig {
+                        grid_dim: (rows as u32, d.heads as u32, 1),
+                        block_dim: (att_threads, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+            Ok(())
+        };
         // cross_attention(q, keys, values of `frames` states, parts or none, ctx): the attention,
-        // its keys split across blocks (and the splits joined) when `parts` is given.
+        // its keys split across blocks (and the splits joined) when `parts` is given and the
+        // keys are worth splitting.
         let cross_attention = |q: &CudaSlice<T>,
                                keys: &CudaSlice<T>,
                                values: &CudaSlice<T>,
@@ -2172,6 +2212,7 @@ where
                 Some(_) => cross_splits(rows, d.heads, frames, att_threads as usize),
                 None => (1, frames),
             };
+            let parts = parts.filter(|_| splits > 1);
             let (keys_i, per_i) = (frames as i32, per as i32);
             let mut args = s.launch_builder(kernel);
             args.arg(q).arg(keys).arg(values);
@@ -2195,22 +2236,7 @@ where
             // splits × (head_dim + 2)` floats.
             unsafe { args.launch(cfg) }?;
             if let Some(parts) = parts {
-                let splits_i = splits as i32;
-                // SAFETY: `cross_combine(parts, heads, head_dim, splits, out)` over the parts
-                // written above, `rows × heads × head_dim` outputs.
-                unsafe {
-                    s.launch_builder(&k.cross_combine)
-                        .arg(parts)
-                        .arg(&heads_i)
-                        .arg(&dh_i)
-                        .arg(&splits_i)
-                        .arg(ctx)
-                        .launch(LaunchConfig {
-                            grid_dim: (rows as u32, d.heads as u32, 1),
-                            block_dim: (att_threads, 1, 1),
-                            shared_mem_bytes: 0,
-                        })?;
-                }
+                combine(parts, splits, ctx)?;
             }
             Ok(())
         };
@@ -2345,6 +2371,13 @@ where
                     (None, true) => &k.cached_attention,
                     (None, false) => &k.cached_attention_scalar,
                 };
+                // The causal kernel's keys in splits when a call's few queries would leave the
+                // GPU idle (flash-decoding), joined below.
+                let (splits, per) = match (&self.relative, &b.parts) {
+                    (None, Some(_)) => self.self_splits(rows, cap),
+                    _ => (1, cap),
+                };
+                let per_i = per as i32;
                 let mut args = s.launch_builder(kernel);
                 args.arg(&b.q)
                     .arg(&*keys)
@@ -2354,29 +2387,43 @@ where
                     .arg(&heads_i);
                 let causal_i = i32::from(d.causal);
                 match &self.relative {
-                    Some(rel) => args
-                        .arg(&dh_i)
-                        .arg(&n_i)
-                        .arg(&cap_i)
-                        .arg(&causal_i)
-                        .arg(&rel.buckets)
-                        .arg(&rel.table)
-                        .arg(&rel.offset),
-                    None => args
-                        .arg(&kv_i)
-                        .arg(&dh_i)
-                        .arg(&n_i)
-                        .arg(&cap_i)
-                        .arg(&layer.window),
+                    Some(rel) => {
+                        args.arg(&dh_i)
+                            .arg(&n_i)
+                            .arg(&cap_i)
+                            .arg(&causal_i)
+                            .arg(&rel.buckets)
+                            .arg(&rel.table)
+                            .arg(&rel.offset)
+                            .arg(&scale);
+                    }
+                    None => {
+                        args.arg(&kv_i)
+                            .arg(&dh_i)
+                            .arg(&n_i)
+                            .arg(&cap_i)
+                            .arg(&layer.window)
+                            .arg(&scale)
+                            .arg(&per_i);
+                        arg_or_null(&mut args, b.parts.as_ref().filter(|_| splits > 1))
+                    }
                 };
-                args.arg(&scale).arg(&mut b.ctx);
+                args.arg(&mut b.ctx);
+                let att_cfg = LaunchConfig {
+                    grid_dim: ((new * splits) as u32, d.heads as u32, batch as u32),
+                    ..att_cfg
+                };
                 // SAFETY: cached_attention(q, k, v, mask, past, heads, kv_heads, head_dim,
-                // n_new, cap, window, scale, out) or relative_attention(q, k, v, mask, past,
-                // heads, head_dim, n_new, cap, causal, rel_bucket, rel_table, rel_offset, scale,
-                // out); the relative form reads one key / value head per query head (checked at
-                // load) and the buckets of distances -offset..=offset (a cache holds at most
-                // max_positions columns).
+                // n_new, cap, window, scale, split_keys, parts, out) or relative_attention(q, k,
+                // v, mask, past, heads, head_dim, n_new, cap, causal, rel_bucket, rel_table,
+                // rel_offset, scale, out); the relative form reads one key / value head per query
+                // head (checked at load) and the buckets of distances -offset..=offset (a cache
+                // holds at most max_positions columns); `parts` (when given) holds `rows × heads ×
+                // splits × (head_dim + 2)` floats.
                 unsafe { args.launch(att_cfg) }?;
+                if let (true, Some(parts)) = (splits > 1, b.parts.as_ref()) {
+                    combine(parts, splits, &mut b.ctx)?;
+                }
             }
             prof.mark("attention")?;
             let o = &layer.output;

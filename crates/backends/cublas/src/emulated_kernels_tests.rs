@@ -494,10 +494,19 @@ int main(void) {
     int past = h[6], keys = h[10], per = h[11];
     EmuDim grid = {(unsigned)n_new, (unsigned)heads, (unsigned)batch}, block = {(unsigned)h[9], 1, 1};
     if (mode == 0) {
+        // Causal over the cache; with `per` > 0 its keys in splits of `per` (of the `cap`
+        // columns, as a captured decoding step has them), joined by cross_combine.
+        int splits = per > 0 ? (cap + per - 1) / per : 1, rows = batch * n_new;
+        float* parts = per > 0 ? (float*)calloc((size_t)rows * heads * splits * (hd + 2), 4) : nullptr;
+        grid.x = n_new * splits;
         emu_launch(grid, block, [&] {
             (h[0] ? cached_attention_scalar : cached_attention)(q, k, v, mask, &past, heads, kv, hd,
-                                                               n_new, cap, h[8], scale, out);
+                                                               n_new, cap, h[8], scale, per, parts,
+                                                               out);
         });
+        if (parts)
+            emu_launch({(unsigned)rows, (unsigned)heads, 1}, block,
+                       [&] { cross_combine(parts, heads, hd, splits, out); });
     } else if (mode <= 2) {
         emu_launch(grid, block, [&] {
             (h[0] ? relative_attention_scalar : relative_attention)(
@@ -537,7 +546,8 @@ enum Attention {
 /// attention computed here: grouped-query heads, a context longer than a block's chunk, several
 /// new columns, padding (a row whose keys are all masked gets zeros), a sliding window, T5's
 /// relative position bias (causal and bidirectional), and cross-attention over every key or the
-/// unmasked ones, in one split or several joined by `cross_combine`.
+/// unmasked ones, in one split or several joined by `cross_combine`; the causal kernel also with
+/// the cache's columns split (a decoding step's flash-decoding, splits past a query empty).
 #[test]
 fn attention_kernels_match_the_definition() {
     let dir = tempfile::tempdir().unwrap();
@@ -549,12 +559,16 @@ fn attention_kernels_match_the_definition() {
         Attention::Relative { causal: true },
         Attention::Relative { causal: false },
     );
-    // (scalar kernel, head size, window, kind, keys per split of a cross-attention)
+    // (scalar kernel, head size, window, kind, keys per split: of a cross-attention, or of the
+    // cache of a causal one)
     for (scalar, hd, window, kind, per) in [
         (false, 64, 0, Attention::Causal, 0),
+        (false, 64, 0, Attention::Causal, 64),
         (true, 18, 0, Attention::Causal, 0),
+        (true, 18, 0, Attention::Causal, 100),
         (true, 64, 50, Attention::Causal, 0),
         (false, 32, 7, Attention::Causal, 0),
+        (false, 32, 7, Attention::Causal, 64),
         (false, 64, 0, causal, 0),
         (true, 18, 0, bidirectional, 0),
         (false, 64, 0, Attention::Cross { masked: false }, 300),
@@ -1545,7 +1559,8 @@ int main(void) {
             q, k, v, mask, past, n_new, heads, kv, cap, scale * 1.4426950408889634f, flash);
     });
     emu_launch({(unsigned)n_new, (unsigned)heads, (unsigned)batch}, {128, 1, 1}, [&] {
-        cached_attention(q, k, v, mask, &past, heads, kv, hd, n_new, cap, 0, scale, plain);
+        cached_attention(q, k, v, mask, &past, heads, kv, hd, n_new, cap, 0, scale, 0, nullptr,
+                         plain);
     });
     put(flash, qn);
     put(plain, qn);
