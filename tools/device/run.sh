@@ -352,7 +352,7 @@ fi
 if [ "$PART" = 22 ]; then
 echo "== verify f32 and f16 after the prefill's attention moved to tensor cores (f16, 16+ new columns)"
 for p in f32 f16; do
-  timeout 150 ./xtask verify --fixtures fixtures --family llava,llava_next,llama,qwen2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
+  timeout 150 ./xtask verify --fixtures fixtures --family llava,llava_next,llama,qwen2,whisper,t5 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -24
 done
 save_llava
 echo "== LLaVA: where the first token's time goes (graphs off)"

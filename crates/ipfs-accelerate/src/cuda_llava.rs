@@ -11,7 +11,7 @@ use std::path::Path;
 
 use ipfs_accelerate_core::{BackendKind, Error, HostTensor, ModelRunner, Result, TensorMap};
 use ipfs_accelerate_llava::{
-    image_features_with, image_slots, run_llava, single_prompt, ImageFeatures, LlavaConfig,
+    generate_ids_with, image_features_with, image_slots, run_llava, ImageFeatures, LlavaConfig,
     LlavaInputs, LlavaTasks, LlavaVariant, PromptTokens,
 };
 use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
@@ -212,15 +212,15 @@ impl ModelRunner for CudaLlava {
         max_new_tokens: usize,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
-        let prompt = single_prompt(inputs, self.config.text_config.vocab_size)?;
-        let rows = self.generate_with(
-            inputs.get("pixel_values"),
-            inputs.get("image_sizes"),
-            &[prompt],
-            &GenerationConfig::exact_greedy(max_new_tokens),
-            |_, t| on_token(t),
-        )?;
-        ipfs_accelerate_nn::generate::single_row(rows)
+        let vocab = self.config.text_config.vocab_size;
+        generate_ids_with(
+            inputs,
+            vocab,
+            max_new_tokens,
+            |pixels, sizes, prompt, config| {
+                self.generate_with(pixels, sizes, prompt, config, |_, t| on_token(t))
+            },
+        )
     }
 }
 

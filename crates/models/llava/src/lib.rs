@@ -78,7 +78,7 @@ pub use model::{read_image_sizes, LlavaModel, PromptTokens};
 pub use names::LlavaWeights;
 pub use processor::{render_chat_template, LlavaInputs, LlavaProcessor};
 pub use runner::{
-    expand_image_tokens, run_llava, single_prompt, stop_tokens, LlavaFamily, LlavaNextFamily,
+    expand_image_tokens, generate_ids_with, run_llava, stop_tokens, LlavaFamily, LlavaNextFamily,
     LlavaRunner, LlavaTasks,
 };
 pub use spec::{

@@ -245,16 +245,17 @@ impl<B: Backend> ModelRunner for LlavaRunner<B> {
         max_new_tokens: usize,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Vec<u32>> {
-        let prompt = single_prompt(inputs, self.config().text_config.vocab_size)?;
-        let rows = self.generate_with(
-            inputs.get("pixel_values"),
-            inputs.get("image_sizes"),
-            &[prompt],
-            &GenerationConfig::exact_greedy(max_new_tokens),
-            DecodeMode::Cached,
-            |_, t| on_token(t),
-        )?;
-        ipfs_accelerate_nn::generate::single_row(rows)
+        let vocab = self.config().text_config.vocab_size;
+        generate_ids_with(
+            inputs,
+            vocab,
+            max_new_tokens,
+            |pixels, sizes, prompt, config| {
+                self.generate_with(pixels, sizes, prompt, config, DecodeMode::Cached, |_, t| {
+                    on_token(t)
+                })
+            },
+        )
     }
 
     /// See [`run_llava`].
@@ -327,9 +328,33 @@ pub fn run_llava<F: Default>(
     Ok(map)
 }
 
+/// `ModelRunner::generate_ids` of every LLaVA executor: `max_new_tokens` greedy tokens (no stop
+/// token) after the one row of `input_ids` and its images, through `generate(pixel_values,
+/// image_sizes, prompts, config)`.
+pub fn generate_ids_with(
+    inputs: &TensorMap,
+    vocab: usize,
+    max_new_tokens: usize,
+    generate: impl FnOnce(
+        Option<&HostTensor>,
+        Option<&HostTensor>,
+        &[Vec<u32>],
+        &GenerationConfig,
+    ) -> Result<Vec<Vec<u32>>>,
+) -> Result<Vec<u32>> {
+    let prompt = single_prompt(inputs, vocab)?;
+    let rows = generate(
+        inputs.get("pixel_values"),
+        inputs.get("image_sizes"),
+        &[prompt],
+        &GenerationConfig::exact_greedy(max_new_tokens),
+    )?;
+    ipfs_accelerate_nn::generate::single_row(rows)
+}
+
 /// The prompt of a one-row `input_ids` whose tokens are in `0..vocab` (what `generate_ids`
 /// generates after).
-pub fn single_prompt(inputs: &TensorMap, vocab: usize) -> Result<Vec<u32>> {
+fn single_prompt(inputs: &TensorMap, vocab: usize) -> Result<Vec<u32>> {
     let (_, [rows, _], ids) = input_ids(inputs)?;
     if rows != 1 {
         return Err(Error::InvalidInput(format!(
