@@ -50,7 +50,9 @@
 # part 21 where its first token's time goes; part 22 the prefill's causal attention on tensor cores (the
 # encoder's flash kernel over the KV cache), a decoding step's self-attention split across blocks, and the
 # image features gathered once in the tower's dtype: conformance, the profile, flash against the per-query
-# kernel at prompts of 128 and 1024, decode at a 1024-token context, PyTorch f16.
+# kernel at prompts of 128 and 1024, decode at a 1024-token context, PyTorch f16; part 23 the final code: a fresh
+# machine's first SmolLM2 generate, conformance, cuda_generation, Llama-3.2-1B at 1024 tokens and SmolLM2 against
+# PyTorch f16.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -63,6 +65,21 @@ G="could not run as a CUDA graph"
 now() { python3 -c 'import time; print(time.time())'; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 PART=${1:-1}
+# A SmolLM2-135M checkpoint in /tmp/smollm2 (parts 1, 23).
+save_smollm2() {
+echo "== a SmolLM2-135M checkpoint folder (f16 safetensors, random weights of the real config)"
+cat > /tmp/save.py <<'PY'
+import json, torch, transformers
+cfg = json.loads("""{"vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
+ "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"tie_word_embeddings":true,
+ "max_position_embeddings":8192,"rope_theta":100000.0,"rms_norm_eps":1e-5,"hidden_act":"silu"}""")
+torch.manual_seed(0)
+m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to(torch.float16)
+m.save_pretrained("/tmp/smollm2")
+print("saved", sum(p.numel() for p in m.parameters()), "parameters")
+PY
+python3 /tmp/save.py 2>&1 | grep -v -e Warning -e Writing
+}
 # A LLaVA-1.5 checkpoint in /tmp/llava (parts 20, 21).
 save_llava() {
 echo "== a LLaVA-1.5 checkpoint: CLIP ViT-L/14-336 tower + a Llama-3.2-1B-shaped LM, random weights, f16 safetensors"
@@ -86,18 +103,7 @@ PY
 timeout 200 python3 /tmp/save_llava.py 2>&1 | tail -2
 }
 if [ "$PART" = 1 ]; then
-echo "== a SmolLM2-135M checkpoint folder (f16 safetensors, random weights of the real config)"
-cat > /tmp/save.py <<'PY'
-import json, torch, transformers
-cfg = json.loads("""{"vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
- "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"tie_word_embeddings":true,
- "max_position_embeddings":8192,"rope_theta":100000.0,"rms_norm_eps":1e-5,"hidden_act":"silu"}""")
-torch.manual_seed(0)
-m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to(torch.float16)
-m.save_pretrained("/tmp/smollm2")
-print("saved", sum(p.numel() for p in m.parameters()), "parameters")
-PY
-python3 /tmp/save.py 2>&1 | grep -v -e Warning -e Writing
+save_smollm2
 echo "== fresh machine: whole process, SmolLM2-135M f16 from the checkpoint folder, load + first 8 tokens"
 t0=$(now)
 timeout 60 ./xtask bench --dev --backend cuda --no-db --config /tmp/smollm2 --prompt 128 --new 8 --dtype f16 --iters 1 --warmup 0 2>&1 | grep -E "prefill|decode|rror|cuBLAS engine"
@@ -374,5 +380,23 @@ echo "== against PyTorch f16: LLaVA (one 336-pixel image + 32 text tokens, 64 ne
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"
 timeout 200 ./xtask compare $c --config /tmp/llava --prompt 32 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
 timeout 150 ./xtask compare $c --config llama-1b --prompt 1024 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
+fi
+if [ "$PART" = 23 ]; then
+echo "== fresh machine (empty kernel cache): whole process, SmolLM2-135M f16 from a checkpoint folder, load + first 8 tokens"
+save_smollm2
+t0=$(now)
+timeout 60 ./xtask bench --dev --backend cuda --no-db --config /tmp/smollm2 --prompt 128 --new 8 --dtype f16 --iters 1 --warmup 0 2>&1 | grep -E "prefill|decode|rror|cuBLAS engine"
+t1=$(now); python3 -c "print('process wall s', round($t1 - $t0, 2))"
+echo "== the final code: verify f32 and f16 of LLaVA, LLaVA-NeXT, LLaMA, Qwen2, Whisper"
+for p in f32 f16; do
+  timeout 100 ./xtask verify --fixtures fixtures --family llava,llava_next,llama,qwen2,whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -3
+done
+echo "== the facade's cuda_generation tests (continuous batching, device picks, on the split and flash attention)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD timeout 100 ./cuda_generation --test-threads 1 2>&1 | grep -E "^test |test result|panicked|left|right"
+echo "== against PyTorch f16: Llama-3.2-1B prompt 1024 + 64, SmolLM2-135M 128 + 128"
+c="--dev --backend cuda --no-db --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"  # no DuckDB: the carry is full
+timeout 120 ./xtask compare $c --config llama-1b --prompt 1024 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
+timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 | grep -E -A8 "median ms|rror|$G"
 fi
 ls -la $OUT
