@@ -80,7 +80,7 @@ mod describe {
             ) {
                 return Ok(Ok(Box::new(model)));
             }
-            let _ = kind;
+            let _ = (kind, &self.options);
             Err(self)
         }
     }
