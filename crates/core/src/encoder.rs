@@ -565,9 +565,6 @@ impl EncoderSpec {
                     up.check("head.up", up.out_features, h)?;
                     down.check("head.down", c.out_features, up.out_features)?;
                 }
-                _ => c.check("classifier", c.out_features, h)?,
-            }
-            match head {
                 EncoderHead::Pooled(_) if self.pooler.is_none() => {
                     return bad("a head over the pooled output needs a pooler".into());
                 }
@@ -577,7 +574,7 @@ impl EncoderSpec {
                         c.out_features
                     ));
                 }
-                _ => {}
+                _ => c.check("classifier", c.out_features, h)?,
             }
         }
         Ok(())

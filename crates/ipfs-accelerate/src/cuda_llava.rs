@@ -19,10 +19,6 @@ use ipfs_accelerate_nn::generate::{generate, GenerationConfig};
 use crate::cuda_decoder::CudaDecoder;
 use crate::cuda_tokens::Replacement;
 
-/// Set to `1` to print the engines' per-stage device times and, for LLaVA, the wall time of the
-/// image features and of the first token.
-const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
-
 /// A LLaVA checkpoint on the cuBLAS encoder and decoder engines.
 pub(crate) struct CudaLlava {
     tower: Box<dyn ModelRunner>,
@@ -147,7 +143,8 @@ impl CudaLlava {
         let start = std::time::Instant::now();
         let features = pixels.map(|p| self.features(p, sizes)).transpose()?;
         let features = features.as_ref();
-        if crate::backends::env_switch(PROFILE_ENV) != Some(true) {
+        // With the engines' per-stage profile, the wall time of the host's part too.
+        if !ipfs_accelerate_backend_cublas::profile_requested() {
             return self.generate_rows(features, prompts, config, on_token);
         }
         // The wall time of the image features and of the first token after them.
@@ -234,18 +231,6 @@ impl LlavaTasks for CudaLlava {
             stop_tokens: self.stop_tokens.clone(),
             ..GenerationConfig::default()
         }
-    }
-
-    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
-        self.config.image_feature_count(image_size)
-    }
-
-    fn expand_image_tokens(
-        &self,
-        prompt: &[u32],
-        image_sizes: &[(usize, usize)],
-    ) -> Result<Vec<u32>> {
-        self.config.expand_image_tokens(prompt, image_sizes)
     }
 
     fn generate(

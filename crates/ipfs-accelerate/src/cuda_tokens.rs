@@ -3,7 +3,7 @@
 //! call, then one token per row, each step's tokens picked on the device (greedy there; sampled
 //! from the few most likely tokens the device keeps, with the CPU sampler's draws).
 
-#[cfg(any(feature = "whisper", feature = "t5", feature = "llava"))]
+#[cfg(any(feature = "whisper", feature = "t5"))]
 use ipfs_accelerate_backend_cublas::DecoderEngine;
 use ipfs_accelerate_backend_cublas::{
     Columns, DecodeSession, LogitsOf, Replaced, TopRequest, MAX_TOP_VOCAB,
@@ -37,7 +37,7 @@ pub(crate) fn float_engine_allowed(options: &crate::LoadOptions) -> Result<(), S
 
 /// `spec` (a family's decoder spec, or why it has none) on the cuBLAS decoder engine in
 /// `precision`; why not as a sentence.
-#[cfg(any(feature = "whisper", feature = "t5", feature = "llava"))]
+#[cfg(any(feature = "whisper", feature = "t5"))]
 pub(crate) fn engine_of(
     spec: Result<ipfs_accelerate_core::DecoderSpec>,
     precision: ipfs_accelerate_core::Precision,

@@ -314,10 +314,11 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
 // into splits of `split_keys` columns when `parts` is given (flash-decoding: a decoding step's
 // few queries would otherwise leave most of the GPU idle over 1500 keys, or a long cache); a
 // block then writes its split's unnormalised output, running max and sum there for
-// cross_combine, else (one split) the output. Softmax is online over chunks of blockDim keys (no limit on the context): one thread
-// scores one key of the chunk, then every thread adds W features of the values of a strided
-// subset of the chunk's keys (W-wide loads, independent across keys). A query that sees no key
-// gets zeros (PyTorch SDPA's answer for a fully masked row).
+// cross_combine, else (one split) the output. Softmax is online over chunks of blockDim keys (no
+// limit on the context): one thread scores one key of the chunk, then every thread adds W
+// features of the values of a strided subset of the chunk's keys (W-wide loads, independent
+// across keys). A query that sees no key gets zeros (PyTorch SDPA's answer for a fully masked
+// row).
 // q and out `[batch * n_new, heads * head_dim]`; caches `[batch, kv_heads, cap, head_dim]`;
 // values read in packs of W (head_dim a multiple of W). Grid (n_new × splits, heads, batch),
 // block a multiple of 32 and at least head_dim; shared memory (head_dim + blockDim * (1 + W) +

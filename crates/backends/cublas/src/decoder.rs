@@ -1201,7 +1201,7 @@ where
                 && matches!(spec.head_dim, 32 | 64)
                 && stream.context().compute_capability()?.0 >= 8
                 && !switched_off(crate::engine::FUSED_ATTENTION_ENV),
-            profile: std::env::var(crate::engine::PROFILE_ENV).is_ok_and(|v| v == "1"),
+            profile: crate::engine::profile_requested(),
             blas,
             stream,
         };
@@ -2373,9 +2373,9 @@ where
                 };
                 // The causal kernel's keys in splits when a call's few queries would leave the
                 // GPU idle (flash-decoding), joined below.
-                let (splits, per) = match (&self.relative, &b.parts) {
-                    (None, Some(_)) => self.self_splits(rows, cap),
-                    _ => (1, cap),
+                let (splits, per) = match &b.parts {
+                    Some(_) => self.self_splits(rows, cap),
+                    None => (1, cap),
                 };
                 let per_i = per as i32;
                 let mut args = s.launch_builder(kernel);

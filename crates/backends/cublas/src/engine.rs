@@ -574,6 +574,11 @@ pub struct Encoder<T: Elem> {
 /// Set to `1` to print the device time of each stage of every call to stderr.
 pub const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
 
+/// Whether [`PROFILE_ENV`] asks for per-stage times.
+pub fn profile_requested() -> bool {
+    std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1")
+}
+
 /// Set to `0` (or `off`) to run attention unfused (split into heads, score GEMM, softmax,
 /// context GEMM, merge) where the fused kernel would run.
 pub const FUSED_ATTENTION_ENV: &str = "IPFS_ACCELERATE_CUDA_FUSED_ATTENTION";
@@ -951,7 +956,7 @@ where
             stream,
             staging: Mutex::new(None),
             input_staging: Mutex::new(None),
-            profile: std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1"),
+            profile: profile_requested(),
             fused_attention,
         };
         encoder.stream.synchronize()?;

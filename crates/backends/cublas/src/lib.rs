@@ -49,7 +49,9 @@ pub use decoder::{
     check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, EncoderStates,
     LogitsOf, Replaced, TopRequest, TopTokens, BLOCK_FORMATS, MAX_TOP_VOCAB, TOP_TOKENS,
 };
-pub use engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
+pub use engine::{
+    profile_requested, Elem, Encoder, EncoderOutput, Floats, Input, Tokens, PROFILE_ENV,
+};
 pub use runner::EncoderRunner;
 
 use ipfs_accelerate_core::EncoderSpec;

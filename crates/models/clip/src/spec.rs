@@ -31,23 +31,6 @@ impl ClipTextConfig {
     }
 }
 
-/// [`trunk`] from a tower's config (`ClipTextConfig` and `ClipVisionConfig` name their sizes
-/// alike).
-macro_rules! tower_trunk {
-    ($reader:expr, $c:expr, $input:expr) => {
-        trunk(
-            $reader,
-            $c.hidden_size,
-            $c.num_attention_heads,
-            $c.intermediate_size,
-            $c.num_hidden_layers,
-            $c.layer_norm_eps,
-            $c.hidden_act,
-            $input,
-        )?
-    };
-}
-
 /// A tower's trunk as both towers fill it: its sizes, its pre-norm CLIP layers under `reader`
 /// (`<tower>.encoder.layers.N`) and `input`; no norms, pooler, head or projection yet.
 #[allow(clippy::too_many_arguments)]
@@ -114,7 +97,16 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
             norm: None,
             dense: root.dense_with("text_projection", config.projection_dim, h, false)?,
         }),
-        ..tower_trunk!(&text, c, input)
+        ..trunk(
+            &text,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.layer_norm_eps,
+            c.hidden_act,
+            input,
+        )?
     };
     spec.validate()?;
     Ok(spec)
@@ -150,14 +142,13 @@ pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Re
     let root = SpecReader::new(source, "");
     let vision = SpecReader::new(source, "vision_model");
     let spec = EncoderSpec {
-        embedding_norm: Some(vision.norm("pre_layrnorm", h)?),
         projection: Some(EncoderProjection {
             output: "image_embeds".into(),
             token: PooledToken::First,
             norm: Some(vision.norm("post_layernorm", h)?),
             dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
         }),
-        ..tower_trunk!(&vision, c, patch_input(c, &vision)?)
+        ..vision_hidden_state_spec(c, source, "vision_model", c.num_hidden_layers, None)?
     };
     spec.validate()?;
     Ok(spec)

@@ -146,15 +146,7 @@ impl<B: Backend> LlavaModel<B> {
                     .collect())
             }
             LlavaVariant::LlavaNext => {
-                let sizes = image_sizes.ok_or_else(|| {
-                    Error::InvalidInput("LLaVA-NeXT needs `image_sizes` with `pixel_values`".into())
-                })?;
-                let sizes = read_image_sizes(sizes)?;
-                let layouts = sizes
-                    .iter()
-                    .map(|&s| AnyresLayout::new(&self.config, s))
-                    .collect::<Result<Vec<_>>>()?;
-                let views = gather_views(pixels, &layouts)?;
+                let (views, layouts) = anyres_views(&self.config, pixels, image_sizes)?;
                 let features =
                     self.view_features(pixel_values::<B>(&views, channels, &self.device)?)?;
                 let mut offset = 0;
@@ -282,10 +274,27 @@ pub fn read_image_sizes(t: &HostTensor) -> Result<Vec<(usize, usize)>> {
     Ok(sizes)
 }
 
+/// The views LLaVA-NeXT encodes and each image's layout: the layouts of `image_sizes` (`[images,
+/// 2]`, required), and the views as [`gather_views`] takes them from `pixels`.
+pub(crate) fn anyres_views(
+    config: &LlavaConfig,
+    pixels: &HostTensor,
+    image_sizes: Option<&HostTensor>,
+) -> Result<(HostTensor, Vec<AnyresLayout>)> {
+    let sizes = image_sizes.ok_or_else(|| {
+        Error::InvalidInput("LLaVA-NeXT needs `image_sizes` with `pixel_values`".into())
+    })?;
+    let layouts = read_image_sizes(sizes)?
+        .into_iter()
+        .map(|s| AnyresLayout::new(config, s))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((gather_views(pixels, &layouts)?, layouts))
+}
+
 /// The views LLaVA-NeXT encodes, `[total, channels, h, w]`: each image's first
 /// [`AnyresLayout::views`] views of a stacked `[images, views, channels, h, w]` input, or an
 /// already concatenated `[total, channels, h, w]` one (checked against the total).
-pub(crate) fn gather_views(pixels: &HostTensor, layouts: &[AnyresLayout]) -> Result<HostTensor> {
+fn gather_views(pixels: &HostTensor, layouts: &[AnyresLayout]) -> Result<HostTensor> {
     if !pixels.dtype().is_float() {
         return Err(Error::InvalidInput(format!(
             "pixel_values must be floats, got {}",

@@ -406,13 +406,17 @@ pub trait LlavaTasks: ModelRunner {
     /// Greedy decoding stopping at the checkpoint's EOS token(s).
     fn default_generation_config(&self) -> GenerationConfig;
     /// Image tokens an image of original `(height, width)` takes in the prompt.
-    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize>;
+    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
+        self.config().image_feature_count(image_size)
+    }
     /// Each image placeholder of `prompt` expanded for the image of that size (in order).
     fn expand_image_tokens(
         &self,
         prompt: &[u32],
         image_sizes: &[(usize, usize)],
-    ) -> Result<Vec<u32>>;
+    ) -> Result<Vec<u32>> {
+        self.config().expand_image_tokens(prompt, image_sizes)
+    }
     /// New tokens after `inputs` (KV cache), streamed through `on_token`.
     fn generate(
         &self,
@@ -429,18 +433,6 @@ impl<B: Backend> LlavaTasks for LlavaRunner<B> {
 
     fn default_generation_config(&self) -> GenerationConfig {
         LlavaRunner::default_generation_config(self)
-    }
-
-    fn image_token_count(&self, image_size: (usize, usize)) -> Result<usize> {
-        LlavaRunner::image_token_count(self, image_size)
-    }
-
-    fn expand_image_tokens(
-        &self,
-        prompt: &[u32],
-        image_sizes: &[(usize, usize)],
-    ) -> Result<Vec<u32>> {
-        LlavaRunner::expand_image_tokens(self, prompt, image_sizes)
     }
 
     fn generate(

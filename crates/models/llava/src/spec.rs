@@ -12,9 +12,8 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
 
-use crate::anyres::AnyresLayout;
-use crate::config::{LlavaConfig, LlavaVariant, SelectStrategy};
-use crate::model::{gather_views, read_image_sizes};
+use crate::config::{LlavaConfig, LlavaVariant};
+use crate::model::anyres_views;
 use crate::names::LlavaWeights;
 
 /// The vision tower read at the checkpoint's one `vision_feature_layer`, the projector
@@ -105,22 +104,9 @@ pub fn image_features_with(
     let (views, layouts) = match config.variant {
         LlavaVariant::Llava => (std::borrow::Cow::Borrowed(pixels), Vec::new()),
         LlavaVariant::LlavaNext => {
-            if config.vision_feature_select_strategy != SelectStrategy::Default {
-                return Err(Error::InvalidInput(
-                    "LLaVA-NeXT packs tiles without their class tokens (strategy `default`)".into(),
-                ));
-            }
-            let sizes = image_sizes.ok_or_else(|| {
-                Error::InvalidInput("LLaVA-NeXT needs `image_sizes` with `pixel_values`".into())
-            })?;
-            let layouts = read_image_sizes(sizes)?
-                .into_iter()
-                .map(|s| AnyresLayout::new(config, s))
-                .collect::<Result<Vec<_>>>()?;
-            (
-                std::borrow::Cow::Owned(gather_views(pixels, &layouts)?),
-                layouts,
-            )
+            // (The config's validation refuses LLaVA-NeXT with the `full` strategy.)
+            let (views, layouts) = anyres_views(config, pixels, image_sizes)?;
+            (std::borrow::Cow::Owned(views), layouts)
         }
     };
     let count = views.shape().first().copied().unwrap_or(0);
