@@ -53,6 +53,12 @@
 # kernel at prompts of 128 and 1024, decode at a 1024-token context, PyTorch f16; part 23 the final code: a fresh
 # machine's first SmolLM2 generate, conformance, cuda_generation, Llama-3.2-1B at 1024 tokens and SmolLM2 against
 # PyTorch f16.
+# Session 26: part 24 (a fresh H200) kernels compiled in parts on every host thread, straight to machine code (CUBIN,
+# `compile.rs`): first processes with empty kernel caches (the driver's cache off), the code before (xtask_old:
+# one PTX program per set, the driver translating it) alternating with the new at all threads and at one thread,
+# for SmolLM2's first generate and MiniLM's first embedding; then conformance and decode speed next to the old binary;
+# part 25 (another fresh H200) NVRTC's parts compiling while the context opens and the weights go up (xtask) against
+# part 24's binary (xtask_v1: compiled first, then the upload), alternating, then conformance.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -398,5 +404,60 @@ echo "== against PyTorch f16: Llama-3.2-1B prompt 1024 + 64, SmolLM2-135M 128 + 
 c="--dev --backend cuda --no-db --dtype f16 --peer torch:f16 --rounds 3 --iters 5 --warmup 1"  # no DuckDB: the carry is full
 timeout 120 ./xtask compare $c --config llama-1b --prompt 1024 --new 64 2>&1 | grep -E -A8 "median ms|rror|$G"
 timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 | grep -E -A8 "median ms|rror|$G"
+fi
+cold() {  # label binary threads cache args...
+  local label=$1 bin=$2 threads=$3 cache=$4; shift 4
+  local t0=$(now)
+  CUDA_CACHE_DISABLE=1 IPFS_ACCELERATE_KERNEL_CACHE=$cache IPFS_ACCELERATE_CUDA_COMPILE_THREADS=$threads timeout 60 $bin bench --dev --backend cuda --no-db "$@" --iters 1 --warmup 0 > /tmp/cold.txt 2>&1
+  local t1=$(now)
+  python3 -c "print('$label', 'wall s', round($t1 - $t0, 2))"
+  grep -E "cuBLAS engine|rror" /tmp/cold.txt | sed 's/^/    /'
+}
+if [ "$PART" = 24 ]; then
+nproc
+xz -dc xtask_old.xz > xtask_old && chmod +x xtask_old
+save_smollm2
+cat /tmp/smollm2/* > /dev/null
+for what in smollm2 minilm; do
+  if [ $what = smollm2 ]; then args="--config /tmp/smollm2 --prompt 128 --new 8 --dtype f16"; else args="--config minilm-l6 --batch 1 --seq 128 --dtype f32"; fi
+  echo "== first process with empty caches: $what ($args); old = one PTX program per set, new = CUBIN in parts"
+  for round in 1 2 3; do
+    cold "old      r$round" ./xtask_old 0 /tmp/kc-old-$what-$round $args
+    cold "new all  r$round" ./xtask 0 /tmp/kc-new-$what-$round $args
+    cold "new 1thr r$round" ./xtask 1 /tmp/kc-one-$what-$round $args
+  done
+  echo "== the same processes with the caches the first round left (warm)"
+  cold "old warm" ./xtask_old 0 /tmp/kc-old-$what-1 $args
+  cold "new warm" ./xtask 0 /tmp/kc-new-$what-1 $args
+done
+echo "== verify f32 and f16, every family on the cuBLAS engines, kernels from the parts"
+for p in f32 f16; do
+  timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -30
+done
+echo "== decode speed, old and new machine code alternating: SmolLM2 f16 128 + 128, p50 of 10"
+for round in 1 2 3; do
+  for bin in xtask_old xtask; do
+    echo "-- $bin round $round"
+    timeout 60 ./$bin bench --dev --backend cuda --no-db --config llama-135m --prompt 128 --new 128 --dtype f16 --iters 10 --warmup 2 2>&1 | grep -E "prefill|decode|rror|$G"
+  done
+done
+fi
+if [ "$PART" = 25 ]; then
+xz -dc xtask_v1.xz > xtask_v1 && chmod +x xtask_v1
+save_smollm2
+cat /tmp/smollm2/* > /dev/null
+for what in smollm2 minilm; do
+  if [ $what = smollm2 ]; then args="--config /tmp/smollm2 --prompt 128 --new 8 --dtype f16"; else args="--config minilm-l6 --batch 1 --seq 128 --dtype f32"; fi
+  echo "== first process with empty caches: $what ($args); v1 = compile, then upload; now = both at once"
+  for round in 1 2 3 4; do
+    cold "v1  r$round" ./xtask_v1 0 /tmp/kc-v1-$what-$round $args
+    cold "now r$round" ./xtask 0 /tmp/kc-now-$what-$round $args
+  done
+  cold "now warm" ./xtask 0 /tmp/kc-now-$what-1 $args
+done
+echo "== verify f32 and f16, every family on the cuBLAS engines"
+for p in f32 f16; do
+  timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -3
+done
 fi
 ls -la $OUT

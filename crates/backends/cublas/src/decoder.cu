@@ -47,6 +47,7 @@ __device__ __forceinline__ void prefetch_l2(const unsigned char* p, long long by
 #endif
 }
 
+#if IN_GROUP(7)
 // mask[b, past + j] = fresh[b, j] for the call's new columns; grid (batch), block (any).
 extern "C" __global__ void append_mask(const int* fresh, const int* past, int n_new, int cap,
                                        int* mask) {
@@ -54,7 +55,9 @@ extern "C" __global__ void append_mask(const int* fresh, const int* past, int n_
     for (int j = threadIdx.x; j < n_new; j += blockDim.x)
         mask[(long long)b * cap + past[0] + j] = fresh[b * n_new + j];
 }
+#endif
 
+#if IN_GROUP(7)
 // One block per row: when `y` is not null, x = x + y (+ bias) rounded to T (the residual
 // stream); then out = the norm of x: with `beta`, HF's LayerNorm ((x - mean) / std * gamma +
 // beta); without, HF's RMSNorm (gamma * (x / rms(x)), normalised in f32, rounded to T, then
@@ -92,7 +95,9 @@ extern "C" __global__ void residual_norm(const T* y, const T* bias, T* x, const 
     for (int c = threadIdx.x; c < hidden; c += blockDim.x)
         out[base + c] = st(rms_value(row[c], inv, ld(gamma[c])));
 }
+#endif
 
+#if IN_GROUP(7)
 // Learned positions: x[r, :] = x[r, :] + table[positions[r], :], rounded to T (HF adds the two
 // embeddings in the model's dtype). Grid (rows, blocks of ROW_THREADS).
 extern "C" __global__ void add_positions(const int* positions, const T* table, int hidden, T* x) {
@@ -101,11 +106,13 @@ extern "C" __global__ void add_positions(const int* positions, const T* table, i
     size_t r = blockIdx.x;
     x[r * hidden + c] = st(ld(x[r * hidden + c]) + ld(table[(size_t)positions[r] * hidden + c]));
 }
+#endif
 
 // Greedy decoding on the device: one block of ARGMAX_THREADS per row of `logits` `[rows, vocab]`
 // writes the index of the row's largest value, the lowest such index on ties (0 when every value
 // is -inf), as the host's argmax picks it; -1 when the row holds NaN.
 #define ARGMAX_THREADS 256
+#if IN_GROUP(7)
 extern "C" __global__ void argmax_rows(const T* logits, int vocab, int* out) {
     __shared__ float best[ARGMAX_THREADS];
     __shared__ int index[ARGMAX_THREADS];
@@ -132,6 +139,7 @@ extern "C" __global__ void argmax_rows(const T* logits, int vocab, int* out) {
     }
     if (t == 0) out[blockIdx.x] = nan[0] ? -1 : (index[0] == 0x7fffffff ? 0 : index[0]);
 }
+#endif
 
 // Sampling on the device: each row's SAMPLE_TOP most likely tokens (and, when asked, the sum of
 // its softmax's numerators), so the host chooses a token from a few values instead of the row.
@@ -163,6 +171,7 @@ __device__ void sort_keys(unsigned long long* keys, int n) {
     __syncthreads();
 }
 
+#if IN_GROUP(8)
 // Grid (chunks, rows), SAMPLE_THREADS threads: block (c, r) takes columns [c, c + 1) ×
 // SAMPLE_CHUNK of row r of `logits` [rows, vocab] in f32, applies the row's repetition penalty
 // (`penalties[r]`, to the distinct tokens `tokens[offsets[r] .. offsets[r + 1]]`: divided when
@@ -204,7 +213,9 @@ extern "C" __global__ void sample_chunks(const T* logits, int vocab, const int* 
     for (int j = threadIdx.x; j < SAMPLE_TOP; j += blockDim.x) out[j] = keys[j];
     if (threadIdx.x == 0) nan[row * chunks + blockIdx.x] = seen_nan;
 }
+#endif
 
+#if IN_GROUP(8)
 // Grid (rows), SAMPLE_THREADS threads, after sample_chunks: row r's SAMPLE_TOP largest keys of
 // its `chunks` (chunks × SAMPLE_TOP ≤ SAMPLE_CHUNK) to out[r * (SAMPLE_TOP + 2) ...], then the
 // sum over the row of exp(f64(v / t − max / t)) as a double's bits when `temperatures[r]` = t
@@ -242,7 +253,9 @@ extern "C" __global__ void sample_merge(const unsigned long long* top, const int
         o[SAMPLE_TOP + 1] = (unsigned long long)any;
     }
 }
+#endif
 
+#if IN_GROUP(9)
 // The MLP's middle. Gated: out[r, c] = act(gate + bias) * (up + bias) where `gu` row r holds the
 // gate's `inter` outputs then the up projection's; `bias` (2 * inter, or null) likewise. Plain
 // (`gated` 0): out[r, c] = act(up + bias), `gu` and `bias` holding the up projection's `inter`
@@ -265,7 +278,9 @@ extern "C" __global__ void mlp_act(const T* gu, const T* bias, int inter, int ac
     }
     out[r * inter + c] = st(round_t(activate(g, act)) * u);
 }
+#endif
 
+#if IN_GROUP(9)
 // Splits the fused q / k / v projection (row r = b * n_new + i, `heads` query heads, then
 // `kv_heads` key heads, then `kv_heads` value heads, each `head_dim` wide) plus its bias: rotates
 // q and k at position `positions[r]` (HF's rotate_half: feature d pairs with d + head_dim / 2)
@@ -304,6 +319,7 @@ extern "C" __global__ void rope_split(const T* qkv, const T* bias, const int* po
     dst[i] = st(x1);
     dst[i + half] = st(x2);
 }
+#endif
 
 // Attention of the call's queries over a KV cache. SELF: query i of row b sits at column
 // past + i and sees the columns j <= past + i whose mask is set (and, with a sliding window,
@@ -476,15 +492,32 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
                                 mask + (long long)b * cap, nullptr, nullptr, 1, past, scale_log2,  \
                                 out + (long long)b * n_new * width + h * D, width);                \
     }
+#if IN_GROUP(10)
 CACHED_FLASH(32)
+#endif
+#if IN_GROUP(11)
 CACHED_FLASH(64)
+#endif
+#if IN_GROUP(12)
 ATTENTION_ENTRY(cached_attention, VEC)
+#endif
+#if IN_GROUP(12)
 ATTENTION_ENTRY(cached_attention_scalar, 1)
+#endif
+#if IN_GROUP(13)
 RELATIVE_ENTRY(relative_attention, VEC)
+#endif
+#if IN_GROUP(13)
 RELATIVE_ENTRY(relative_attention_scalar, 1)
+#endif
+#if IN_GROUP(14)
 CROSS_ENTRY(cross_attention, VEC)
+#endif
+#if IN_GROUP(14)
 CROSS_ENTRY(cross_attention_scalar, 1)
+#endif
 
+#if IN_GROUP(14)
 // Joins a cross-attention's splits: out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M the
 // largest running max, for each query row and head. `parts` as cross_attention writes them
 // (`splits` per row and head, head_dim + 2 floats each). Grid (rows, heads), block a multiple of
@@ -506,6 +539,7 @@ extern "C" __global__ void cross_combine(const float* parts, int heads, int head
     }
     out[row * heads * head_dim + (size_t)h * head_dim + t] = st(l > 0.f ? o / l : 0.f);
 }
+#endif
 
 // ---- Products on the weight as stored: dense rows of T, or ggml blocks (ggml_blocks.cuh) that
 // are dequantized in registers. A row is read in units: VEC values of T, or 8 weights of a block.
@@ -716,19 +750,32 @@ __device__ void dequant_impl(const unsigned char* w, long long row_bytes, const 
         gemv_impl<F, R, WIDE>(w, row_bytes, x, x_stride, rows, out, k, gamma, beta, eps, bias,  \
                               residual, y, y_stride, split, gated, act);                        \
     }
-#define WEIGHT_KERNELS(NAME, F)                                                                 \
-    GEMV_ENTRY(gemv_##NAME, F, GEMV_ROWS, false)                                                \
-    GEMV_ENTRY(gemv1_##NAME, F, 1, false)                                                       \
+#define DEQUANT_ENTRY(NAME, F)                                                                  \
     extern "C" __global__ void dequant_##NAME(const unsigned char* w, long long row_bytes,      \
                                               const int* ids, int first, int k, T* out) {       \
         dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \
     }
-WEIGHT_KERNELS(dense, DENSE)
+// A weight storage's kernels in two groups (compiled apart, `KernelSet` in engine.rs): the few-row
+// product, then the one-row product with the row reader. Dense weights take groups 15 and 16;
+// the engine appends each block format's pair (groups 19 + 2 × its index and the next:
+// `WEIGHT_KERNELS_FEW(q4_k, 12)`, ...) for the formats the model stores only (`kernel_source`):
+// they are most of the module's compile time on a fresh machine.
+#define WEIGHT_KERNELS_FEW(NAME, F) GEMV_ENTRY(gemv_##NAME, F, GEMV_ROWS, false)
+#define WEIGHT_KERNELS_ONE(NAME, F)                                                             \
+    GEMV_ENTRY(gemv1_##NAME, F, 1, false)                                                       \
+    DEQUANT_ENTRY(NAME, F)
+#if IN_GROUP(15)
+WEIGHT_KERNELS_FEW(dense, DENSE)
+#endif
+#if IN_GROUP(16)
+WEIGHT_KERNELS_ONE(dense, DENSE)
+#endif
 // The WIDE forms of the dense products (LayerNorm prologue, activation epilogue: Whisper's
 // decoder), apart so the others keep their registers (the branches cost the one-row kernel 10
 // and the few-row kernel 16).
+#if IN_GROUP(17)
 GEMV_ENTRY(gemv_wide_dense, DENSE, GEMV_ROWS, true)
+#endif
+#if IN_GROUP(18)
 GEMV_ENTRY(gemv1_wide_dense, DENSE, 1, true)
-// The block formats' pairs (`WEIGHT_KERNELS(q4_k, 12)`, ...) follow, appended by the engine for
-// the formats the model stores only (`kernel_source`): they are most of the module's compile
-// time on a fresh machine.
+#endif

@@ -23,9 +23,8 @@ use ipfs_accelerate_core::{
     NormWeights, Precision,
 };
 
-use crate::engine::{
-    compile_module, device_buffer, open_stream, read_back, rows_by_columns, Elem, KernelSet,
-};
+use crate::compile::{start_compile, KernelModule, KernelSet};
+use crate::engine::{device_buffer, open_stream, read_back, rows_by_columns, Elem};
 use crate::{probe, EngineError};
 
 /// `activate`'s code in kernels.cu for a gated activation.
@@ -112,6 +111,58 @@ struct WeightKernels {
 }
 
 impl Kernels {
+    /// The decoder's entry points in `module`, with the products of `formats` (the others' left
+    /// out).
+    fn from_module(module: &KernelModule, formats: &[BlockFormat]) -> Result<Kernels, EngineError> {
+        let f = |name: &str| module.load_function(name);
+        let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
+            Ok(WeightKernels {
+                gemv: f(&format!("gemv_{name}"))?,
+                gemv1: f(&format!("gemv1_{name}"))?,
+                dequant: f(&format!("dequant_{name}"))?,
+            })
+        };
+        let dense = weight_kernels("dense")?;
+        let blocks: Vec<Option<WeightKernels>> = BLOCK_FORMATS
+            .iter()
+            .map(|b| {
+                formats
+                    .contains(b)
+                    .then(|| weight_kernels(b.name))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        let named = |name: &str| {
+            debug_assert!(DECODER_KERNEL_NAMES.contains(&name), "{name}");
+            f(name)
+        };
+        Ok(Kernels {
+            gather_rows: named("gather_rows")?,
+            append_mask: named("append_mask")?,
+            residual_norm: named("residual_norm")?,
+            add_positions: named("add_positions")?,
+            mlp_act: named("mlp_act")?,
+            argmax_rows: named("argmax_rows")?,
+            sample_chunks: named("sample_chunks")?,
+            sample_merge: named("sample_merge")?,
+            rope_split: named("rope_split")?,
+            cached_attention: named("cached_attention")?,
+            cached_attention_scalar: named("cached_attention_scalar")?,
+            cross_attention: named("cross_attention")?,
+            cross_attention_scalar: named("cross_attention_scalar")?,
+            cross_combine: named("cross_combine")?,
+            relative_attention: named("relative_attention")?,
+            relative_attention_scalar: named("relative_attention_scalar")?,
+            cached_flash_attention: (
+                named("cached_flash_attention_32")?,
+                named("cached_flash_attention_64")?,
+            ),
+            wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
+            dense,
+            blocks,
+        })
+    }
+
     /// The kernels of a weight stored as `storage`.
     fn of<T>(&self, storage: &Storage<T>) -> Result<&WeightKernels, EngineError> {
         match storage {
@@ -136,7 +187,7 @@ pub struct BlockFormat {
     /// Bytes per block.
     pub bytes: usize,
     /// Position in [`BLOCK_FORMATS`].
-    index: usize,
+    pub(crate) index: usize,
 }
 
 /// Every block format the decoder reads (ids, sizes and layouts as ggml's).
@@ -906,6 +957,15 @@ where
     /// Checks `spec`, compiles the kernels and uploads the weights to device `ordinal`.
     pub fn load(spec: &DecoderSpec, ordinal: usize) -> Result<Self, EngineError> {
         check_decoder_spec(spec)?;
+        // Only the block formats the model stores are compiled, by NVRTC on its own threads while
+        // the context opens and the weights go up.
+        let mut formats: Vec<BlockFormat> = spec
+            .dense_layers()
+            .filter_map(|d| BlockFormat::of(d.blocks.as_ref()?.ggml_type))
+            .collect();
+        formats.sort_by_key(|f| f.index);
+        formats.dedup();
+        let compiling = start_compile::<T>(ordinal, KernelSet::decoder(&formats))?;
         let (stream, blas) = open_stream(ordinal)?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE)?;
         {
@@ -925,61 +985,6 @@ where
                 )));
             }
         }
-        // Only the block formats the model stores are compiled.
-        let mut formats: Vec<BlockFormat> = spec
-            .dense_layers()
-            .filter_map(|d| BlockFormat::of(d.blocks.as_ref()?.ggml_type))
-            .collect();
-        formats.sort_by_key(|f| f.index);
-        formats.dedup();
-        let module = compile_module::<T>(stream.context(), KernelSet::decoder(&formats))?;
-        let f = |name: &str| module.load_function(name);
-        let weight_kernels = |name: &str| -> Result<WeightKernels, EngineError> {
-            Ok(WeightKernels {
-                gemv: f(&format!("gemv_{name}"))?,
-                gemv1: f(&format!("gemv1_{name}"))?,
-                dequant: f(&format!("dequant_{name}"))?,
-            })
-        };
-        let dense = weight_kernels("dense")?;
-        let blocks: Vec<Option<WeightKernels>> = BLOCK_FORMATS
-            .iter()
-            .map(|b| {
-                formats
-                    .contains(b)
-                    .then(|| weight_kernels(b.name))
-                    .transpose()
-            })
-            .collect::<Result<_, _>>()?;
-        let named = |name: &str| {
-            debug_assert!(DECODER_KERNEL_NAMES.contains(&name), "{name}");
-            f(name)
-        };
-        let kernels = Kernels {
-            gather_rows: named("gather_rows")?,
-            append_mask: named("append_mask")?,
-            residual_norm: named("residual_norm")?,
-            add_positions: named("add_positions")?,
-            mlp_act: named("mlp_act")?,
-            argmax_rows: named("argmax_rows")?,
-            sample_chunks: named("sample_chunks")?,
-            sample_merge: named("sample_merge")?,
-            rope_split: named("rope_split")?,
-            cached_attention: named("cached_attention")?,
-            cached_attention_scalar: named("cached_attention_scalar")?,
-            cross_attention: named("cross_attention")?,
-            cross_attention_scalar: named("cross_attention_scalar")?,
-            cross_combine: named("cross_combine")?,
-            relative_attention: named("relative_attention")?,
-            relative_attention_scalar: named("relative_attention_scalar")?,
-            cached_flash_attention: (
-                named("cached_flash_attention_32")?,
-                named("cached_flash_attention_64")?,
-            ),
-            wide_dense: (named("gemv_wide_dense")?, named("gemv1_wide_dense")?),
-            dense,
-            blocks,
-        };
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
             let mut d =
                 unsafe { device_buffer(&stream, v.len(), || format!("{} weights", v.len())) }?;
@@ -1165,6 +1170,7 @@ where
                 .sum::<usize>();
         let weight_bytes =
             weights().map(Weight::bytes).sum::<usize>() + vector_values * std::mem::size_of::<T>();
+        let kernels = Kernels::from_module(&compiling.load(stream.context())?, &formats)?;
         let decoder = Decoder {
             kernels,
             dims: Dims {

@@ -9,8 +9,9 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::compile::{kernel_source, KernelSet};
 use crate::decoder::BLOCK_FORMATS;
-use crate::engine::{kernel_source, Elem, KernelSet};
+use crate::engine::Elem;
 use crate::ggml_blocks_tests::{f16_fields, random_rows};
 use ipfs_accelerate_kernels::{dequantize_row, BlockType};
 

@@ -10,12 +10,12 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
     PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use ipfs_accelerate_core::{
     DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, HostTensor,
     NormPlacement, NormWeights,
 };
 
+use crate::compile::{start_compile, KernelModule, KernelSet};
 use crate::EngineError;
 
 /// The storage type of the activations and weights (arithmetic is f32 in the kernels; cuBLAS
@@ -80,9 +80,6 @@ impl Elem for half::f16 {
     }
 }
 
-const KERNELS: &str = include_str!("kernels.cu");
-const DECODER_KERNELS: &str = include_str!("decoder.cu");
-const GGML_BLOCKS: &str = include_str!("ggml_blocks.cuh");
 /// Threads of the row kernels (layer norm, softmax) and of the element-wise kernels.
 const ROW_THREADS: u32 = 256;
 /// 16-byte packs of keys one softmax thread holds in registers (`SOFTMAX_PACKS` in kernels.cu).
@@ -144,148 +141,6 @@ struct Kernels {
     flash_attention_64: CudaFunction,
 }
 
-/// Which of the engine's kernels a module holds: an encoder's (`kernels.cu`) or a decoder's
-/// (`decoder.cu` and the products of the ggml block formats a model stores, on `kernels.cu`'s
-/// helpers), or both (the host-side tests). A module compiles only what its engine launches: on a
-/// fresh machine NVRTC and the driver's translation of the other set are a second of the first
-/// call.
-#[derive(Clone, Copy)]
-pub(crate) struct KernelSet<'a> {
-    /// `kernels.cu`'s entry points (embeddings, row kernels, softmax).
-    pub encoder: bool,
-    /// `decoder.cu` with the products of these block formats (dense weights always).
-    pub decoder: Option<&'a [crate::BlockFormat]>,
-}
-
-impl KernelSet<'_> {
-    /// The encoder engine's kernels.
-    pub const ENCODER: KernelSet<'static> = KernelSet {
-        encoder: true,
-        decoder: None,
-    };
-
-    /// The decoder's kernels with the products of `formats`.
-    pub fn decoder(formats: &[crate::BlockFormat]) -> KernelSet<'_> {
-        KernelSet {
-            encoder: false,
-            decoder: Some(formats),
-        }
-    }
-}
-
-/// Compiles the kernels of `set` for `T` on `ctx`'s device.
-pub(crate) fn compile_module<T: Elem>(
-    ctx: &Arc<CudaContext>,
-    set: KernelSet<'_>,
-) -> Result<Arc<cudarc::driver::CudaModule>, EngineError> {
-    let (major, minor) = ctx.compute_capability()?;
-    let arch = format!("compute_{major}{minor}");
-    let source = kernel_source::<T>(set);
-    let ptx = compile_cached(ptx_cache_dir().as_deref(), &source, &arch)?;
-    let clock = std::time::Instant::now();
-    let module = ctx.load_module(ptx)?;
-    // The driver turns the PTX into machine code here (its own cache makes later loads quick).
-    slow_step("loaded the kernels into the driver", clock);
-    Ok(module)
-}
-
-/// A progress line on stderr for a step that took more than a second (kernel compiles on a
-/// fresh machine), so a slow first call says where its time went.
-fn slow_step(what: &str, clock: std::time::Instant) {
-    let took = clock.elapsed();
-    if took.as_secs_f64() > 1.0 {
-        eprintln!("cuBLAS engine: {what} in {:.1} s", took.as_secs_f64());
-    }
-}
-
-/// Environment variable naming the kernel cache directory (shared with the CubeCL backends).
-pub const KERNEL_CACHE_ENV: &str = "IPFS_ACCELERATE_KERNEL_CACHE";
-
-/// Where the engine keeps the PTX NVRTC made: `cublas/` under `$IPFS_ACCELERATE_KERNEL_CACHE`, or
-/// under `ipfs-accelerate/kernels` in the user's cache directory; `None` without either.
-fn ptx_cache_dir() -> Option<std::path::PathBuf> {
-    let root = match std::env::var_os(KERNEL_CACHE_ENV) {
-        Some(dir) if !dir.is_empty() => std::path::PathBuf::from(dir),
-        _ => dirs::cache_dir()?.join("ipfs-accelerate").join("kernels"),
-    };
-    Some(root.join("cublas"))
-}
-
-/// The PTX of `source` for `arch` (`compute_90`): read from `cache` when this NVRTC compiled the
-/// same source for the same architecture before, else compiled and stored there (NVRTC takes
-/// about a second per storage type; a process start then skips it). The file name holds a
-/// 64-bit FNV-1a hash of the source, its length, the architecture and NVRTC's version; a file
-/// that is not PTX is compiled again and replaced, and a cache that cannot be written is skipped.
-pub(crate) fn compile_cached(
-    cache: Option<&std::path::Path>,
-    source: &str,
-    arch: &str,
-) -> Result<cudarc::nvrtc::Ptx, EngineError> {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: nvrtcVersion writes two integers; a failure leaves them 0 (still a valid key).
-    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let file = cache.map(|dir| {
-        dir.join(format!(
-            "{hash:016x}-{}-{arch}-nvrtc{major}.{minor}.ptx",
-            source.len()
-        ))
-    });
-    if let Some(text) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
-        if text.contains(".version") && text.contains(".entry") {
-            return Ok(cudarc::nvrtc::Ptx::from_src(text));
-        }
-    }
-    let options = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}")],
-        ..Default::default()
-    };
-    let clock = std::time::Instant::now();
-    let ptx = compile_ptx_with_opts(source, options)
-        .map_err(|e| EngineError::Compile(format!("{e:?}")))?;
-    slow_step(&format!("compiled its kernels for {arch} (NVRTC)"), clock);
-    if let Some(file) = file {
-        // Written whole, then renamed: a concurrent process never reads half a file.
-        let tmp = file.with_extension(format!("{}.tmp", std::process::id()));
-        let stored = file
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&tmp, ptx.to_src()))
-            .and_then(|()| std::fs::rename(&tmp, &file));
-        if let Err(e) = stored {
-            tracing::debug!(
-                "cuBLAS engine: PTX cache {} not written: {e}",
-                file.display()
-            );
-        }
-    }
-    Ok(ptx)
-}
-
-/// The CUDA source of the kernels of `set` for storage type `T`: `kernels.cu` (its entry points
-/// when `set.encoder`), then for a decoder `decoder.cu` with the products and row read
-/// (`gemv_<name>`, `gemv1_<name>`, `dequant_<name>`) of dense weights and of each block format.
-pub(crate) fn kernel_source<T: Elem>(set: KernelSet<'_>) -> String {
-    let encoder = if set.encoder {
-        "#define ENCODER_KERNELS\n"
-    } else {
-        ""
-    };
-    let mut source = format!(
-        "#define NEG_INF __int_as_float(0xff800000)\n{encoder}{}{KERNELS}\n",
-        T::PREFIX
-    );
-    if let Some(formats) = set.decoder {
-        source.push_str(&format!("{GGML_BLOCKS}\n{DECODER_KERNELS}"));
-        for f in formats {
-            source.push_str(&format!("WEIGHT_KERNELS({}, {})\n", f.name, f.id));
-        }
-    }
-    source
-}
-
 /// A context on device `ordinal` with one stream (cudarc's cross-stream events off: every buffer
 /// of an engine is used on this stream alone), freed memory kept in the pool, and cuBLAS on it.
 pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas), EngineError> {
@@ -299,7 +154,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-const ENCODER_KERNEL_NAMES: [&str; 22] = [
+pub(crate) const ENCODER_KERNEL_NAMES: [&str; 22] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -325,8 +180,8 @@ const ENCODER_KERNEL_NAMES: [&str; 22] = [
 ];
 
 impl Kernels {
-    fn compile<T: Elem>(ctx: &Arc<CudaContext>) -> Result<Kernels, EngineError> {
-        let module = compile_module::<T>(ctx, KernelSet::ENCODER)?;
+    /// The encoder's entry points in `module`.
+    fn from_module(module: &KernelModule) -> Result<Kernels, EngineError> {
         let f = |name: &str| {
             debug_assert!(ENCODER_KERNEL_NAMES.contains(&name), "{name}");
             module.load_function(name)
@@ -821,8 +676,9 @@ where
     /// `ordinal`.
     pub fn load(spec: &EncoderSpec, ordinal: usize) -> Result<Self, EngineError> {
         crate::check_spec(spec)?;
+        // NVRTC works on its own threads while the context opens and the weights go up.
+        let compiling = start_compile::<T>(ordinal, KernelSet::ENCODER)?;
         let (stream, blas) = open_stream(ordinal)?;
-        let kernels = Kernels::compile::<T>(stream.context())?;
         let up = |v: &[f32]| -> Result<CudaSlice<T>, EngineError> {
             Ok(stream.clone_htod(&T::from_f32_slice(v))?)
         };
@@ -912,6 +768,7 @@ where
                 tokens: f.tokens(),
             },
         };
+        let kernels = Kernels::from_module(&compiling.load(stream.context())?)?;
         let fused_attention = T::DTYPE == DType::F16
             && stream.context().compute_capability()?.0 >= 8
             && !crate::decoder::switched_off(FUSED_ATTENTION_ENV);
@@ -1860,118 +1717,6 @@ pub(crate) fn read_back<T: DeviceRepr + ValidAsZeroBits, R>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Whether NVRTC loads on this machine.
-    fn nvrtc_found() -> bool {
-        // SAFETY: loading the library runs its initialisers only.
-        cudarc::get_lib_name_candidates("nvrtc")
-            .iter()
-            .any(|n| unsafe { libloading::Library::new(n) }.is_ok())
-    }
-
-    /// The kernels compile with NVRTC (for Hopper) in both storage types, on any machine where
-    /// NVRTC loads (no device needed); where it does not, the test says it is skipped unless
-    /// `IPFS_ACCELERATE_REQUIRE_NVRTC=1`.
-    #[test]
-    fn kernels_compile_with_nvrtc() {
-        if !nvrtc_found() {
-            assert!(
-                std::env::var("IPFS_ACCELERATE_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                "NVRTC not found on the library path (IPFS_ACCELERATE_REQUIRE_NVRTC=1)"
-            );
-            eprintln!("skipped kernels_compile_with_nvrtc: NVRTC is not on the library path");
-            return;
-        }
-        let compile = |source: String| {
-            let options = CompileOptions {
-                options: vec!["--gpu-architecture=compute_90".into()],
-                ..Default::default()
-            };
-            compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))
-        };
-        // Each module has the kernels its engine loads, and not the other's: the encoder's (as
-        // `Kernels::compile` names them), the decoder's with every weight storage's products and
-        // row reader.
-        let encoder_names = ENCODER_KERNEL_NAMES.map(String::from).to_vec();
-        let mut decoder_names: Vec<String> = crate::decoder::DECODER_KERNEL_NAMES
-            .map(String::from)
-            .to_vec();
-        decoder_names.extend(
-            std::iter::once("dense")
-                .chain(crate::decoder::BLOCK_FORMATS.iter().map(|f| f.name))
-                .flat_map(|n| {
-                    [
-                        format!("gemv_{n}"),
-                        format!("gemv1_{n}"),
-                        format!("dequant_{n}"),
-                    ]
-                }),
-        );
-        let decoder = KernelSet::decoder(&crate::BLOCK_FORMATS);
-        for (set, has, lacks) in [
-            (KernelSet::ENCODER, &encoder_names, "gemv1_dense"),
-            (decoder, &decoder_names, "masked_softmax"),
-        ] {
-            for (ptx, ty) in [
-                (
-                    compile(kernel_source::<f32>(set)).expect("f32 kernels"),
-                    "f32",
-                ),
-                (
-                    compile(kernel_source::<half::f16>(set)).expect("f16 kernels"),
-                    "f16",
-                ),
-            ] {
-                let text = ptx.to_src();
-                for name in has {
-                    assert!(
-                        text.contains(&format!(".entry {name}(")),
-                        "{ty}: no kernel {name}"
-                    );
-                }
-                assert!(!text.contains(&format!(".entry {lacks}(")), "{ty}: {lacks}");
-            }
-        }
-    }
-
-    /// The second compile of a source reads the cached PTX (no NVRTC), a changed source gets its
-    /// own file, and a damaged file is compiled again and replaced.
-    #[test]
-    fn compiled_ptx_is_cached_by_source() {
-        if !nvrtc_found() {
-            eprintln!("skipped compiled_ptx_is_cached_by_source: NVRTC is not on the library path");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let source = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }";
-        let first = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
-        let files = || {
-            let mut f: Vec<_> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .collect();
-            f.sort();
-            f
-        };
-        assert_eq!(files().len(), 1);
-        // The file is what the next compile returns (marked, to tell it from a recompile).
-        let marked = format!("{}\n// from the cache\n", first.to_src());
-        std::fs::write(&files()[0], &marked).unwrap();
-        let again = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
-        assert_eq!(again.to_src(), marked);
-        let other = source.replace("2.f", "3.f");
-        compile_cached(Some(dir.path()), &other, "compute_90").unwrap();
-        assert_eq!(files().len(), 2);
-        std::fs::write(&files()[0], "not ptx").unwrap();
-        std::fs::write(&files()[1], "not ptx").unwrap();
-        let repaired = compile_cached(Some(dir.path()), source, "compute_90").unwrap();
-        assert_eq!(repaired.to_src(), first.to_src());
-        assert!(files()
-            .iter()
-            .any(|f| std::fs::read_to_string(f).unwrap() == first.to_src()));
-        // No cache: compiled every time, nothing written.
-        assert!(compile_cached(None, source, "compute_90").is_ok());
-    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {

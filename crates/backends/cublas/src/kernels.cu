@@ -3,6 +3,13 @@
 // IEEE half in an unsigned short) with `ld` (to float) and `st` (from float, round to nearest).
 // Arithmetic is f32 throughout; only storage is `T`.
 
+// Which entry points this compile holds: group g when bit g of KERNEL_GROUPS is set (every group
+// unless the engine defines it; it compiles a kernel set in several parts at once, `KernelSet`).
+#ifndef KERNEL_GROUPS
+#define KERNEL_GROUPS (~0ull)
+#endif
+#define IN_GROUP(g) ((KERNEL_GROUPS >> (g)) & 1ull)
+
 #define BLOCK_SUM 0
 #define BLOCK_MAX 1
 
@@ -48,6 +55,7 @@ __device__ void norm_row(const float* row, int n, const T* gamma, const T* beta,
 // The encoder's entry points are compiled into the encoder engine's module only
 // (`ENCODER_KERNELS`, `KernelSet` in engine.rs); the helpers serve the decoder's too.
 #ifdef ENCODER_KERNELS
+#if IN_GROUP(0)
 // One block per token: word + token type + position embedding, then layer norm (`normalize`;
 // without it `gamma` and `beta` are not read and the sum is written). Shared memory: (hidden +
 // 32) floats.
@@ -72,7 +80,9 @@ extern "C" __global__ void embeddings(const int* ids, const int* types, const T*
     __syncthreads();
     norm_row(row, hidden, gamma, beta, eps, out + m * hidden, red);
 }
+#endif
 
+#if IN_GROUP(0)
 // `[batch, channels, height, width]` images as `[batch * patches, channels * patch * patch]`
 // rows in T: patch (gy, gx) of image b at row b * patches + gy * (width / patch) + gx, its values
 // in the projection's (channel, y, x) order, so the strided convolution is one GEMM. Grid
@@ -90,7 +100,9 @@ extern "C" __global__ void patch_rows(const T* px, int channels, int height, int
     out[r * cols + j] =
         px[((b * channels + c) * height + gy * patch + y) * (long long)width + gx * patch + x];
 }
+#endif
 
+#if IN_GROUP(0)
 // ViT's patch embeddings: token 0 of each image is the class token, token 1 + i the projected
 // patch i (`pe` `[batch * patches, hidden]`, without its bias) plus the bias; then the position
 // embedding of the token. Grid (batch * seq, blocks of ROW_THREADS columns).
@@ -104,6 +116,7 @@ extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T*
                      : ld(pe[(b * (seq - 1) + s - 1) * hidden + c]) + ld(bias[c]);
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
 }
+#endif
 #endif  // ENCODER_KERNELS
 
 #define ACT_GELU 0
@@ -271,8 +284,12 @@ __device__ void merge_heads_impl(const T* ctx, int seq, int heads, int head_dim,
     }
 
 #ifdef ENCODER_KERNELS
+#if IN_GROUP(1)
 ROW_KERNELS(, 1)
+#endif
+#if IN_GROUP(2)
 ROW_KERNELS(_vec, VEC)
+#endif
 #endif
 
 // ---- Masked softmax over score rows `[batch, heads, q_len, k_len]`: probabilities over the keys
@@ -342,6 +359,7 @@ __device__ __forceinline__ void softmax_row(T* row, const int* keep, int row_len
     }
 }
 
+#if IN_GROUP(3)
 // Rows of a table: out[r] = table[ids[r]] (the token embedding of a decoder, the pooled tokens
 // of an encoder's projection); grid (rows, blocks of ROW_THREADS).
 extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidden, T* out) {
@@ -350,8 +368,10 @@ extern "C" __global__ void gather_rows(const int* ids, const T* table, int hidde
     long long r = blockIdx.x;
     out[r * hidden + c] = table[(long long)ids[r] * hidden + c];
 }
+#endif
 
 #ifdef ENCODER_KERNELS
+#if IN_GROUP(4)
 // Feature frames as im2col rows for a 1-D convolution: the value of channel c at frame t of
 // input b is `x[b * batch_stride + c * channel_stride + t * frame_stride]` (channel-major input
 // features, frame-major convolution outputs); row b * out_frames + t holds the window of output
@@ -373,7 +393,9 @@ extern "C" __global__ void frame_rows(const T* x, long long batch_stride, int ch
                                 (long long)at * frame_stride]
                             : st(0.f);
 }
+#endif
 
+#if IN_GROUP(4)
 // The last convolution's output (`conv` `[batch * seq, hidden]`, without its bias) plus the bias,
 // through the activation, plus the position embedding of the frame. Grid (batch * seq, blocks of
 // ROW_THREADS columns).
@@ -386,10 +408,12 @@ extern "C" __global__ void frame_embeddings(const T* conv, const T* bias, const 
     float v = activate(ld(conv[m * hidden + c]) + ld(bias[c]), act);
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
 }
+#endif
 
 // One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
 // written 0), k_stride <= SOFTMAX_PACKS * VEC * blockDim.
 #define SOFTMAX_PACKS 2
+#if IN_GROUP(4)
 extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads, int q_len,
                                           int k_len, int k_stride, int causal) {
     __shared__ float red[32];
@@ -400,10 +424,12 @@ extern "C" __global__ void masked_softmax(T* scores, const int* mask, int heads,
                                     threadIdx.x, blockDim.x,
                                     [&](float v, int op) { return block_reduce(v, red, op); });
 }
+#endif
 
 // One warp per row (blockDim (32, rows per block)), k_stride <= 256 (a multiple of VEC): no
 // block barriers.
 #define WARP_PACKS (256 / (32 * VEC))
+#if IN_GROUP(4)
 extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int heads, int q_len,
                                                int k_len, int k_stride, long long rows,
                                                int causal) {
@@ -414,6 +440,7 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
     softmax_row<WARP_PACKS>(scores + r * k_stride, mask + b * k_len, k_stride, limit, threadIdx.x, 32,
                            [](float v, int op) { return warp_reduce(v, op); });
 }
+#endif
 
 #endif  // ENCODER_KERNELS
 
@@ -772,6 +799,10 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
                                 bias + 2 * hidden + h * D, causal, 0, scale_log2,                \
                                 out + (long long)b * seq * hidden + h * D, hidden);              \
     }
+#if IN_GROUP(5)
 FLASH_ATTENTION(32)
+#endif
+#if IN_GROUP(6)
 FLASH_ATTENTION(64)
+#endif
 #endif  // ENCODER_KERNELS

@@ -37,6 +37,7 @@
 //! # Ok(()) }
 //! ```
 
+mod compile;
 mod decoder;
 #[cfg(test)]
 mod emulated_kernels_tests;
@@ -45,6 +46,7 @@ mod engine;
 mod ggml_blocks_tests;
 mod runner;
 
+pub use compile::{COMPILE_THREADS_ENV, KERNEL_CACHE_ENV};
 pub use decoder::{
     check_decoder_spec, BlockFormat, Columns, DecodeSession, DecoderEngine, EncoderStates,
     LogitsOf, Replaced, TopRequest, TopTokens, BLOCK_FORMATS, MAX_TOP_VOCAB, TOP_TOKENS,
