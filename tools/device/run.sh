@@ -58,7 +58,9 @@
 # one PTX program per set, the driver translating it) alternating with the new at all threads and at one thread,
 # for SmolLM2's first generate and MiniLM's first embedding; then conformance and decode speed next to the old binary;
 # part 25 (another fresh H200) NVRTC's parts compiling while the context opens and the weights go up (xtask) against
-# part 24's binary (xtask_v1: compiled first, then the upload), alternating, then conformance.
+# part 24's binary (xtask_v1: compiled first, then the upload), alternating, then conformance; part 26 the public
+# SmolLM2-135M-Instruct Q4_1 GGUF (carried in three calls to one warm machine: .devcarry/g1, g2, g3 hold its xz in
+# parts) on the cuBLAS decoder through the facade's cuda_generation tests.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -459,5 +461,14 @@ echo "== verify f32 and f16, every family on the cuBLAS engines"
 for p in f32 f16; do
   timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -3
 done
+fi
+if [ "$PART" = 26 ]; then
+echo "== the public SmolLM2 GGUF, joined from the three calls' parts"
+mkdir -p shared/models/SmolLM2-135M-Instruct-GGUF
+cat g1/gpart00 g2/gpart01 g3/gpart02 | xz -dc > shared/models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf
+sha256sum shared/models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf
+echo "== the facade's cuda_generation tests (continuous batching, device picks, the public SmolLM2 GGUF)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD/shared timeout 300 ./cuda_generation --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|SmolLM2|skipped"
 fi
 ls -la $OUT

@@ -1,8 +1,9 @@
 //! Generation on the cuBLAS decoder engine (the `cuda` feature, on a machine with an NVIDIA GPU):
 //! requests that join a running batch (continuous batching) get the tokens they get alone, and
 //! tokens picked on the device (greedy, sampled, penalised) are the CPU sampler's picks from the
-//! same logits. Needs the shared LLaMA fixture (`$IPFS_ACCELERATE_SHARED`); where there is no
-//! usable GPU the tests say so and pass (the engine's host code has its own tests).
+//! same logits; the public SmolLM2 GGUF, its blocks kept on the device, gives HF's greedy tokens.
+//! Needs the shared LLaMA fixture and model (`$IPFS_ACCELERATE_SHARED`); where there is no usable
+//! GPU the tests say so and pass (the engine's host code has its own tests).
 #![cfg(feature = "cuda")]
 
 use std::ops::ControlFlow;
@@ -11,12 +12,16 @@ use std::path::PathBuf;
 use ipfs_accelerate::text::{load_decoder, GenerationConfig, RowRequest, Sampling, TextGeneration};
 use ipfs_accelerate::{BackendKind, Precision};
 
+/// The shared folder (`$IPFS_ACCELERATE_SHARED`, else `../shared` beside the repository).
+fn shared() -> PathBuf {
+    std::env::var_os("IPFS_ACCELERATE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
 /// The tiny LLaMA fixture's checkpoint folder.
 fn fixture() -> Option<PathBuf> {
-    let shared = std::env::var_os("IPFS_ACCELERATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/llama/causal_lm");
+    let dir = shared().join("fixtures/llama/causal_lm");
     dir.join("config.json").exists().then_some(dir)
 }
 
@@ -182,5 +187,61 @@ fn tokens_picked_on_the_device_are_the_cpu_samplers() {
     for ((c, d), h) in cases.iter().zip(&on_device).zip(&on_host) {
         assert_eq!(d, h, "{c:?}");
         assert!(d.iter().all(|r| r.len() == 24));
+    }
+}
+
+/// The i64 tensor `name` of a safetensors file's bytes.
+fn i64_tensor(bytes: &[u8], name: &str) -> Vec<i64> {
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let t = file.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
+    t.data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// The public SmolLM2-135M-Instruct Q4_1 GGUF on the cuBLAS decoder (Q4_1 and Q8_0 blocks kept
+/// on the device, dequantized in registers): "The capital of France is" gives the 16 greedy tokens
+/// of HF's run on the dequantized weights (`refs/smollm2_public.safetensors`), in f32 and f16, as
+/// the CPU does (`gguf_smollm2.rs`).
+#[test]
+fn public_smollm2_gguf_gives_hfs_greedy_tokens() {
+    let root = shared();
+    let gguf = root.join("models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let Ok(refs) = std::fs::read(root.join("refs/smollm2_public.safetensors")) else {
+        eprintln!("skipped: no shared SmolLM2 reference (set IPFS_ACCELERATE_SHARED)");
+        return;
+    };
+    if !gguf.exists() {
+        eprintln!("skipped: no shared SmolLM2 GGUF at {}", gguf.display());
+        return;
+    }
+    let ids: Vec<u32> = i64_tensor(&refs, "input_ids")
+        .into_iter()
+        .map(|t| t as u32)
+        .collect();
+    let want: Vec<u32> = i64_tensor(&refs, "greedy_tokens")
+        .into_iter()
+        .map(|t| t as u32)
+        .collect();
+    for precision in [Precision::F32, Precision::F16] {
+        let model = match load_decoder(&gguf, BackendKind::Cuda, precision) {
+            Ok(model) if model.engine() == Some("cublas") => model,
+            Ok(_) => {
+                eprintln!("skipped: the cuBLAS decoder is not usable here");
+                return;
+            }
+            Err(e) => {
+                eprintln!("skipped: no CUDA device ({e})");
+                return;
+            }
+        };
+        let greedy = config(Sampling::Greedy, 1.0, 0, want.len());
+        let got = model
+            .generate(&ids, &greedy, &mut |_| ControlFlow::Continue(()))
+            .unwrap();
+        eprintln!("SmolLM2 Q4_1 on cuda {precision:?}: {got:?}");
+        assert_eq!(got, want, "{precision:?}");
     }
 }
