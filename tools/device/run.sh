@@ -415,13 +415,22 @@ cold() {  # label binary threads cache args...
   python3 -c "print('$label', 'wall s', round($t1 - $t0, 2))"
   grep -E "cuBLAS engine|rror" /tmp/cold.txt | sed 's/^/    /'
 }
+# verify in f32 and f16 of every family on the cuBLAS engines, the last N lines of each (parts 24, 25).
+verify_engines() {
+  for p in f32 f16; do
+    timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -$1
+  done
+}
+# The two first processes of parts 24 and 25: SmolLM2's first generate from /tmp/smollm2, MiniLM's first embedding.
+cold_args() {
+  if [ "$1" = smollm2 ]; then echo "--config /tmp/smollm2 --prompt 128 --new 8 --dtype f16"; else echo "--config minilm-l6 --batch 1 --seq 128 --dtype f32"; fi
+}
 if [ "$PART" = 24 ]; then
 nproc
 xz -dc xtask_old.xz > xtask_old && chmod +x xtask_old
-save_smollm2
-cat /tmp/smollm2/* > /dev/null
+save_smollm2; cat /tmp/smollm2/* > /dev/null
 for what in smollm2 minilm; do
-  if [ $what = smollm2 ]; then args="--config /tmp/smollm2 --prompt 128 --new 8 --dtype f16"; else args="--config minilm-l6 --batch 1 --seq 128 --dtype f32"; fi
+  args=$(cold_args $what)
   echo "== first process with empty caches: $what ($args); old = one PTX program per set, new = CUBIN in parts"
   for round in 1 2 3; do
     cold "old      r$round" ./xtask_old 0 /tmp/kc-old-$what-$round $args
@@ -433,9 +442,7 @@ for what in smollm2 minilm; do
   cold "new warm" ./xtask 0 /tmp/kc-new-$what-1 $args
 done
 echo "== verify f32 and f16, every family on the cuBLAS engines, kernels from the parts"
-for p in f32 f16; do
-  timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -30
-done
+verify_engines 30
 echo "== decode speed, old and new machine code alternating: SmolLM2 f16 128 + 128, p50 of 10"
 for round in 1 2 3; do
   for bin in xtask_old xtask; do
@@ -446,10 +453,9 @@ done
 fi
 if [ "$PART" = 25 ]; then
 xz -dc xtask_v1.xz > xtask_v1 && chmod +x xtask_v1
-save_smollm2
-cat /tmp/smollm2/* > /dev/null
+save_smollm2; cat /tmp/smollm2/* > /dev/null
 for what in smollm2 minilm; do
-  if [ $what = smollm2 ]; then args="--config /tmp/smollm2 --prompt 128 --new 8 --dtype f16"; else args="--config minilm-l6 --batch 1 --seq 128 --dtype f32"; fi
+  args=$(cold_args $what)
   echo "== first process with empty caches: $what ($args); v1 = compile, then upload; now = both at once"
   for round in 1 2 3 4; do
     cold "v1  r$round" ./xtask_v1 0 /tmp/kc-v1-$what-$round $args
@@ -458,9 +464,7 @@ for what in smollm2 minilm; do
   cold "now warm" ./xtask 0 /tmp/kc-now-$what-1 $args
 done
 echo "== verify f32 and f16, every family on the cuBLAS engines"
-for p in f32 f16; do
-  timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -3
-done
+verify_engines 3
 fi
 if [ "$PART" = 26 ]; then
 echo "== the public SmolLM2 GGUF, joined from the three calls' parts"
