@@ -755,7 +755,7 @@ __device__ void dequant_impl(const unsigned char* w, long long row_bytes, const 
                                               const int* ids, int first, int k, T* out) {       \
         dequant_impl<F>(w, row_bytes, ids, first, k, out);                                      \
     }
-// A weight storage's kernels in two groups (compiled apart, `KernelSet` in engine.rs): the few-row
+// A weight storage's kernels in two groups (compiled apart, `KernelSet` in compile.rs): the few-row
 // product, then the one-row product with the row reader. Dense weights take groups 15 and 16;
 // the engine appends each block format's pair (groups 19 + 2 × its index and the next:
 // `WEIGHT_KERNELS_FEW(q4_k, 12)`, ...) for the formats the model stores only (`kernel_source`):

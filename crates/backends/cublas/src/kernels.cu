@@ -53,7 +53,7 @@ __device__ void norm_row(const float* row, int n, const T* gamma, const T* beta,
 }
 
 // The encoder's entry points are compiled into the encoder engine's module only
-// (`ENCODER_KERNELS`, `KernelSet` in engine.rs); the helpers serve the decoder's too.
+// (`ENCODER_KERNELS`, `KernelSet` in compile.rs); the helpers serve the decoder's too.
 #ifdef ENCODER_KERNELS
 #if IN_GROUP(0)
 // One block per token: word + token type + position embedding, then layer norm (`normalize`;
