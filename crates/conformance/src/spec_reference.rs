@@ -92,6 +92,15 @@ impl ModelRunner for SpecReference {
             EncoderInput::Frames(f) => floats("input_features", f.tokens(), |batch, values| {
                 ReferenceInput::Frames { batch, values }
             })?,
+            EncoderInput::Waveform(w) => {
+                let (batch, values) = batched_floats(inputs, "input_values")?;
+                let tokens = w.tokens(values.len() / batch.max(1));
+                let out = s.reference_forward(&ReferenceInput::Samples {
+                    batch,
+                    values: &values,
+                })?;
+                (out, batch, tokens)
+            }
         };
         let h = s.hidden;
         let mut map = TensorMap::new();

@@ -328,6 +328,74 @@ impl FrameEmbeddings {
     }
 }
 
+/// How a [`WaveformEmbeddings`] convolution's output is normed (epsilon
+/// [`WaveformEmbeddings::conv_eps`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConvNorm {
+    /// Each channel over the frames: a GroupNorm with one group per channel (Wav2Vec2's first
+    /// convolution when `feat_extract_norm` is `group`).
+    Channel(NormWeights),
+    /// Each frame over the channels: a LayerNorm (every convolution when `feat_extract_norm` is
+    /// `layer`).
+    Frame(NormWeights),
+}
+
+impl ConvNorm {
+    /// The norm's scale and shift.
+    pub fn weights(&self) -> &NormWeights {
+        match self {
+            ConvNorm::Channel(n) | ConvNorm::Frame(n) => n,
+        }
+    }
+}
+
+/// A grouped convolution over the tokens whose output is added to them, as relative positions
+/// (Wav2Vec2's `pos_conv_embed`): `kernel / 2` zero tokens on both sides, the last output
+/// dropped when the kernel is even (so as many outputs as tokens), then the activation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionConv {
+    /// The `[hidden, hidden / groups, kernel]` weight (weight norm already folded) as
+    /// `[hidden, hidden / groups · kernel]` rows, channel-major then tap, and the bias.
+    pub conv: DenseWeights,
+    /// Kernel width in tokens.
+    pub kernel: usize,
+    /// Channel groups: output channel `o` reads the inputs of its group only.
+    pub groups: usize,
+}
+
+/// Raw audio (`input_values`, `[batch, samples]`) through strided convolutions (each normed as
+/// [`ConvNorm`] says, then the activation), a LayerNorm and a projection to the hidden size,
+/// plus a [`PositionConv`] of the projected tokens (Wav2Vec2's feature encoder and projection).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaveformEmbeddings {
+    /// The convolutions, first (one input channel) to last, without padding.
+    pub convs: Vec<FrameConv>,
+    /// The norm of each convolution's output, one entry per convolution.
+    pub norms: Vec<Option<ConvNorm>>,
+    /// The convolution norms' epsilon.
+    pub conv_eps: f32,
+    /// The activation after each convolution and after the position convolution.
+    pub activation: EncoderActivation,
+    /// LayerNorm over the last convolution's channels (epsilon [`EncoderSpec::eps`]).
+    pub projection_norm: NormWeights,
+    /// `[hidden, channels]`: the feature projection.
+    pub projection: DenseWeights,
+    /// The relative positions added to the projected tokens.
+    pub position: PositionConv,
+}
+
+impl WaveformEmbeddings {
+    /// Tokens for `samples` samples (0 when the input is shorter than the convolutions' reach).
+    pub fn tokens(&self, samples: usize) -> usize {
+        self.convs.iter().fold(samples, |n, c| c.out_frames(n))
+    }
+
+    /// Channels of the last convolution's output.
+    pub fn channels(&self) -> usize {
+        self.convs.last().map_or(0, |c| c.conv.out_features)
+    }
+}
+
 /// What the encoder reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EncoderInput {
@@ -337,6 +405,8 @@ pub enum EncoderInput {
     Patches(PatchEmbeddings),
     /// Feature frames (`input_features`, `[batch, channels, frames]`).
     Frames(FrameEmbeddings),
+    /// Raw audio samples (`input_values`, `[batch, samples]`).
+    Waveform(WaveformEmbeddings),
 }
 
 /// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
@@ -518,6 +588,57 @@ impl EncoderSpec {
                 }
                 check_rows("embed_positions", &f.position, frames)?;
             }
+            EncoderInput::Waveform(w) => {
+                if w.convs.is_empty() || w.norms.len() != w.convs.len() {
+                    return bad(format!(
+                        "{} convolutions with {} norms",
+                        w.convs.len(),
+                        w.norms.len()
+                    ));
+                }
+                let mut channels = 1;
+                for (n, (c, norm)) in w.convs.iter().zip(&w.norms).enumerate() {
+                    if c.kernel == 0 || c.stride == 0 || c.padding != 0 {
+                        return bad(format!(
+                            "convolution {n} needs a positive kernel and stride and no padding"
+                        ));
+                    }
+                    let out = c.conv.out_features;
+                    let name = format!("feature_extractor.conv_layers.{n}");
+                    c.conv
+                        .check(&format!("{name}.conv"), out, channels * c.kernel)?;
+                    if let Some(norm) = norm {
+                        let g = norm.weights();
+                        if g.gamma.len() != out || g.beta.len() != out {
+                            return Err(Error::ShapeMismatch {
+                                name: format!("{name}.layer_norm"),
+                                expected: vec![out],
+                                actual: vec![g.gamma.len(), g.beta.len()],
+                            });
+                        }
+                    }
+                    channels = out;
+                }
+                let n = &w.projection_norm;
+                if n.gamma.len() != channels || n.beta.len() != channels {
+                    return Err(Error::ShapeMismatch {
+                        name: "feature_projection.layer_norm".into(),
+                        expected: vec![channels],
+                        actual: vec![n.gamma.len(), n.beta.len()],
+                    });
+                }
+                w.projection
+                    .check("feature_projection.projection", h, channels)?;
+                let p = &w.position;
+                if p.kernel == 0 || p.groups == 0 || !h.is_multiple_of(p.groups) {
+                    return bad(format!(
+                        "a position convolution of kernel {} in {} groups over {h} channels",
+                        p.kernel, p.groups
+                    ));
+                }
+                p.conv
+                    .check("pos_conv_embed.conv", h, h / p.groups * p.kernel)?;
+            }
         }
         if let Some(n) = &self.embedding_norm {
             check_norm("embeddings.LayerNorm".into(), n)?;
@@ -550,7 +671,7 @@ impl EncoderSpec {
             }
         }
         if self.causal && !matches!(self.input, EncoderInput::Tokens(_)) {
-            return bad("causal attention over image patches or feature frames".into());
+            return bad("causal attention over image patches, feature frames or audio".into());
         }
         if let Some(head) = &self.head {
             let c = head.dense();
@@ -689,6 +810,64 @@ mod tests {
             ..with(frames)
         };
         assert!(causal.validate().is_err());
+    }
+
+    /// Wav2Vec2's front end: kernels 10 and 3, strides 5 and 2 turn 400 samples into 79, then
+    /// 39 tokens; a missing norm entry, padding, a norm of the wrong width and groups that do not
+    /// divide the hidden size are refused.
+    #[test]
+    fn waveform_inputs_count_their_tokens_and_are_checked() {
+        let (h, c) = (8, 6);
+        let conv = |inp: usize, kernel: usize, stride: usize| FrameConv {
+            conv: dense(c, inp * kernel),
+            kernel,
+            stride,
+            padding: 0,
+        };
+        let norm_c = NormWeights {
+            gamma: vec![1.0; c],
+            beta: vec![0.0; c],
+        };
+        let wave = WaveformEmbeddings {
+            convs: vec![conv(1, 10, 5), conv(c, 3, 2)],
+            norms: vec![Some(ConvNorm::Channel(norm_c.clone())), None],
+            conv_eps: 1e-5,
+            activation: EncoderActivation::Gelu,
+            projection_norm: norm_c.clone(),
+            projection: dense(h, c),
+            position: PositionConv {
+                conv: dense(h, h / 2 * 4),
+                kernel: 4,
+                groups: 2,
+            },
+        };
+        assert_eq!(wave.tokens(400), 39);
+        assert_eq!(wave.tokens(9), 0);
+        assert_eq!(wave.channels(), c);
+        let with = |w: WaveformEmbeddings| EncoderSpec {
+            input: EncoderInput::Waveform(w),
+            ..spec(h, 2 * h)
+        };
+        with(wave.clone()).validate().unwrap();
+        let mut bad = vec![
+            WaveformEmbeddings {
+                norms: vec![None],
+                ..wave.clone()
+            },
+            WaveformEmbeddings {
+                norms: vec![Some(ConvNorm::Frame(norm(h))), None],
+                ..wave.clone()
+            },
+        ];
+        let mut padded = wave.clone();
+        padded.convs[0].padding = 1;
+        bad.push(padded);
+        let mut groups = wave.clone();
+        groups.position.groups = 3;
+        bad.push(groups);
+        for w in bad {
+            assert!(with(w.clone()).validate().is_err(), "{w:?}");
+        }
     }
 
     /// A ViT-shaped spec: 3 channels, 4-pixel patches of an 8 × 12 image (6 patches).

@@ -3,8 +3,8 @@
 //! its HF outputs (without a GPU). Slow by design; not an inference path.
 
 use crate::encoder::{
-    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, FrameConv,
-    NormPlacement, NormWeights, PooledToken,
+    ConvNorm, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, FrameConv,
+    NormPlacement, NormWeights, PooledToken, PositionConv, WaveformEmbeddings,
 };
 use crate::{Error, Result};
 
@@ -38,6 +38,13 @@ pub enum ReferenceInput<'a> {
         /// Feature values.
         values: &'a [f32],
     },
+    /// `[batch, samples]` audio samples.
+    Samples {
+        /// Inputs.
+        batch: usize,
+        /// Sample values.
+        values: &'a [f32],
+    },
 }
 
 /// The outputs of [`EncoderSpec::reference_forward`], row-major f64.
@@ -64,21 +71,25 @@ pub(crate) fn dense(d: &DenseWeights, x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// Layer norm of one row.
-pub(crate) fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
+/// `(x - mean) / sqrt(var + eps)` of one row.
+fn standardize(eps: f32, x: &[f64]) -> impl Iterator<Item = f64> + '_ {
     let len = x.len() as f64;
     let mean = x.iter().sum::<f64>() / len;
     let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;
     let inv = 1.0 / (var + eps as f64).sqrt();
-    x.iter()
+    x.iter().map(move |v| (v - mean) * inv)
+}
+
+/// Layer norm of one row.
+pub(crate) fn norm(n: &NormWeights, eps: f32, x: &[f64]) -> Vec<f64> {
+    standardize(eps, x)
         .enumerate()
-        .map(|(i, v)| (v - mean) * inv * n.gamma[i] as f64 + n.beta[i] as f64)
+        .map(|(i, v)| v * n.gamma[i] as f64 + n.beta[i] as f64)
         .collect()
 }
 
-/// `act(conv(x))` of one input: `x` `[frames][channels]`, the result `[out frames][out
-/// channels]`.
-fn conv_frames(c: &FrameConv, act: EncoderActivation, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+/// `conv(x)` of one input: `x` `[frames][channels]`, the result `[out frames][out channels]`.
+fn conv_frames(c: &FrameConv, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let channels = c.in_channels();
     (0..c.out_frames(x.len()))
         .map(|t| {
@@ -93,8 +104,69 @@ fn conv_frames(c: &FrameConv, act: EncoderActivation, x: &[Vec<f64>]) -> Vec<Vec
                 }
             }
             dense(&c.conv, &window)
-                .into_iter()
-                .map(|v| act.apply(v))
+        })
+        .collect()
+}
+
+/// Applies `act` to every value.
+fn activate(act: EncoderActivation, x: &mut [Vec<f64>]) {
+    x.iter_mut().flatten().for_each(|v| *v = act.apply(*v));
+}
+
+/// Wav2Vec2's feature encoder, projection and relative positions of one input: `samples` in,
+/// `[tokens][hidden]` out.
+fn waveform_tokens(w: &WaveformEmbeddings, eps: f32, samples: &[f32]) -> Vec<Vec<f64>> {
+    let mut x: Vec<Vec<f64>> = samples.iter().map(|&v| vec![v as f64]).collect();
+    for (conv, n) in w.convs.iter().zip(&w.norms) {
+        x = conv_frames(conv, &x);
+        match n {
+            Some(ConvNorm::Frame(n)) => x.iter_mut().for_each(|r| *r = norm(n, w.conv_eps, r)),
+            Some(ConvNorm::Channel(n)) => {
+                for ch in 0..conv.conv.out_features {
+                    let column: Vec<f64> = x.iter().map(|r| r[ch]).collect();
+                    let (g, b) = (n.gamma[ch] as f64, n.beta[ch] as f64);
+                    for (r, v) in x.iter_mut().zip(standardize(w.conv_eps, &column)) {
+                        r[ch] = v * g + b;
+                    }
+                }
+            }
+            None => {}
+        }
+        activate(w.activation, &mut x);
+    }
+    let mut x: Vec<Vec<f64>> = x
+        .iter()
+        .map(|r| dense(&w.projection, &norm(&w.projection_norm, eps, r)))
+        .collect();
+    let positions = position_conv(&w.position, w.activation, &x);
+    for (r, p) in x.iter_mut().zip(positions) {
+        r.iter_mut().zip(p).for_each(|(v, p)| *v += p);
+    }
+    x
+}
+
+/// `act(conv(x))` of a [`PositionConv`]: `x` `[tokens][hidden]`, as many tokens out.
+fn position_conv(p: &PositionConv, act: EncoderActivation, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let h = p.conv.out_features;
+    let per_group = h / p.groups.max(1);
+    let pad = p.kernel / 2;
+    (0..x.len())
+        .map(|t| {
+            (0..h)
+                .map(|o| {
+                    let first = o / per_group * per_group;
+                    let w = &p.conv.weight[o * per_group * p.kernel..][..per_group * p.kernel];
+                    let mut sum = p.conv.bias[o] as f64;
+                    for tap in 0..p.kernel {
+                        let Some(frame) = (t + tap).checked_sub(pad).and_then(|a| x.get(a)) else {
+                            continue;
+                        };
+                        for c in 0..per_group {
+                            sum += w[c * p.kernel + tap] as f64 * frame[first + c];
+                        }
+                    }
+                    act.apply(sum)
+                })
                 .collect()
         })
         .collect()
@@ -186,7 +258,8 @@ impl EncoderSpec {
                             .map(|t| (0..c).map(|ch| input[ch * n + t] as f64).collect())
                             .collect();
                         for conv in &f.convs {
-                            frames = conv_frames(conv, f.activation, &frames);
+                            frames = conv_frames(conv, &frames);
+                            activate(f.activation, &mut frames);
                         }
                         for (s, row) in frames.iter_mut().enumerate() {
                             for (k, v) in row.iter_mut().enumerate() {
@@ -195,6 +268,21 @@ impl EncoderSpec {
                         }
                         frames
                     })
+                    .collect();
+                (*batch, seq, x, vec![1; batch * seq], None)
+            }
+            (ReferenceInput::Samples { batch, values }, EncoderInput::Waveform(w)) => {
+                let samples = values.len() / (*batch).max(1);
+                let seq = w.tokens(samples);
+                if *batch == 0 || values.len() != batch * samples || seq == 0 {
+                    return bad(format!(
+                        "{} samples do not make {batch} rows long enough for one token",
+                        values.len()
+                    ));
+                }
+                let x = values
+                    .chunks(samples)
+                    .map(|row| waveform_tokens(w, self.eps, row))
                     .collect();
                 (*batch, seq, x, vec![1; batch * seq], None)
             }

@@ -34,9 +34,9 @@ pub use decoder::{
 };
 pub use decoder_reference::ReferenceMemory;
 pub use encoder::{
-    DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
+    ConvNorm, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights,
     EncoderProjection, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights,
-    PatchEmbeddings, PooledToken, TokenEmbeddings,
+    PatchEmbeddings, PooledToken, PositionConv, TokenEmbeddings, WaveformEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};

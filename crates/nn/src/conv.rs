@@ -441,26 +441,39 @@ pub fn load_weight_normed<B: Backend, const D: usize>(
     }
     let mut g_shape = [1usize; D];
     g_shape[dim] = shape[dim];
-    for (g, v) in [
+    if let Some((g, v)) = weight_norm_names(|name| vb.contains(name)) {
+        return weight_norm(vb.tensor(v, shape)?, vb.tensor(g, g_shape)?);
+    }
+    if vb.contains("weight") {
+        return vb.tensor("weight", shape);
+    }
+    Err(missing_weight_normed(vb.path("weight_g")))
+}
+
+/// The names of a weight-normed weight's magnitude and direction under a module, when
+/// `contains` finds either: `parametrizations.weight.original0` / `original1`
+/// (`nn.utils.parametrizations.weight_norm`), else `weight_g` / `weight_v`
+/// (`nn.utils.weight_norm`).
+pub fn weight_norm_names(contains: impl Fn(&str) -> bool) -> Option<(&'static str, &'static str)> {
+    [
         (
             "parametrizations.weight.original0",
             "parametrizations.weight.original1",
         ),
         ("weight_g", "weight_v"),
-    ] {
-        if vb.contains(g) || vb.contains(v) {
-            return weight_norm(vb.tensor(v, shape)?, vb.tensor(g, g_shape)?);
-        }
-    }
-    if vb.contains("weight") {
-        return vb.tensor("weight", shape);
-    }
-    Err(Error::MissingTensor {
-        name: vb.path("weight_g"),
+    ]
+    .into_iter()
+    .find(|(g, v)| contains(g) || contains(v))
+}
+
+/// The error for a module that has neither a weight-normed weight nor a plain `weight`.
+pub fn missing_weight_normed(name: String) -> Error {
+    Error::MissingTensor {
+        name,
         source_name: "the checkpoint (looked for weight_g / weight_v, \
                       parametrizations.weight.original0 / original1 and weight)"
             .into(),
-    })
+    }
 }
 
 #[cfg(test)]

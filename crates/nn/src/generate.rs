@@ -49,6 +49,69 @@ impl<D: TokenDecoder + ?Sized> TokenDecoder for Box<D> {
     }
 }
 
+/// A decoder that has already read the start of its prompt (its [`prefill`](TokenDecoder::prefill)
+/// returned `logits`) and goes on with the rest: its own `prefill` feeds `rest` one token per row
+/// and step, and returns the logits after the last (or `logits` when nothing is left). Whisper's
+/// language detection reads `<|startoftranscript|>` alone; the transcription then continues that
+/// decoder instead of building a second one that computes the encoder's cross K/V again.
+pub struct Resumed<D> {
+    decoder: D,
+    logits: Option<Vec<f32>>,
+    rest: Vec<Vec<u32>>,
+}
+
+impl<D: TokenDecoder> Resumed<D> {
+    /// `decoder` after its prefill (which returned `logits`), with `rest[row]` still to read;
+    /// every row has as many tokens left.
+    pub fn new(decoder: D, logits: Vec<f32>, rest: Vec<Vec<u32>>) -> Result<Self> {
+        let batch = decoder.batch();
+        if rest.len() != batch || rest.iter().any(|r| r.len() != rest[0].len()) {
+            return Err(Error::InvalidInput(format!(
+                "a resumed decoder of {batch} rows needs as many equally long token lists, got {:?}",
+                rest.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        if logits.len() != batch * decoder.vocab() {
+            return Err(Error::InvalidInput(format!(
+                "a resumed decoder of {batch} rows and {} tokens needs {} logits, got {}",
+                decoder.vocab(),
+                batch * decoder.vocab(),
+                logits.len()
+            )));
+        }
+        Ok(Self {
+            decoder,
+            logits: Some(logits),
+            rest,
+        })
+    }
+}
+
+impl<D: TokenDecoder> TokenDecoder for Resumed<D> {
+    fn batch(&self) -> usize {
+        self.decoder.batch()
+    }
+    fn vocab(&self) -> usize {
+        self.decoder.vocab()
+    }
+    fn prefill(&mut self) -> Result<Vec<f32>> {
+        let mut logits = self.logits.take().ok_or_else(|| {
+            Error::InvalidInput("a resumed decoder's prefill runs once".to_string())
+        })?;
+        for column in 0..self.rest.first().map_or(0, Vec::len) {
+            let tokens: Vec<u32> = self.rest.iter().map(|row| row[column]).collect();
+            logits = self.decoder.step(&tokens)?;
+        }
+        Ok(logits)
+    }
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.decoder.step(tokens)
+    }
+    fn step_pick(&mut self, tokens: &[u32], picks: &[RowPick<'_>]) -> Option<Result<Vec<u32>>> {
+        self.decoder.step_pick(tokens, picks)
+    }
+}
+
 /// A decoder whose batch can change between steps: requests join a running batch and leave it
 /// when they finish (continuous batching, [`generate_continuous`]).
 pub trait RowDecoder: TokenDecoder {

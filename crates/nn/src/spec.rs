@@ -149,6 +149,43 @@ impl<'a> SpecReader<'a> {
         self.dense_with(name, out, inp, true)
     }
 
+    /// The weight of the module under this reader, of `shape`, trained with weight norm over
+    /// `dim`: magnitude `g` and direction `v` recombined as `g · v / ‖v‖` (the norm over every
+    /// dimension but `dim`), or a plain `weight` as stored (what
+    /// [`load_weight_normed`](crate::conv::load_weight_normed) loads for burn).
+    pub fn weight_normed(&self, shape: &[usize], dim: usize) -> Result<Vec<f32>> {
+        if dim >= shape.len() {
+            return Err(Error::InvalidInput(format!(
+                "weight norm of `{}weight` over dimension {dim} of a rank-{} weight",
+                self.prefix,
+                shape.len()
+            )));
+        }
+        let Some((g, v)) = crate::conv::weight_norm_names(|name| self.has(name)) else {
+            if self.has("weight") {
+                return self.read("weight", shape);
+            }
+            return Err(crate::conv::missing_weight_normed(format!(
+                "{}weight_g",
+                self.prefix
+            )));
+        };
+        let mut g_shape = vec![1; shape.len()];
+        g_shape[dim] = shape[dim];
+        let (g, mut v) = (self.read(g, &g_shape)?, self.read(v, shape)?);
+        let inner: usize = shape[dim + 1..].iter().product();
+        let along = |i: usize| (i / inner) % shape[dim];
+        let mut sums = vec![0.0f64; shape[dim]];
+        for (i, x) in v.iter().enumerate() {
+            sums[along(i)] += (*x as f64) * (*x as f64);
+        }
+        for (i, x) in v.iter_mut().enumerate() {
+            let j = along(i);
+            *x = (g[j] as f64 * *x as f64 / sums[j].sqrt()) as f32;
+        }
+        Ok(v)
+    }
+
     /// The vector `name.weight` of width `h` (an RMSNorm's scale).
     pub fn scale(&self, name: &str, h: usize) -> Result<Vec<f32>> {
         self.read(&format!("{name}.weight"), &[h])

@@ -767,6 +767,7 @@ where
                 channels: f.channels,
                 tokens: f.tokens(),
             },
+            EncoderInput::Waveform(_) => unreachable!("check_spec refuses raw-audio inputs"),
         };
         let kernels = Kernels::from_module(&compiling.load(stream.context())?)?;
         let fused_attention = T::DTYPE == DType::F16

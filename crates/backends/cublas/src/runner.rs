@@ -87,6 +87,7 @@ impl EncoderRunner {
                 channels: f.channels,
                 frames: f.frames,
             },
+            EncoderInput::Waveform(_) => unreachable!("check_spec refuses raw-audio inputs"),
         };
         Ok(EncoderRunner {
             family: spec.family.clone(),

@@ -17,7 +17,7 @@ use ipfs_accelerate_nn::{
 use crate::config::{FeatExtractNorm, Wav2Vec2Config};
 
 /// PyTorch's default `eps` of `nn.GroupNorm` / `nn.LayerNorm`, used by the feature encoder.
-const CONV_NORM_EPS: f64 = 1e-5;
+pub(crate) const CONV_NORM_EPS: f64 = 1e-5;
 
 enum ConvNorm<B: Backend> {
     None,
@@ -133,7 +133,7 @@ impl<B: Backend> PositionalConv<B> {
 }
 
 /// The weight names of a transformer layer (`Wav2Vec2EncoderLayer[StableLayerNorm]`).
-const LAYER_NAMES: PreLnNames<'static> = PreLnNames {
+pub(crate) const LAYER_NAMES: PreLnNames<'static> = PreLnNames {
     norm1: "layer_norm",
     attention: ProjectionNames {
         q: "attention.q_proj",

@@ -11,7 +11,7 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::{
     convert::{float_from_host, float_to_host},
-    generate::{generate, GenerationConfig, TokenDecoder},
+    generate::{generate, GenerationConfig, Resumed, TokenDecoder},
 };
 use ipfs_accelerate_preprocess::{
     audio::{LogMel, WhisperFeatureConfig, WhisperFeatureExtractor},
@@ -232,10 +232,16 @@ impl WhisperAssets {
         self.check_features(features)?;
         let encoded = executor.encode(features)?;
         let c = &self.config;
+        // Detection reads `<|startoftranscript|>` alone; its decoder (cross K/V computed, one token
+        // cached) is kept to go on with the rest of the prompt.
+        let mut detection = None;
         let prompt = self.prompt(options, |languages| {
             let mut first = executor.decoder(&encoded, &[vec![c.decoder_start_token_id]], true)?;
             let vocab = first.vocab();
-            Ok(pick_language(&first.prefill()?, vocab, languages)?[0])
+            let logits = first.prefill()?;
+            let language = pick_language(&logits, vocab, languages)?[0];
+            detection = Some((first, logits));
+            Ok(language)
         })?;
         let max_length = self
             .generation
@@ -257,7 +263,12 @@ impl WhisperAssets {
             at_begin: self.generation.begin_suppress_tokens.clone(),
         };
         let prompts = std::slice::from_ref(&prompt);
-        let decoder = executor.decoder(&encoded, prompts, options.use_cache)?;
+        let decoder: Box<dyn TokenDecoder + '_> = match detection {
+            Some((first, logits)) if options.use_cache => {
+                Box::new(Resumed::new(first, logits, vec![prompt[1..].to_vec()])?)
+            }
+            _ => executor.decoder(&encoded, prompts, options.use_cache)?,
+        };
         let tokens = generate(
             &mut Suppressed::new(decoder, suppression)?,
             prompts,

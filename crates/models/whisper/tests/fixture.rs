@@ -318,3 +318,100 @@ fn wav_to_tokens_end_to_end() {
         assert!(!resampled.tokens.is_empty());
     }
 }
+
+/// Language detection, on a multilingual copy of each fixture (six ordinary tokens named as
+/// languages, tasks and `<|notimestamps|>` in its generation config): the detected language is
+/// the one HF's first-step logits (the fixture's reference, float64) rank first among the
+/// language tokens, and the transcription that goes on with the detection's decoder gives the
+/// same tokens as one given that language (a fresh decoder over the whole prompt) and as one
+/// without a KV cache.
+#[test]
+fn language_detection_follows_hf_and_goes_on_with_its_decoder() {
+    let mut checked = 0;
+    for f in family_fixtures(
+        "language_detection_follows_hf_and_goes_on_with_its_decoder",
+        "whisper",
+    ) {
+        if !f.dir.join("model.safetensors").is_file() {
+            continue; // the feature extractor's fixture: no model
+        }
+        let reference = SafeTensorsFile::open(f.dir.join("reference.safetensors")).unwrap();
+        let ids = reference.tensor("decoder_input_ids").unwrap();
+        let c = runner(&f.dir).model().config().clone();
+        if ids.to_token_ids().unwrap()[0] != c.decoder_start_token_id {
+            continue; // HF's first logits are not those after the start token alone
+        }
+        let hf_logits = reference.tensor("logits").unwrap().to_f64_vec();
+        let vocab = c.vocab_size;
+        let specials = [
+            Some(c.decoder_start_token_id),
+            c.eos_token_id,
+            c.pad_token_id,
+        ];
+        let free: Vec<u32> = (0..vocab as u32)
+            .filter(|t| !specials.contains(&Some(*t)))
+            .take(6)
+            .collect();
+        let names = ["<|en|>", "<|de|>", "<|fr|>"];
+        let expected = (0..3)
+            .max_by(|&a, &b| hf_logits[free[a] as usize].total_cmp(&hf_logits[free[b] as usize]))
+            .unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&f.dir).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let generation = dir.path().join("generation_config.json");
+        let mut g: serde_json::Value = match std::fs::read(&generation) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+            Err(_) => serde_json::json!({}),
+        };
+        g["is_multilingual"] = true.into();
+        g["lang_to_id"] =
+            serde_json::json!({names[0]: free[0], names[1]: free[1], names[2]: free[2]});
+        g["task_to_id"] = serde_json::json!({"transcribe": free[3], "translate": free[4]});
+        g["no_timestamps_token_id"] = free[5].into();
+        std::fs::write(&generation, serde_json::to_vec(&g).unwrap()).unwrap();
+
+        let r = runner(dir.path());
+        let input = reference.tensor("input_features").unwrap();
+        let [_, mels, frames] = <[usize; 3]>::try_from(input.shape()).unwrap();
+        let features = ipfs_accelerate_preprocess::audio::LogMel {
+            mels,
+            frames,
+            data: input.to_f32_vec(),
+            truncated: false,
+        };
+        let options = |language: Option<&str>, use_cache: bool| TranscribeOptions {
+            language: language.map(str::to_string),
+            max_new_tokens: Some(8),
+            use_cache,
+            ..Default::default()
+        };
+        let detected = r
+            .transcribe_features(&features, &options(None, true))
+            .unwrap();
+        assert_eq!(
+            detected.prompt,
+            vec![c.decoder_start_token_id, free[expected], free[3], free[5]],
+            "{}",
+            f.variant
+        );
+        let given = r
+            .transcribe_features(&features, &options(Some(names[expected]), true))
+            .unwrap();
+        assert_eq!(given.prompt, detected.prompt);
+        assert_eq!(given.tokens, detected.tokens, "{}", f.variant);
+        let uncached = r
+            .transcribe_features(&features, &options(None, false))
+            .unwrap();
+        assert_eq!(uncached.tokens, detected.tokens, "{}", f.variant);
+        assert!(!detected.tokens.is_empty());
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "no fixture starts its decoder at the start token"
+    );
+}
