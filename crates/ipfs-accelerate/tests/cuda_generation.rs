@@ -245,3 +245,94 @@ fn public_smollm2_gguf_gives_hfs_greedy_tokens() {
         assert_eq!(got, want, "{precision:?}");
     }
 }
+
+/// Whisper on `cuda` (the cuBLAS encoder and decoder) and on `cpu`, on a multilingual copy of the
+/// shared fixture (six ordinary tokens named as languages, tasks and `<|notimestamps|>`): the
+/// transcription that detects its language (and goes on with the detection's decoder) gives the
+/// tokens of one given that language, and the device gives the CPU's tokens. The times of a
+/// detected and a given language are printed (the detection adds one decoder step per prompt
+/// token, not a second encoder K/V).
+#[test]
+fn whisper_language_detection_on_the_engines_matches_the_cpu() {
+    use ipfs_accelerate::speech::Transcriber;
+    use ipfs_accelerate::{Audio, LoadOptions};
+    let fixture = shared().join("fixtures/whisper/base");
+    if !fixture.join("config.json").exists() {
+        eprintln!("skipped: no shared Whisper fixture (set IPFS_ACCELERATE_SHARED)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+    let id = |k: &str| config[k].as_u64();
+    let specials = [
+        id("decoder_start_token_id"),
+        id("eos_token_id"),
+        id("pad_token_id"),
+    ];
+    let free: Vec<u64> = (0..config["vocab_size"].as_u64().unwrap())
+        .filter(|t| !specials.contains(&Some(*t)))
+        .take(6)
+        .collect();
+    let generation = dir.path().join("generation_config.json");
+    let mut g: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&generation).unwrap()).unwrap();
+    g["is_multilingual"] = true.into();
+    g["lang_to_id"] = serde_json::json!({"<|en|>": free[0], "<|de|>": free[1], "<|fr|>": free[2]});
+    g["task_to_id"] = serde_json::json!({"transcribe": free[3], "translate": free[4]});
+    g["no_timestamps_token_id"] = free[5].into();
+    std::fs::write(&generation, serde_json::to_vec(&g).unwrap()).unwrap();
+
+    let audio = Audio {
+        samples: (0..8000)
+            .map(|i| (i as f32 * 0.07).sin() * 0.3 + (i as f32 * 0.011).cos() * 0.2)
+            .collect(),
+        sample_rate: 16_000,
+        channels: 1,
+        truncated: false,
+    };
+    let path = dir.path().to_str().unwrap();
+    let transcribe = |kind: BackendKind, language: Option<&str>| {
+        let options = LoadOptions {
+            backends: Some(vec![kind]),
+            offline: true,
+            ..Default::default()
+        };
+        let mut t = Transcriber::load(path, &options).ok()?;
+        if t.selection().device.kind != kind {
+            return None;
+        }
+        t.max_new_tokens = Some(8);
+        t.language = language.map(str::to_string);
+        t.transcribe(&audio).unwrap(); // warm-up
+        let clock = std::time::Instant::now();
+        let tokens = t.transcribe(&audio).unwrap().value.tokens;
+        Some((tokens, clock.elapsed()))
+    };
+    let Some((detected, detect_time)) = transcribe(BackendKind::Cuda, None) else {
+        eprintln!("skipped: Whisper does not load on cuda here");
+        return;
+    };
+    let (on_cpu, _) = transcribe(BackendKind::Cpu, None).unwrap();
+    assert_eq!(detected, on_cpu, "detected language: cuda vs cpu");
+    let mut matched = false;
+    for language in ["en", "de", "fr"] {
+        let (given, given_time) = transcribe(BackendKind::Cuda, Some(language)).unwrap();
+        let (given_cpu, _) = transcribe(BackendKind::Cpu, Some(language)).unwrap();
+        assert_eq!(given, given_cpu, "{language}: cuda vs cpu");
+        matched |= given == detected;
+        println!(
+            "whisper on cuda, 8 tokens: language detected {:.2} ms, given ({language}) {:.2} ms",
+            detect_time.as_secs_f64() * 1e3,
+            given_time.as_secs_f64() * 1e3
+        );
+    }
+    assert!(
+        matched,
+        "the detected transcription is none of the given ones"
+    );
+}
