@@ -147,7 +147,8 @@ def time_calls(fn, warmup, iters):
 
 def build_torch_model(args, tf, torch):
     """The transformers model of the family: the checkpoint of --model-dir, or random weights of --config."""
-    cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel, "whisper": tf.WhisperModel}[args.family]
+    cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel, "whisper": tf.WhisperModel,
+           "wav2vec2": tf.Wav2Vec2ForCTC}[args.family]
     if args.model_dir:
         model = cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
     else:
@@ -173,6 +174,8 @@ def torch_inputs(args, torch, device, dtype):
         with open(args.config) as f:
             mels = json.load(f).get("num_mel_bins", 80)
         return dict(input_features=torch.randn(args.batch, mels, args.seq, device=device, dtype=dtype))
+    if args.family == "wav2vec2":  # --seq raw samples per row
+        return dict(input_values=torch.randn(args.batch, args.seq, device=device, dtype=dtype))
     if args.family == "vit":
         return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype))
     g = torch.Generator().manual_seed(0)
@@ -243,6 +246,8 @@ def export_onnx(args, cache_dir):
     import transformers as tf
     os.makedirs(out, exist_ok=True)
     model = build_torch_model(args, tf, torch)
+    if args.family == "wav2vec2":  # --seq raw samples per row
+        return dict(input_values=torch.randn(args.batch, args.seq, device=device, dtype=dtype))
     if args.family == "vit":
         names, example = ["pixel_values"], (torch.randn(1, 3, args.seq, args.seq),)
         dyn = {"pixel_values": {0: "batch"}}
@@ -330,6 +335,8 @@ def run_ort(args, dtypes):
         return
     if args.sentences:
         return run_ort_sentences(args, ort, np, provider, fp32, version)
+    if args.family == "wav2vec2":  # --seq raw samples per row
+        return dict(input_values=torch.randn(args.batch, args.seq, device=device, dtype=dtype))
     if args.family == "vit":
         rng = np.random.default_rng(0)
         feeds = dict(pixel_values=rng.standard_normal((args.batch, 3, args.seq, args.seq), dtype=np.float32))

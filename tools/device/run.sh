@@ -61,6 +61,8 @@
 # part 24's binary (xtask_v1: compiled first, then the upload), alternating, then conformance; part 26 the public
 # SmolLM2-135M-Instruct Q4_1 GGUF (carried in three calls to one warm machine: .devcarry/g1, g2, g3 hold its xz in
 # parts) on the cuBLAS decoder through the facade's cuda_generation tests.
+# Session 27: part 27 Whisper's language detection going on with its decoder (nn::generate::Resumed): the
+# cuda_generation tests (detected and given languages on the engines against the CPU), then conformance.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -474,5 +476,12 @@ sha256sum shared/models/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct.Q4_1.gg
 echo "== the facade's cuda_generation tests (continuous batching, device picks, the public SmolLM2 GGUF)"
 xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
 IPFS_ACCELERATE_SHARED=$PWD/shared timeout 300 ./cuda_generation --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|SmolLM2|skipped"
+fi
+if [ "$PART" = 27 ]; then
+echo "== the facade's cuda_generation tests (Whisper's language detection on the engines, batching, picks)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD/shared timeout 240 ./cuda_generation --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|whisper on cuda|skipped"
+echo "== verify f32 and f16, every family on the cuBLAS engines"
+verify_engines 3
 fi
 ls -la $OUT

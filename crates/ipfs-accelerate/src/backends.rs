@@ -299,8 +299,8 @@ pub(crate) fn cublas_bert_from(
 }
 
 /// The [`ipfs_accelerate_core::EncoderSpec`] of the `family` checkpoint in `dir`: an
-/// `InvalidInput` error for the families the spec does not describe (it describes BERT and
-/// ViT).
+/// `InvalidInput` error for the families it has no spec for here (it has BERT's, ViT's and
+/// Wav2Vec2's).
 #[cfg(feature = "cuda")]
 pub(crate) fn encoder_spec_of(
     family: &str,
@@ -312,8 +312,16 @@ pub(crate) fn encoder_spec_of(
         "bert" => ipfs_accelerate_bert::encoder_spec(dir),
         #[cfg(feature = "vit")]
         "vit" => ipfs_accelerate_vit::encoder_spec(dir),
+        #[cfg(feature = "wav2vec2")]
+        "wav2vec2" => {
+            use ipfs_accelerate_core::JsonConfig;
+            let config =
+                ipfs_accelerate_wav2vec2::Wav2Vec2Config::from_file(&dir.join("config.json"))?;
+            let weights = ipfs_accelerate_io::open_weights(dir)?;
+            ipfs_accelerate_wav2vec2::encoder_spec(&config, weights.as_ref())
+        }
         other => Err(ipfs_accelerate_core::Error::InvalidInput(format!(
-            "the encoder spec describes bert and vit, not {other}"
+            "the encoder spec describes bert, vit and wav2vec2, not {other}"
         ))),
     }
 }

@@ -1162,6 +1162,68 @@ fn frame_kernels_compute_the_convolutional_front_end() {
     }
 }
 
+const CHANNEL_NORM_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(3);  // batch, frames, channels
+    int batch = d[0], frames = d[1], ch = d[2];
+    size_t n = (size_t)batch * frames * ch;
+    T* y = to_t(take<float>(n), n);
+    T* bias = to_t(take<float>(ch), ch);
+    T* gamma = to_t(take<float>(ch), ch);
+    T* beta = to_t(take<float>(ch), ch);
+    emu_launch({(unsigned)batch, (unsigned)((ch + 31) / 32), 1}, {32, CHANNEL_NORM_ROWS, 1},
+               [&] { channel_norm_act(y, bias, gamma, beta, frames, ch, 1e-5f, 0); });
+    put(y, n);
+    return 0;
+}
+"#;
+
+/// Wav2Vec2's per-channel GroupNorm (`channel_norm_act`) against its definition in f64: bias,
+/// each (input, channel) normed over its frames, scale, shift, GELU; 40 channels (a partial
+/// block of 32) and 37 frames (not a multiple of the block's 16 rows).
+#[test]
+fn channel_norm_normalises_each_channel_over_its_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<f32>(dir.path(), CHANNEL_NORM_HARNESS) else {
+        return;
+    };
+    let (batch, frames, ch) = (2usize, 37usize, 40usize);
+    let mut rng = Rng(0x5eed_c4a7_0000_0031);
+    let y = rng.vec(batch * frames * ch, 3.0, 0.5);
+    let bias = rng.vec(ch, 1.0, 0.0);
+    let gamma = rng.vec(ch, 1.0, 1.0);
+    let beta = rng.vec(ch, 0.5, 0.0);
+    let mut input = Vec::new();
+    for v in [batch, frames, ch] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in y.iter().chain(&bias).chain(&gamma).chain(&beta) {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "channel norm");
+    assert_eq!(got.len(), y.len());
+    for b in 0..batch {
+        for c in 0..ch {
+            let at = |t: usize| (b * frames + t) * ch + c;
+            let column: Vec<f64> = (0..frames)
+                .map(|t| f64::from(y[at(t)]) + f64::from(bias[c]))
+                .collect();
+            let mean = column.iter().sum::<f64>() / frames as f64;
+            let var = column.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / frames as f64;
+            for (t, v) in column.iter().enumerate() {
+                let normed =
+                    (v - mean) / (var + 1e-5).sqrt() * f64::from(gamma[c]) + f64::from(beta[c]);
+                let want = ipfs_accelerate_core::EncoderActivation::Gelu.apply(normed);
+                close(
+                    got[at(t)],
+                    want,
+                    &format!("input {b} channel {c} frame {t}"),
+                );
+            }
+        }
+    }
+}
+
 const ARGMAX_HARNESS: &str = r#"
 int main(void) {
     int* d = take<int>(2);  // rows, vocab

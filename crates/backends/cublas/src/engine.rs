@@ -11,8 +11,8 @@ use cudarc::driver::{
     PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
 use ipfs_accelerate_core::{
-    DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, HostTensor,
-    NormPlacement, NormWeights,
+    ConvNorm, DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec,
+    HostTensor, NormPlacement, NormWeights,
 };
 
 use crate::compile::{start_compile, KernelModule, KernelSet};
@@ -86,6 +86,9 @@ const ROW_THREADS: u32 = 256;
 const SOFTMAX_PACKS: usize = 2;
 /// The longest key row the softmax kernel takes: 1024 threads × [`SOFTMAX_PACKS`] packs of 4 f32
 /// (f16 packs hold 8).
+/// Rows of frames a `channel_norm_act` block reads at once (its block is 32 channels wide).
+const CHANNEL_NORM_ROWS: u32 = 16;
+
 pub const MAX_KEYS: usize = 1024 * SOFTMAX_PACKS * 4;
 
 /// Threads per softmax row of `keys` values in packs of `vec`: a multiple of 32, at most 1024.
@@ -137,6 +140,7 @@ struct Kernels {
     patch_rows: CudaFunction,
     frame_rows: CudaFunction,
     frame_embeddings: CudaFunction,
+    channel_norm_act: CudaFunction,
     flash_attention_32: CudaFunction,
     flash_attention_64: CudaFunction,
 }
@@ -154,7 +158,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-pub(crate) const ENCODER_KERNEL_NAMES: [&str; 22] = [
+pub(crate) const ENCODER_KERNEL_NAMES: [&str; 23] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -174,6 +178,7 @@ pub(crate) const ENCODER_KERNEL_NAMES: [&str; 22] = [
     "patch_rows",
     "frame_rows",
     "frame_embeddings",
+    "channel_norm_act",
     "gather_rows",
     "flash_attention_32",
     "flash_attention_64",
@@ -206,6 +211,7 @@ impl Kernels {
             patch_rows: f("patch_rows")?,
             frame_rows: f("frame_rows")?,
             frame_embeddings: f("frame_embeddings")?,
+            channel_norm_act: f("channel_norm_act")?,
             gather_rows: f("gather_rows")?,
             flash_attention_32: f("flash_attention_32")?,
             flash_attention_64: f("flash_attention_64")?,
@@ -327,6 +333,8 @@ pub enum Input<'a> {
     Pixels(Floats<'a>),
     /// Feature frames (an encoder of [`EncoderInput::Frames`]).
     Frames(Floats<'a>),
+    /// Audio samples `[batch, samples]` (an encoder of [`EncoderInput::Waveform`]).
+    Samples(Floats<'a>),
 }
 
 impl Input<'_> {
@@ -336,6 +344,7 @@ impl Input<'_> {
             Input::Tokens(_) => "tokens",
             Input::Pixels(_) => "images",
             Input::Frames(_) => "feature frames",
+            Input::Samples(_) => "audio samples",
         }
     }
 }
@@ -350,6 +359,54 @@ struct DeviceConv<T> {
     padding: usize,
     in_frames: usize,
     out_frames: usize,
+}
+
+/// A convolution of a raw-audio front end: its weight as im2col rows, its geometry (no padding)
+/// and the norm of its output.
+struct WaveConv<T> {
+    dense: Dense<T>,
+    kernel: usize,
+    stride: usize,
+    norm: Option<(ConvNormKind, Norm<T>)>,
+}
+
+/// Over what a [`WaveConv`]'s norm runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConvNormKind {
+    /// Each channel over the frames (`channel_norm_act`).
+    Channel,
+    /// Each frame over the channels (the row LayerNorm).
+    Frame,
+}
+
+/// Wav2Vec2's front end on the device ([`ipfs_accelerate_core::WaveformEmbeddings`]).
+struct DeviceWaveform<T> {
+    convs: Vec<WaveConv<T>>,
+    conv_eps: f32,
+    activation: Act,
+    projection_norm: Norm<T>,
+    projection: Dense<T>,
+    /// `[hidden, hidden / groups · kernel]` and its bias.
+    position: Dense<T>,
+    position_kernel: usize,
+    position_groups: usize,
+    /// The norm after the positions are added (base checkpoints), when the spec has one.
+    norm: Option<Norm<T>>,
+    /// Zeros as wide as the widest convolution: the bias of an activation alone.
+    zeros: CudaSlice<T>,
+}
+
+impl<T> DeviceWaveform<T> {
+    /// Tokens for `samples` samples per input (0 when too short for the convolutions).
+    fn tokens(&self, samples: usize) -> usize {
+        self.convs.iter().fold(samples, |n, c| {
+            if n < c.kernel {
+                0
+            } else {
+                (n - c.kernel) / c.stride + 1
+            }
+        })
+    }
 }
 
 /// The embeddings on the device.
@@ -382,6 +439,7 @@ enum DeviceInput<T> {
         /// Tokens per input: the last convolution's output frames.
         tokens: usize,
     },
+    Waveform(Box<DeviceWaveform<T>>),
 }
 
 impl<T> DeviceInput<T> {
@@ -391,6 +449,7 @@ impl<T> DeviceInput<T> {
             DeviceInput::Tokens { .. } => "tokens",
             DeviceInput::Patches { .. } => "images",
             DeviceInput::Frames { .. } => "feature frames",
+            DeviceInput::Waveform(_) => "audio samples",
         }
     }
 }
@@ -767,7 +826,34 @@ where
                 channels: f.channels,
                 tokens: f.tokens(),
             },
-            EncoderInput::Waveform(_) => unreachable!("check_spec refuses raw-audio inputs"),
+            EncoderInput::Waveform(w) => {
+                let mut convs = Vec::with_capacity(w.convs.len());
+                for (c, n) in w.convs.iter().zip(&w.norms) {
+                    convs.push(WaveConv {
+                        dense: dense(&c.conv)?,
+                        kernel: c.kernel,
+                        stride: c.stride,
+                        norm: match n {
+                            None => None,
+                            Some(ConvNorm::Channel(n)) => Some((ConvNormKind::Channel, norm(n)?)),
+                            Some(ConvNorm::Frame(n)) => Some((ConvNormKind::Frame, norm(n)?)),
+                        },
+                    });
+                }
+                let widest = w.convs.iter().map(|c| c.conv.out_features).max();
+                DeviceInput::Waveform(Box::new(DeviceWaveform {
+                    convs,
+                    conv_eps: w.conv_eps,
+                    activation: w.activation.into(),
+                    projection_norm: norm(&w.projection_norm)?,
+                    projection: dense(&w.projection)?,
+                    position: dense(&w.position.conv)?,
+                    position_kernel: w.position.kernel,
+                    position_groups: w.position.groups,
+                    norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
+                    zeros: stream.alloc_zeros(widest.unwrap_or(0).max(spec.hidden))?,
+                }))
+            }
         };
         let kernels = Kernels::from_module(&compiling.load(stream.context())?)?;
         let fused_attention = T::DTYPE == DType::F16
@@ -837,6 +923,41 @@ where
         pool_bytes(&self.stream, PoolBytes::Current)
     }
 
+    /// The add + norm launches over `rows` rows of `width` values: the 16-byte-pack kernels when
+    /// `width` is a multiple of the pack.
+    fn add_norm_for(&self, rows: usize, width: usize, eps: f32) -> AddNorm<'_> {
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: ((width + 32) * 4) as u32,
+        };
+        let vec = vec_width::<T>();
+        let k = &self.kernels;
+        if width.is_multiple_of(vec) {
+            let threads = (width / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
+            AddNorm {
+                kernel: &k.bias_residual_norm_vec,
+                sum_kernel: &k.add_norm_sum_vec,
+                norm_kernel: &k.layer_norm_vec,
+                cfg: LaunchConfig {
+                    block_dim: (threads, 1, 1),
+                    ..cfg
+                },
+                eps,
+                hidden: width as i32,
+            }
+        } else {
+            AddNorm {
+                kernel: &k.bias_residual_norm,
+                sum_kernel: &k.add_norm_sum,
+                norm_kernel: &k.layer_norm,
+                cfg,
+                eps,
+                hidden: width as i32,
+            }
+        }
+    }
+
     /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), reading row `r` of `x` at `r * x_stride`.
     fn linear(
         &self,
@@ -870,6 +991,18 @@ where
             (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
             (Input::Pixels(p), DeviceInput::Patches { tokens, .. })
             | (Input::Frames(p), DeviceInput::Frames { tokens, .. }) => (p.batch, *tokens),
+            (Input::Samples(p), DeviceInput::Waveform(w)) => {
+                let samples = p.values.len() / p.batch.max(1);
+                let tokens = w.tokens(samples);
+                if p.batch == 0 || tokens == 0 || p.values.len() != p.batch * samples {
+                    return Err(EngineError::Input(format!(
+                        "{} samples do not make {} inputs long enough for one token",
+                        p.values.len(),
+                        p.batch
+                    )));
+                }
+                (p.batch, tokens)
+            }
             _ => {
                 return Err(EngineError::Spec(format!(
                     "this encoder reads {}, not {}",
@@ -901,37 +1034,7 @@ where
         };
         let (seq_i, h_i) = (seq as i32, h as i32);
         let eps = self.eps;
-        let vec = vec_width::<T>();
-        let hidden_vec = h.is_multiple_of(vec);
-        let row_cfg = if hidden_vec {
-            let threads = (h / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
-            LaunchConfig {
-                block_dim: (threads, 1, 1),
-                ..norm_cfg
-            }
-        } else {
-            norm_cfg
-        };
-        let kernels = &self.kernels;
-        let add_norm = if hidden_vec {
-            AddNorm {
-                kernel: &kernels.bias_residual_norm_vec,
-                sum_kernel: &kernels.add_norm_sum_vec,
-                norm_kernel: &kernels.layer_norm_vec,
-                cfg: row_cfg,
-                eps,
-                hidden: h_i,
-            }
-        } else {
-            AddNorm {
-                kernel: &kernels.bias_residual_norm,
-                sum_kernel: &kernels.add_norm_sum,
-                norm_kernel: &kernels.layer_norm,
-                cfg: row_cfg,
-                eps,
-                hidden: h_i,
-            }
-        };
+        let add_norm = self.add_norm_for(m, h, eps);
         let mask = match (input, &self.input) {
             (
                 Input::Tokens(tokens),
@@ -1051,6 +1154,17 @@ where
                     position,
                     &mut x,
                 )?;
+                mask
+            }
+            (Input::Samples(audio), DeviceInput::Waveform(wave)) => {
+                let mask = s.clone_htod(&vec![1i32; m])?;
+                let px = self.upload_converted(audio.values)?;
+                profile.mark("upload")?;
+                self.waveform_embeddings(px, batch, wave, &mut x)?;
+                if let Some(n) = &wave.norm {
+                    let y = x.clone();
+                    self.layer_norm(&add_norm, &y, n, &mut x)?;
+                }
                 mask
             }
             _ => unreachable!("matched above"),
@@ -1218,7 +1332,7 @@ where
                     Input::Tokens(t) => (0..batch)
                         .map(|b| (b * seq) as i32 + t.pooled.get(b).copied().unwrap_or(0))
                         .collect(),
-                    Input::Pixels(_) | Input::Frames(_) => {
+                    Input::Pixels(_) | Input::Frames(_) | Input::Samples(_) => {
                         (0..batch).map(|b| (b * seq) as i32).collect()
                     }
                 };
@@ -1564,49 +1678,17 @@ where
                 })
             }
         };
-        // The value of channel c at frame t of input b sits at b · per_input + c · channel_step +
-        // t · frame_step: the input is channel-major, every convolution's output frame-major.
+        // The input is channel-major, every convolution's output frame-major.
         let (mut src, mut channels) = (features, channels);
-        let mut channel_step = convs.first().map_or(0, |c| c.in_frames);
-        let mut frame_step = 1;
+        let mut steps = (convs.first().map_or(0, |c| c.in_frames), 1);
         for (i, conv) in convs.iter().enumerate() {
             let (frames, out_frames) = (conv.in_frames, conv.out_frames);
             let rows = batch * out_frames;
             let cols = conv.dense.in_features;
-            let mut windows = alloc(rows * cols)?;
-            let ints = [
-                channel_step,
-                frame_step,
-                channels,
-                frames,
-                conv.kernel,
-                conv.stride,
-            ];
-            let [channel_i, frame_i, channels_i, frames_i, kernel_i, stride_i] =
-                ints.map(|v| v as i32);
-            let (padding_i, out_i, per_input) = (
-                conv.padding as i32,
-                out_frames as i32,
-                (channels * frames) as i64,
-            );
-            // SAFETY: `frame_rows` as declared in kernels.cu over `rows × cols` values, cols =
-            // channels · kernel (checked by the spec); every read is inside `src`'s `batch`
-            // inputs of `channels × frames`.
-            unsafe {
-                self.launch(&self.kernels.frame_rows)
-                    .arg(&src)
-                    .arg(&per_input)
-                    .arg(&channel_i)
-                    .arg(&frame_i)
-                    .arg(&channels_i)
-                    .arg(&frames_i)
-                    .arg(&kernel_i)
-                    .arg(&stride_i)
-                    .arg(&padding_i)
-                    .arg(&out_i)
-                    .arg(&mut windows)
-                    .launch(rows_by_columns(rows, cols))?;
-            }
+            let geometry = (conv.kernel, conv.stride, conv.padding);
+            let windows =
+                self.frame_rows(&src, batch, (channels, frames), steps, geometry, out_frames)?;
+            let out_i = out_frames as i32;
             let out = conv.dense.out_features;
             let mut y = alloc(rows * out)?;
             self.linear(&windows, cols, rows, &conv.dense, &mut y)?;
@@ -1629,8 +1711,192 @@ where
                         .launch(rows_by_columns(rows, out))?;
                 }
             }
-            (src, channels) = (y, out);
-            (channel_step, frame_step) = (1, out);
+            (src, channels, steps) = (y, out, (1, out));
+        }
+        Ok(())
+    }
+
+    /// The im2col rows of a 1-D convolution over `batch` inputs of `channels × frames`: channel
+    /// c at frame t of input b sits at `b · channels · frames + c · steps.0 + t · steps.1`; row
+    /// `b · out_frames + t` holds output frame t's window in the weight's (channel, tap) order,
+    /// zero outside the frames. `geometry` is (kernel, stride, padding).
+    fn frame_rows(
+        &self,
+        src: &CudaSlice<T>,
+        batch: usize,
+        (channels, frames): (usize, usize),
+        (channel_step, frame_step): (usize, usize),
+        (kernel, stride, padding): (usize, usize, usize),
+        out_frames: usize,
+    ) -> Result<CudaSlice<T>, EngineError> {
+        let (rows, cols) = (batch * out_frames, channels * kernel);
+        // SAFETY: written in full below.
+        let mut windows = unsafe {
+            device_buffer(&self.stream, rows * cols, || {
+                format!("{rows} convolution windows of {cols} values")
+            })
+        }?;
+        let ints = [
+            channel_step,
+            frame_step,
+            channels,
+            frames,
+            kernel,
+            stride,
+            padding,
+            out_frames,
+        ];
+        let [channel_i, frame_i, channels_i, frames_i, kernel_i, stride_i, padding_i, out_i] =
+            ints.map(|v| v as i32);
+        let per_input = (channels * frames) as i64;
+        // SAFETY: `frame_rows` as declared in kernels.cu over `rows × cols` values; every read
+        // is inside `src`'s `batch` inputs of `channels × frames`.
+        unsafe {
+            self.launch(&self.kernels.frame_rows)
+                .arg(src)
+                .arg(&per_input)
+                .arg(&channel_i)
+                .arg(&frame_i)
+                .arg(&channels_i)
+                .arg(&frames_i)
+                .arg(&kernel_i)
+                .arg(&stride_i)
+                .arg(&padding_i)
+                .arg(&out_i)
+                .arg(&mut windows)
+                .launch(rows_by_columns(rows, cols))?;
+        }
+        Ok(windows)
+    }
+
+    /// Wav2Vec2's front end into `x` `[batch · tokens, hidden]`: each convolution as im2col rows
+    /// and one GEMM, its bias, its norm (per channel over the frames, or per frame) and the
+    /// activation; the projection's LayerNorm, the projection and its bias; then the grouped
+    /// position convolution (im2col rows over the tokens, one strided-batched GEMM for all
+    /// groups) through the activation, added to the projected tokens. `samples` holds `batch`
+    /// inputs of equal length.
+    fn waveform_embeddings(
+        &self,
+        samples: CudaSlice<T>,
+        batch: usize,
+        w: &DeviceWaveform<T>,
+        x: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let alloc = |n: usize| -> Result<CudaSlice<T>, EngineError> {
+            // SAFETY: every buffer is written in full before it is read.
+            unsafe {
+                device_buffer(&self.stream, n, || {
+                    format!("a buffer of {n} values for the audio front end of {batch} input(s)")
+                })
+            }
+        };
+        let (mut frames, mut channels) = (samples.len() / batch.max(1), 1);
+        // One channel first (any channel step), frame-major convolution outputs after.
+        let mut steps = (frames, 1);
+        let mut src = samples;
+        for conv in &w.convs {
+            let out_frames = (frames - conv.kernel) / conv.stride + 1;
+            let rows = batch * out_frames;
+            let out = conv.dense.out_features;
+            let geometry = (conv.kernel, conv.stride, 0);
+            let windows =
+                self.frame_rows(&src, batch, (channels, frames), steps, geometry, out_frames)?;
+            let mut y = alloc(rows * out)?;
+            self.linear(&windows, conv.dense.in_features, rows, &conv.dense, &mut y)?;
+            drop(windows);
+            match &conv.norm {
+                None => self.bias_act(&mut y, &conv.dense.bias, rows, out, w.activation)?,
+                Some((ConvNormKind::Frame, n)) => {
+                    self.bias_act(&mut y, &conv.dense.bias, rows, out, Act::None)?;
+                    let op = self.add_norm_for(rows, out, w.conv_eps);
+                    let z = y.clone();
+                    self.layer_norm(&op, &z, n, &mut y)?;
+                    self.bias_act(&mut y, &w.zeros, rows, out, w.activation)?;
+                }
+                Some((ConvNormKind::Channel, n)) => {
+                    let (frames_i, out_i, act_i) =
+                        (out_frames as i32, out as i32, w.activation as i32);
+                    let cfg = LaunchConfig {
+                        grid_dim: (batch as u32, out.div_ceil(32) as u32, 1),
+                        block_dim: (32, CHANNEL_NORM_ROWS, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: `channel_norm_act(y, bias, gamma, beta, frames, channels, eps,
+                    // act)` as declared in kernels.cu over `batch` inputs of `frames × channels`
+                    // values; bias, gamma and beta hold `channels`.
+                    unsafe {
+                        self.launch(&self.kernels.channel_norm_act)
+                            .arg(&mut y)
+                            .arg(&conv.dense.bias)
+                            .arg(&n.gamma)
+                            .arg(&n.beta)
+                            .arg(&frames_i)
+                            .arg(&out_i)
+                            .arg(&w.conv_eps)
+                            .arg(&act_i)
+                            .launch(cfg)?;
+                    }
+                }
+            }
+            (src, channels, frames, steps) = (y, out, out_frames, (1, out));
+        }
+        let (h, rows) = (w.projection.out_features, batch * frames);
+        let mut normed = alloc(rows * channels)?;
+        let op = self.add_norm_for(rows, channels, self.eps);
+        self.layer_norm(&op, &src, &w.projection_norm, &mut normed)?;
+        drop(src);
+        let mut tokens = alloc(rows * h)?;
+        self.linear(&normed, channels, rows, &w.projection, &mut tokens)?;
+        drop(normed);
+        self.bias_act(&mut tokens, &w.projection.bias, rows, h, Act::None)?;
+        // The position convolution: `kernel / 2` zero tokens each side, `frames` outputs (an even
+        // kernel's last output is dropped by not computing it).
+        let (k, groups) = (w.position_kernel, w.position_groups);
+        let per_group = h / groups;
+        let frame_major =
+            self.frame_rows(&tokens, batch, (h, frames), (1, h), (k, 1, k / 2), frames)?;
+        let mut positions = alloc(rows * h)?;
+        let inner = (per_group * k) as i32;
+        let cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: CUBLAS_OP_T,
+                transb: CUBLAS_OP_N,
+                m: per_group as i32,
+                n: rows as i32,
+                k: inner,
+                alpha: T::from_f32(1.0),
+                lda: inner,
+                ldb: (h * k) as i32,
+                beta: T::from_f32(0.0),
+                ldc: h as i32,
+            },
+            batch_size: groups as i32,
+            stride_a: (per_group * per_group * k) as i64,
+            stride_b: (per_group * k) as i64,
+            stride_c: per_group as i64,
+        };
+        // SAFETY: group g reads rows g·per_group.. of the `[h, per_group · k]` weight, columns
+        // g·per_group·k.. of each `h · k`-wide im2col row, and writes columns g·per_group.. of
+        // each `h`-wide output row: all inside the buffers for `rows` rows.
+        unsafe {
+            self.blas
+                .gemm_strided_batched(cfg, &w.position.weight, &frame_major, &mut positions)
+        }?;
+        drop(frame_major);
+        let (rows_i, h_i, act_i) = (rows as i32, h as i32, w.activation as i32);
+        // SAFETY: `frame_embeddings(conv, bias, pos, seq, hidden, act, out)` over `rows` rows of
+        // `hidden`: with `seq` = rows, `pos` is the projected tokens row for row, so
+        // x = tokens + act(positions + bias).
+        unsafe {
+            self.launch(&self.kernels.frame_embeddings)
+                .arg(&positions)
+                .arg(&w.position.bias)
+                .arg(&tokens)
+                .arg(&rows_i)
+                .arg(&h_i)
+                .arg(&act_i)
+                .arg(x)
+                .launch(rows_by_columns(rows, h))?;
         }
         Ok(())
     }

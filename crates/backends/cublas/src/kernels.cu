@@ -410,7 +410,49 @@ extern "C" __global__ void frame_embeddings(const T* conv, const T* bias, const 
 }
 #endif
 
-// One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
+#if IN_GROUP(4)
+// Wav2Vec2's GroupNorm with one group per channel, in place: `y` holds `[batch, frames, channels]`
+// (frame-major convolution outputs); each (input, channel) gets its bias added, is normed over its
+// frames, scaled, shifted and activated. Grid (batch, channel blocks of 32), block (32,
+// CHANNEL_NORM_ROWS): a warp reads 32 neighbouring channels of one frame.
+#define CHANNEL_NORM_ROWS 16
+extern "C" __global__ void channel_norm_act(T* y, const T* bias, const T* gamma, const T* beta,
+                                            int frames, int channels, float eps, int act) {
+    __shared__ float part[CHANNEL_NORM_ROWS][33];
+    int c = blockIdx.y * 32 + threadIdx.x;
+    bool live = c < channels;
+    T* base = y + (long long)blockIdx.x * frames * channels + c;
+    float b = live ? ld(bias[c]) : 0.f;
+    float s = 0.f;
+    if (live)
+        for (int t = threadIdx.y; t < frames; t += CHANNEL_NORM_ROWS)
+            s += ld(base[(long long)t * channels]) + b;
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    float mean = 0.f;
+    for (int r = 0; r < CHANNEL_NORM_ROWS; ++r) mean += part[r][threadIdx.x];
+    mean /= frames;
+    __syncthreads();
+    float v = 0.f;
+    if (live)
+        for (int t = threadIdx.y; t < frames; t += CHANNEL_NORM_ROWS) {
+            float d = ld(base[(long long)t * channels]) + b - mean;
+            v += d * d;
+        }
+    part[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    float var = 0.f;
+    for (int r = 0; r < CHANNEL_NORM_ROWS; ++r) var += part[r][threadIdx.x];
+    if (!live) return;
+    float scale = ld(gamma[c]) / sqrtf(var / frames + eps), shift = ld(beta[c]);
+    for (int t = threadIdx.y; t < frames; t += CHANNEL_NORM_ROWS) {
+        float x = ld(base[(long long)t * channels]) + b;
+        base[(long long)t * channels] = st(activate((x - mean) * scale + shift, act));
+    }
+}
+#endif
+
+// One block per row of `k_stride` values// One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
 // written 0), k_stride <= SOFTMAX_PACKS * VEC * blockDim.
 #define SOFTMAX_PACKS 2
 #if IN_GROUP(4)

@@ -159,12 +159,18 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    if matches!(spec.input, ipfs_accelerate_core::EncoderInput::Waveform(_)) {
-        return Err(EngineError::Spec(format!(
-            "{}: raw-audio inputs (the convolutional feature encoder) are not on the cuBLAS \
-             engine yet",
-            spec.family
-        )));
+    // The row kernels also norm the raw-audio front end's convolution outputs.
+    if let ipfs_accelerate_core::EncoderInput::Waveform(w) = &spec.input {
+        if let Some(c) = w
+            .convs
+            .iter()
+            .find(|c| (c.conv.out_features + 32) * 4 > 48 * 1024)
+        {
+            return Err(EngineError::Spec(format!(
+                "a convolution of {} channels exceeds the row kernels' shared memory",
+                c.conv.out_features
+            )));
+        }
     }
     // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).
     if (spec.hidden + 32) * 4 > 48 * 1024 {

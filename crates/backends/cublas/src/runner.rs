@@ -43,12 +43,17 @@ enum Expects {
         channels: usize,
         frames: usize,
     },
+    /// Audio samples of any length: the front end's (kernel, stride) pairs count its tokens.
+    Samples {
+        convs: Vec<(usize, usize)>,
+    },
 }
 
 /// An [`EncoderSpec`] loaded on CUDA device 0 through cuBLAS, run as a [`ModelRunner`]: token
 /// encoders take `input_ids`, `attention_mask`, `token_type_ids`; image encoders `pixel_values`
 /// `[batch, channels, height, width]`; feature-frame encoders (Whisper's) `input_features`
-/// `[batch, channels, frames]`. Outputs (HF's names): `last_hidden_state`, and
+/// `[batch, channels, frames]`; raw-audio encoders (Wav2Vec2's) `input_values` `[batch, samples]`
+/// of equal, unpadded rows. Outputs (HF's names): `last_hidden_state`, and
 /// `pooler_output` when the spec has a pooler; the head's `logits`, or for a span head
 /// `start_logits` and `end_logits` (`[batch, seq]`, f32).
 pub struct EncoderRunner {
@@ -87,7 +92,9 @@ impl EncoderRunner {
                 channels: f.channels,
                 frames: f.frames,
             },
-            EncoderInput::Waveform(_) => unreachable!("check_spec refuses raw-audio inputs"),
+            EncoderInput::Waveform(w) => Expects::Samples {
+                convs: w.convs.iter().map(|c| (c.kernel, c.stride)).collect(),
+            },
         };
         Ok(EncoderRunner {
             family: spec.family.clone(),
@@ -142,7 +149,7 @@ impl ModelRunner for EncoderRunner {
     }
 
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
-        let out = match self.expects {
+        let out = match &self.expects {
             Expects::Tokens {
                 vocab,
                 type_vocab,
@@ -163,16 +170,16 @@ impl ModelRunner for EncoderRunner {
                         crate::engine::MAX_KEYS
                     )));
                 }
-                if t.seq > max_positions {
+                if t.seq > *max_positions {
                     return Err(Error::InvalidInput(format!(
                         "sequence of {} tokens exceeds max_position_embeddings {max_positions}",
                         t.seq
                     )));
                 }
                 let types = t.optional(inputs, "token_type_ids", 0)?;
-                let ids = checked_ids("input_ids", &t.input_ids, vocab)?;
+                let ids = checked_ids("input_ids", &t.input_ids, *vocab)?;
                 // Without token types (type_vocab 0) every type must be 0: one zero row.
-                let types = checked_ids("token_type_ids", &types, type_vocab.max(1))?;
+                let types = checked_ids("token_type_ids", &types, (*type_vocab).max(1))?;
                 let mask: Vec<i32> = t.attention_mask.iter().map(|&m| (m != 0) as i32).collect();
                 let pooled: Vec<i32> = self.projection.as_ref().map_or(Vec::new(), |(_, token)| {
                     token
@@ -195,7 +202,7 @@ impl ModelRunner for EncoderRunner {
                     inputs,
                     "pixel_values",
                     ["channels", "height", "width"],
-                    [channels, image.0, image.1],
+                    [*channels, image.0, image.1],
                     "the checkpoint's image size",
                 )?;
                 self.forward(&Input::Pixels(Floats {
@@ -208,10 +215,52 @@ impl ModelRunner for EncoderRunner {
                     inputs,
                     "input_features",
                     ["channels", "frames"],
-                    [channels, frames],
+                    [*channels, *frames],
                     "the checkpoint's feature bins and frames",
                 )?;
                 self.forward(&Input::Frames(Floats {
+                    batch,
+                    values: &values,
+                }))?
+            }
+            Expects::Samples { convs } => {
+                let samples = inputs
+                    .get("input_values")
+                    .and_then(|t| t.shape().get(1).copied())
+                    .unwrap_or(0);
+                let (batch, values) = checked_floats(
+                    inputs,
+                    "input_values",
+                    ["samples"],
+                    [samples],
+                    "rows of equal length",
+                )?;
+                let tokens = convs.iter().fold(
+                    samples,
+                    |n, &(k, s)| if n < k { 0 } else { (n - k) / s + 1 },
+                );
+                if tokens == 0 {
+                    return Err(Error::InvalidInput(format!(
+                        "{samples} samples are shorter than the feature encoder's receptive field"
+                    )));
+                }
+                if tokens > crate::engine::MAX_KEYS {
+                    return Err(Error::InvalidInput(format!(
+                        "{samples} samples make {tokens} tokens, more than the cuBLAS encoder's {} \
+                         keys per attention row",
+                        crate::engine::MAX_KEYS
+                    )));
+                }
+                if let Some(mask) = inputs.get("attention_mask") {
+                    if mask.to_i64_vec()?.contains(&0) {
+                        return Err(Error::InvalidInput(
+                            "the cuBLAS encoder reads unpadded audio: an attention_mask with \
+                             padding is not supported (batch rows of equal length)"
+                                .into(),
+                        ));
+                    }
+                }
+                self.forward(&Input::Samples(Floats {
                     batch,
                     values: &values,
                 }))?
