@@ -62,7 +62,9 @@
 # SmolLM2-135M-Instruct Q4_1 GGUF (carried in three calls to one warm machine: .devcarry/g1, g2, g3 hold its xz in
 # parts) on the cuBLAS decoder through the facade's cuda_generation tests.
 # Session 27: part 27 Whisper's language detection going on with its decoder (nn::generate::Resumed): the
-# cuda_generation tests (detected and given languages on the engines against the CPU), then conformance.
+# cuda_generation tests (detected and given languages on the engines against the CPU), then conformance;
+# part 28 (no cuda_generation binary this time) conformance with Wav2Vec2 on the cuBLAS encoder, then Wav2Vec2-base on
+# 10 s of audio, batch 1 and 8, against PyTorch f16 (rounds alternating), and its per-stage profile.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -420,7 +422,7 @@ cold() {  # label binary threads cache args...
 # verify in f32 and f16 of every family on the cuBLAS engines, the last N lines of each (parts 24, 25).
 verify_engines() {
   for p in f32 f16; do
-    timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -$1
+    timeout 150 ./xtask verify --fixtures fixtures --family bert,vit,clip,llama,qwen2,t5,whisper,llava,llava_next,wav2vec2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -$1
   done
 }
 # The two first processes of parts 24 and 25: SmolLM2's first generate from /tmp/smollm2, MiniLM's first embedding.
@@ -483,5 +485,17 @@ xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
 IPFS_ACCELERATE_SHARED=$PWD/shared timeout 240 ./cuda_generation --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|whisper on cuda|skipped"
 echo "== verify f32 and f16, every family on the cuBLAS engines"
 verify_engines 3
+fi
+if [ "$PART" = 28 ]; then
+echo "== verify f32 and f16, every family on the cuBLAS engines (Wav2Vec2 now among them)"
+verify_engines 3
+echo "== Wav2Vec2 on the cuBLAS encoder: its fixture in f32 and f16"
+for p in f32 f16; do
+  timeout 60 ./xtask verify --fixtures fixtures --family wav2vec2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | tail -5
+done
+echo "== Wav2Vec2-base, 10 s of audio (160,000 samples), batch 1 and 8, f16, against PyTorch f16"
+timeout 240 ./xtask compare --dev --backend cuda --no-db --config wav2vec2-base --batch 1,8 --seq 160000 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
+echo "== per-stage device times, batch 8"
+IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config wav2vec2-base --batch 8 --seq 160000 --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|p50|rror" | tail -3
 fi
 ls -la $OUT
