@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 
-FAMILIES = ("bert", "vit", "clip", "whisper")
+FAMILIES = ("bert", "vit", "clip", "whisper", "wav2vec2")
 # Families only the torch peer runs (no ONNX export here).
 TORCH_ONLY = ("clip", "whisper")
 GENERATING = ("llama", "qwen2", "t5", "whisper", "llava")

@@ -180,6 +180,14 @@ pub fn load_family_in(
                 crate::backends::encoder_spec_of(family, dir)
             }),
         };
+        // The CTC head's argmax, which Wav2Vec2's burn runner also gives.
+        #[cfg(feature = "wav2vec2")]
+        let engine = engine.map(|runner| match family {
+            "wav2vec2" => {
+                Box::new(ipfs_accelerate_wav2vec2::CtcArgmax(runner)) as Box<dyn ModelRunner>
+            }
+            _ => runner,
+        });
         match engine {
             Ok(runner) => return Ok(runner),
             Err(reason) => tracing::info!(

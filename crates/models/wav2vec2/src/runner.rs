@@ -232,3 +232,54 @@ impl<B: Backend> Wav2Vec2Tasks for Wav2Vec2Runner<B> {
         Wav2Vec2Runner::transcribe_with(self, samples, sample_rate, resample)
     }
 }
+
+/// Another executor's runner of [`encoder_spec`](crate::encoder_spec) (the cuBLAS encoder) with
+/// the CTC head's `ctc_argmax` (i64 `[batch, frames]`, the first of equal logits) added from its
+/// `logits`, as [`Wav2Vec2Runner`] gives it.
+pub struct CtcArgmax(pub Box<dyn ModelRunner>);
+
+impl ModelRunner for CtcArgmax {
+    fn family(&self) -> &str {
+        self.0.family()
+    }
+    fn backend(&self) -> BackendKind {
+        self.0.backend()
+    }
+    fn engine(&self) -> Option<&str> {
+        self.0.engine()
+    }
+    fn device_memory_in_use(&self) -> Option<u64> {
+        self.0.device_memory_in_use()
+    }
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        let mut out = self.0.run(inputs)?;
+        if let Some(logits) = out.get("logits") {
+            let shape = logits.shape().to_vec();
+            let vocab = shape.last().copied().unwrap_or(0).max(1);
+            let ids: Vec<i64> = logits
+                .to_f32_vec()
+                .chunks(vocab)
+                .map(|row| {
+                    let best =
+                        row.iter().enumerate().fold(
+                            0,
+                            |best, (i, v)| {
+                                if *v > row[best] {
+                                    i
+                                } else {
+                                    best
+                                }
+                            },
+                        );
+                    best as i64
+                })
+                .collect();
+            let argmax = ipfs_accelerate_core::HostTensor::from_i64(
+                shape[..shape.len() - 1].to_vec(),
+                &ids,
+            )?;
+            out.insert("ctc_argmax".into(), argmax);
+        }
+        Ok(out)
+    }
+}
