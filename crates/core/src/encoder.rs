@@ -298,10 +298,16 @@ impl FrameConv {
 
     /// Output frames for `frames` input frames (0 when the input is shorter than the kernel).
     pub fn out_frames(&self, frames: usize) -> usize {
-        (frames + 2 * self.padding)
-            .checked_sub(self.kernel)
-            .map_or(0, |n| n / self.stride.max(1) + 1)
+        conv_out_frames(frames, self.kernel, self.stride, self.padding)
     }
+}
+
+/// Output frames of a 1-D convolution of `kernel` taps at `stride` over `frames` frames with
+/// `padding` zero frames on both sides (0 when the padded input is shorter than the kernel).
+pub fn conv_out_frames(frames: usize, kernel: usize, stride: usize, padding: usize) -> usize {
+    (frames + 2 * padding)
+        .checked_sub(kernel)
+        .map_or(0, |n| n / stride.max(1) + 1)
 }
 
 /// Feature frames (Whisper's log-mel `[batch, channels, frames]`) through a convolutional front

@@ -11,8 +11,8 @@ use cudarc::driver::{
     PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
 use ipfs_accelerate_core::{
-    ConvNorm, DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec,
-    HostTensor, NormPlacement, NormWeights,
+    conv_out_frames, ConvNorm, DType, DenseWeights, EncoderActivation, EncoderHead, EncoderInput,
+    EncoderSpec, HostTensor, NormPlacement, NormWeights,
 };
 
 use crate::compile::{start_compile, KernelModule, KernelSet};
@@ -84,11 +84,10 @@ impl Elem for half::f16 {
 const ROW_THREADS: u32 = 256;
 /// 16-byte packs of keys one softmax thread holds in registers (`SOFTMAX_PACKS` in kernels.cu).
 const SOFTMAX_PACKS: usize = 2;
-/// The longest key row the softmax kernel takes: 1024 threads × [`SOFTMAX_PACKS`] packs of 4 f32
-/// (f16 packs hold 8).
 /// Rows of frames a `channel_norm_act` block reads at once (its block is 32 channels wide).
 const CHANNEL_NORM_ROWS: u32 = 16;
-
+/// The longest key row the softmax kernel takes: 1024 threads × [`SOFTMAX_PACKS`] packs of 4 f32
+/// (f16 packs hold 8).
 pub const MAX_KEYS: usize = 1024 * SOFTMAX_PACKS * 4;
 
 /// Threads per softmax row of `keys` values in packs of `vec`: a multiple of 32, at most 1024.
@@ -399,13 +398,9 @@ struct DeviceWaveform<T> {
 impl<T> DeviceWaveform<T> {
     /// Tokens for `samples` samples per input (0 when too short for the convolutions).
     fn tokens(&self, samples: usize) -> usize {
-        self.convs.iter().fold(samples, |n, c| {
-            if n < c.kernel {
-                0
-            } else {
-                (n - c.kernel) / c.stride + 1
-            }
-        })
+        self.convs
+            .iter()
+            .fold(samples, |n, c| conv_out_frames(n, c.kernel, c.stride, 0))
     }
 }
 
@@ -1795,7 +1790,7 @@ where
         let mut steps = (frames, 1);
         let mut src = samples;
         for conv in &w.convs {
-            let out_frames = (frames - conv.kernel) / conv.stride + 1;
+            let out_frames = conv_out_frames(frames, conv.kernel, conv.stride, 0);
             let rows = batch * out_frames;
             let out = conv.dense.out_features;
             let geometry = (conv.kernel, conv.stride, 0);

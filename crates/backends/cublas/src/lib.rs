@@ -159,21 +159,18 @@ pub fn probe() -> Result<(), EngineError> {
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
         .map_err(|e| EngineError::Spec(e.to_string()))?;
-    // The row kernels also norm the raw-audio front end's convolution outputs.
+    // The row kernels keep one row of f32 in shared memory (48 KiB without opting in); they also
+    // norm the raw-audio front end's convolution outputs.
+    let too_wide = |width: usize| (width + 32) * 4 > 48 * 1024;
     if let ipfs_accelerate_core::EncoderInput::Waveform(w) = &spec.input {
-        if let Some(c) = w
-            .convs
-            .iter()
-            .find(|c| (c.conv.out_features + 32) * 4 > 48 * 1024)
-        {
+        if let Some(c) = w.convs.iter().find(|c| too_wide(c.conv.out_features)) {
             return Err(EngineError::Spec(format!(
                 "a convolution of {} channels exceeds the row kernels' shared memory",
                 c.conv.out_features
             )));
         }
     }
-    // The row kernels keep one row of f32 in shared memory (48 KiB without opting in).
-    if (spec.hidden + 32) * 4 > 48 * 1024 {
+    if too_wide(spec.hidden) {
         return Err(EngineError::Spec(format!(
             "hidden size {} exceeds the row kernels' shared memory",
             spec.hidden

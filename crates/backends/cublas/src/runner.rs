@@ -235,10 +235,9 @@ impl ModelRunner for EncoderRunner {
                     [samples],
                     "rows of equal length",
                 )?;
-                let tokens = convs.iter().fold(
-                    samples,
-                    |n, &(k, s)| if n < k { 0 } else { (n - k) / s + 1 },
-                );
+                let tokens = convs.iter().fold(samples, |n, &(k, s)| {
+                    ipfs_accelerate_core::conv_out_frames(n, k, s, 0)
+                });
                 if tokens == 0 {
                     return Err(Error::InvalidInput(format!(
                         "{samples} samples are shorter than the feature encoder's receptive field"
