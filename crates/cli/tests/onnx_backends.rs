@@ -319,3 +319,88 @@ fn whisper_transcription_on_onnx_runtime_matches_cpu() {
         assert!(reason.contains("no ONNX export"), "{reason}");
     }
 }
+
+/// Wav2Vec2 CTC recognition on the checkpoint's `model.onnx` through `Transcriber` and the CLI's
+/// `transcribe` gives the native `cpu` backend's labels and text: the export runs the model, the
+/// feature extractor, frame argmax, CTC collapse and vocabulary are the native path's.
+#[test]
+fn wav2vec2_transcription_on_onnx_runtime_matches_cpu() {
+    let test = "wav2vec2_transcription_on_onnx_runtime_matches_cpu";
+    let Some(shared) = shared_dir(test) else {
+        return;
+    };
+    let w2v = fixture_copy(&shared, "wav2vec2", "ctc");
+    std::fs::copy(
+        shared.join("fixtures/wav2vec2/ctc/model.onnx"),
+        w2v.path().join("model.onnx"),
+    )
+    .unwrap();
+    // A vocabulary of letters, so the text is compared too.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(w2v.path().join("config.json")).unwrap())
+            .unwrap();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..config["vocab_size"].as_u64().unwrap())
+            .map(|i| match i {
+                0 => ("<pad>".to_string(), i.into()),
+                1 => ("|".to_string(), i.into()),
+                _ => (
+                    char::from(b'a' + (i as u8 - 2) % 26).to_string()
+                        + &"'".repeat((i as usize - 2) / 26),
+                    i.into(),
+                ),
+            })
+            .collect();
+    std::fs::write(
+        w2v.path().join("vocab.json"),
+        serde_json::to_string(&vocab).unwrap(),
+    )
+    .unwrap();
+    let wav = w2v.path().join("sweep.wav");
+    common::sweep_wav(&wav);
+    let model = w2v.path().to_str().unwrap();
+    let load = |kind: BackendKind| {
+        let asr = ipfs_accelerate::speech::Transcriber::load(
+            model,
+            &ipfs_accelerate::LoadOptions {
+                backends: Some(vec![kind]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(asr.selection().device.kind, kind);
+        assert_eq!(asr.family(), "wav2vec2");
+        asr
+    };
+    let native = load(BackendKind::Cpu).transcribe_file(&wav).unwrap().value;
+    assert!(!native.tokens.is_empty());
+    assert!(!native.text.is_empty());
+    let onnx: Vec<BackendKind> = [ExecutionProvider::Cpu, ExecutionProvider::OpenVino]
+        .into_iter()
+        .filter(|p| available(test, *p))
+        .map(BackendKind::Onnx)
+        .collect();
+    for kind in onnx {
+        let graph = load(kind).transcribe_file(&wav).unwrap().value;
+        assert_eq!(graph.tokens, native.tokens, "{kind}");
+        assert_eq!(graph.text, native.text, "{kind}");
+        let name = kind.to_string();
+        let out = run_ok(&[
+            "--backend",
+            &name,
+            "transcribe",
+            "--model",
+            model,
+            "--format",
+            "json",
+            wav.to_str().unwrap(),
+        ]);
+        let printed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(printed["backend"], name.as_str(), "{out}");
+        assert_eq!(
+            printed["result"]["text"],
+            native.text.as_str(),
+            "CLI on {kind}"
+        );
+    }
+}

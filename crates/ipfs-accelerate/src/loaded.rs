@@ -367,8 +367,8 @@ impl<T: ?Sized> Loaded<T> {
                 let graph = graph.ok_or_else(|| {
                     format!(
                         "{kind} runs ONNX exports through the text pipeline (BERT), image \
-                         classification (ViT), zero-shot (CLIP) and speech recognition (Whisper) \
-                         so far; this task runs on the native backends"
+                         classification (ViT), zero-shot (CLIP) and speech recognition \
+                         (Whisper, Wav2Vec2) so far; this task runs on the native backends"
                     )
                 })?;
                 let selection = crate::backends::graph_selection(

@@ -23,6 +23,8 @@ pub use ipfs_accelerate_preprocess::audio::Audio;
 use crate::loaded::{dir_loader, graph, model_type, LoadOptions, Loaded};
 use crate::{Error, Output, Result};
 
+#[cfg(all(feature = "wav2vec2", any(feature = "cuda", feature = "onnx")))]
+use ipfs_accelerate_wav2vec2::Wav2Vec2OnRunner;
 #[cfg(feature = "wav2vec2")]
 use ipfs_accelerate_wav2vec2::{Wav2Vec2Runner, Wav2Vec2Tasks};
 #[cfg(feature = "whisper")]
@@ -103,9 +105,35 @@ impl crate::backends::WithBackend for LoadWhisper {
 }
 #[cfg(feature = "wav2vec2")]
 dir_loader!(
-    /// Loads a Wav2Vec2 checkpoint folder.
+    /// Loads a Wav2Vec2 checkpoint folder on burn.
     LoadWav2Vec2 => Wav2Vec2Tasks, Wav2Vec2Runner::from_dir
 );
+
+/// Wav2Vec2 on the cuBLAS encoder on `cuda` (f32 / f16 float weights), from the checkpoint's
+/// [`ipfs_accelerate_wav2vec2::encoder_spec`]; why not, otherwise (burn then runs it).
+#[cfg(all(feature = "wav2vec2", feature = "cuda"))]
+fn engine_wav2vec2(
+    kind: ipfs_accelerate_core::BackendKind,
+    dir: &Path,
+    options: &LoadOptions,
+) -> std::result::Result<Box<dyn Wav2Vec2Tasks>, String> {
+    let runner = crate::backends::cublas_encoder_for(kind, options, || {
+        crate::backends::encoder_spec_of("wav2vec2", dir)
+    })?;
+    let model = Wav2Vec2OnRunner::from_dir(dir, runner).map_err(|e| e.to_string())?;
+    Ok(Box::new(model))
+}
+
+/// Wav2Vec2 on a graph backend (ONNX Runtime): the checkpoint's ONNX export, recognised by the
+/// same feature extractor, CTC collapse and vocabulary as the native path.
+#[cfg(all(feature = "wav2vec2", feature = "onnx"))]
+fn graph_wav2vec2(
+    kind: ipfs_accelerate_core::BackendKind,
+    dir: &Path,
+) -> Result<Box<dyn Wav2Vec2Tasks>> {
+    let runner = crate::onnx::graph_runner("wav2vec2", kind, dir)?;
+    Ok(Box::new(Wav2Vec2OnRunner::from_dir(dir, Box::new(runner))?))
+}
 
 /// Whisper on a graph backend (ONNX Runtime, a browser): the checkpoint's `encoder.onnx` and
 /// `decoder.onnx`, transcribed by the same [`ipfs_accelerate_whisper::WhisperAssets`] steps
@@ -243,14 +271,24 @@ impl Transcriber {
                 )?)
             }
             #[cfg(feature = "wav2vec2")]
-            "wav2vec2" => Model::Wav2Vec2(Loaded::from_dir(
-                dir,
-                options,
-                clock,
-                LoadWav2Vec2,
-                None,
-                None,
-            )?),
+            "wav2vec2" => {
+                #[cfg(feature = "cuda")]
+                let engine: Option<
+                    &crate::loaded::EngineLoader<dyn Wav2Vec2Tasks>,
+                > = Some(&engine_wav2vec2);
+                #[cfg(not(feature = "cuda"))]
+                let engine = None;
+                #[cfg(feature = "onnx")]
+                let wav2vec2_graph = graph_wav2vec2;
+                Model::Wav2Vec2(Loaded::from_dir(
+                    dir,
+                    options,
+                    clock,
+                    LoadWav2Vec2,
+                    graph!(wav2vec2_graph),
+                    engine,
+                )?)
+            }
             other => {
                 return Err(Error::Unsupported(format!(
                 "{model}: model_type `{other}` is not a speech-recognition family of this build \
@@ -282,6 +320,18 @@ impl Transcriber {
             Model::Whisper(_) => "whisper",
             #[cfg(feature = "wav2vec2")]
             Model::Wav2Vec2(_) => "wav2vec2",
+        }
+    }
+
+    /// The engine that runs the model when it is not the family's burn module (`cublas`: the
+    /// cuBLAS engines on `cuda`); `None` when burn (or an ONNX export) runs it.
+    pub fn engine(&self) -> Option<&str> {
+        use ipfs_accelerate_core::ModelRunner;
+        match &self.model {
+            #[cfg(feature = "whisper")]
+            Model::Whisper(m) => m.model.engine(),
+            #[cfg(feature = "wav2vec2")]
+            Model::Wav2Vec2(m) => m.model.engine(),
         }
     }
 

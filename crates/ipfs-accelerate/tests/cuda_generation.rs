@@ -2,6 +2,8 @@
 //! requests that join a running batch (continuous batching) get the tokens they get alone, and
 //! tokens picked on the device (greedy, sampled, penalised) are the CPU sampler's picks from the
 //! same logits; the public SmolLM2 GGUF, its blocks kept on the device, gives HF's greedy tokens.
+//! Speech through `Transcriber` on the engines: Whisper's language detection and Wav2Vec2's
+//! recognition on the cuBLAS encoder give the cpu backend's tokens.
 //! Needs the shared LLaMA fixture and model (`$IPFS_ACCELERATE_SHARED`); where there is no usable
 //! GPU the tests say so and pass (the engine's host code has its own tests).
 #![cfg(feature = "cuda")]
@@ -335,4 +337,67 @@ fn whisper_language_detection_on_the_engines_matches_the_cpu() {
         matched,
         "the detected transcription is none of the given ones"
     );
+}
+
+/// Wav2Vec2 through `Transcriber` on `cuda` runs on the cuBLAS encoder (not burn's model) and
+/// recognises the cpu backend's labels in f32; in f16 it runs there too (labels printed: a near
+/// tie between two logits may round the other way).
+#[test]
+fn wav2vec2_transcription_on_the_cuda_encoder_matches_the_cpu() {
+    use ipfs_accelerate::speech::Transcriber;
+    use ipfs_accelerate::{Audio, LoadOptions};
+    let fixture = shared().join("fixtures/wav2vec2/ctc");
+    if !fixture.join("config.json").exists() {
+        eprintln!("skipped: no shared Wav2Vec2 fixture (set IPFS_ACCELERATE_SHARED)");
+        return;
+    }
+    let path = fixture.to_str().unwrap();
+    let audio = Audio {
+        samples: (0..32_000)
+            .map(|i| (i as f32 * 0.05).sin() * 0.3 + (i as f32 * 0.0131).cos() * 0.1)
+            .collect(),
+        sample_rate: 16_000,
+        channels: 1,
+        truncated: false,
+    };
+    let load = |kind: BackendKind, precision: Precision| {
+        let options = LoadOptions {
+            backends: Some(vec![kind]),
+            precision,
+            offline: true,
+            ..Default::default()
+        };
+        Transcriber::load(path, &options)
+            .ok()
+            .filter(|t| t.selection().device.kind == kind)
+    };
+    let on_cpu = load(BackendKind::Cpu, Precision::F32).unwrap();
+    let expected = on_cpu.transcribe(&audio).unwrap().value.tokens;
+    for precision in [Precision::F32, Precision::F16] {
+        let Some(asr) = load(BackendKind::Cuda, precision) else {
+            eprintln!("skipped: Wav2Vec2 does not load on cuda here");
+            return;
+        };
+        assert_eq!(asr.engine(), Some("cublas"), "{precision}");
+        asr.transcribe(&audio).unwrap(); // warm-up
+        let clock = std::time::Instant::now();
+        let tokens = asr.transcribe(&audio).unwrap().value.tokens;
+        let took = clock.elapsed();
+        println!(
+            "wav2vec2 on cuda {precision}, 2 s: {:.2} ms, {} labels, equal to cpu's: {}",
+            took.as_secs_f64() * 1e3,
+            tokens.len(),
+            tokens == expected
+        );
+        if precision == Precision::F32 {
+            assert_eq!(tokens, expected, "cuda f32 vs cpu");
+        }
+        // A rate the extractor does not take, unresampled, is an error on the engine too.
+        assert!(asr
+            .transcribe(&Audio {
+                sample_rate: 0,
+                ..audio.clone()
+            })
+            .is_err());
+    }
 }

@@ -17,5 +17,7 @@ mod spec;
 pub use config::{FeatExtractNorm, Wav2Vec2Config};
 pub use ctc::{ctc_collapse, CtcVocab};
 pub use model::{FeatureEncoder, Wav2Vec2, Wav2Vec2Model, Wav2Vec2Output};
-pub use runner::{CtcArgmax, CtcTranscription, Wav2Vec2Family, Wav2Vec2Runner, Wav2Vec2Tasks};
+pub use runner::{
+    CtcArgmax, CtcTranscription, Wav2Vec2Family, Wav2Vec2OnRunner, Wav2Vec2Runner, Wav2Vec2Tasks,
+};
 pub use spec::encoder_spec;

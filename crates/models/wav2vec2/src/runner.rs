@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{
-    BackendKind, Error, Family, ModelRunner, Result, TensorMap, TensorSource,
+    BackendKind, Error, Family, HostTensor, ModelRunner, Result, TensorMap, TensorSource,
 };
 use ipfs_accelerate_nn::convert::{float_to_host, int_to_host};
 use ipfs_accelerate_preprocess::audio::{Wav2Vec2FeatureConfig, Wav2Vec2FeatureExtractor};
@@ -39,6 +39,57 @@ pub struct CtcTranscription {
     pub text: Option<String>,
 }
 
+/// The files of a checkpoint folder besides its weights: `config.json`, the feature extractor's
+/// `preprocessor_config.json` (its defaults when absent) and the CTC vocabulary (`vocab.json`
+/// with `tokenizer_config.json`), when present.
+fn checkpoint_files(
+    dir: &Path,
+) -> Result<(Wav2Vec2Config, Wav2Vec2FeatureConfig, Option<CtcVocab>)> {
+    let config = Wav2Vec2Config::from_file(&dir.join("config.json"))?;
+    let pre = dir.join("preprocessor_config.json");
+    let features = if pre.is_file() {
+        Wav2Vec2FeatureConfig::from_file(&pre)?
+    } else {
+        Wav2Vec2FeatureConfig::default()
+    };
+    Ok((config, features, CtcVocab::from_dir(dir)?))
+}
+
+/// Speech recognition of one waveform, whatever executes the model: the feature extractor's
+/// `input_values` (and attention mask, when it returns one) handed to `frame_ids`, which gives
+/// the argmax label of every frame (`None`: the checkpoint has no CTC head); then the CTC
+/// collapse and the text. `checkpoint`: the feature extractor, the vocabulary and the config's
+/// `pad_token_id` (the blank without a vocabulary); `audio`: samples, their rate, and whether
+/// another rate is resampled (else an error).
+fn recognise(
+    checkpoint: (&Wav2Vec2FeatureExtractor, Option<&CtcVocab>, Option<usize>),
+    audio: (&[f32], u32, bool),
+    frame_ids: impl FnOnce(&[f32], Option<&[i64]>) -> Result<Option<Vec<i64>>>,
+) -> Result<CtcTranscription> {
+    let (features, vocab, pad_token_id) = checkpoint;
+    let (samples, sample_rate, resample) = audio;
+    // The duration cap is checked before any resampling.
+    let batch = features.extract_any_rate(&[samples], sample_rate, resample)?;
+    let mask = features
+        .config()
+        .return_attention_mask
+        .then_some(batch.attention_mask.as_slice());
+    let frame_ids = frame_ids(&batch.values, mask)?.ok_or_else(|| {
+        Error::InvalidInput(
+            "this checkpoint has no CTC head (lm_head): it cannot transcribe".into(),
+        )
+    })?;
+    let blank = match vocab {
+        Some(v) => v.blank(),
+        None => pad_token_id.unwrap_or(0) as i64,
+    };
+    Ok(CtcTranscription {
+        ids: ctc_collapse(&frame_ids, blank),
+        text: vocab.map(|v| v.decode(&frame_ids)),
+        frame_ids,
+    })
+}
+
 /// The outputs of a forward pass, on the device.
 struct Forward<B: Backend> {
     hidden: Tensor<B, 3>,
@@ -57,16 +108,10 @@ impl<B: Backend> Wav2Vec2Runner<B> {
     /// Loads `config.json`, the weights, and when present `preprocessor_config.json` and
     /// `vocab.json` / `tokenizer_config.json`.
     pub fn from_dir(dir: &Path, device: &B::Device, kind: BackendKind) -> Result<Self> {
-        let config = Wav2Vec2Config::from_file(&dir.join("config.json"))?;
+        let (config, features, vocab) = checkpoint_files(dir)?;
         let weights = ipfs_accelerate_io::open_weights(dir)?;
-        let pre = dir.join("preprocessor_config.json");
-        let features = if pre.is_file() {
-            Wav2Vec2FeatureConfig::from_file(&pre)?
-        } else {
-            Wav2Vec2FeatureConfig::default()
-        };
         let mut runner = Self::load(weights, &config, features, device, kind)?;
-        runner.vocab = CtcVocab::from_dir(dir)?;
+        runner.vocab = vocab;
         Ok(runner)
     }
 
@@ -124,31 +169,17 @@ impl<B: Backend> Wav2Vec2Runner<B> {
         sample_rate: u32,
         resample: bool,
     ) -> Result<CtcTranscription> {
-        // The duration cap is checked before any resampling.
-        let batch = self
-            .features
-            .extract_any_rate(&[samples], sample_rate, resample)?;
-        let mask = self
-            .features
-            .config()
-            .return_attention_mask
-            .then_some(batch.attention_mask.as_slice());
-        let fwd = self.forward(&batch.values, 1, mask)?;
-        let logits = fwd.logits.ok_or_else(|| {
-            Error::InvalidInput(
-                "this checkpoint has no CTC head (lm_head): it cannot transcribe".into(),
-            )
-        })?;
-        let frame_ids = int_to_host(Self::argmax(logits))?.to_i64_vec()?;
-        let blank = match &self.vocab {
-            Some(v) => v.blank(),
-            None => self.model.config().pad_token_id.unwrap_or(0) as i64,
-        };
-        Ok(CtcTranscription {
-            ids: ctc_collapse(&frame_ids, blank),
-            text: self.vocab.as_ref().map(|v| v.decode(&frame_ids)),
-            frame_ids,
-        })
+        let pad = self.model.config().pad_token_id;
+        recognise(
+            (&self.features, self.vocab.as_ref(), pad),
+            (samples, sample_rate, resample),
+            |values, mask| {
+                let Some(logits) = self.forward(values, 1, mask)?.logits else {
+                    return Ok(None);
+                };
+                Ok(Some(int_to_host(Self::argmax(logits))?.to_i64_vec()?))
+            },
+        )
     }
 
     /// [`Wav2Vec2Runner::transcribe_with`], resampling when needed.
@@ -245,6 +276,9 @@ impl ModelRunner for CtcArgmax {
     fn backend(&self) -> BackendKind {
         self.0.backend()
     }
+    fn placement(&self) -> Option<String> {
+        self.0.placement()
+    }
     fn engine(&self) -> Option<&str> {
         self.0.engine()
     }
@@ -281,5 +315,88 @@ impl ModelRunner for CtcArgmax {
             out.insert("ctc_argmax".into(), argmax);
         }
         Ok(out)
+    }
+}
+
+/// A Wav2Vec2 CTC checkpoint executed by another runner of [`encoder_spec`](crate::encoder_spec)
+/// (the cuBLAS encoder) or of the checkpoint's ONNX export: the same speech recognition as
+/// [`Wav2Vec2Runner`] (feature extractor, frame argmax, CTC collapse, vocabulary), and its
+/// outputs with `ctc_argmax` added as [`CtcArgmax`] adds it.
+pub struct Wav2Vec2OnRunner {
+    runner: CtcArgmax,
+    config: Wav2Vec2Config,
+    features: Wav2Vec2FeatureExtractor,
+    vocab: Option<CtcVocab>,
+}
+
+impl Wav2Vec2OnRunner {
+    /// `runner` (which executes the checkpoint in `dir`) with the folder's `config.json`, feature
+    /// extractor and CTC vocabulary.
+    pub fn from_dir(dir: &Path, runner: Box<dyn ModelRunner>) -> Result<Self> {
+        let (config, features, vocab) = checkpoint_files(dir)?;
+        Ok(Wav2Vec2OnRunner {
+            runner: CtcArgmax(runner),
+            config,
+            features: Wav2Vec2FeatureExtractor::new(features),
+            vocab,
+        })
+    }
+}
+
+impl ModelRunner for Wav2Vec2OnRunner {
+    fn family(&self) -> &str {
+        self.runner.family()
+    }
+    fn backend(&self) -> BackendKind {
+        self.runner.backend()
+    }
+    fn placement(&self) -> Option<String> {
+        self.runner.placement()
+    }
+    fn engine(&self) -> Option<&str> {
+        self.runner.engine()
+    }
+    fn device_memory_in_use(&self) -> Option<u64> {
+        self.runner.device_memory_in_use()
+    }
+    fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
+        self.runner.run(inputs)
+    }
+}
+
+impl Wav2Vec2Tasks for Wav2Vec2OnRunner {
+    fn config(&self) -> &Wav2Vec2Config {
+        &self.config
+    }
+
+    fn transcribe_with(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        resample: bool,
+    ) -> Result<CtcTranscription> {
+        recognise(
+            (
+                &self.features,
+                self.vocab.as_ref(),
+                self.config.pad_token_id,
+            ),
+            (samples, sample_rate, resample),
+            |values, mask| {
+                let mut inputs = TensorMap::new();
+                let shape = vec![1, values.len()];
+                inputs.insert(
+                    "input_values".into(),
+                    HostTensor::from_f32(shape.clone(), values)?,
+                );
+                if let Some(mask) = mask {
+                    inputs.insert("attention_mask".into(), HostTensor::from_i64(shape, mask)?);
+                }
+                match self.run(&inputs)?.get("ctc_argmax") {
+                    Some(ids) => Ok(Some(ids.to_i64_vec()?)),
+                    None => Ok(None),
+                }
+            },
+        )
     }
 }

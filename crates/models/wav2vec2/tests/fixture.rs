@@ -6,8 +6,9 @@ use std::path::Path;
 
 use burn_flex::Flex;
 use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner};
+use ipfs_accelerate_core::JsonConfig;
 use ipfs_accelerate_core::{BackendKind, Family, HostTensor, ModelRunner, TensorMap, TensorSource};
-use ipfs_accelerate_wav2vec2::{ctc_collapse, Wav2Vec2Family, Wav2Vec2Runner};
+use ipfs_accelerate_wav2vec2::{ctc_collapse, Wav2Vec2Family, Wav2Vec2Runner, Wav2Vec2Tasks};
 
 fn runner(dir: &Path) -> Wav2Vec2Runner<Flex> {
     Wav2Vec2Runner::<Flex>::from_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
@@ -183,7 +184,30 @@ fn transcribes_with_a_vocabulary() {
         let out = r.run(&m).unwrap();
         assert_eq!(out["ctc_argmax"].to_i64_vec().unwrap(), t.frame_ids);
         // 8 kHz audio is resampled on the way in.
-        assert!(r.transcribe(&samples[..1600], 8_000).is_ok());
+        let resampled = r.transcribe(&samples[..1600], 8_000).unwrap();
+        // Another executor of the spec (here its f64 reference; on cuda the cuBLAS encoder)
+        // recognises the same frames, labels and text through `Wav2Vec2OnRunner`.
+        let config =
+            ipfs_accelerate_wav2vec2::Wav2Vec2Config::from_file(&tmp.path().join("config.json"))
+                .unwrap();
+        let weights = ipfs_accelerate_io::open_weights(tmp.path()).unwrap();
+        let spec = ipfs_accelerate_wav2vec2::encoder_spec(&config, weights.as_ref()).unwrap();
+        let on_spec = ipfs_accelerate_wav2vec2::Wav2Vec2OnRunner::from_dir(
+            tmp.path(),
+            Box::new(ipfs_accelerate_conformance::SpecReference::new(spec).unwrap()),
+        )
+        .unwrap();
+        assert_eq!(on_spec.transcribe_with(&samples, 16_000, true).unwrap(), t);
+        assert_eq!(
+            on_spec
+                .transcribe_with(&samples[..1600], 8_000, true)
+                .unwrap(),
+            resampled
+        );
+        // Another rate without resampling, and empty audio, are errors on both paths.
+        assert!(on_spec.transcribe_with(&samples, 8_000, false).is_err());
+        assert!(r.transcribe_with(&samples, 8_000, false).is_err());
+        assert!(on_spec.transcribe_with(&[], 16_000, true).is_err());
     }
 }
 
