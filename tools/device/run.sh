@@ -65,6 +65,11 @@
 # cuda_generation tests (detected and given languages on the engines against the CPU), then conformance;
 # part 28 (no cuda_generation binary this time) conformance with Wav2Vec2 on the cuBLAS encoder, then Wav2Vec2-base on
 # 10 s of audio, batch 1 and 8, against PyTorch f16 (rounds alternating), and its per-stage profile.
+# Session 28: part 29 the facade's speech tests on the engines (Whisper's language detection; Wav2Vec2 through
+# `Transcriber` on the cuBLAS encoder), conformance with every call split into chunks of 8 tokens
+# (IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=8: the outputs of one chunk copied on the second stream while the next computes),
+# then chunks of 0 (never split), 2048, 4096 and 8192 tokens alternating on BERT-base b128, ViT-base b32 and
+# Whisper-tiny b8; part 30 the encoders against PyTorch f16 with the default chunks.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -497,5 +502,27 @@ echo "== Wav2Vec2-base, 10 s of audio (160,000 samples), batch 1 and 8, f16, aga
 timeout 240 ./xtask compare --dev --backend cuda --no-db --config wav2vec2-base --batch 1,8 --seq 160000 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
 echo "== per-stage device times, batch 8"
 IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 60 ./xtask bench --dev --backend cuda --no-db --config wav2vec2-base --batch 8 --seq 160000 --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|p50|rror" | tail -3
+fi
+if [ "$PART" = 29 ]; then
+echo "== the facade's speech tests on the engines (Whisper's language detection, Wav2Vec2's Transcriber)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD/shared timeout 200 ./cuda_generation whisper wav2vec2 --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|on cuda|skipped"
+echo "== verify f32 and f16, every family on the cuBLAS engines, every encoder call split into chunks of 8 tokens"
+IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=8 verify_engines 3
+echo "== chunks of 0 (never split), 2048, 4096, 8192 tokens, alternating (bench p50 of 20, f16)"
+for round in 1 2; do
+  for cfg in "bert-base --batch 128 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
+    for c in 0 2048 4096 8192; do
+      r=$(IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=$c timeout 60 ./xtask bench --dev --backend cuda --no-db --config $cfg --dtype f16 --iters 20 --warmup 3 2>&1 | grep -E "p50|rror" | tail -1)
+      echo "r$round $cfg chunk=$c: $r"
+    done
+  done
+done
+fi
+if [ "$PART" = 30 ]; then
+echo "== encoders against PyTorch f16 (default chunks), rounds alternating"
+for cfg in "bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 1,8" "clip-vit-b32 --batch 32" "wav2vec2-base --batch 8 --seq 160000"; do
+  timeout 150 ./xtask compare --dev --backend cuda --no-db --config $cfg --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
+done
 fi
 ls -la $OUT

@@ -21,10 +21,32 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
 }
 
+/// The shared fixture folder `fixtures/<rel>`, or `None` (said on stderr) when it is missing.
+fn shared_fixture(rel: &str) -> Option<PathBuf> {
+    let dir = shared().join("fixtures").join(rel);
+    if dir.join("config.json").exists() {
+        Some(dir)
+    } else {
+        eprintln!("skipped: no shared fixture {rel} (set IPFS_ACCELERATE_SHARED)");
+        None
+    }
+}
+
+/// `n` samples at 16 kHz of two tones (`w1` and `w2` radians per sample).
+fn two_tones(n: usize, w1: f32, w2: f32) -> ipfs_accelerate::Audio {
+    ipfs_accelerate::Audio {
+        samples: (0..n)
+            .map(|i| (i as f32 * w1).sin() * 0.3 + (i as f32 * w2).cos() * 0.2)
+            .collect(),
+        sample_rate: 16_000,
+        channels: 1,
+        truncated: false,
+    }
+}
+
 /// The tiny LLaMA fixture's checkpoint folder.
 fn fixture() -> Option<PathBuf> {
-    let dir = shared().join("fixtures/llama/causal_lm");
-    dir.join("config.json").exists().then_some(dir)
+    shared_fixture("llama/causal_lm")
 }
 
 /// The fixture on the cuBLAS decoder in `precision`, or `None` (said on stderr) without one.
@@ -257,12 +279,10 @@ fn public_smollm2_gguf_gives_hfs_greedy_tokens() {
 #[test]
 fn whisper_language_detection_on_the_engines_matches_the_cpu() {
     use ipfs_accelerate::speech::Transcriber;
-    use ipfs_accelerate::{Audio, LoadOptions};
-    let fixture = shared().join("fixtures/whisper/base");
-    if !fixture.join("config.json").exists() {
-        eprintln!("skipped: no shared Whisper fixture (set IPFS_ACCELERATE_SHARED)");
+    use ipfs_accelerate::LoadOptions;
+    let Some(fixture) = shared_fixture("whisper/base") else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(&fixture).unwrap() {
         let path = entry.unwrap().path();
@@ -289,14 +309,7 @@ fn whisper_language_detection_on_the_engines_matches_the_cpu() {
     g["no_timestamps_token_id"] = free[5].into();
     std::fs::write(&generation, serde_json::to_vec(&g).unwrap()).unwrap();
 
-    let audio = Audio {
-        samples: (0..8000)
-            .map(|i| (i as f32 * 0.07).sin() * 0.3 + (i as f32 * 0.011).cos() * 0.2)
-            .collect(),
-        sample_rate: 16_000,
-        channels: 1,
-        truncated: false,
-    };
+    let audio = two_tones(8000, 0.07, 0.011);
     let path = dir.path().to_str().unwrap();
     let transcribe = |kind: BackendKind, language: Option<&str>| {
         let options = LoadOptions {
@@ -346,20 +359,11 @@ fn whisper_language_detection_on_the_engines_matches_the_cpu() {
 fn wav2vec2_transcription_on_the_cuda_encoder_matches_the_cpu() {
     use ipfs_accelerate::speech::Transcriber;
     use ipfs_accelerate::{Audio, LoadOptions};
-    let fixture = shared().join("fixtures/wav2vec2/ctc");
-    if !fixture.join("config.json").exists() {
-        eprintln!("skipped: no shared Wav2Vec2 fixture (set IPFS_ACCELERATE_SHARED)");
+    let Some(fixture) = shared_fixture("wav2vec2/ctc") else {
         return;
-    }
-    let path = fixture.to_str().unwrap();
-    let audio = Audio {
-        samples: (0..32_000)
-            .map(|i| (i as f32 * 0.05).sin() * 0.3 + (i as f32 * 0.0131).cos() * 0.1)
-            .collect(),
-        sample_rate: 16_000,
-        channels: 1,
-        truncated: false,
     };
+    let path = fixture.to_str().unwrap();
+    let audio = two_tones(32_000, 0.05, 0.0131);
     let load = |kind: BackendKind, precision: Precision| {
         let options = LoadOptions {
             backends: Some(vec![kind]),
