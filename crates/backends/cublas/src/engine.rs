@@ -255,29 +255,6 @@ pub struct EncoderOutput {
     pub projection: Option<HostTensor>,
 }
 
-/// One call's outputs on the device before they are copied to the host, each with its shape:
-/// the last hidden states, then the pooler's output, the head's logits and the projection where
-/// the spec has them (in [`EncoderOutput`]'s order); and the call's stage times.
-struct DeviceOutputs<'a, T> {
-    outputs: [Option<(CudaSlice<T>, Vec<usize>)>; 4],
-    profile: Profile<'a>,
-    batch: usize,
-    seq: usize,
-}
-
-/// The host copies of a [`DeviceOutputs`]' outputs, in its order, as an [`EncoderOutput`].
-fn encoder_output(outputs: Vec<Option<HostTensor>>) -> Result<EncoderOutput, EngineError> {
-    let mut outputs = outputs.into_iter();
-    let mut next = || outputs.next().flatten();
-    Ok(EncoderOutput {
-        last_hidden_state: next()
-            .ok_or_else(|| EngineError::Spec("no hidden states were computed".into()))?,
-        pooler_output: next(),
-        logits: next(),
-        projection: next(),
-    })
-}
-
 /// A projection of one token per row ([`ipfs_accelerate_core::EncoderProjection`]) on the device.
 struct DeviceProjection<T> {
     norm: Option<Norm<T>>,
@@ -359,62 +336,7 @@ pub enum Input<'a> {
     Samples(Floats<'a>),
 }
 
-impl<'a> Floats<'a> {
-    /// Inputs `start..start + n`.
-    fn rows(&self, start: usize, n: usize) -> Floats<'a> {
-        let per = self.values.len() / self.batch.max(1);
-        Floats {
-            batch: n,
-            values: &self.values[start * per..(start + n) * per],
-        }
-    }
-}
-
-impl<'a> Input<'a> {
-    /// Inputs in the batch.
-    fn batch(&self) -> usize {
-        match self {
-            Input::Tokens(t) => t.batch,
-            Input::Pixels(f) | Input::Frames(f) | Input::Samples(f) => f.batch,
-        }
-    }
-
-    /// The float values, for inputs that go up through the page-locked buffer.
-    fn floats(&self) -> Option<&'a [f32]> {
-        match self {
-            Input::Tokens(_) => None,
-            Input::Pixels(f) | Input::Frames(f) | Input::Samples(f) => Some(f.values),
-        }
-    }
-
-    /// Inputs `start..start + n` of the batch (a chunk of a call that is split).
-    fn rows(&self, start: usize, n: usize) -> Input<'a> {
-        match self {
-            Input::Tokens(t) => {
-                // Every per-token slice holds `batch · seq` values, `pooled` one per row (or
-                // none); a slice of another length is passed whole, as the caller gave it.
-                let cut = |v: &'a [i32], per: usize| {
-                    if v.len() == t.batch * per {
-                        &v[start * per..(start + n) * per]
-                    } else {
-                        v
-                    }
-                };
-                Input::Tokens(Tokens {
-                    batch: n,
-                    seq: t.seq,
-                    ids: cut(t.ids, t.seq),
-                    types: cut(t.types, t.seq),
-                    mask: cut(t.mask, t.seq),
-                    pooled: cut(t.pooled, 1),
-                })
-            }
-            Input::Pixels(f) => Input::Pixels(f.rows(start, n)),
-            Input::Frames(f) => Input::Frames(f.rows(start, n)),
-            Input::Samples(f) => Input::Samples(f.rows(start, n)),
-        }
-    }
-
+impl Input<'_> {
     /// What it holds, for messages.
     fn what(&self) -> &'static str {
         match self {
@@ -550,11 +472,6 @@ pub struct Encoder<T: Elem> {
     staging: Mutex<Option<PinnedHostSlice<T>>>,
     /// Page-locked host memory image inputs go up through, in `T` (grown to the largest input).
     input_staging: Mutex<Option<PinnedHostSlice<T>>>,
-    /// The stream a split call's outputs are copied to the host on, while the next chunk
-    /// computes on `stream`.
-    copy_stream: Arc<CudaStream>,
-    /// Tokens per chunk of a split call ([`CHUNK_TOKENS_ENV`]; `0`: never split).
-    chunk_tokens: usize,
     /// Per-stage device times on stderr after every call ([`PROFILE_ENV`]).
     profile: bool,
     /// Whether attention may run fused on tensor cores (f16 storage, compute capability 8.0
@@ -569,37 +486,6 @@ pub const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
 /// Whether [`PROFILE_ENV`] asks for per-stage times.
 pub fn profile_requested() -> bool {
     std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1")
-}
-
-/// Tokens per chunk when a call is split so that one chunk's outputs are copied to the host
-/// while the next chunk computes ([`DEFAULT_CHUNK_TOKENS`] unless set; `0` never splits).
-pub const CHUNK_TOKENS_ENV: &str = "IPFS_ACCELERATE_CUDA_CHUNK_TOKENS";
-
-/// The default of [`CHUNK_TOKENS_ENV`]: calls of more tokens are split into chunks of about as
-/// many tokens (whole inputs each).
-pub const DEFAULT_CHUNK_TOKENS: usize = 4096;
-
-/// [`CHUNK_TOKENS_ENV`]'s value (a number; `0` or `off`: never split), else the default.
-fn chunk_tokens() -> usize {
-    match std::env::var(CHUNK_TOKENS_ENV) {
-        Err(_) => DEFAULT_CHUNK_TOKENS,
-        Ok(v) if v == "off" => 0,
-        Ok(v) => v.parse().unwrap_or_else(|_| {
-            tracing::warn!("{CHUNK_TOKENS_ENV}={v} is not a number: ignored");
-            DEFAULT_CHUNK_TOKENS
-        }),
-    }
-}
-
-/// Inputs per chunk for a call of `batch` inputs of `seq` tokens split into chunks of about
-/// `chunk_tokens` tokens (`0`: never split), evened out over the chunks; `batch` when the call
-/// is not split.
-fn chunk_rows(batch: usize, seq: usize, chunk_tokens: usize) -> usize {
-    if chunk_tokens == 0 || batch * seq <= chunk_tokens {
-        return batch;
-    }
-    let chunks = (batch * seq).div_ceil(chunk_tokens).min(batch);
-    batch.div_ceil(chunks.max(1))
 }
 
 /// Set to `0` (or `off`) to run attention unfused (split into heads, score GEMM, softmax,
@@ -1006,8 +892,6 @@ where
                     dense: dense(&p.dense)?,
                 }),
             },
-            copy_stream: stream.context().new_stream()?,
-            chunk_tokens: chunk_tokens(),
             stream,
             staging: Mutex::new(None),
             input_staging: Mutex::new(None),
@@ -1096,22 +980,9 @@ where
         Ok(())
     }
 
-    /// Runs the encoder on `input` (tokens, images, feature frames or audio, as the spec's
-    /// embeddings read). A call of more than [`CHUNK_TOKENS_ENV`] tokens runs in chunks of whole
-    /// inputs, each chunk's outputs copied to the host while the next one computes.
+    /// Runs the encoder on `input` (tokens or images, as the spec's embeddings read).
     pub fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
-        let (batch, seq) = self.dims(input)?;
-        let rows = chunk_rows(batch, seq, self.chunk_tokens);
-        if rows >= batch {
-            let computed = self.compute(input, 0)?;
-            return self.download(computed);
-        }
-        self.forward_in_chunks(input, rows)
-    }
-
-    /// `(inputs, tokens per input)` of `input`, or why this encoder cannot read it.
-    fn dims(&self, input: &Input<'_>) -> Result<(usize, usize), EngineError> {
-        Ok(match (input, &self.input) {
+        let (batch, seq) = match (input, &self.input) {
             (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
             (Input::Pixels(p), DeviceInput::Patches { tokens, .. })
             | (Input::Frames(p), DeviceInput::Frames { tokens, .. }) => (p.batch, *tokens),
@@ -1134,142 +1005,7 @@ where
                     input.what()
                 )))
             }
-        })
-    }
-
-    /// [`forward`](Self::forward) split into chunks of `rows` inputs. Each chunk's outputs are
-    /// copied on the copy stream, after the chunk's last kernel, while the next chunk computes;
-    /// they land in one page-locked buffer laid out as the whole batch's outputs. The inputs of
-    /// every chunk go up through their own part of the input buffer.
-    fn forward_in_chunks(
-        &self,
-        input: &Input<'_>,
-        rows: usize,
-    ) -> Result<EncoderOutput, EngineError> {
-        let poisoned =
-            |what: &str| EngineError::Spec(format!("the {what} buffer's lock is poisoned"));
-        let batch = input.batch();
-        if let Some(values) = input.floats() {
-            let mut staging = self.input_staging.lock().map_err(|_| poisoned("input"))?;
-            // Grown once here: no chunk reallocates it under another's pending copy.
-            // SAFETY: each chunk writes its part before the part is copied.
-            unsafe { pinned(&self.stream, &mut staging, values.len()) }?;
-        }
-        let mut staging = self.staging.lock().map_err(|_| poisoned("staging"))?;
-        let mut kept = Vec::new();
-        let queued = self.queue_chunks(input, rows, &mut staging, &mut kept);
-        // Whatever happened, no copy is left running into the buffer (or out of a chunk's
-        // outputs, freed below) when this returns.
-        let synced = self.copy_stream.synchronize();
-        drop(kept);
-        let layout = queued?;
-        synced?;
-        let Some(staging) = staging.as_ref() else {
-            return Err(EngineError::Spec(
-                "the chunks' output buffer is missing".into(),
-            ));
         };
-        let host = staging.as_slice()?;
-        let outputs = layout.into_iter().map(|entry| {
-            entry
-                .map(|(per, tail, at)| {
-                    let shape = [vec![batch], tail].concat();
-                    let values = parallel_copy(&host[at..at + per * batch]);
-                    HostTensor::from_vec(shape, T::DTYPE, values)
-                        .map_err(|e| EngineError::Spec(e.to_string()))
-                })
-                .transpose()
-        });
-        encoder_output(outputs.collect::<Result<Vec<_>, _>>()?)
-    }
-
-    /// Computes the chunks of `rows` inputs of `input` and queues the copies of their outputs
-    /// into `staging` (grown after the first chunk to the whole batch's outputs); each chunk's
-    /// device outputs are kept in `kept` until the copies are done. Returns the layout of each
-    /// output in `staging`: values per input, the shape after the batch, and its first value.
-    #[allow(clippy::type_complexity)]
-    fn queue_chunks<'a>(
-        &'a self,
-        input: &Input<'_>,
-        rows: usize,
-        staging: &mut Option<PinnedHostSlice<T>>,
-        kept: &mut Vec<[Option<(CudaSlice<T>, Vec<usize>)>; 4]>,
-    ) -> Result<Vec<Option<(usize, Vec<usize>, usize)>>, EngineError> {
-        let batch = input.batch();
-        let per_input = input.floats().map_or(0, |v| v.len() / batch.max(1));
-        let mut chunks = (0..batch)
-            .step_by(rows)
-            .map(|start| (start, rows.min(batch - start)));
-        let (_, first_rows) = chunks.next().unwrap_or((0, 0));
-        let first = self.compute(&input.rows(0, first_rows), 0)?;
-        let mut total = 0;
-        let layout: Vec<_> = first
-            .outputs
-            .iter()
-            .map(|o| {
-                o.as_ref().map(|(buffer, shape)| {
-                    let per = buffer.len() / first_rows.max(1);
-                    total += per * batch;
-                    (per, shape[1..].to_vec(), total - per * batch)
-                })
-            })
-            .collect();
-        // SAFETY: every value is written by a chunk's copy before it is read.
-        let host = unsafe { pinned(&self.stream, staging, total) }?;
-        let mut copy = |start: usize, computed: DeviceOutputs<'a, T>| -> Result<(), EngineError> {
-            let done = self.stream.record_event(None)?;
-            self.copy_stream.wait(&done)?;
-            for (output, place) in computed.outputs.iter().zip(&layout) {
-                if let (Some((buffer, _)), Some((per, _, at))) = (output, place) {
-                    let from = at + start * per;
-                    self.copy_stream
-                        .memcpy_dtoh(buffer, &mut host[from..from + buffer.len()])?;
-                }
-            }
-            computed
-                .profile
-                .report("encoder chunk", computed.batch, computed.seq)?;
-            kept.push(computed.outputs);
-            Ok(())
-        };
-        copy(0, first)?;
-        for (start, n) in chunks {
-            copy(
-                start,
-                self.compute(&input.rows(start, n), start * per_input)?,
-            )?;
-        }
-        Ok(layout)
-    }
-
-    /// The outputs of one call copied to the host (waiting for the stream).
-    fn download(&self, computed: DeviceOutputs<'_, T>) -> Result<EncoderOutput, EngineError> {
-        let DeviceOutputs {
-            outputs,
-            mut profile,
-            batch,
-            seq,
-        } = computed;
-        let host = outputs
-            .into_iter()
-            .map(|o| {
-                o.map(|(buffer, shape)| self.to_host(&buffer, shape))
-                    .transpose()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        profile.mark("download")?;
-        profile.report("encoder", batch, seq)?;
-        encoder_output(host)
-    }
-
-    /// Queues the encoder on `input` and returns its outputs on the device. Float inputs go up
-    /// through the page-locked input buffer from value `input_offset` on.
-    fn compute(
-        &self,
-        input: &Input<'_>,
-        input_offset: usize,
-    ) -> Result<DeviceOutputs<'_, T>, EngineError> {
-        let (batch, seq) = self.dims(input)?;
         let (h, heads, inter) = (self.hidden, self.heads, self.intermediate);
         let dh = h / heads;
         let m = batch * seq;
@@ -1347,7 +1083,7 @@ where
                 // The pixels go up in `T` through page-locked memory; the device gathers the
                 // patch rows, each in the projection's (channel, y, x) order, so the strided
                 // convolution is one GEMM.
-                let px = self.upload_converted(pixels.values, input_offset)?;
+                let px = self.upload_converted(pixels.values)?;
                 let mask = s.clone_htod(&vec![1i32; m])?;
                 profile.mark("upload")?;
                 let rows = batch * (seq - 1);
@@ -1403,7 +1139,7 @@ where
                 },
             ) => {
                 let mask = s.clone_htod(&vec![1i32; m])?;
-                let px = self.upload_converted(features.values, input_offset)?;
+                let px = self.upload_converted(features.values)?;
                 profile.mark("upload")?;
                 self.frame_convolutions(
                     px,
@@ -1417,7 +1153,7 @@ where
             }
             (Input::Samples(audio), DeviceInput::Waveform(wave)) => {
                 let mask = s.clone_htod(&vec![1i32; m])?;
-                let px = self.upload_converted(audio.values, input_offset)?;
+                let px = self.upload_converted(audio.values)?;
                 profile.mark("upload")?;
                 self.waveform_embeddings(px, batch, wave, &mut x)?;
                 if let Some(n) = &wave.norm {
@@ -1557,27 +1293,31 @@ where
             .as_ref()
             .map(|p| dense_rows(out, seq * h, batch, p, Act::Tanh))
             .transpose()?;
+        let pooler_output = pooled
+            .as_ref()
+            .map(|p| self.to_host(p, vec![batch, h]))
+            .transpose()?;
         let logits = match &self.head {
             None => None,
             Some(DeviceHead::FirstToken(d)) => {
                 let y = dense_rows(out, seq * h, batch, d, Act::None)?;
-                Some((y, vec![batch, d.out_features]))
+                Some(self.to_host(&y, vec![batch, d.out_features])?)
             }
             Some(DeviceHead::Pooled(d)) => {
                 let p = pooled.as_ref().ok_or_else(|| {
                     EngineError::Spec("a head over the pooled output needs a pooler".into())
                 })?;
                 let y = dense_rows(p, h, batch, d, Act::None)?;
-                Some((y, vec![batch, d.out_features]))
+                Some(self.to_host(&y, vec![batch, d.out_features])?)
             }
             Some(DeviceHead::EveryToken(d)) => {
                 let y = dense_rows(out, h, batch * seq, d, Act::None)?;
-                Some((y, vec![batch, seq, d.out_features]))
+                Some(self.to_host(&y, vec![batch, seq, d.out_features])?)
             }
             Some(DeviceHead::EveryTokenMlp { up, act, down }) => {
                 let inner = dense_rows(out, h, batch * seq, up, *act)?;
                 let y = dense_rows(&inner, up.out_features, batch * seq, down, Act::None)?;
-                Some((y, vec![batch, seq, down.out_features]))
+                Some(self.to_host(&y, vec![batch, seq, down.out_features])?)
             }
         };
         let projection = match &self.projection {
@@ -1617,26 +1357,18 @@ where
                     self.layer_norm(&op, &pooled_tokens, n, &mut tokens)?;
                 }
                 let y = dense_rows(&tokens, h, batch, &p.dense, Act::None)?;
-                Some((y, vec![batch, p.dense.out_features]))
+                Some(self.to_host(&y, vec![batch, p.dense.out_features])?)
             }
         };
         profile.mark("heads")?;
-        let pooler_output = pooled.map(|p| (p, vec![batch, h]));
-        let last = if pre && self.final_norm.is_some() {
-            h1
-        } else {
-            x
-        };
-        Ok(DeviceOutputs {
-            outputs: [
-                Some((last, vec![batch, seq, h])),
-                pooler_output,
-                logits,
-                projection,
-            ],
-            profile,
-            batch,
-            seq,
+        let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
+        profile.mark("download")?;
+        profile.report("encoder", batch, seq)?;
+        Ok(EncoderOutput {
+            last_hidden_state,
+            pooler_output,
+            logits,
+            projection,
         })
     }
 
@@ -2197,7 +1929,7 @@ where
     /// copied to a new device buffer: several times faster than a copy from pageable memory.
     /// The copy is queued on the stream; the buffer is rewritten only by a later call, after this
     /// one's outputs were read back (which waits for the stream).
-    fn upload_converted(&self, values: &[f32], offset: usize) -> Result<CudaSlice<T>, EngineError> {
+    fn upload_converted(&self, values: &[f32]) -> Result<CudaSlice<T>, EngineError> {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 16;
         let n = values.len();
@@ -2206,7 +1938,7 @@ where
             .lock()
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
         // SAFETY: written in full below before it is copied.
-        let host = &mut unsafe { pinned(&self.stream, &mut staging, offset + n) }?[offset..];
+        let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
         host.par_chunks_mut(CHUNK)
             .zip(values.par_chunks(CHUNK))
             .for_each(|(d, s)| T::convert_into(s, d));
@@ -2247,54 +1979,6 @@ pub(crate) fn read_back<T: DeviceRepr + ValidAsZeroBits, R>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn calls_split_into_even_chunks_of_whole_inputs() {
-        // BERT b128 × 128: 4 chunks of 32; Whisper b8 × 1500: 3 chunks of 3 (the last 2);
-        // ViT b32 × 197: 2 of 16.
-        assert_eq!(chunk_rows(128, 128, 4096), 32);
-        assert_eq!(chunk_rows(8, 1500, 4096), 3);
-        assert_eq!(chunk_rows(32, 197, 4096), 16);
-        // Not split: small calls, one input, or splitting switched off.
-        assert_eq!(chunk_rows(4, 100, 4096), 4);
-        assert_eq!(chunk_rows(1, 50_000, 4096), 1);
-        assert_eq!(chunk_rows(128, 128, 0), 128);
-        // Never more chunks than inputs, never an empty chunk.
-        for (batch, seq) in [(3, 10_000), (7, 700), (100, 41)] {
-            let rows = chunk_rows(batch, seq, 4096);
-            assert!((1..=batch).contains(&rows));
-            assert!(batch.div_ceil(rows) * rows - batch < rows);
-        }
-    }
-
-    #[test]
-    fn a_chunk_holds_its_inputs_rows() {
-        let ids: Vec<i32> = (0..12).collect();
-        let mask = vec![1; 12];
-        let input = Input::Tokens(Tokens {
-            batch: 4,
-            seq: 3,
-            ids: &ids,
-            types: &[],
-            mask: &mask,
-            pooled: &[0, 1, 2, 0],
-        });
-        let Input::Tokens(t) = input.rows(1, 2) else {
-            panic!("tokens in, tokens out")
-        };
-        assert_eq!((t.batch, t.seq), (2, 3));
-        assert_eq!(t.ids, &[3, 4, 5, 6, 7, 8]);
-        assert_eq!(t.mask.len(), 6);
-        assert!(t.types.is_empty());
-        assert_eq!(t.pooled, &[1, 2]);
-        let values: Vec<f32> = (0..8).map(|v| v as f32).collect();
-        let pixels = Input::Pixels(Floats {
-            batch: 4,
-            values: &values,
-        });
-        assert_eq!(pixels.rows(3, 1).floats(), Some(&values[6..8]));
-        assert_eq!(pixels.rows(3, 1).batch(), 1);
-    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {
