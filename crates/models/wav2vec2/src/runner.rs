@@ -55,39 +55,52 @@ fn checkpoint_files(
     Ok((config, features, CtcVocab::from_dir(dir)?))
 }
 
-/// Speech recognition of one waveform, whatever executes the model: the feature extractor's
-/// `input_values` (and attention mask, when it returns one) handed to `frame_ids`, which gives
-/// the argmax label of every frame (`None`: the checkpoint has no CTC head); then the CTC
-/// collapse and the text. `checkpoint`: the feature extractor, the vocabulary and the config's
-/// `pad_token_id` (the blank without a vocabulary); `audio`: samples, their rate, and whether
-/// another rate is resampled (else an error).
-fn recognise(
-    checkpoint: (&Wav2Vec2FeatureExtractor, Option<&CtcVocab>, Option<usize>),
-    audio: (&[f32], u32, bool),
-    frame_ids: impl FnOnce(&[f32], Option<&[i64]>) -> Result<Option<Vec<i64>>>,
-) -> Result<CtcTranscription> {
-    let (features, vocab, pad_token_id) = checkpoint;
-    let (samples, sample_rate, resample) = audio;
-    // The duration cap is checked before any resampling.
-    let batch = features.extract_any_rate(&[samples], sample_rate, resample)?;
-    let mask = features
-        .config()
-        .return_attention_mask
-        .then_some(batch.attention_mask.as_slice());
-    let frame_ids = frame_ids(&batch.values, mask)?.ok_or_else(|| {
-        Error::InvalidInput(
-            "this checkpoint has no CTC head (lm_head): it cannot transcribe".into(),
-        )
-    })?;
-    let blank = match vocab {
-        Some(v) => v.blank(),
-        None => pad_token_id.unwrap_or(0) as i64,
-    };
-    Ok(CtcTranscription {
-        ids: ctc_collapse(&frame_ids, blank),
-        text: vocab.map(|v| v.decode(&frame_ids)),
-        frame_ids,
-    })
+/// What turns a waveform into labels and text around the model, whatever executes it (the
+/// burn model, the cuBLAS encoder, an ONNX export): the feature extractor and the CTC vocabulary.
+struct Recognition {
+    features: Wav2Vec2FeatureExtractor,
+    vocab: Option<CtcVocab>,
+    /// The config's `pad_token_id`: the blank label without a vocabulary.
+    pad_token_id: Option<usize>,
+}
+
+impl Recognition {
+    /// Speech recognition of one waveform: the feature extractor's `input_values` (and
+    /// attention mask, when it returns one) handed to `frame_ids`, which gives the argmax label
+    /// of every frame (`None`: the checkpoint has no CTC head); then the CTC collapse and the
+    /// text. Another `sample_rate` than the extractor's is resampled when `resample`, else an
+    /// error.
+    fn recognise(
+        &self,
+        samples: &[f32],
+        sample_rate: u32,
+        resample: bool,
+        frame_ids: impl FnOnce(&[f32], Option<&[i64]>) -> Result<Option<Vec<i64>>>,
+    ) -> Result<CtcTranscription> {
+        // The duration cap is checked before any resampling.
+        let batch = self
+            .features
+            .extract_any_rate(&[samples], sample_rate, resample)?;
+        let mask = self
+            .features
+            .config()
+            .return_attention_mask
+            .then_some(batch.attention_mask.as_slice());
+        let frame_ids = frame_ids(&batch.values, mask)?.ok_or_else(|| {
+            Error::InvalidInput(
+                "this checkpoint has no CTC head (lm_head): it cannot transcribe".into(),
+            )
+        })?;
+        let blank = match &self.vocab {
+            Some(v) => v.blank(),
+            None => self.pad_token_id.unwrap_or(0) as i64,
+        };
+        Ok(CtcTranscription {
+            ids: ctc_collapse(&frame_ids, blank),
+            text: self.vocab.as_ref().map(|v| v.decode(&frame_ids)),
+            frame_ids,
+        })
+    }
 }
 
 /// The outputs of a forward pass, on the device.
@@ -99,8 +112,7 @@ struct Forward<B: Backend> {
 /// A loaded Wav2Vec2 checkpoint on one backend, with its feature extractor and CTC vocabulary.
 pub struct Wav2Vec2Runner<B: Backend> {
     model: Wav2Vec2<B>,
-    features: Wav2Vec2FeatureExtractor,
-    vocab: Option<CtcVocab>,
+    recognition: Recognition,
     kind: BackendKind,
 }
 
@@ -111,7 +123,7 @@ impl<B: Backend> Wav2Vec2Runner<B> {
         let (config, features, vocab) = checkpoint_files(dir)?;
         let weights = ipfs_accelerate_io::open_weights(dir)?;
         let mut runner = Self::load(weights, &config, features, device, kind)?;
-        runner.vocab = vocab;
+        runner.recognition.vocab = vocab;
         Ok(runner)
     }
 
@@ -125,8 +137,11 @@ impl<B: Backend> Wav2Vec2Runner<B> {
     ) -> Result<Self> {
         Ok(Wav2Vec2Runner {
             model: Wav2Vec2::load(source, config, device)?,
-            features: Wav2Vec2FeatureExtractor::new(features),
-            vocab: None,
+            recognition: Recognition {
+                features: Wav2Vec2FeatureExtractor::new(features),
+                vocab: None,
+                pad_token_id: config.pad_token_id,
+            },
             kind,
         })
     }
@@ -138,12 +153,12 @@ impl<B: Backend> Wav2Vec2Runner<B> {
 
     /// The feature extractor.
     pub fn feature_extractor(&self) -> &Wav2Vec2FeatureExtractor {
-        &self.features
+        &self.recognition.features
     }
 
     /// The CTC vocabulary, when the checkpoint has one.
     pub fn vocab(&self) -> Option<&CtcVocab> {
-        self.vocab.as_ref()
+        self.recognition.vocab.as_ref()
     }
 
     fn forward(&self, values: &[f32], batch: usize, mask: Option<&[i64]>) -> Result<Forward<B>> {
@@ -169,17 +184,13 @@ impl<B: Backend> Wav2Vec2Runner<B> {
         sample_rate: u32,
         resample: bool,
     ) -> Result<CtcTranscription> {
-        let pad = self.model.config().pad_token_id;
-        recognise(
-            (&self.features, self.vocab.as_ref(), pad),
-            (samples, sample_rate, resample),
-            |values, mask| {
+        self.recognition
+            .recognise(samples, sample_rate, resample, |values, mask| {
                 let Some(logits) = self.forward(values, 1, mask)?.logits else {
                     return Ok(None);
                 };
                 Ok(Some(int_to_host(Self::argmax(logits))?.to_i64_vec()?))
-            },
-        )
+            })
     }
 
     /// [`Wav2Vec2Runner::transcribe_with`], resampling when needed.
@@ -325,8 +336,7 @@ impl ModelRunner for CtcArgmax {
 pub struct Wav2Vec2OnRunner {
     runner: CtcArgmax,
     config: Wav2Vec2Config,
-    features: Wav2Vec2FeatureExtractor,
-    vocab: Option<CtcVocab>,
+    recognition: Recognition,
 }
 
 impl Wav2Vec2OnRunner {
@@ -336,9 +346,12 @@ impl Wav2Vec2OnRunner {
         let (config, features, vocab) = checkpoint_files(dir)?;
         Ok(Wav2Vec2OnRunner {
             runner: CtcArgmax(runner),
+            recognition: Recognition {
+                features: Wav2Vec2FeatureExtractor::new(features),
+                vocab,
+                pad_token_id: config.pad_token_id,
+            },
             config,
-            features: Wav2Vec2FeatureExtractor::new(features),
-            vocab,
         })
     }
 }
@@ -375,14 +388,8 @@ impl Wav2Vec2Tasks for Wav2Vec2OnRunner {
         sample_rate: u32,
         resample: bool,
     ) -> Result<CtcTranscription> {
-        recognise(
-            (
-                &self.features,
-                self.vocab.as_ref(),
-                self.config.pad_token_id,
-            ),
-            (samples, sample_rate, resample),
-            |values, mask| {
+        self.recognition
+            .recognise(samples, sample_rate, resample, |values, mask| {
                 let mut inputs = TensorMap::new();
                 let shape = vec![1, values.len()];
                 inputs.insert(
@@ -396,7 +403,6 @@ impl Wav2Vec2Tasks for Wav2Vec2OnRunner {
                     Some(ids) => Ok(Some(ids.to_i64_vec()?)),
                     None => Ok(None),
                 }
-            },
-        )
+            })
     }
 }
