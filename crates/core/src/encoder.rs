@@ -241,6 +241,61 @@ pub struct TokenEmbeddings {
     pub position: Vec<f32>,
     /// `[type_vocab, hidden]`.
     pub token_type: Vec<f32>,
+    /// RoBERTa-family numbering (RoBERTa, XLM-R, CamemBERT, CLAP's text tower): the positions of
+    /// each row count its tokens that are not `padding_idx` from `padding_idx + 1`, and those
+    /// tokens take `padding_idx` ([`roberta_position_ids`]). `None`: positions `0..seq` (BERT).
+    pub padding_idx: Option<i64>,
+}
+
+impl TokenEmbeddings {
+    /// The position ids of row-major `ids` `[rows, seq]` by this table's numbering, each checked
+    /// to be a row of the table ([`token_position_ids`]).
+    pub fn position_ids(&self, ids: &[i64], seq: usize) -> Result<Vec<i64>> {
+        token_position_ids(self.max_positions, self.padding_idx, ids, seq)
+    }
+}
+
+/// The position ids of row-major `ids` `[rows, seq]`: `0..seq` in each row, or RoBERTa's
+/// numbering when `padding_idx` is given ([`roberta_position_ids`]). A row that needs a position
+/// beyond the `max_positions` rows of the table is an [`Error::InvalidInput`] naming the limit.
+pub fn token_position_ids(
+    max_positions: usize,
+    padding_idx: Option<i64>,
+    ids: &[i64],
+    seq: usize,
+) -> Result<Vec<i64>> {
+    let positions = match padding_idx {
+        Some(pad) => roberta_position_ids(ids, seq, pad),
+        None => (0..ids.len()).map(|m| (m % seq.max(1)) as i64).collect(),
+    };
+    let limit = max_positions as i64;
+    if let Some(p) = positions.iter().find(|&&p| p < 0 || p >= limit) {
+        let first = padding_idx.map_or(0, |pad| pad + 1);
+        return Err(Error::InvalidInput(format!(
+            "a row of {seq} tokens needs position {p}, beyond the model's {limit} \
+             max_position_embeddings (positions start at {first}; truncate the text)"
+        )));
+    }
+    Ok(positions)
+}
+
+/// RoBERTa's `create_position_ids_from_input_ids`: row-major `ids` `[batch, seq]` → positions
+/// counting the tokens of each row that are not `padding_idx` from `padding_idx + 1`, padding
+/// tokens keeping `padding_idx` (fairseq's `make_positions`).
+pub fn roberta_position_ids(ids: &[i64], seq: usize, padding_idx: i64) -> Vec<i64> {
+    let mut out = Vec::with_capacity(ids.len());
+    for row in ids.chunks(seq.max(1)) {
+        let mut count = 0;
+        out.extend(row.iter().map(|&id| {
+            if id == padding_idx {
+                padding_idx
+            } else {
+                count += 1;
+                count + padding_idx
+            }
+        }));
+    }
+    out
 }
 
 /// Non-overlapping square patches of an image projected to the hidden size (a convolution with
@@ -459,6 +514,9 @@ pub struct EncoderSpec {
 pub enum PooledToken {
     /// The first token (a class token).
     First,
+    /// The pooler's output (`tanh(pooler(first token))`; CLAP's text tower projects it). The
+    /// spec must have a pooler, and the projection no norm.
+    Pooler,
     /// The first position holding this id, or position 0 when the row has none (CLIP's
     /// `(input_ids == eos_token_id).argmax(-1)`).
     FirstOf(i64),
@@ -473,7 +531,7 @@ impl PooledToken {
         ids.chunks(seq.max(1))
             .map(|row| {
                 let key = |id: i64| match self {
-                    PooledToken::First => 0,
+                    PooledToken::First | PooledToken::Pooler => 0,
                     PooledToken::FirstOf(eos) => (id == eos) as i64,
                     PooledToken::LargestId => id,
                 };
@@ -495,8 +553,20 @@ pub struct EncoderProjection {
     pub token: PooledToken,
     /// The norm applied to that token first.
     pub norm: Option<NormWeights>,
+    /// A dense layer and activation before `dense` (CLAP's `linear1` and ReLU); `None`: `dense`
+    /// reads the token.
+    pub hidden: Option<ProjectionLayer>,
     /// The projection (zero bias where the checkpoint has none).
     pub dense: DenseWeights,
+}
+
+/// One dense layer and its activation, inside a projection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectionLayer {
+    /// The layer.
+    pub dense: DenseWeights,
+    /// Its activation.
+    pub activation: EncoderActivation,
 }
 
 impl EncoderSpec {
@@ -671,9 +741,23 @@ impl EncoderSpec {
             if p.dense.out_features == 0 {
                 return bad("the projection has no outputs".into());
             }
-            p.dense.check(&p.output, p.dense.out_features, h)?;
+            let inner = match &p.hidden {
+                Some(l) => {
+                    if l.dense.out_features == 0 {
+                        return bad("the projection's hidden layer has no outputs".into());
+                    }
+                    l.dense
+                        .check(&format!("{}.hidden", p.output), l.dense.out_features, h)?;
+                    l.dense.out_features
+                }
+                None => h,
+            };
+            p.dense.check(&p.output, p.dense.out_features, inner)?;
             if let Some(n) = &p.norm {
                 check_norm(format!("{}.norm", p.output), n)?;
+            }
+            if p.token == PooledToken::Pooler && (self.pooler.is_none() || p.norm.is_some()) {
+                return bad("a projection of the pooled output needs a pooler and no norm".into());
             }
         }
         if self.causal && !matches!(self.input, EncoderInput::Tokens(_)) {
@@ -743,6 +827,7 @@ mod tests {
                 word: vec![0.0; 5 * h],
                 position: vec![0.0; 4 * h],
                 token_type: vec![0.0; 2 * h],
+                padding_idx: None,
             }),
             embedding_norm: Some(norm(h)),
             norm: NormPlacement::Post,

@@ -191,12 +191,13 @@ impl EncoderSpec {
                 EncoderInput::Tokens(t),
             ) => {
                 let n = batch * seq;
-                if ids.len() != n || types.len() != n || mask.len() != n || *seq > t.max_positions {
+                if ids.len() != n || types.len() != n || mask.len() != n {
                     return bad(format!("inputs do not hold [{batch}, {seq}] values"));
                 }
+                let positions = t.position_ids(ids, *seq)?;
                 let mut x = vec![vec![vec![0.0f64; h]; *seq]; *batch];
                 for (m, row) in x.iter_mut().flatten().enumerate() {
-                    let (id, ty, s) = (ids[m] as usize, types[m] as usize, m % seq);
+                    let (id, ty, s) = (ids[m] as usize, types[m] as usize, positions[m] as usize);
                     if id >= t.vocab || (ty > 0 && ty >= t.type_vocab) {
                         return bad(format!("token {id} / type {ty} out of range"));
                     }
@@ -421,10 +422,19 @@ impl EncoderSpec {
             };
             x.iter()
                 .zip(positions)
-                .flat_map(|(rows, t)| {
-                    let v = match &p.norm {
-                        Some(n) => norm(n, eps, &rows[t]),
-                        None => rows[t].clone(),
+                .enumerate()
+                .flat_map(|(b, (rows, t))| {
+                    let v = match (&p.norm, p.token, &pooled) {
+                        (_, PooledToken::Pooler, Some(pooled)) => pooled[b].clone(),
+                        (Some(n), ..) => norm(n, eps, &rows[t]),
+                        (None, ..) => rows[t].clone(),
+                    };
+                    let v = match &p.hidden {
+                        Some(l) => dense(&l.dense, &v)
+                            .into_iter()
+                            .map(|y| l.activation.apply(y))
+                            .collect(),
+                        None => v,
                     };
                     dense(&p.dense, &v)
                 })

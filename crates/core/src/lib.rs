@@ -34,9 +34,10 @@ pub use decoder::{
 };
 pub use decoder_reference::ReferenceMemory;
 pub use encoder::{
-    conv_out_frames, ConvNorm, DenseWeights, EncoderActivation, EncoderHead, EncoderInput,
-    EncoderLayerWeights, EncoderProjection, EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement,
-    NormWeights, PatchEmbeddings, PooledToken, PositionConv, TokenEmbeddings, WaveformEmbeddings,
+    conv_out_frames, roberta_position_ids, token_position_ids, ConvNorm, DenseWeights,
+    EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection,
+    EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights, PatchEmbeddings,
+    PooledToken, PositionConv, ProjectionLayer, TokenEmbeddings, WaveformEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};

@@ -146,6 +146,18 @@ pub fn load_family_in(
         };
         return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
     }
+    // CLAP: on cuda its text tower on the cuBLAS encoder when it can take the checkpoint.
+    #[cfg(feature = "clap")]
+    if family == "clap" {
+        let work = crate::multimodal::LoadClap {
+            dir: dir.to_path_buf(),
+            options: crate::LoadOptions {
+                precision,
+                ..Default::default()
+            },
+        };
+        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    }
     // LLaVA / LLaVA-NeXT: on cuda the tower and the language model on the cuBLAS engines when
     // they can take the checkpoint.
     #[cfg(feature = "llava")]

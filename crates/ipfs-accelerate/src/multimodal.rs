@@ -314,6 +314,8 @@ mod video {
 
 #[cfg(feature = "clap")]
 pub use audio::AudioClassifier;
+#[cfg(feature = "clap")]
+pub(crate) use audio::LoadClap;
 
 #[cfg(feature = "clap")]
 mod audio {
@@ -322,10 +324,41 @@ mod audio {
 
     use super::*;
 
-    dir_loader!(
-        /// Loads a CLAP checkpoint folder.
-        LoadClap => ClapTasks, ClapRunner::load_dir
-    );
+    /// Loads a CLAP checkpoint folder. On `cuda` its text tower runs on the cuBLAS encoder
+    /// ([`ipfs_accelerate_clap::text_encoder_spec`]) when it can take the checkpoint, the reason
+    /// logged when not; the HTSAT audio tower runs on burn.
+    pub(crate) struct LoadClap {
+        pub(crate) dir: std::path::PathBuf,
+        pub(crate) options: LoadOptions,
+    }
+
+    impl crate::backends::WithBackend for LoadClap {
+        type Output = Box<dyn ClapTasks>;
+
+        fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+            let runner = ClapRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
+            #[cfg(feature = "cuda")]
+            if hal.kind() == ipfs_accelerate_core::BackendKind::Cuda {
+                use ipfs_accelerate_core::JsonConfig;
+                let engine = crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
+                    let config =
+                        ipfs_accelerate_clap::ClapConfig::from_file(&self.dir.join("config.json"))?;
+                    let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
+                    ipfs_accelerate_clap::text_encoder_spec(&config, weights)
+                });
+                match engine {
+                    Ok(engine) => return Ok(Box::new(runner.with_text_engine(engine))),
+                    Err(reason) => tracing::info!(
+                        "clap on cuda: the cuBLAS encoder cannot run the text tower of {} \
+                         ({reason}); burn encodes the text",
+                        self.dir.display()
+                    ),
+                }
+            }
+            let _ = &self.options;
+            Ok(Box::new(runner))
+        }
+    }
 
     task_type!(
         /// Zero-shot audio classification with CLAP.
@@ -341,7 +374,10 @@ mod audio {
                 model,
                 options,
                 &["preprocessor_config.json", "tokenizer.json"],
-                LoadClap,
+                |dir| LoadClap {
+                    dir,
+                    options: options.clone(),
+                },
             )?;
             let max_len = inner.model.config().text_config.max_position_embeddings;
             let tokenizer = TextTokenizer::from_file(&inner.dir.join("tokenizer.json"), max_len)?;

@@ -349,8 +349,8 @@ impl PipelineBuilder {
 
     /// The model on `cuda` through the cuBLAS encoder (f32 or f16 GEMMs on cuBLAS, fused NVRTC
     /// kernels; the task heads on the device too), with the same tokenizer, pooling and head
-    /// post-processing; why not, when it cannot take the model (RoBERTa-family positions,
-    /// quantized weights, bf16, calibration, a missing library, no GPU).
+    /// post-processing; why not, when it cannot take the model (quantized weights, bf16,
+    /// calibration, a missing library, no GPU).
     #[cfg(feature = "cuda")]
     fn load_cublas(
         &self,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use ipfs_accelerate::conformance::verify_fixture;
 use ipfs_accelerate::core::{HostTensor, TensorMap};
 use ipfs_accelerate::{BackendKind, Pipeline, Task};
-use ipfs_accelerate_conformance::{assert_checks, discover};
+use ipfs_accelerate::core::EncoderInput;
+use ipfs_accelerate_conformance::{assert_checks, discover, verify_runner, SpecReference};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -27,6 +28,24 @@ fn roberta_family_checkpoints_match_hf() {
     );
     for fixture in &all {
         let checks = verify_fixture(fixture, BackendKind::Cpu).unwrap();
+        assert!(!checks.is_empty(), "{}", fixture.variant);
+        assert_checks(&checks);
+    }
+}
+
+/// BERT's encoder spec describes RoBERTa-family checkpoints too (positions from
+/// `pad_token_id + 1`, RoBERTa's classification head as a pooler and classifier): executed by its
+/// f64 reference it computes every fixture's outputs. The cuBLAS encoder runs this spec on `cuda`.
+#[test]
+fn the_encoder_spec_describes_roberta_family_checkpoints() {
+    for fixture in discover(&fixtures(), &[]).unwrap() {
+        let spec = ipfs_accelerate_bert::encoder_spec(&fixture.dir).unwrap();
+        match &spec.input {
+            EncoderInput::Tokens(t) => assert_eq!(t.padding_idx, Some(1), "{}", fixture.variant),
+            _ => panic!("{}: not a token encoder", fixture.variant),
+        }
+        let runner = SpecReference::new(spec).unwrap();
+        let checks = verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
         assert!(!checks.is_empty(), "{}", fixture.variant);
         assert_checks(&checks);
     }

@@ -903,6 +903,7 @@ int main(void) {
     int* ids = take<int>(rows);
     int* mask = take<int>(rows);
     int* pooled = take<int>(batch);
+    int* positions = take<int>(rows);
     T* word = to_t(take<float>((size_t)8 * hid), (size_t)8 * hid);
     T* pos = to_t(take<float>((size_t)seq * hid), (size_t)seq * hid);
     float* scores_f = take<float>(score_n);
@@ -914,7 +915,7 @@ int main(void) {
     float eps = 1e-5f;
     int no = 0, causal = 1;
     emu_launch({(unsigned)rows, 1, 1}, {64, 1, 1}, [&] {
-        embeddings(ids, types, word, pos, zero_type, word, word, eps, seq, hid, no, emb);
+        embeddings(ids, types, positions, word, pos, zero_type, word, word, eps, hid, no, emb);
     });
     put(emb, (size_t)rows * hid);
     T* block_scores = to_t(scores_f, score_n);
@@ -939,7 +940,7 @@ int main(void) {
 "#;
 
 /// The kernels CLIP's towers added to the encoder, against their definitions: token embeddings
-/// without a norm or token types, the causal padding-masked softmax (block and warp forms; a
+/// without a norm or token types (at any position ids), the causal padding-masked softmax (block and warp forms; a
 /// query whose only earlier key is padding sees the keys up to its own, as HF's additive mask
 /// gives), quick-GELU, and the row gather a projection reads its token with.
 #[test]
@@ -955,6 +956,8 @@ fn clip_encoder_kernels_match_their_definitions() {
     // Row 0 is right-padded; row 1 starts with padding (its first query sees no key).
     let mask: Vec<i32> = vec![1, 1, 1, 0, 0, 0, 1, 1, 1, 1];
     let pooled: Vec<i32> = vec![2, seq as i32 + 3];
+    // Any row of the table (RoBERTa numbers from padding_idx + 1, and padding keeps it).
+    let positions: Vec<i32> = (0..rows as i32).map(|m| (m * 3 + 1) % seq as i32).collect();
     let word = rng.vec(8 * hid, 2.0, 0.0);
     let pos = rng.vec(seq * hid, 2.0, 0.0);
     // Score rows padded to a multiple of 8, as the engine lays them out.
@@ -966,7 +969,7 @@ fn clip_encoder_kernels_match_their_definitions() {
     for v in [batch, seq, hid, heads] {
         input.extend((v as i32).to_le_bytes());
     }
-    for v in ids.iter().chain(&mask).chain(&pooled) {
+    for v in ids.iter().chain(&mask).chain(&pooled).chain(&positions) {
         input.extend(v.to_le_bytes());
     }
     for v in word
@@ -986,7 +989,8 @@ fn clip_encoder_kernels_match_their_definitions() {
     let (act, gathered) = rest.split_at(rows * hid);
     for m in 0..rows {
         for c in 0..hid {
-            let want = f64::from(word[ids[m] as usize * hid + c] + pos[(m % seq) * hid + c]);
+            let want =
+                f64::from(word[ids[m] as usize * hid + c] + pos[positions[m] as usize * hid + c]);
             close(emb[m * hid + c], want, "embeddings");
         }
     }

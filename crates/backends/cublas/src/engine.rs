@@ -257,7 +257,11 @@ pub struct EncoderOutput {
 
 /// A projection of one token per row ([`ipfs_accelerate_core::EncoderProjection`]) on the device.
 struct DeviceProjection<T> {
+    /// Whether it reads the pooler's output instead of a token.
+    pooled: bool,
     norm: Option<Norm<T>>,
+    /// A dense layer and activation before `dense`.
+    hidden: Option<(Dense<T>, Act)>,
     dense: Dense<T>,
 }
 
@@ -307,6 +311,8 @@ pub struct Tokens<'a> {
     pub ids: &'a [i32],
     /// Segment ids (below the type vocabulary size).
     pub types: &'a [i32],
+    /// Position ids (rows of the position table: `0..seq`, or RoBERTa's numbering).
+    pub positions: &'a [i32],
     /// 1 for a visible key, 0 for padding.
     pub mask: &'a [i32],
     /// `[batch]`: the position each row's projection reads (the spec's
@@ -888,7 +894,13 @@ where
             projection: match &spec.projection {
                 None => None,
                 Some(p) => Some(DeviceProjection {
+                    pooled: p.token == ipfs_accelerate_core::PooledToken::Pooler,
                     norm: p.norm.as_ref().map(norm).transpose()?,
+                    hidden: p
+                        .hidden
+                        .as_ref()
+                        .map(|l| Ok::<_, EngineError>((dense(&l.dense)?, l.activation.into())))
+                        .transpose()?,
                     dense: dense(&p.dense)?,
                 }),
             },
@@ -1042,24 +1054,25 @@ where
             ) => {
                 let ids = s.clone_htod(tokens.ids)?;
                 let types = s.clone_htod(tokens.types)?;
+                let positions = s.clone_htod(tokens.positions)?;
                 let mask = s.clone_htod(tokens.mask)?;
                 profile.mark("upload")?;
                 // Without a norm the kernel reads neither table: any buffer stands in.
                 let (gamma, beta) = norm.as_ref().map_or((word, word), |n| (&n.gamma, &n.beta));
                 let normalize = norm.is_some() as i32;
-                // SAFETY: `embeddings` as declared in kernels.cu; ids and types index inside the
-                // tables (checked by the runner).
+                // SAFETY: `embeddings` as declared in kernels.cu; ids, types and positions index
+                // inside the tables (checked by the runner).
                 unsafe {
                     self.launch(&self.kernels.embeddings)
                         .arg(&ids)
                         .arg(&types)
+                        .arg(&positions)
                         .arg(word)
                         .arg(position)
                         .arg(token_type)
                         .arg(gamma)
                         .arg(beta)
                         .arg(&eps)
-                        .arg(&seq_i)
                         .arg(&h_i)
                         .arg(&normalize)
                         .arg(&mut x)
@@ -1322,6 +1335,13 @@ where
         };
         let projection = match &self.projection {
             None => None,
+            Some(p) if p.pooled => {
+                let pooled = pooled.as_ref().ok_or_else(|| {
+                    EngineError::Spec("a projection of the pooled output needs a pooler".into())
+                })?;
+                let y = self.project(p, pooled, batch, h, &dense_rows)?;
+                Some(self.to_host(&y, vec![batch, p.dense.out_features])?)
+            }
             Some(p) => {
                 let rows: Vec<i32> = match input {
                     Input::Tokens(t) => (0..batch)
@@ -1356,7 +1376,7 @@ where
                     let pooled_tokens = tokens.clone();
                     self.layer_norm(&op, &pooled_tokens, n, &mut tokens)?;
                 }
-                let y = dense_rows(&tokens, h, batch, &p.dense, Act::None)?;
+                let y = self.project(p, &tokens, batch, h, &dense_rows)?;
                 Some(self.to_host(&y, vec![batch, p.dense.out_features])?)
             }
         };
@@ -1370,6 +1390,32 @@ where
             logits,
             projection,
         })
+    }
+
+    /// A projection's layers over its `rows` inputs of `width` (the gathered token, or the
+    /// pooled output): its hidden layer and activation, then its dense layer, through
+    /// `dense_rows(x, stride, rows, dense, act)`.
+    fn project(
+        &self,
+        p: &DeviceProjection<T>,
+        x: &CudaSlice<T>,
+        rows: usize,
+        width: usize,
+        dense_rows: &impl Fn(
+            &CudaSlice<T>,
+            usize,
+            usize,
+            &Dense<T>,
+            Act,
+        ) -> Result<CudaSlice<T>, EngineError>,
+    ) -> Result<CudaSlice<T>, EngineError> {
+        match &p.hidden {
+            Some((layer, act)) => {
+                let inner = dense_rows(x, width, rows, layer, *act)?;
+                dense_rows(&inner, layer.out_features, rows, &p.dense, Act::None)
+            }
+            None => dense_rows(x, width, rows, &p.dense, Act::None),
+        }
     }
 
     /// Attention of one layer, unfused: `qkv` (the fused projection, without its bias) split

@@ -56,18 +56,18 @@ __device__ void norm_row(const float* row, int n, const T* gamma, const T* beta,
 // (`ENCODER_KERNELS`, `KernelSet` in compile.rs); the helpers serve the decoder's too.
 #ifdef ENCODER_KERNELS
 #if IN_GROUP(0)
-// One block per token: word + token type + position embedding, then layer norm (`normalize`;
-// without it `gamma` and `beta` are not read and the sum is written). Shared memory: (hidden +
-// 32) floats.
-extern "C" __global__ void embeddings(const int* ids, const int* types, const T* word,
-                                      const T* position, const T* token_type, const T* gamma,
-                                      const T* beta, float eps, int seq, int hidden,
+// One block per token: word + token type + position embedding (row `positions[m]` of the
+// table), then layer norm (`normalize`; without it `gamma` and `beta` are not read and the sum is
+// written). Shared memory: (hidden + 32) floats.
+extern "C" __global__ void embeddings(const int* ids, const int* types, const int* positions,
+                                      const T* word, const T* position, const T* token_type,
+                                      const T* gamma, const T* beta, float eps, int hidden,
                                       int normalize, T* out) {
     float* shared = shared_floats();
     float* row = shared;
     float* red = shared + hidden;
     long long m = blockIdx.x;
-    long long s = m % seq;
+    long long s = positions[m];
     const T* w = word + (long long)ids[m] * hidden;
     const T* t = token_type + (long long)types[m] * hidden;
     const T* p = position + s * hidden;

@@ -3,8 +3,8 @@
 
 use cudarc::cublas::{CudaBlas, Gemm};
 use ipfs_accelerate_core::{
-    BackendKind, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner, PooledToken, Precision,
-    Result, TensorMap, TokenBatch,
+    token_position_ids, BackendKind, EncoderInput, EncoderSpec, Error, HostTensor, ModelRunner,
+    PooledToken, Precision, Result, TensorMap, TokenBatch,
 };
 
 use crate::engine::{Elem, Encoder, EncoderOutput, Floats, Input, Tokens};
@@ -34,6 +34,7 @@ enum Expects {
         vocab: usize,
         type_vocab: usize,
         max_positions: usize,
+        padding_idx: Option<i64>,
     },
     Pixels {
         channels: usize,
@@ -83,6 +84,7 @@ impl EncoderRunner {
                 vocab: t.vocab,
                 type_vocab: t.type_vocab,
                 max_positions: t.max_positions,
+                padding_idx: t.padding_idx,
             },
             EncoderInput::Patches(p) => Expects::Pixels {
                 channels: p.channels,
@@ -154,6 +156,7 @@ impl ModelRunner for EncoderRunner {
                 vocab,
                 type_vocab,
                 max_positions,
+                padding_idx,
             } => {
                 let t = TokenBatch::from_tensors(inputs)?;
                 if t.batch == 0 || t.seq == 0 {
@@ -170,12 +173,11 @@ impl ModelRunner for EncoderRunner {
                         crate::engine::MAX_KEYS
                     )));
                 }
-                if t.seq > *max_positions {
-                    return Err(Error::InvalidInput(format!(
-                        "sequence of {} tokens exceeds max_position_embeddings {max_positions}",
-                        t.seq
-                    )));
-                }
+                let positions: Vec<i32> =
+                    token_position_ids(*max_positions, *padding_idx, &t.input_ids, t.seq)?
+                        .into_iter()
+                        .map(|p| p as i32)
+                        .collect();
                 let types = t.optional(inputs, "token_type_ids", 0)?;
                 let ids = checked_ids("input_ids", &t.input_ids, *vocab)?;
                 // Without token types (type_vocab 0) every type must be 0: one zero row.
@@ -193,6 +195,7 @@ impl ModelRunner for EncoderRunner {
                     seq: t.seq,
                     ids: &ids,
                     types: &types,
+                    positions: &positions,
                     mask: &mask,
                     pooled: &pooled,
                 }))?

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, Error, JsonConfig, NormPlacement,
-    Result, TensorSource, TokenEmbeddings,
+    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, JsonConfig, NormPlacement, Result,
+    TensorSource, TokenEmbeddings,
 };
 use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
 
@@ -14,9 +14,9 @@ use crate::{names, BertConfig, BertHead};
 
 /// Reads the BERT checkpoint in `dir` (config.json + safetensors, or a random-weight folder) as
 /// an [`EncoderSpec`], with its task head (sequence classification over the pooled output, token
-/// classification, question answering) when it has one. RoBERTa-family position numbering, or an
-/// activation the spec has no name for, is an [`Error::InvalidInput`] saying so (those run on
-/// the burn model).
+/// classification, question answering) when it has one. RoBERTa-family checkpoints number their
+/// positions from `pad_token_id + 1` ([`TokenEmbeddings::padding_idx`]). An activation the spec
+/// has no name for is an [`ipfs_accelerate_core::Error::InvalidInput`] saying so (those run on the burn model).
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = BertConfig::from_file(&dir.join("config.json"))?;
     encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
@@ -28,15 +28,18 @@ pub fn encoder_spec_from(
     config: &BertConfig,
     source: std::sync::Arc<dyn TensorSource>,
 ) -> Result<EncoderSpec> {
-    if config.position_padding_idx().is_some() {
-        return Err(Error::InvalidInput(
-            "the encoder spec numbers positions 0..seq (BERT); RoBERTa-family checkpoints run on \
-             the burn modules"
-                .into(),
-        ));
-    }
-    let activation = encoder_activation(config.hidden_act)?;
     let prefix = names::encoder_prefix(source.as_ref());
+    encoder_spec_under(config, source, prefix)
+}
+
+/// [`encoder_spec_from`] with the encoder's tensors under `prefix` (`text_model` for CLAP's
+/// text tower, a RoBERTa trunk inside another model).
+pub fn encoder_spec_under(
+    config: &BertConfig,
+    source: std::sync::Arc<dyn TensorSource>,
+    prefix: &str,
+) -> Result<EncoderSpec> {
+    let activation = encoder_activation(config.hidden_act)?;
     let source = names::bert_names(source);
     let reader = SpecReader::new(source.as_ref(), prefix);
     // The heads sit beside the encoder (`classifier.`, `qa_outputs.`), as `Bert::load` reads them.
@@ -94,6 +97,7 @@ pub fn encoder_spec_from(
                 "embeddings.token_type_embeddings.weight",
                 &[config.type_vocab_size, h],
             )?,
+            padding_idx: config.position_padding_idx(),
         }),
         embedding_norm: Some(reader.norm("embeddings.LayerNorm", h)?),
         norm: NormPlacement::Post,

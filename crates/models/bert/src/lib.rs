@@ -16,6 +16,7 @@ mod runner;
 pub mod tasks;
 
 pub use config::{preset, BertConfig, BertHead, BERT_LIKE_MODEL_TYPES};
-pub use encoder_spec::{encoder_spec, encoder_spec_from};
-pub use model::{roberta_position_ids, Bert, BertModel, BertOutput, HeadLogits};
+pub use encoder_spec::{encoder_spec, encoder_spec_from, encoder_spec_under};
+pub use ipfs_accelerate_core::roberta_position_ids;
+pub use model::{Bert, BertModel, BertOutput, HeadLogits};
 pub use runner::{BertFamily, BertInputs, BertRunner, BertTasks, HostLogits};

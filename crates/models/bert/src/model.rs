@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use burn::tensor::{activation, backend::Backend, Int, Tensor};
-use ipfs_accelerate_core::{Error, Result, TensorSource};
+use ipfs_accelerate_core::{roberta_position_ids, Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{merge_heads, padding_bias, sdpa, split_heads},
     convert::int_tensor,
@@ -228,25 +228,6 @@ impl<B: Backend> BertModel<B> {
             pooler_output,
         }
     }
-}
-
-/// RoBERTa's `create_position_ids_from_input_ids`: row-major `ids` `[batch, seq]` → positions
-/// counting the non-padding tokens of each row from `padding_idx + 1`, padding tokens keeping
-/// `padding_idx` (fairseq's `make_positions`).
-pub fn roberta_position_ids(ids: &[i64], seq: usize, padding_idx: i64) -> Vec<i64> {
-    let mut out = Vec::with_capacity(ids.len());
-    for row in ids.chunks(seq.max(1)) {
-        let mut count = 0;
-        out.extend(row.iter().map(|&id| {
-            if id == padding_idx {
-                padding_idx
-            } else {
-                count += 1;
-                count + padding_idx
-            }
-        }));
-    }
-    out
 }
 
 /// A BERT checkpoint with whichever head its config names.

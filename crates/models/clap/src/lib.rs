@@ -46,10 +46,12 @@ mod config;
 mod htsat;
 mod model;
 mod runner;
+mod spec;
 mod text;
 
 pub use config::{ClapAudioConfig, ClapConfig, ClapTextConfig, HtsatGeometry, IntOrPair};
 pub use htsat::{relative_position_index, shifted_window_mask, HtsatEncoder};
 pub use model::{l2_rows, ClapModel, ClapOutput, ClapProjection};
 pub use runner::{feature_extractor_for, ClapFamily, ClapRunner, ClapTasks};
+pub use spec::text_encoder_spec;
 pub use text::ClapTextModel;

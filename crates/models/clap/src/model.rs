@@ -147,16 +147,21 @@ impl<B: Backend> ClapModel<B> {
     ) -> Result<ClapOutput<B>> {
         let audio_embeds = self.audio_embeds(input_features)?;
         let text_embeds = self.text_embeds(text)?;
+        Ok(self.join(text_embeds, audio_embeds))
+    }
+
+    /// Both towers' normalised embeddings joined into [`ClapOutput`]'s logits.
+    pub fn join(&self, text_embeds: Tensor<B, 2>, audio_embeds: Tensor<B, 2>) -> ClapOutput<B> {
         let (scale_a, scale_t) = self.logit_scales();
         let logits_per_text = exact::matmul(text_embeds.clone(), audio_embeds.clone().transpose())
             .mul_scalar(scale_t);
         let logits_per_audio = exact::matmul(audio_embeds.clone(), text_embeds.clone().transpose())
             .mul_scalar(scale_a);
-        Ok(ClapOutput {
+        ClapOutput {
             text_embeds,
             audio_embeds,
             logits_per_audio,
             logits_per_text,
-        })
+        }
     }
 }

@@ -12,7 +12,7 @@ use ipfs_accelerate_core::{
 use ipfs_accelerate_nn::convert::{float_from_host, float_map, float_rows};
 use ipfs_accelerate_preprocess::audio::{read_wav, ClapFeatureConfig, ClapFeatureExtractor};
 
-use crate::{ClapConfig, ClapModel};
+use crate::{l2_rows, ClapConfig, ClapModel};
 
 /// The CLAP family: loads a `ClapModel` checkpoint folder as a [`ClapRunner`].
 pub struct ClapFamily;
@@ -72,6 +72,9 @@ pub struct ClapRunner<B: Backend> {
     extractor: ClapFeatureExtractor,
     device: B::Device,
     kind: BackendKind,
+    /// The runner of [`crate::text_encoder_spec`] that encodes text instead of the burn tower,
+    /// and what [`ModelRunner::engine`] says of it.
+    text_engine: Option<(Box<dyn ModelRunner>, String)>,
 }
 
 impl<B: Backend> ClapRunner<B> {
@@ -97,7 +100,40 @@ impl<B: Backend> ClapRunner<B> {
             extractor,
             device: device.clone(),
             kind,
+            text_engine: None,
         })
+    }
+
+    /// Hands the text tower to `engine`, a runner of [`crate::text_encoder_spec`] (the cuBLAS
+    /// encoder on `cuda`): its `text_embeds` are normalised here and joined with the burn audio
+    /// tower's. Only `[texts, projection_dim]` embeddings cross between the two.
+    pub fn with_text_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
+        let label = format!("{} text tower", engine.engine().unwrap_or("engine"));
+        self.text_engine = Some((engine, label));
+        self
+    }
+
+    /// L2-normalised text embeddings, from the text engine when there is one.
+    fn text_embeds_of(&self, text: &TokenBatch) -> Result<Tensor<B, 2>> {
+        let Some((engine, _)) = &self.text_engine else {
+            return self.model.text_embeds(text);
+        };
+        let shape = vec![text.batch, text.seq];
+        let inputs = TensorMap::from([
+            (
+                "input_ids".to_string(),
+                HostTensor::from_i64(shape.clone(), &text.input_ids)?,
+            ),
+            (
+                "attention_mask".to_string(),
+                HostTensor::from_i64(shape, &text.attention_mask)?,
+            ),
+        ]);
+        let out = engine.run(&inputs)?;
+        let embeds = out
+            .get("text_embeds")
+            .ok_or_else(|| Error::Compute("the text engine returned no `text_embeds`".into()))?;
+        Ok(l2_rows(float_from_host::<B, 2>(embeds, &self.device)?))
     }
 
     /// Replaces the feature extractor (for example one with another window length).
@@ -134,6 +170,10 @@ impl<B: Backend> ModelRunner for ClapRunner<B> {
         self.kind
     }
 
+    fn engine(&self) -> Option<&str> {
+        self.text_engine.as_ref().map(|(_, label)| label.as_str())
+    }
+
     /// `input_ids` (+ `attention_mask`) give `text_embeds`, `input_features` give
     /// `audio_embeds`, both together also `logits_per_audio` and `logits_per_text`.
     fn run(&self, inputs: &TensorMap) -> Result<TensorMap> {
@@ -147,7 +187,8 @@ impl<B: Backend> ModelRunner for ClapRunner<B> {
             .transpose()?;
         match (text, features) {
             (Some(text), Some(features)) => {
-                let out = self.model.forward(&text, features)?;
+                let audio = self.model.audio_embeds(features)?;
+                let out = self.model.join(self.text_embeds_of(&text)?, audio);
                 float_map([
                     ("text_embeds", out.text_embeds),
                     ("audio_embeds", out.audio_embeds),
@@ -155,7 +196,7 @@ impl<B: Backend> ModelRunner for ClapRunner<B> {
                     ("logits_per_text", out.logits_per_text),
                 ])
             }
-            (Some(text), None) => float_map([("text_embeds", self.model.text_embeds(&text)?)]),
+            (Some(text), None) => float_map([("text_embeds", self.text_embeds_of(&text)?)]),
             (None, Some(features)) => {
                 float_map([("audio_embeds", self.model.audio_embeds(features)?)])
             }
@@ -207,7 +248,7 @@ impl<B: Backend> ClapTasks for ClapRunner<B> {
     }
 
     fn text_embeds(&self, text: &TokenBatch) -> Result<Vec<Vec<f32>>> {
-        float_rows(self.model.text_embeds(text)?)
+        float_rows(self.text_embeds_of(text)?)
     }
 
     fn audio_embeds(&self, input_features: &HostTensor) -> Result<Vec<Vec<f32>>> {
@@ -215,7 +256,8 @@ impl<B: Backend> ClapTasks for ClapRunner<B> {
     }
 
     fn zero_shot(&self, input_features: &HostTensor, labels: &TokenBatch) -> Result<Vec<Vec<f32>>> {
-        let out = self.model.forward(labels, self.features(input_features)?)?;
+        let audio = self.model.audio_embeds(self.features(input_features)?)?;
+        let out = self.model.join(self.text_embeds_of(labels)?, audio);
         float_rows(softmax(out.logits_per_audio, 1))
     }
 

@@ -87,6 +87,7 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
         word: emb.read("token_embedding.weight", &[c.vocab_size, h])?,
         position: emb.read("position_embedding.weight", &[c.max_position_embeddings, h])?,
         token_type: Vec::new(),
+        padding_idx: None,
     });
     let spec = EncoderSpec {
         final_norm: Some(text.norm("final_layer_norm", h)?),
@@ -95,6 +96,7 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
             output: "text_embeds".into(),
             token: c.pooled_token(),
             norm: None,
+            hidden: None,
             dense: root.dense_with("text_projection", config.projection_dim, h, false)?,
         }),
         ..trunk(
@@ -146,6 +148,7 @@ pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Re
             output: "image_embeds".into(),
             token: PooledToken::First,
             norm: Some(vision.norm("post_layernorm", h)?),
+            hidden: None,
             dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
         }),
         ..vision_hidden_state_spec(c, source, "vision_model", c.num_hidden_layers, None)?
