@@ -70,6 +70,10 @@
 # (IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=8: the outputs of one chunk copied on the second stream while the next computes),
 # then chunks of 0 (never split), 2048, 4096 and 8192 tokens alternating on BERT-base b128, ViT-base b32 and
 # Whisper-tiny b8 (slower at every size: the splitting was taken out again); part 30 the encoders against PyTorch f16.
+# Session 29: part 31 CLAP's text tower and RoBERTa-family checkpoints on the cuBLAS encoder (the facade's test, and
+# `verify` of tests/fixtures/bert/roberta_* copied into fixtures/bert/), every family again, CLAP's whole fixture
+# (HTSAT on CubeCL, compiling on the fresh machine) and BERT-base against PyTorch f16; part 32 generation against
+# PyTorch eager f16 (SmolLM2, Qwen2.5-0.5B, Whisper-tiny, T5-small), ours and PyTorch's rows in $OUT/gpu.duckdb.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -525,5 +529,33 @@ export IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=0
 for cfg in "bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 1,8" "clip-vit-b32 --batch 32" "wav2vec2-base --batch 8 --seq 160000"; do
   timeout 150 ./xtask compare --dev --backend cuda --no-db --config $cfg --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
 done
+fi
+if [ "$PART" = 31 ]; then
+echo "== CLAP's whole fixture on cuda f32, in the background: text on the engine, HTSAT on CubeCL (compiling)"
+(timeout 400 ./xtask verify --fixtures fixtures --family clap --backend cuda 2>&1 | grep -v "^ *$" | tail -6 > /tmp/clap_verify.txt) &
+echo "== CLAP's text tower on the cuBLAS encoder (the facade's test), f32 and f16"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD/shared timeout 150 ./cuda_generation clap --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|clap|skipped"
+echo "== RoBERTa-family fixtures on the engine, f32 and f16"
+for p in f32 f16; do
+  timeout 90 ./xtask verify --fixtures fixtures --family bert --backend cuda --precision $p 2>&1 | grep -E "roberta|checks|rror" | tail -14
+done
+echo "== verify f32 and f16, every family on the cuBLAS engines"
+verify_engines 3
+echo "== BERT-base against PyTorch f16 (positions now uploaded with the ids), rounds alternating"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
+wait
+echo "== CLAP's whole fixture on cuda f32"
+cat /tmp/clap_verify.txt
+fi
+if [ "$PART" = 32 ]; then
+echo "== generation against PyTorch eager f16, rounds alternating; ours and PyTorch's rows in $DB"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 3 --warmup 1"
+timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 140 ./xtask compare $c --config qwen2-0.5b --prompt 128 --new 128 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
+timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
+echo "== the rows stored"
+./xtask compare-backends --db $DB --family llama 2>&1 | tail -8
 fi
 ls -la $OUT

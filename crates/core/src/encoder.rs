@@ -175,6 +175,33 @@ pub struct EncoderLayerWeights {
     /// Post-norm: the norm after the feed-forward residual. Pre-norm: the norm before the
     /// feed-forward block (ViT's `layernorm_after`).
     pub output_norm: NormWeights,
+    /// Cross-frame messages exchanged before the attention (X-CLIP's vision layers), in a
+    /// pre-norm trunk whose every layer has them.
+    pub messages: Option<FrameMessages>,
+}
+
+/// X-CLIP's cross-frame communication in a pre-norm layer: the inputs of one call are frames,
+/// `frames` consecutive ones a video. Each frame's first token becomes a message
+/// `m = fc(x[0])`; the messages of one video attend to each other, `m += attention(norm(m))`
+/// (bidirectional, the layer's head count); each frame's attention then runs over its tokens and
+/// its message (one more key; the message's own output is dropped), and the feed-forward block
+/// over its tokens alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameMessages {
+    /// Frames per video.
+    pub frames: usize,
+    /// `message_fc`.
+    pub fc: DenseWeights,
+    /// `message_ln`.
+    pub norm: NormWeights,
+    /// `message_attn`'s query projection (the first third of `in_proj`).
+    pub query: DenseWeights,
+    /// Its key projection.
+    pub key: DenseWeights,
+    /// Its value projection.
+    pub value: DenseWeights,
+    /// `message_attn.out_proj`.
+    pub output: DenseWeights,
 }
 
 /// A task head over the final hidden states: one dense layer, and what it reads.
@@ -570,6 +597,14 @@ pub struct ProjectionLayer {
 }
 
 impl EncoderSpec {
+    /// Frames per video when the layers exchange cross-frame messages ([`FrameMessages`]): the
+    /// inputs of a call must then be whole videos.
+    pub fn frames_per_input(&self) -> Option<usize> {
+        self.layers
+            .iter()
+            .find_map(|l| l.messages.as_ref().map(|m| m.frames))
+    }
+
     /// Checks every size against the dimensions, naming the first buffer that does not fit.
     pub fn validate(&self) -> Result<()> {
         let (h, i) = (self.hidden, self.intermediate);
@@ -730,6 +765,35 @@ impl EncoderSpec {
             l.output.check(&format!("{p}.output"), h, i)?;
             check_norm(format!("{p}.attention.LayerNorm"), &l.attention_norm)?;
             check_norm(format!("{p}.output.LayerNorm"), &l.output_norm)?;
+            if let Some(m) = &l.messages {
+                m.fc.check(&format!("{p}.message_fc"), h, h)?;
+                check_norm(format!("{p}.message_ln"), &m.norm)?;
+                for (name, d) in [
+                    ("query", &m.query),
+                    ("key", &m.key),
+                    ("value", &m.value),
+                    ("out_proj", &m.output),
+                ] {
+                    d.check(&format!("{p}.message_attn.{name}"), h, h)?;
+                }
+                if m.frames == 0 {
+                    return bad(format!("{p}: messages among videos of 0 frames"));
+                }
+            }
+        }
+        if let Some(frames) = self.frames_per_input() {
+            if self.norm != NormPlacement::Pre || self.causal {
+                return bad("cross-frame messages need a bidirectional pre-norm trunk".into());
+            }
+            let all = self
+                .layers
+                .iter()
+                .all(|l| l.messages.as_ref().is_some_and(|m| m.frames == frames));
+            if !all {
+                return bad(
+                    "cross-frame messages must be in every layer, with one frame count".into(),
+                );
+            }
         }
         if let Some(n) = &self.final_norm {
             check_norm("layernorm".into(), n)?;
@@ -840,6 +904,7 @@ mod tests {
                 intermediate: dense(i, h),
                 output: dense(h, i),
                 output_norm: norm(h),
+                messages: None,
             }],
             final_norm: None,
             pooler: Some(dense(h, h)),

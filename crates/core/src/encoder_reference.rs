@@ -4,7 +4,7 @@
 
 use crate::encoder::{
     ConvNorm, DenseWeights, EncoderActivation, EncoderHead, EncoderInput, EncoderSpec, FrameConv,
-    NormPlacement, NormWeights, PooledToken, PositionConv, WaveformEmbeddings,
+    FrameMessages, NormPlacement, NormWeights, PooledToken, PositionConv, WaveformEmbeddings,
 };
 use crate::{Error, Result};
 
@@ -303,12 +303,15 @@ impl EncoderSpec {
             }
         }
         let heads = self.heads;
-        let dh = self.head_dim();
-        let scale = 1.0 / (dh as f64).sqrt();
         let pre = self.norm == NormPlacement::Pre;
         for layer in &self.layers {
+            // Cross-frame messages: one more key per input, from its video's frames.
+            let messages = match &layer.messages {
+                Some(m) => Some(frame_messages(m, eps, heads, &x)?),
+                None => None,
+            };
             for (b, rows) in x.iter_mut().enumerate() {
-                let input: Vec<Vec<f64>> = rows
+                let mut input: Vec<Vec<f64>> = rows
                     .iter()
                     .map(|r| {
                         if pre {
@@ -318,44 +321,29 @@ impl EncoderSpec {
                         }
                     })
                     .collect();
+                if let Some(m) = &messages {
+                    input.push(norm(&layer.attention_norm, eps, &m[b]));
+                }
                 let q: Vec<_> = input.iter().map(|r| dense(&layer.query, r)).collect();
                 let k: Vec<_> = input.iter().map(|r| dense(&layer.key, r)).collect();
                 let v: Vec<_> = input.iter().map(|r| dense(&layer.value, r)).collect();
-                let mut ctx = vec![vec![0.0f64; h]; seq];
-                for (i, out) in ctx.iter_mut().enumerate() {
-                    let limit = if self.causal { i + 1 } else { seq };
-                    let visible: Vec<usize> =
-                        (0..limit).filter(|&j| keep[b * seq + j] != 0).collect();
-                    // A query that sees no key attends to every key it may see, as HF's
-                    // additive mask (the same large negative on every key) does.
-                    let visible = if visible.is_empty() {
-                        (0..limit).collect()
-                    } else {
-                        visible
-                    };
-                    for hd in 0..heads {
-                        let r = hd * dh..(hd + 1) * dh;
-                        let s: Vec<f64> = visible
-                            .iter()
-                            .map(|&j| {
-                                scale
-                                    * q[i][r.clone()]
-                                        .iter()
-                                        .zip(&k[j][r.clone()])
-                                        .map(|(a, b)| a * b)
-                                        .sum::<f64>()
-                            })
-                            .collect();
-                        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
-                        let total: f64 = e.iter().sum();
-                        for (p, &j) in e.iter().zip(&visible) {
-                            for (o, vv) in out[r.clone()].iter_mut().zip(&v[j][r.clone()]) {
-                                *o += p / total * vv;
-                            }
-                        }
-                    }
-                }
+                let ctx: Vec<Vec<f64>> = (0..seq)
+                    .map(|i| {
+                        let limit = if self.causal { i + 1 } else { seq };
+                        let visible: Vec<usize> =
+                            (0..limit).filter(|&j| keep[b * seq + j] != 0).collect();
+                        // A query that sees no key attends to every key it may see, as HF's
+                        // additive mask (the same large negative on every key) does.
+                        let mut visible = if visible.is_empty() {
+                            (0..limit).collect()
+                        } else {
+                            visible
+                        };
+                        // The frame's message is a key of every token.
+                        visible.extend(seq..input.len());
+                        attend(&q[i], &k, &v, &visible, heads)
+                    })
+                    .collect();
                 for (row, c) in rows.iter_mut().zip(&ctx) {
                     let a = dense(&layer.attention_output, c);
                     let sum: Vec<f64> = row.iter().zip(&a).map(|(x, a)| x + a).collect();
@@ -447,4 +435,66 @@ impl EncoderSpec {
             projection,
         })
     }
+}
+
+/// The attention of query `q` over the keys `visible` of `k` / `v`, head by head (heads of
+/// `q.len() / heads` values, scores scaled by the root of that).
+fn attend(q: &[f64], k: &[Vec<f64>], v: &[Vec<f64>], visible: &[usize], heads: usize) -> Vec<f64> {
+    let dh = q.len() / heads;
+    let scale = 1.0 / (dh as f64).sqrt();
+    let mut out = vec![0.0f64; q.len()];
+    for hd in 0..heads {
+        let r = hd * dh..(hd + 1) * dh;
+        let s: Vec<f64> = visible
+            .iter()
+            .map(|&j| {
+                scale
+                    * q[r.clone()]
+                        .iter()
+                        .zip(&k[j][r.clone()])
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>()
+            })
+            .collect();
+        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+        let total: f64 = e.iter().sum();
+        for (p, &j) in e.iter().zip(visible) {
+            for (o, vv) in out[r.clone()].iter_mut().zip(&v[j][r.clone()]) {
+                *o += p / total * vv;
+            }
+        }
+    }
+    out
+}
+
+/// Each input's cross-frame message ([`FrameMessages`]) from the first token of every frame in
+/// `x` `[inputs][seq][hidden]`: `fc(x[0])`, plus the attention of its video's messages.
+fn frame_messages(
+    m: &FrameMessages,
+    eps: f32,
+    heads: usize,
+    x: &[Vec<Vec<f64>>],
+) -> Result<Vec<Vec<f64>>> {
+    if x.is_empty() || !x.len().is_multiple_of(m.frames) {
+        return Err(Error::InvalidInput(format!(
+            "reference forward: {} frames are not a whole number of {}-frame videos",
+            x.len(),
+            m.frames
+        )));
+    }
+    let mut msgs: Vec<Vec<f64>> = x.iter().map(|rows| dense(&m.fc, &rows[0])).collect();
+    let normed: Vec<Vec<f64>> = msgs.iter().map(|r| norm(&m.norm, eps, r)).collect();
+    let q: Vec<_> = normed.iter().map(|r| dense(&m.query, r)).collect();
+    let k: Vec<_> = normed.iter().map(|r| dense(&m.key, r)).collect();
+    let v: Vec<_> = normed.iter().map(|r| dense(&m.value, r)).collect();
+    for (i, msg) in msgs.iter_mut().enumerate() {
+        let first = i / m.frames * m.frames;
+        let video: Vec<usize> = (first..first + m.frames).collect();
+        let out = dense(&m.output, &attend(&q[i], &k, &v, &video, heads));
+        for (a, o) in msg.iter_mut().zip(out) {
+            *a += o;
+        }
+    }
+    Ok(msgs)
 }

@@ -36,8 +36,9 @@ pub use decoder_reference::ReferenceMemory;
 pub use encoder::{
     conv_out_frames, roberta_position_ids, token_position_ids, ConvNorm, DenseWeights,
     EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection,
-    EncoderSpec, FrameConv, FrameEmbeddings, NormPlacement, NormWeights, PatchEmbeddings,
-    PooledToken, PositionConv, ProjectionLayer, TokenEmbeddings, WaveformEmbeddings,
+    EncoderSpec, FrameConv, FrameEmbeddings, FrameMessages, NormPlacement, NormWeights,
+    PatchEmbeddings, PooledToken, PositionConv, ProjectionLayer, TokenEmbeddings,
+    WaveformEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};

@@ -158,6 +158,18 @@ pub fn load_family_in(
         };
         return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
     }
+    // X-CLIP: on cuda its vision tower on the cuBLAS encoder when it can take the checkpoint.
+    #[cfg(feature = "xclip")]
+    if family == "xclip" {
+        let work = crate::multimodal::LoadXclip {
+            dir: dir.to_path_buf(),
+            options: crate::LoadOptions {
+                precision,
+                ..Default::default()
+            },
+        };
+        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    }
     // LLaVA / LLaVA-NeXT: on cuda the tower and the language model on the cuBLAS engines when
     // they can take the checkpoint.
     #[cfg(feature = "llava")]

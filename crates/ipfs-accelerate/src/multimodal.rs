@@ -200,6 +200,8 @@ mod describe {
 }
 
 #[cfg(feature = "xclip")]
+pub(crate) use video::LoadXclip;
+#[cfg(feature = "xclip")]
 pub use video::VideoClassifier;
 
 #[cfg(feature = "xclip")]
@@ -213,10 +215,43 @@ mod video {
 
     use super::*;
 
-    dir_loader!(
-        /// Loads an X-CLIP checkpoint folder.
-        LoadXclip => XclipTasks, XclipRunner::load_dir
-    );
+    /// Loads an X-CLIP checkpoint folder. On `cuda` its vision tower (the cross-frame layers)
+    /// runs on the cuBLAS encoder ([`ipfs_accelerate_xclip::vision_encoder_spec`]) when it can
+    /// take the checkpoint, the reason logged when not; the text tower, the MIT and the prompt
+    /// generator run on burn.
+    pub(crate) struct LoadXclip {
+        pub(crate) dir: std::path::PathBuf,
+        pub(crate) options: LoadOptions,
+    }
+
+    impl crate::backends::WithBackend for LoadXclip {
+        type Output = Box<dyn XclipTasks>;
+
+        fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
+            let runner = XclipRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
+            #[cfg(feature = "cuda")]
+            if hal.kind() == ipfs_accelerate_core::BackendKind::Cuda {
+                use ipfs_accelerate_core::JsonConfig;
+                let engine = crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
+                    let config = ipfs_accelerate_xclip::XclipConfig::from_file(
+                        &self.dir.join("config.json"),
+                    )?;
+                    let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
+                    ipfs_accelerate_xclip::vision_encoder_spec(&config, weights.as_ref())
+                });
+                match engine {
+                    Ok(engine) => return Ok(Box::new(runner.with_vision_engine(engine))),
+                    Err(reason) => tracing::info!(
+                        "xclip on cuda: the cuBLAS encoder cannot run the vision tower of {} \
+                         ({reason}); burn runs it",
+                        self.dir.display()
+                    ),
+                }
+            }
+            let _ = &self.options;
+            Ok(Box::new(runner))
+        }
+    }
 
     task_type!(
         /// Video classification with X-CLIP: frames (image files) and free-text labels.
@@ -233,7 +268,10 @@ mod video {
                 model,
                 options,
                 &["preprocessor_config.json", "tokenizer.json"],
-                LoadXclip,
+                |dir| LoadXclip {
+                    dir,
+                    options: options.clone(),
+                },
             )?;
             let config = inner.model.config();
             let side = config.vision_config.base.image_size;

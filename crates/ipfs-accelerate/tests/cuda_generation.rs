@@ -3,7 +3,8 @@
 //! tokens picked on the device (greedy, sampled, penalised) are the CPU sampler's picks from the
 //! same logits; the public SmolLM2 GGUF, its blocks kept on the device, gives HF's greedy tokens.
 //! Speech through `Transcriber` on the engines: Whisper's language detection and Wav2Vec2's
-//! recognition on the cuBLAS encoder give the cpu backend's tokens.
+//! recognition on the cuBLAS encoder give the cpu backend's tokens. CLAP's text tower on the
+//! cuBLAS encoder gives HF's `text_embeds`.
 //! Needs the shared LLaMA fixture and model (`$IPFS_ACCELERATE_SHARED`); where there is no usable
 //! GPU the tests say so and pass (the engine's host code has its own tests).
 #![cfg(feature = "cuda")]
@@ -403,5 +404,43 @@ fn wav2vec2_transcription_on_the_cuda_encoder_matches_the_cpu() {
                 ..audio.clone()
             })
             .is_err());
+    }
+}
+
+/// CLAP on `cuda` encodes text on the cuBLAS encoder (RoBERTa positions, the pooler, the
+/// two-layer projection): the fixture's `text_embeds` within the bars of `verify` (2e-3 in f32,
+/// 1e-2 in f16). Only text goes in, so the burn audio tower compiles nothing.
+#[test]
+fn clap_text_tower_on_the_cuda_encoder_gives_hfs_text_embeds() {
+    use ipfs_accelerate::core::TensorSource;
+    let Some(fixture) = shared_fixture("clap/base") else {
+        return;
+    };
+    let reference =
+        ipfs_accelerate_io::SafeTensorsFile::open(fixture.join("reference.safetensors")).unwrap();
+    let inputs: ipfs_accelerate::core::TensorMap = ["input_ids", "attention_mask"]
+        .into_iter()
+        .map(|n| (n.to_string(), reference.tensor(n).unwrap()))
+        .collect();
+    let want = reference.tensor("text_embeds").unwrap().to_f64_vec();
+    for (precision, bar) in [(Precision::F32, 2e-3), (Precision::F16, 1e-2)] {
+        let runner = match ipfs_accelerate::conformance::load_family_in(
+            "clap",
+            &fixture,
+            BackendKind::Cuda,
+            precision,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: CLAP does not load on cuda here ({e})");
+                return;
+            }
+        };
+        assert_eq!(runner.engine(), Some("cublas text tower"), "{precision}");
+        let out = runner.run(&inputs).unwrap();
+        let got = out["text_embeds"].to_f64_vec();
+        let err = ipfs_accelerate_conformance::relative_error(&got, &want);
+        println!("clap text_embeds on cuda {precision}: relative error {err:.2e} (bar {bar:e})");
+        assert!(err < bar, "{precision}: {err:e}");
     }
 }

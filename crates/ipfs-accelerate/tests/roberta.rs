@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use ipfs_accelerate::conformance::verify_fixture;
+use ipfs_accelerate::core::EncoderInput;
 use ipfs_accelerate::core::{HostTensor, TensorMap};
 use ipfs_accelerate::{BackendKind, Pipeline, Task};
-use ipfs_accelerate::core::EncoderInput;
 use ipfs_accelerate_conformance::{assert_checks, discover, verify_runner, SpecReference};
 
 fn fixtures() -> PathBuf {

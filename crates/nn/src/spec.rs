@@ -247,6 +247,7 @@ impl<'a> SpecReader<'a> {
             intermediate: self.dense(names.fc1, i, h)?,
             output: self.dense(names.fc2, h, i)?,
             output_norm: self.norm(names.norm2, h)?,
+            messages: None,
         })
     }
 }

@@ -1693,3 +1693,78 @@ fn cached_flash_attention_matches_the_cached_kernel() {
         }
     }
 }
+
+const MESSAGE_ROWS_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(3);  // images, tokens (class + patches), hidden
+    int batch = d[0], tokens = d[1], hid = d[2], stride = tokens + 1;
+    T* pe = to_t(take<float>((size_t)batch * (tokens - 1) * hid), (size_t)batch * (tokens - 1) * hid);
+    T* bias = to_t(take<float>(hid), hid);
+    T* cls = to_t(take<float>(hid), hid);
+    T* pos = to_t(take<float>((size_t)tokens * hid), (size_t)tokens * hid);
+    T* msg = to_t(take<float>((size_t)batch * hid), (size_t)batch * hid);
+    int* rows = take<int>(batch);
+    size_t n = (size_t)batch * stride * hid;
+    T* out = to_t(take<float>(n), n);  // garbage in the message rows before the kernel
+    emu_launch({(unsigned)(batch * stride), (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { patch_embeddings(pe, bias, cls, pos, tokens, stride, hid, out); });
+    put(out, n);
+    emu_launch({(unsigned)batch, (unsigned)((hid + 255) / 256), 1}, {256, 1, 1},
+               [&] { scatter_rows(rows, msg, hid, out); });
+    put(out, n);
+    return 0;
+}
+"#;
+
+/// X-CLIP's message rows: the patch embeddings of images `tokens + 1` rows apart (class token,
+/// patches plus bias, positions; zeros in each image's last row whatever it held), then
+/// `scatter_rows` writing one message into each image's last row and nothing else.
+#[test]
+fn message_rows_are_zeroed_then_scattered_into() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<f32>(dir.path(), MESSAGE_ROWS_HARNESS) else {
+        return;
+    };
+    let (batch, tokens, hid) = (3usize, 5usize, 300usize);
+    let stride = tokens + 1;
+    let mut rng = Rng(0x3e55_a9e5_0000_0042);
+    let pe = rng.vec(batch * (tokens - 1) * hid, 2.0, 0.0);
+    let bias = rng.vec(hid, 1.0, 0.0);
+    let cls = rng.vec(hid, 1.0, 0.0);
+    let pos = rng.vec(tokens * hid, 1.0, 0.0);
+    let msg = rng.vec(batch * hid, 3.0, 0.0);
+    let rows: Vec<i32> = (0..batch).map(|b| (b * stride + tokens) as i32).collect();
+    let before = rng.vec(batch * stride * hid, 9.0, 5.0);
+    let mut input = Vec::new();
+    for v in [batch, tokens, hid] {
+        input.extend((v as i32).to_le_bytes());
+    }
+    for v in pe.iter().chain(&bias).chain(&cls).chain(&pos).chain(&msg) {
+        input.extend(v.to_le_bytes());
+    }
+    for v in &rows {
+        input.extend(v.to_le_bytes());
+    }
+    for v in &before {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "message rows");
+    let (embedded, scattered) = got.split_at(batch * stride * hid);
+    for b in 0..batch {
+        for s in 0..stride {
+            for c in 0..hid {
+                let at = (b * stride + s) * hid + c;
+                let want = match s {
+                    0 => cls[c] + pos[c],
+                    s if s < tokens => {
+                        pe[(b * (tokens - 1) + s - 1) * hid + c] + bias[c] + pos[s * hid + c]
+                    }
+                    _ => 0.0,
+                };
+                close(embedded[at], f64::from(want), "patch embeddings");
+                let want = if s == tokens { msg[b * hid + c] } else { want };
+                close(scattered[at], f64::from(want), "scattered message");
+            }
+        }
+    }
+}

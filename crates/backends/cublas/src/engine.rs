@@ -136,6 +136,7 @@ struct Kernels {
     layer_norm_vec: CudaFunction,
     patch_embeddings: CudaFunction,
     gather_rows: CudaFunction,
+    scatter_rows: CudaFunction,
     patch_rows: CudaFunction,
     frame_rows: CudaFunction,
     frame_embeddings: CudaFunction,
@@ -157,7 +158,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-pub(crate) const ENCODER_KERNEL_NAMES: [&str; 23] = [
+pub(crate) const ENCODER_KERNEL_NAMES: [&str; 24] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -179,6 +180,7 @@ pub(crate) const ENCODER_KERNEL_NAMES: [&str; 23] = [
     "frame_embeddings",
     "channel_norm_act",
     "gather_rows",
+    "scatter_rows",
     "flash_attention_32",
     "flash_attention_64",
 ];
@@ -212,6 +214,7 @@ impl Kernels {
             frame_embeddings: f("frame_embeddings")?,
             channel_norm_act: f("channel_norm_act")?,
             gather_rows: f("gather_rows")?,
+            scatter_rows: f("scatter_rows")?,
             flash_attention_32: f("flash_attention_32")?,
             flash_attention_64: f("flash_attention_64")?,
         })
@@ -238,6 +241,17 @@ struct Layer<T> {
     intermediate: Dense<T>,
     output: Dense<T>,
     output_norm: Norm<T>,
+    messages: Option<Messages<T>>,
+}
+
+/// A layer's cross-frame messages ([`ipfs_accelerate_core::FrameMessages`]) on the device.
+struct Messages<T> {
+    frames: usize,
+    fc: Dense<T>,
+    norm: Norm<T>,
+    /// `message_attn`'s query, key and value stacked: `[3 * hidden, hidden]`.
+    qkv: Dense<T>,
+    output: Dense<T>,
 }
 
 /// The encoder's outputs on the host, in the storage type (f32, or f16 when computing in f16, as
@@ -666,6 +680,14 @@ impl AttentionDims {
     }
 }
 
+/// The message row of each of `batch` inputs of `seq` rows (their indices on the device).
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    rows: &'a CudaSlice<i32>,
+    batch: usize,
+    seq: usize,
+}
+
 /// One layer's attention buffers when it runs unfused: q, k and v split into heads (`[batch,
 /// heads, keys, head size]`, keys padded to a multiple of 8), the score rows and the context
 /// per head.
@@ -762,21 +784,35 @@ where
             })
         };
         let mut layers = Vec::with_capacity(spec.layers.len());
-        for l in &spec.layers {
+        // Query, key and value stacked into one `[3 * hidden, hidden]` product.
+        let qkv_of = |q: &DenseWeights, k: &DenseWeights, v: &DenseWeights| {
             let stacked = |parts: [&Vec<f32>; 3]| {
                 parts
                     .iter()
                     .flat_map(|p| p.iter().copied())
                     .collect::<Vec<f32>>()
             };
-            let qkv = DenseWeights::new(
+            dense(&DenseWeights::new(
                 3 * spec.hidden,
                 spec.hidden,
-                stacked([&l.query.weight, &l.key.weight, &l.value.weight]),
-                stacked([&l.query.bias, &l.key.bias, &l.value.bias]),
-            );
+                stacked([&q.weight, &k.weight, &v.weight]),
+                stacked([&q.bias, &k.bias, &v.bias]),
+            ))
+        };
+        for l in &spec.layers {
+            let messages = match &l.messages {
+                None => None,
+                Some(m) => Some(Messages {
+                    frames: m.frames,
+                    fc: dense(&m.fc)?,
+                    norm: norm(&m.norm)?,
+                    qkv: qkv_of(&m.query, &m.key, &m.value)?,
+                    output: dense(&m.output)?,
+                }),
+            };
             layers.push(Layer {
-                qkv: dense(&qkv)?,
+                qkv: qkv_of(&l.query, &l.key, &l.value)?,
+                messages,
                 attention_output: dense(&l.attention_output)?,
                 attention_norm: norm(&l.attention_norm)?,
                 intermediate: dense(&l.intermediate)?,
@@ -996,8 +1032,19 @@ where
     pub fn forward(&self, input: &Input<'_>) -> Result<EncoderOutput, EngineError> {
         let (batch, seq) = match (input, &self.input) {
             (Input::Tokens(t), DeviceInput::Tokens { .. }) => (t.batch, t.seq),
-            (Input::Pixels(p), DeviceInput::Patches { tokens, .. })
-            | (Input::Frames(p), DeviceInput::Frames { tokens, .. }) => (p.batch, *tokens),
+            (Input::Pixels(p), DeviceInput::Patches { tokens, .. }) => {
+                // Cross-frame messages: whole videos, and one more row per frame (its message).
+                if let Some(frames) = self.frames() {
+                    if p.batch == 0 || !p.batch.is_multiple_of(frames) {
+                        return Err(EngineError::Input(format!(
+                            "{} frames are not a whole number of {frames}-frame videos",
+                            p.batch
+                        )));
+                    }
+                }
+                (p.batch, *tokens + self.message_rows())
+            }
+            (Input::Frames(p), DeviceInput::Frames { tokens, .. }) => (p.batch, *tokens),
             (Input::Samples(p), DeviceInput::Waveform(w)) => {
                 let samples = p.values.len() / p.batch.max(1);
                 let tokens = w.tokens(samples);
@@ -1099,7 +1146,8 @@ where
                 let px = self.upload_converted(pixels.values)?;
                 let mask = s.clone_htod(&vec![1i32; m])?;
                 profile.mark("upload")?;
-                let rows = batch * (seq - 1);
+                let tokens = seq - self.message_rows();
+                let rows = batch * (tokens - 1);
                 let mut patches = alloc(rows * projection.in_features)?;
                 let (c_i, ph_i, pw_i, p_i) = (
                     *channels as i32,
@@ -1122,14 +1170,17 @@ where
                 }
                 let mut pe = alloc(rows * h)?;
                 self.linear(&patches, projection.in_features, rows, projection, &mut pe)?;
-                // SAFETY: `patch_embeddings(pe, bias, cls, pos, seq, hidden, out)` over
-                // `batch · seq` rows of `hidden`; `pe` holds `batch · (seq - 1)` of them.
+                // SAFETY: `patch_embeddings(pe, bias, cls, pos, tokens, stride, hidden, out)`
+                // over `batch · seq` rows of `hidden` (`seq` apart, zeros past `tokens`); `pe`
+                // holds `batch · (tokens - 1)` of them.
+                let tokens_i = tokens as i32;
                 unsafe {
                     self.launch(&self.kernels.patch_embeddings)
                         .arg(&pe)
                         .arg(&projection.bias)
                         .arg(class)
                         .arg(position)
+                        .arg(&tokens_i)
                         .arg(&seq_i)
                         .arg(&h_i)
                         .arg(&mut x)
@@ -1239,7 +1290,24 @@ where
                 self.layer_norm(&add_norm, &x, n, &mut h1)?;
             }
         }
+        // Each frame's message row: the last of its `seq`.
+        let message_rows = match self.message_rows() {
+            0 => None,
+            _ => Some(
+                s.clone_htod(
+                    &(0..batch)
+                        .map(|b| (b * seq + seq - 1) as i32)
+                        .collect::<Vec<_>>(),
+                )?,
+            ),
+        };
         for (l, layer) in self.layers.iter().enumerate() {
+            if let (Some(msg), Some(rows)) = (&layer.messages, &message_rows) {
+                let ends = Rows { rows, batch, seq };
+                let residual = (&mut x, &mut h1);
+                self.frame_messages(msg, layer, ends, residual, &mask, &add_norm, &alloc)?;
+                profile.mark("cross-frame messages")?;
+            }
             self.linear(if pre { &h1 } else { &x }, h, m, &layer.qkv, &mut qkv)?;
             profile.mark("qkv gemm")?;
             match unfused.as_mut() {
@@ -1381,7 +1449,30 @@ where
             }
         };
         profile.mark("heads")?;
-        let last_hidden_state = self.to_host(out, vec![batch, seq, h])?;
+        let last_hidden_state = match self.message_rows() {
+            0 => self.to_host(out, vec![batch, seq, h])?,
+            // The message rows are dropped: `seq - 1` tokens per frame, as HF's outputs.
+            extra => {
+                let tokens = seq - extra;
+                let keep: Vec<i32> = (0..batch * seq)
+                    .filter(|r| r % seq < tokens)
+                    .map(|r| r as i32)
+                    .collect();
+                let keep = s.clone_htod(&keep)?;
+                let mut states = alloc(batch * tokens * h)?;
+                // SAFETY: `gather_rows(rows, src, hidden, out)` over `batch · tokens` rows of
+                // `hidden`, every index below `batch · seq`.
+                unsafe {
+                    self.launch(&self.kernels.gather_rows)
+                        .arg(&keep)
+                        .arg(out)
+                        .arg(&h_i)
+                        .arg(&mut states)
+                        .launch(rows_by_columns(batch * tokens, h))?;
+                }
+                self.to_host(&states, vec![batch, tokens, h])?
+            }
+        };
         profile.mark("download")?;
         profile.report("encoder", batch, seq)?;
         Ok(EncoderOutput {
@@ -1390,6 +1481,108 @@ where
             logits,
             projection,
         })
+    }
+
+    /// Frames per video when the layers exchange cross-frame messages.
+    fn frames(&self) -> Option<usize> {
+        self.layers
+            .first()
+            .and_then(|l| l.messages.as_ref())
+            .map(|m| m.frames)
+    }
+
+    /// Rows per input beyond its tokens: one message row with cross-frame messages.
+    fn message_rows(&self) -> usize {
+        usize::from(self.frames().is_some())
+    }
+
+    /// One layer's cross-frame messages ([`ipfs_accelerate_core::FrameMessages`]): from the first
+    /// row of every frame in `x`, `m = fc(x[0])`, `m += attention over the video's messages of
+    /// norm(m)`; then `m` is written to each frame's message row of `x` and the layer's
+    /// attention norm of it to the same row of `h1` (the rest of `h1` holds that norm already).
+    #[allow(clippy::too_many_arguments)]
+    fn frame_messages(
+        &self,
+        msg: &Messages<T>,
+        layer: &Layer<T>,
+        ends: Rows<'_>,
+        (x, h1): (&mut CudaSlice<T>, &mut CudaSlice<T>),
+        ones: &CudaSlice<i32>,
+        add_norm: &AddNorm<'_>,
+        alloc: &dyn Fn(usize) -> Result<CudaSlice<T>, EngineError>,
+    ) -> Result<(), EngineError> {
+        let (h, batch) = (self.hidden, ends.batch);
+        let op = AddNorm {
+            cfg: LaunchConfig {
+                grid_dim: (batch as u32, 1, 1),
+                ..add_norm.cfg
+            },
+            ..*add_norm
+        };
+        let mut m = alloc(batch * h)?;
+        self.linear(x, ends.seq * h, batch, &msg.fc, &mut m)?;
+        self.bias_act(&mut m, &msg.fc.bias, batch, h, Act::None)?;
+        let mut normed = alloc(batch * h)?;
+        self.layer_norm(&op, &m, &msg.norm, &mut normed)?;
+        let mut qkv = alloc(batch * 3 * h)?;
+        self.linear(&normed, h, batch, &msg.qkv, &mut qkv)?;
+        let dims = AttentionDims {
+            batch: batch / msg.frames,
+            seq: msg.frames,
+            heads: self.heads,
+            head_size: h / self.heads,
+        };
+        let mut ctx = alloc(batch * h)?;
+        if self.fused_attention && fused_attention_takes(dims.head_size, &[], dims.seq, false) {
+            self.fused_attention(dims, &qkv, &msg.qkv.bias, ones, &mut ctx)?;
+        } else {
+            let head_values = batch / msg.frames * self.heads * dims.keys() * dims.head_size;
+            let mut u = HeadBuffers {
+                q: alloc(head_values)?,
+                k: alloc(head_values)?,
+                v: alloc(head_values)?,
+                scores: alloc(dims.batch * self.heads * dims.seq * dims.keys())?,
+                ctx: alloc(batch * h)?,
+            };
+            if dims.keys() != dims.seq {
+                self.stream.memset_zeros(&mut u.k)?;
+                self.stream.memset_zeros(&mut u.v)?;
+            }
+            let mut quiet = Profile::new(None)?;
+            self.unfused_attention(
+                dims,
+                &qkv,
+                &msg.qkv.bias,
+                ones,
+                &mut u,
+                &mut ctx,
+                &mut quiet,
+            )?;
+        }
+        let mut y = alloc(batch * h)?;
+        self.linear(&ctx, h, batch, &msg.output, &mut y)?;
+        // m += y + bias; normed = the layer's first norm of m.
+        self.add_norm_sum(
+            &op,
+            &y,
+            &msg.output,
+            &mut m,
+            &layer.attention_norm,
+            &mut normed,
+        )?;
+        for (src, dst) in [(&m, x), (&normed, h1)] {
+            // SAFETY: `scatter_rows(rows, src, hidden, out)`: `batch` rows of `hidden` to the
+            // message rows of `out`, each below `batch · seq`.
+            unsafe {
+                self.launch(&self.kernels.scatter_rows)
+                    .arg(ends.rows)
+                    .arg(src)
+                    .arg(&(h as i32))
+                    .arg(dst)
+                    .launch(rows_by_columns(batch, h))?;
+            }
+        }
+        Ok(())
     }
 
     /// A projection's layers over its `rows` inputs of `width` (the gathered token, or the

@@ -104,17 +104,32 @@ extern "C" __global__ void patch_rows(const T* px, int channels, int height, int
 
 #if IN_GROUP(0)
 // ViT's patch embeddings: token 0 of each image is the class token, token 1 + i the projected
-// patch i (`pe` `[batch * patches, hidden]`, without its bias) plus the bias; then the position
-// embedding of the token. Grid (batch * seq, blocks of ROW_THREADS columns).
+// patch i (`pe` `[batch * (tokens - 1), hidden]`, without its bias) plus the bias; then the
+// position embedding of the token. Images are `stride` rows apart; rows past `tokens` (X-CLIP's
+// message rows) get zeros. Grid (batch * stride, blocks of ROW_THREADS columns).
 extern "C" __global__ void patch_embeddings(const T* pe, const T* bias, const T* cls,
-                                            const T* pos, int seq, int hidden, T* out) {
+                                            const T* pos, int tokens, int stride, int hidden,
+                                            T* out) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= hidden) return;
     long long m = blockIdx.x;
-    long long b = m / seq, s = m - b * seq;
+    long long b = m / stride, s = m - b * stride;
+    if (s >= tokens) {
+        out[m * hidden + c] = st(0.f);
+        return;
+    }
     float v = s == 0 ? ld(cls[c])
-                     : ld(pe[(b * (seq - 1) + s - 1) * hidden + c]) + ld(bias[c]);
+                     : ld(pe[(b * (tokens - 1) + s - 1) * hidden + c]) + ld(bias[c]);
     out[m * hidden + c] = st(v + ld(pos[s * hidden + c]));
+}
+
+// Rows into a table: out[ids[r]] = src[r] (X-CLIP's messages into their rows of the residual
+// stream); grid (rows, blocks of ROW_THREADS).
+extern "C" __global__ void scatter_rows(const int* ids, const T* src, int hidden, T* out) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    long long r = blockIdx.x;
+    out[(long long)ids[r] * hidden + c] = src[r * hidden + c];
 }
 #endif
 #endif  // ENCODER_KERNELS

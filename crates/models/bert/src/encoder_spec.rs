@@ -57,6 +57,7 @@ pub fn encoder_spec_under(
             intermediate: reader.dense(&format!("{l}.intermediate.dense"), i, h)?,
             output: reader.dense(&format!("{l}.output.dense"), h, i)?,
             output_norm: reader.norm(&format!("{l}.output.LayerNorm"), h)?,
+            messages: None,
         });
     }
     let pooler = if reader.has("pooler.dense.weight") {

@@ -23,5 +23,8 @@ pub use model::{
     ClipTextInputs, ClipTextTransformer, ClipVisionOutput, ClipVisionTransformer,
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
-pub use spec::{encoder_specs, text_encoder_spec, vision_encoder_spec, vision_hidden_state_spec};
+pub use spec::{
+    encoder_specs, text_encoder_spec, vision_encoder_spec, vision_hidden_state_spec,
+    vision_trunk_spec,
+};
 pub use towers::TowerRunner;

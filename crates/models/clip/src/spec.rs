@@ -167,6 +167,19 @@ pub fn vision_hidden_state_spec(
     layers: usize,
     head: Option<EncoderHead>,
 ) -> Result<EncoderSpec> {
+    vision_trunk_spec(c, source, prefix, "pre_layrnorm", layers, head)
+}
+
+/// [`vision_hidden_state_spec`] with the norm after the embeddings named `pre_norm`
+/// (`pre_layrnorm` in CLIP, `pre_layernorm` in X-CLIP's vision tower).
+pub fn vision_trunk_spec(
+    c: &ClipVisionConfig,
+    source: &dyn TensorSource,
+    prefix: &str,
+    pre_norm: &str,
+    layers: usize,
+    head: Option<EncoderHead>,
+) -> Result<EncoderSpec> {
     if layers > c.num_hidden_layers {
         return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
             "hidden state {layers} of a vision tower of {} layers",
@@ -175,7 +188,7 @@ pub fn vision_hidden_state_spec(
     }
     let vision = SpecReader::new(source, prefix);
     let spec = EncoderSpec {
-        embedding_norm: Some(vision.norm("pre_layrnorm", c.hidden_size)?),
+        embedding_norm: Some(vision.norm(pre_norm, c.hidden_size)?),
         head,
         ..trunk(
             &vision,

@@ -44,6 +44,7 @@
 mod config;
 mod model;
 mod runner;
+mod spec;
 
 pub use config::{XclipConfig, XclipVisionConfig};
 pub use ipfs_accelerate_clip::ClipTextInputs;
@@ -51,3 +52,4 @@ pub use model::{
     XclipModel, XclipOutput, XclipVideoFeatures, XclipVisionOutput, XclipVisionTransformer,
 };
 pub use runner::{XclipFamily, XclipRunner, XclipTasks};
+pub use spec::vision_encoder_spec;

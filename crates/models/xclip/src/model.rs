@@ -360,14 +360,32 @@ impl<B: Backend> XclipModel<B> {
         let out = self
             .vision
             .forward(pixel_values.reshape([b * t, c, h, w]))?;
+        let frame_embeds = self.visual_projection.forward(out.pooler_output);
+        self.video_features_of(out.last_hidden_state, frame_embeds, b)
+    }
+
+    /// [`XclipModel::video_features`] from the vision tower's outputs computed elsewhere (an
+    /// engine running [`crate::vision_encoder_spec`]): `last_hidden_state` `[videos · frames,
+    /// 1 + patches, hidden]` and `frame_embeds` `[videos · frames, projection_dim]`, each
+    /// frame's class token through `post_layernorm` and `visual_projection`.
+    pub fn video_features_of(
+        &self,
+        last_hidden_state: Tensor<B, 3>,
+        frame_embeds: Tensor<B, 2>,
+        videos: usize,
+    ) -> Result<XclipVideoFeatures<B>> {
+        let (b, t) = (videos, self.vision.frames());
         let p = self.config.projection_dim;
-        let cls = self
-            .visual_projection
-            .forward(out.pooler_output)
-            .reshape([b, t, p]);
+        let [rows, n1, hv] = last_hidden_state.dims();
+        if rows != b * t || frame_embeds.dims() != [b * t, p] || n1 < 2 {
+            return Err(Error::InvalidInput(format!(
+                "vision outputs [{rows}, {n1}, {hv}] and {:?} are not {b} videos of {t} frames",
+                frame_embeds.dims()
+            )));
+        }
+        let cls = frame_embeds.reshape([b, t, p]);
         let video_embeds = self.mit.forward(cls);
-        let [_, n1, hv] = out.last_hidden_state.dims();
-        let patches = out.last_hidden_state.narrow(1, 1, n1 - 1);
+        let patches = last_hidden_state.narrow(1, 1, n1 - 1);
         let img: Tensor<B, 2> = self
             .prompts_visual_layernorm
             .forward(patches)
@@ -389,7 +407,15 @@ impl<B: Backend> XclipModel<B> {
         inputs: &ClipTextInputs,
         pixel_values: Tensor<B, 5>,
     ) -> Result<XclipOutput<B>> {
-        let video = self.video_features(pixel_values)?;
+        self.forward_with(inputs, self.video_features(pixel_values)?)
+    }
+
+    /// [`XclipModel::forward`] of video features already computed.
+    pub fn forward_with(
+        &self,
+        inputs: &ClipTextInputs,
+        video: XclipVideoFeatures<B>,
+    ) -> Result<XclipOutput<B>> {
         let text = self.text_features(inputs)?;
         let [b, _, p] = video.img_features.dims();
         let k = text.dims()[0];

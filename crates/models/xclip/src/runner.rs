@@ -10,11 +10,11 @@ use ipfs_accelerate_core::{
     TensorSource,
 };
 use ipfs_accelerate_nn::{
-    convert::{float_map, float_rows, float_to_host},
+    convert::{float_from_host, float_map, float_rows, float_to_host},
     vision::pixel_values,
 };
 
-use crate::{XclipConfig, XclipModel};
+use crate::{XclipConfig, XclipModel, XclipVideoFeatures};
 
 /// The X-CLIP family: loads an `XCLIPModel` checkpoint folder as an [`XclipRunner`].
 pub struct XclipFamily;
@@ -36,6 +36,9 @@ pub struct XclipRunner<B: Backend> {
     model: XclipModel<B>,
     device: B::Device,
     kind: BackendKind,
+    /// The runner of [`crate::vision_encoder_spec`] that runs the vision tower instead of burn,
+    /// and what [`ModelRunner::engine`] says of it.
+    vision_engine: Option<(Box<dyn ModelRunner>, String)>,
 }
 
 impl<B: Backend> XclipRunner<B> {
@@ -57,7 +60,44 @@ impl<B: Backend> XclipRunner<B> {
             model: XclipModel::load(source, config, device)?,
             device: device.clone(),
             kind,
+            vision_engine: None,
         })
+    }
+
+    /// Hands the vision tower to `engine`, a runner of [`crate::vision_encoder_spec`] (the
+    /// cuBLAS encoder on `cuda`): its `last_hidden_state` and `frame_embeds` go on to the burn
+    /// MIT and prompt generator (one copy of the tower's outputs, no round trip per layer).
+    pub fn with_vision_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
+        let label = format!("{} vision tower", engine.engine().unwrap_or("engine"));
+        self.vision_engine = Some((engine, label));
+        self
+    }
+
+    /// The video features of host `pixel_values` (see [`XclipRunner::video_pixels`]), from the
+    /// vision engine when there is one.
+    fn video_of(&self, pixels: &HostTensor) -> Result<XclipVideoFeatures<B>> {
+        let Some((engine, _)) = &self.vision_engine else {
+            return self.model.video_features(self.video_pixels(pixels)?);
+        };
+        let (b, [f, c, h, w]) = video_shape(pixels)?;
+        let frames = self.model.vision.frames();
+        if f != frames {
+            return Err(Error::InvalidInput(format!(
+                "videos of {f} frames given, the model takes exactly {frames} (num_frames)"
+            )));
+        }
+        let inputs = TensorMap::from([(
+            "pixel_values".to_string(),
+            pixels.reshape(vec![b * f, c, h, w])?,
+        )]);
+        let out = engine.run(&inputs)?;
+        let get = |name: &str| {
+            out.get(name)
+                .ok_or_else(|| Error::Compute(format!("the vision engine returned no `{name}`")))
+        };
+        let states = float_from_host::<B, 3>(get("last_hidden_state")?, &self.device)?;
+        let frame_embeds = float_from_host::<B, 2>(get("frame_embeds")?, &self.device)?;
+        self.model.video_features_of(states, frame_embeds, b)
     }
 
     /// The model.
@@ -69,20 +109,24 @@ impl<B: Backend> XclipRunner<B> {
     /// width]` for one video, checked (floats, finite, channel count, nothing empty) and moved to
     /// the device. The frame count is checked by the model.
     pub fn video_pixels(&self, t: &HostTensor) -> Result<Tensor<B, 5>> {
-        let (b, [f, c, h, w]) = match *t.shape() {
-            [f, c, h, w] => (1, [f, c, h, w]),
-            [b, f, c, h, w] => (b, [f, c, h, w]),
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "pixel_values must be [videos, frames, channels, height, width] or [frames, \
-                     channels, height, width], got {:?}",
-                    t.shape()
-                )))
-            }
-        };
+        let (b, [f, c, h, w]) = video_shape(t)?;
         let channels = self.model.config().vision_config.base.num_channels;
         let frames = pixel_values::<B>(&t.reshape(vec![b * f, c, h, w])?, channels, &self.device)?;
         Ok(frames.reshape([b, f, c, h, w]))
+    }
+}
+
+/// `(videos, [frames, channels, height, width])` of `pixel_values` `[videos, frames, channels,
+/// height, width]`, or `[frames, channels, height, width]` for one video.
+fn video_shape(t: &HostTensor) -> Result<(usize, [usize; 4])> {
+    match *t.shape() {
+        [f, c, h, w] => Ok((1, [f, c, h, w])),
+        [b, f, c, h, w] => Ok((b, [f, c, h, w])),
+        _ => Err(Error::InvalidInput(format!(
+            "pixel_values must be [videos, frames, channels, height, width] or [frames, \
+             channels, height, width], got {:?}",
+            t.shape()
+        ))),
     }
 }
 
@@ -95,6 +139,10 @@ impl<B: Backend> ModelRunner for XclipRunner<B> {
         self.kind
     }
 
+    fn engine(&self) -> Option<&str> {
+        self.vision_engine.as_ref().map(|(_, label)| label.as_str())
+    }
+
     /// `pixel_values` `[videos, frames, 3, H, W]` give `video_embeds`; with `input_ids` (+
     /// `attention_mask`) also the video-specific `text_embeds` `[videos, texts, dim]`,
     /// `logits_per_video` and `logits_per_text`.
@@ -104,13 +152,12 @@ impl<B: Backend> ModelRunner for XclipRunner<B> {
                 "X-CLIP needs `pixel_values` (its text embeddings depend on the video)".into(),
             )
         })?;
-        let pixels = self.video_pixels(pixels)?;
+        let video = self.video_of(pixels)?;
         if !inputs.contains_key("input_ids") {
-            let video = self.model.video_features(pixels)?;
             return float_map([("video_embeds", l2_normalize(video.video_embeds))]);
         }
         let text = ClipTextInputs::from_tensors(inputs)?;
-        let out = self.model.forward(&text, pixels)?;
+        let out = self.model.forward_with(&text, video)?;
         let mut map = float_map([
             ("video_embeds", out.video_embeds),
             ("logits_per_video", out.logits_per_video),
@@ -143,7 +190,7 @@ impl<B: Backend> XclipTasks for XclipRunner<B> {
     }
 
     fn video_embeds(&self, pixels: &HostTensor) -> Result<Vec<Vec<f32>>> {
-        let video = self.model.video_features(self.video_pixels(pixels)?)?;
+        let video = self.video_of(pixels)?;
         float_rows(l2_normalize(video.video_embeds))
     }
 
@@ -155,7 +202,7 @@ impl<B: Backend> XclipTasks for XclipRunner<B> {
         if labels.batch == 0 {
             return Err(Error::InvalidInput("no labels to classify against".into()));
         }
-        let out = self.model.forward(labels, self.video_pixels(pixels)?)?;
+        let out = self.model.forward_with(labels, self.video_of(pixels)?)?;
         float_rows(softmax(out.logits_per_video, 1))
     }
 }
