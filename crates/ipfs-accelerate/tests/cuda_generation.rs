@@ -4,7 +4,8 @@
 //! same logits; the public SmolLM2 GGUF, its blocks kept on the device, gives HF's greedy tokens.
 //! Speech through `Transcriber` on the engines: Whisper's language detection and Wav2Vec2's
 //! recognition on the cuBLAS encoder give the cpu backend's tokens. CLAP's text tower on the
-//! cuBLAS encoder gives HF's `text_embeds`.
+//! cuBLAS encoder gives HF's `text_embeds`; X-CLIP's vision tower (cross-frame messages) on it
+//! gives what its description computes in f64.
 //! Needs the shared LLaMA fixture and model (`$IPFS_ACCELERATE_SHARED`); where there is no usable
 //! GPU the tests say so and pass (the engine's host code has its own tests).
 #![cfg(feature = "cuda")]
@@ -443,4 +444,84 @@ fn clap_text_tower_on_the_cuda_encoder_gives_hfs_text_embeds() {
         println!("clap text_embeds on cuda {precision}: relative error {err:.2e} (bar {bar:e})");
         assert!(err < bar, "{precision}: {err:e}");
     }
+}
+
+/// X-CLIP's vision tower on the cuBLAS encoder (message rows, the messages' attention across a
+/// video's frames) against its spec run in f64 by `SpecReference` (which the CPU tests check
+/// against HF): `last_hidden_state` and `frame_embeds` within `verify`'s bars (2e-3 in f32, 1e-2
+/// in f16). The shipped fixture (heads of 8: unfused attention), and in
+/// `$IPFS_ACCELERATE_XCLIP_EXTRA` more checkpoint folders (heads of 64 take the fused kernel in
+/// f16), each on two videos of pseudo-random frames. Then X-CLIP through the facade on `cuda`
+/// says it runs its vision tower there.
+#[test]
+fn xclip_vision_tower_on_the_cuda_encoder_matches_its_description() {
+    use ipfs_accelerate::core::{HostTensor, JsonConfig, ModelRunner, TensorMap};
+    let Some(fixture) = shared_fixture("xclip/base") else {
+        return;
+    };
+    let extra = std::env::var("IPFS_ACCELERATE_XCLIP_EXTRA").unwrap_or_default();
+    let dirs = std::iter::once(fixture.clone()).chain(
+        extra
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from),
+    );
+    for dir in dirs {
+        let config =
+            ipfs_accelerate_xclip::XclipConfig::from_file(&dir.join("config.json")).unwrap();
+        let weights = ipfs_accelerate_io::open_weights(&dir).unwrap();
+        let spec = ipfs_accelerate_xclip::vision_encoder_spec(&config, weights.as_ref()).unwrap();
+        let v = &config.vision_config;
+        let (frames, side) = (2 * v.num_frames, v.base.image_size);
+        let n = frames * 3 * side * side;
+        let values: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1013) as f32 / 506.5) - 1.0)
+            .collect();
+        let inputs = TensorMap::from([(
+            "pixel_values".to_string(),
+            HostTensor::from_f32(vec![frames, 3, side, side], &values).unwrap(),
+        )]);
+        let reference = ipfs_accelerate_conformance::SpecReference::new(spec.clone())
+            .unwrap()
+            .run(&inputs)
+            .unwrap();
+        for (precision, bar) in [(Precision::F32, 2e-3), (Precision::F16, 1e-2)] {
+            let engine = match ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision)
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("skipped: the cuBLAS encoder does not load here ({e})");
+                    return;
+                }
+            };
+            let out = engine.run(&inputs).unwrap();
+            for name in ["last_hidden_state", "frame_embeds"] {
+                assert_eq!(out[name].shape(), reference[name].shape(), "{name}");
+                let err = ipfs_accelerate_conformance::relative_error(
+                    &out[name].to_f64_vec(),
+                    &reference[name].to_f64_vec(),
+                );
+                println!(
+                    "xclip vision {} ({} heads) on cuda {precision}: {name} relative error {err:.2e} (bar {bar:e})",
+                    dir.display(),
+                    v.base.num_attention_heads
+                );
+                assert!(err < bar, "{precision} {name}: {err:e}");
+            }
+            // Frames that are not whole videos are refused.
+            let three = TensorMap::from([(
+                "pixel_values".to_string(),
+                HostTensor::from_f32(vec![3, 3, side, side], &values[..9 * side * side]).unwrap(),
+            )]);
+            assert!(engine.run(&three).is_err());
+        }
+    }
+    let runner = ipfs_accelerate::conformance::load_family_in(
+        "xclip",
+        &fixture,
+        BackendKind::Cuda,
+        Precision::F32,
+    )
+    .unwrap();
+    assert_eq!(runner.engine(), Some("cublas vision tower"));
 }
