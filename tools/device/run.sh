@@ -70,9 +70,10 @@
 # (IPFS_ACCELERATE_CUDA_CHUNK_TOKENS=8: the outputs of one chunk copied on the second stream while the next computes),
 # then chunks of 0 (never split), 2048, 4096 and 8192 tokens alternating on BERT-base b128, ViT-base b32 and
 # Whisper-tiny b8 (slower at every size: the splitting was taken out again); part 30 the encoders against PyTorch f16.
-# Session 29: part 31 CLAP's text tower and RoBERTa-family checkpoints on the cuBLAS encoder (the facade's test, and
+# Session 29: part 31 CLAP's text tower, X-CLIP's vision tower and RoBERTa-family checkpoints on the cuBLAS encoder
+# (the facade's tests, one of them on a random X-CLIP with heads of 64 made there, and
 # `verify` of tests/fixtures/bert/roberta_* copied into fixtures/bert/), every family again, CLAP's whole fixture
-# (HTSAT on CubeCL, compiling on the fresh machine) and BERT-base against PyTorch f16; part 32 generation against
+# (HTSAT on CubeCL, compiling on the fresh machine); part 32 BERT-base and generation against
 # PyTorch eager f16 (SmolLM2, Qwen2.5-0.5B, Whisper-tiny, T5-small), ours and PyTorch's rows in $OUT/gpu.duckdb.
 set -u
 cd "$(dirname "$0")"
@@ -533,20 +534,34 @@ fi
 if [ "$PART" = 31 ]; then
 echo "== CLAP's whole fixture on cuda f32, in the background: text on the engine, HTSAT on CubeCL (compiling)"
 (timeout 400 ./xtask verify --fixtures fixtures --family clap --backend cuda 2>&1 | grep -v "^ *$" | tail -6 > /tmp/clap_verify.txt) &
-echo "== CLAP's text tower on the cuBLAS encoder (the facade's test), f32 and f16"
+(timeout 400 ./xtask verify --fixtures fixtures --family xclip --backend cuda 2>&1 | grep -v "^ *$" | tail -6 > /tmp/xclip_verify.txt) &
+echo "== an X-CLIP checkpoint with heads of 64 (transformers' random weights: 2 layers of 128, 64-pixel frames, 8 per video)"
+cat > /tmp/save_xclip.py <<'PY'
+import torch, transformers as tf
+text = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, vocab_size=1000,
+            max_position_embeddings=32)
+vision = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+              patch_size=16, num_frames=8, mit_hidden_size=64, mit_intermediate_size=128, mit_num_hidden_layers=1,
+              mit_num_attention_heads=2)
+torch.manual_seed(0)
+m = tf.XCLIPModel(tf.XCLIPConfig(text_config=text, vision_config=vision, projection_dim=64, prompt_layers=1,
+                                 prompt_num_attention_heads=2))
+m.save_pretrained("/tmp/xclip64")
+print("saved", sum(p.numel() for p in m.parameters()), "parameters, transformers", tf.__version__)
+PY
+timeout 120 python3 /tmp/save_xclip.py 2>&1 | tail -1
+echo "== CLAP's text tower and X-CLIP's vision tower on the cuBLAS encoder (the facade's tests), f32 and f16"
 xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
-IPFS_ACCELERATE_SHARED=$PWD/shared timeout 150 ./cuda_generation clap --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|clap|skipped"
+IPFS_ACCELERATE_XCLIP_EXTRA=/tmp/xclip64 IPFS_ACCELERATE_SHARED=$PWD/shared timeout 150 ./cuda_generation clap xclip --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|clap|xclip|skipped"
 echo "== RoBERTa-family fixtures on the engine, f32 and f16"
 for p in f32 f16; do
   timeout 90 ./xtask verify --fixtures fixtures --family bert --backend cuda --precision $p 2>&1 | grep -E "roberta|checks|rror" | tail -14
 done
 echo "== verify f32 and f16, every family on the cuBLAS engines"
 verify_engines 3
-echo "== BERT-base against PyTorch f16 (positions now uploaded with the ids), rounds alternating"
-timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
 wait
-echo "== CLAP's whole fixture on cuda f32"
-cat /tmp/clap_verify.txt
+echo "== CLAP's and X-CLIP's whole fixtures on cuda f32"
+cat /tmp/clap_verify.txt /tmp/xclip_verify.txt
 fi
 if [ "$PART" = 32 ]; then
 echo "== generation against PyTorch eager f16, rounds alternating; ours and PyTorch's rows in $DB"
@@ -555,6 +570,8 @@ timeout 100 ./xtask compare $c --config llama-135m --prompt 128 --new 128 2>&1 |
 timeout 140 ./xtask compare $c --config qwen2-0.5b --prompt 128 --new 128 2>&1 | grep -E -A6 "median ms|rror|$G"
 timeout 120 ./xtask compare $c --config whisper-tiny --new 100 2>&1 | grep -E -A6 "median ms|rror|$G"
 timeout 100 ./xtask compare $c --config t5-small --prompt 32 --new 64 2>&1 | grep -E -A6 "median ms|rror|$G"
+echo "== BERT-base against PyTorch f16 (positions now uploaded with the ids), rounds alternating"
+timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
 echo "== the rows stored"
 ./xtask compare-backends --db $DB --family llama 2>&1 | tail -8
 fi

@@ -215,9 +215,10 @@ mod video {
 
     use super::*;
 
-    /// Loads an X-CLIP checkpoint folder. On `cuda` its vision tower (the cross-frame layers)
-    /// runs on the cuBLAS encoder ([`ipfs_accelerate_xclip::vision_encoder_spec`]) when it can
-    /// take the checkpoint, the reason logged when not; the text tower, the MIT and the prompt
+    /// Loads an X-CLIP checkpoint folder. On `cuda` its two towers (the cross-frame vision
+    /// layers, CLIP's text tower) run on the cuBLAS encoder
+    /// ([`ipfs_accelerate_xclip::vision_encoder_spec`], [`ipfs_accelerate_xclip::text_encoder_spec`])
+    /// when it can take the checkpoint, the reason logged when not; the MIT and the prompt
     /// generator run on burn.
     pub(crate) struct LoadXclip {
         pub(crate) dir: std::path::PathBuf,
@@ -228,24 +229,43 @@ mod video {
         type Output = Box<dyn XclipTasks>;
 
         fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
-            let runner = XclipRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
+            #[allow(unused_mut)]
+            let mut runner =
+                XclipRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
             #[cfg(feature = "cuda")]
             if hal.kind() == ipfs_accelerate_core::BackendKind::Cuda {
                 use ipfs_accelerate_core::JsonConfig;
-                let engine = crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
-                    let config = ipfs_accelerate_xclip::XclipConfig::from_file(
-                        &self.dir.join("config.json"),
-                    )?;
-                    let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
-                    ipfs_accelerate_xclip::vision_encoder_spec(&config, weights.as_ref())
-                });
-                match engine {
-                    Ok(engine) => return Ok(Box::new(runner.with_vision_engine(engine))),
-                    Err(reason) => tracing::info!(
-                        "xclip on cuda: the cuBLAS encoder cannot run the vision tower of {} \
-                         ({reason}); burn runs it",
-                        self.dir.display()
-                    ),
+                use ipfs_accelerate_xclip::{text_encoder_spec, vision_encoder_spec};
+                type Read = fn(
+                    &ipfs_accelerate_xclip::XclipConfig,
+                    &dyn ipfs_accelerate_core::TensorSource,
+                )
+                    -> ipfs_accelerate_core::Result<ipfs_accelerate_core::EncoderSpec>;
+                let towers: [(&str, Read); 2] =
+                    [("vision", vision_encoder_spec), ("text", text_encoder_spec)];
+                for (tower, read) in towers {
+                    let engine =
+                        crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
+                            let config = ipfs_accelerate_xclip::XclipConfig::from_file(
+                                &self.dir.join("config.json"),
+                            )?;
+                            read(
+                                &config,
+                                ipfs_accelerate_io::open_weights(&self.dir)?.as_ref(),
+                            )
+                        });
+                    runner = match (engine, tower) {
+                        (Ok(engine), "vision") => runner.with_vision_engine(engine),
+                        (Ok(engine), _) => runner.with_text_engine(engine),
+                        (Err(reason), _) => {
+                            tracing::info!(
+                                "xclip on cuda: the cuBLAS encoder cannot run the {tower} tower \
+                                 of {} ({reason}); burn runs it",
+                                self.dir.display()
+                            );
+                            runner
+                        }
+                    };
                 }
             }
             let _ = &self.options;

@@ -523,5 +523,8 @@ fn xclip_vision_tower_on_the_cuda_encoder_matches_its_description() {
         Precision::F32,
     )
     .unwrap();
-    assert_eq!(runner.engine(), Some("cublas vision tower"));
+    assert_eq!(
+        runner.engine(),
+        Some("cublas vision tower, cublas text tower")
+    );
 }

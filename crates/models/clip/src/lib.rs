@@ -24,7 +24,7 @@ pub use model::{
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
 pub use spec::{
-    encoder_specs, text_encoder_spec, vision_encoder_spec, vision_hidden_state_spec,
-    vision_trunk_spec,
+    encoder_specs, text_encoder_spec, text_tower_spec, vision_encoder_spec,
+    vision_hidden_state_spec, vision_trunk_spec,
 };
 pub use towers::TowerRunner;

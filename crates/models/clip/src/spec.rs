@@ -75,7 +75,16 @@ fn trunk(
 /// The text tower of a `CLIPModel` checkpoint (`text_model.*`, `text_projection`), its output
 /// `text_embeds` before normalisation.
 pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
-    let c = &config.text_config;
+    text_tower_spec(&config.text_config, config.projection_dim, source)
+}
+
+/// A CLIP text tower of configuration `c` (`text_model.*`, `text_projection` to
+/// `projection_dim`; X-CLIP's too), its output `text_embeds` before normalisation.
+pub fn text_tower_spec(
+    c: &ClipTextConfig,
+    projection_dim: usize,
+    source: &dyn TensorSource,
+) -> Result<EncoderSpec> {
     let h = c.hidden_size;
     let root = SpecReader::new(source, "");
     let text = SpecReader::new(source, "text_model");
@@ -97,7 +106,7 @@ pub fn text_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Resu
             token: c.pooled_token(),
             norm: None,
             hidden: None,
-            dense: root.dense_with("text_projection", config.projection_dim, h, false)?,
+            dense: root.dense_with("text_projection", projection_dim, h, false)?,
         }),
         ..trunk(
             &text,

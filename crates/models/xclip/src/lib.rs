@@ -52,4 +52,4 @@ pub use model::{
     XclipModel, XclipOutput, XclipVideoFeatures, XclipVisionOutput, XclipVisionTransformer,
 };
 pub use runner::{XclipFamily, XclipRunner, XclipTasks};
-pub use spec::vision_encoder_spec;
+pub use spec::{text_encoder_spec, vision_encoder_spec};

@@ -407,17 +407,24 @@ impl<B: Backend> XclipModel<B> {
         inputs: &ClipTextInputs,
         pixel_values: Tensor<B, 5>,
     ) -> Result<XclipOutput<B>> {
-        self.forward_with(inputs, self.video_features(pixel_values)?)
+        let video = self.video_features(pixel_values)?;
+        self.forward_with(self.text_features(inputs)?, video)
     }
 
-    /// [`XclipModel::forward`] of video features already computed.
+    /// [`XclipModel::forward`] of text features `[texts, projection_dim]`
+    /// ([`XclipModel::text_features`]) and video features already computed.
     pub fn forward_with(
         &self,
-        inputs: &ClipTextInputs,
+        text: Tensor<B, 2>,
         video: XclipVideoFeatures<B>,
     ) -> Result<XclipOutput<B>> {
-        let text = self.text_features(inputs)?;
         let [b, _, p] = video.img_features.dims();
+        if text.dims()[1] != p {
+            return Err(Error::InvalidInput(format!(
+                "text features of width {} against videos of {p}",
+                text.dims()[1]
+            )));
+        }
         let k = text.dims()[0];
         let text = text.unsqueeze::<3>().expand([b, k, p]);
         let text = text.clone() + self.prompts_generator.forward(text, video.img_features);

@@ -36,9 +36,12 @@ pub struct XclipRunner<B: Backend> {
     model: XclipModel<B>,
     device: B::Device,
     kind: BackendKind,
-    /// The runner of [`crate::vision_encoder_spec`] that runs the vision tower instead of burn,
-    /// and what [`ModelRunner::engine`] says of it.
-    vision_engine: Option<(Box<dyn ModelRunner>, String)>,
+    /// The runner of [`crate::vision_encoder_spec`] that runs the vision tower instead of burn.
+    vision_engine: Option<Box<dyn ModelRunner>>,
+    /// The runner of [`crate::text_encoder_spec`] that runs the text tower instead of burn.
+    text_engine: Option<Box<dyn ModelRunner>>,
+    /// What [`ModelRunner::engine`] says of the engines.
+    label: Option<String>,
 }
 
 impl<B: Backend> XclipRunner<B> {
@@ -61,7 +64,46 @@ impl<B: Backend> XclipRunner<B> {
             device: device.clone(),
             kind,
             vision_engine: None,
+            text_engine: None,
+            label: None,
         })
+    }
+
+    /// Hands the text tower to `engine`, a runner of [`crate::text_encoder_spec`] (the cuBLAS
+    /// encoder on `cuda`): its `text_embeds` (projected, not normalised) go on to the burn
+    /// prompt generator.
+    pub fn with_text_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
+        let label = format!("{} text tower", engine.engine().unwrap_or("engine"));
+        self.label = Some(match self.label.take() {
+            Some(vision) => format!("{vision}, {label}"),
+            None => label,
+        });
+        self.text_engine = Some(engine);
+        self
+    }
+
+    /// Projected text features `[texts, projection_dim]`, from the text engine when there is
+    /// one.
+    fn text_of(&self, text: &ClipTextInputs) -> Result<Tensor<B, 2>> {
+        let Some(engine) = &self.text_engine else {
+            return self.model.text_features(text);
+        };
+        let shape = vec![text.batch, text.seq];
+        let inputs = TensorMap::from([
+            (
+                "input_ids".to_string(),
+                HostTensor::from_i64(shape.clone(), &text.input_ids)?,
+            ),
+            (
+                "attention_mask".to_string(),
+                HostTensor::from_i64(shape, &text.attention_mask)?,
+            ),
+        ]);
+        let out = engine.run(&inputs)?;
+        let embeds = out
+            .get("text_embeds")
+            .ok_or_else(|| Error::Compute("the text engine returned no `text_embeds`".into()))?;
+        float_from_host::<B, 2>(embeds, &self.device)
     }
 
     /// Hands the vision tower to `engine`, a runner of [`crate::vision_encoder_spec`] (the
@@ -69,14 +111,18 @@ impl<B: Backend> XclipRunner<B> {
     /// MIT and prompt generator (one copy of the tower's outputs, no round trip per layer).
     pub fn with_vision_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
         let label = format!("{} vision tower", engine.engine().unwrap_or("engine"));
-        self.vision_engine = Some((engine, label));
+        self.label = Some(match self.label.take() {
+            Some(text) => format!("{label}, {text}"),
+            None => label,
+        });
+        self.vision_engine = Some(engine);
         self
     }
 
     /// The video features of host `pixel_values` (see [`XclipRunner::video_pixels`]), from the
     /// vision engine when there is one.
     fn video_of(&self, pixels: &HostTensor) -> Result<XclipVideoFeatures<B>> {
-        let Some((engine, _)) = &self.vision_engine else {
+        let Some(engine) = &self.vision_engine else {
             return self.model.video_features(self.video_pixels(pixels)?);
         };
         let (b, [f, c, h, w]) = video_shape(pixels)?;
@@ -140,7 +186,7 @@ impl<B: Backend> ModelRunner for XclipRunner<B> {
     }
 
     fn engine(&self) -> Option<&str> {
-        self.vision_engine.as_ref().map(|(_, label)| label.as_str())
+        self.label.as_deref()
     }
 
     /// `pixel_values` `[videos, frames, 3, H, W]` give `video_embeds`; with `input_ids` (+
@@ -157,7 +203,7 @@ impl<B: Backend> ModelRunner for XclipRunner<B> {
             return float_map([("video_embeds", l2_normalize(video.video_embeds))]);
         }
         let text = ClipTextInputs::from_tensors(inputs)?;
-        let out = self.model.forward_with(&text, video)?;
+        let out = self.model.forward_with(self.text_of(&text)?, video)?;
         let mut map = float_map([
             ("video_embeds", out.video_embeds),
             ("logits_per_video", out.logits_per_video),
@@ -202,7 +248,9 @@ impl<B: Backend> XclipTasks for XclipRunner<B> {
         if labels.batch == 0 {
             return Err(Error::InvalidInput("no labels to classify against".into()));
         }
-        let out = self.model.forward_with(labels, self.video_of(pixels)?)?;
+        let out = self
+            .model
+            .forward_with(self.text_of(labels)?, self.video_of(pixels)?)?;
         float_rows(softmax(out.logits_per_video, 1))
     }
 }

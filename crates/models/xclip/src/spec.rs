@@ -12,6 +12,21 @@ use ipfs_accelerate_nn::spec::SpecReader;
 
 use crate::XclipConfig;
 
+/// The text tower of an `XCLIPModel` checkpoint (`text_model.*`, `text_projection`): CLIP's,
+/// pooled at the largest token id; its output `text_embeds` is HF's `get_text_features`
+/// (projected, before the video-specific prompt).
+pub fn text_encoder_spec(config: &XclipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let spec = ipfs_accelerate_clip::text_tower_spec(
+        &config.clip_text_config(),
+        config.projection_dim,
+        source,
+    )?;
+    Ok(EncoderSpec {
+        family: "xclip".into(),
+        ..spec
+    })
+}
+
 /// The vision tower of an `XCLIPModel` checkpoint (`vision_model.*`, `visual_projection`):
 /// outputs `last_hidden_state` `[videos · frames, 1 + patches, hidden]` and `frame_embeds`
 /// `[videos · frames, projection_dim]`. Inputs are frames, `num_frames` consecutive ones a video,
@@ -70,10 +85,11 @@ mod tests {
 
     /// The vision spec, executed by its f64 reference in place of the burn tower, gives every
     /// fixture output (text and video embeddings, logits) through the burn MIT and prompt
-    /// generator: the cross-frame messages are described as HF computes them.
+    /// generator: the cross-frame messages are described as HF computes them. Then the text
+    /// tower's spec in place of the burn text tower too.
     #[test]
-    fn a_vision_engine_replaces_the_burn_vision_tower() {
-        for fixture in family_fixtures("a_vision_engine_replaces_the_burn_vision_tower", "xclip") {
+    fn engines_replace_the_burn_towers() {
+        for fixture in family_fixtures("engines_replace_the_burn_towers", "xclip") {
             let config = XclipConfig::from_file(&fixture.dir.join("config.json")).unwrap();
             let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
             let spec = vision_encoder_spec(&config, weights.as_ref()).unwrap();
@@ -88,7 +104,17 @@ mod tests {
             )
             .unwrap()
             .with_vision_engine(Box::new(SpecReference::new(spec).unwrap()));
-            assert!(runner.engine().unwrap().ends_with("vision tower"));
+            assert_eq!(runner.engine(), Some("spec-reference vision tower"));
+            let checks = verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
+            assert_eq!(checks.len(), 3, "{}", fixture.variant);
+            assert_checks(&checks);
+            // Both towers on the engine: the text tower's spec too.
+            let text = text_encoder_spec(&config, weights.as_ref()).unwrap();
+            let runner = runner.with_text_engine(Box::new(SpecReference::new(text).unwrap()));
+            assert_eq!(
+                runner.engine(),
+                Some("spec-reference vision tower, spec-reference text tower")
+            );
             let checks = verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
             assert_eq!(checks.len(), 3, "{}", fixture.variant);
             assert_checks(&checks);
