@@ -323,6 +323,22 @@ pub struct TokenBatch {
 }
 
 impl TokenBatch {
+    /// `input_ids` and `attention_mask` `[batch, seq]`, as [`TokenBatch::from_tensors`] reads
+    /// them (the inputs of a text encoder's runner).
+    pub fn to_tensors(&self) -> Result<TensorMap> {
+        let shape = vec![self.batch, self.seq];
+        Ok(TensorMap::from([
+            (
+                "input_ids".to_string(),
+                HostTensor::from_i64(shape.clone(), &self.input_ids)?,
+            ),
+            (
+                "attention_mask".to_string(),
+                HostTensor::from_i64(shape, &self.attention_mask)?,
+            ),
+        ]))
+    }
+
     /// `input_ids` `[batch, seq]` (required) and `attention_mask` of the same shape (ones when
     /// absent).
     pub fn from_tensors(inputs: &TensorMap) -> Result<Self> {

@@ -122,53 +122,31 @@ pub fn load_family_in(
             ),
         }
     }
-    // T5 on cuda: both stacks on the cuBLAS decoder engine when it can take the checkpoint.
-    #[cfg(feature = "t5")]
-    if family == "t5" {
-        let work = crate::text2text::LoadT5 {
-            dir: dir.to_path_buf(),
-            options: crate::LoadOptions {
-                precision,
-                ..Default::default()
-            },
-        };
-        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    // Families whose loaders try the cuBLAS engines first on cuda, the reason logged when they
+    // cannot take the checkpoint: T5 (both stacks), Whisper (the encoder, then the decoder), CLAP
+    // (the text tower), X-CLIP (both towers); LLaVA and the encoders below read the options too.
+    #[allow(unused_variables)]
+    let options = crate::LoadOptions {
+        precision,
+        ..Default::default()
+    };
+    macro_rules! engines_first {
+        ($($feature:literal => $module:ident::$loader:ident,)*) => {$(
+            #[cfg(feature = $feature)]
+            if family == $feature {
+                let work = crate::$module::$loader {
+                    dir: dir.to_path_buf(),
+                    options,
+                };
+                return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+            }
+        )*};
     }
-    // Whisper: on cuda its encoder on the cuBLAS engine when it can take the checkpoint.
-    #[cfg(feature = "whisper")]
-    if family == "whisper" {
-        let work = crate::speech::LoadWhisper {
-            dir: dir.to_path_buf(),
-            options: crate::LoadOptions {
-                precision,
-                ..Default::default()
-            },
-        };
-        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
-    }
-    // CLAP: on cuda its text tower on the cuBLAS encoder when it can take the checkpoint.
-    #[cfg(feature = "clap")]
-    if family == "clap" {
-        let work = crate::multimodal::LoadClap {
-            dir: dir.to_path_buf(),
-            options: crate::LoadOptions {
-                precision,
-                ..Default::default()
-            },
-        };
-        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
-    }
-    // X-CLIP: on cuda its vision tower on the cuBLAS encoder when it can take the checkpoint.
-    #[cfg(feature = "xclip")]
-    if family == "xclip" {
-        let work = crate::multimodal::LoadXclip {
-            dir: dir.to_path_buf(),
-            options: crate::LoadOptions {
-                precision,
-                ..Default::default()
-            },
-        };
-        return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
+    engines_first! {
+        "t5" => text2text::LoadT5,
+        "whisper" => speech::LoadWhisper,
+        "clap" => multimodal::LoadClap,
+        "xclip" => multimodal::LoadXclip,
     }
     // LLaVA / LLaVA-NeXT: on cuda the tower and the language model on the cuBLAS engines when
     // they can take the checkpoint.
@@ -181,10 +159,7 @@ pub fn load_family_in(
         let work = crate::multimodal::LoadLlava {
             dir: dir.to_path_buf(),
             variant,
-            options: crate::LoadOptions {
-                precision,
-                ..Default::default()
-            },
+            options,
         };
         return with_backend(backend, precision, work).map(|w| w as Box<dyn ModelRunner>);
     }
@@ -192,10 +167,6 @@ pub fn load_family_in(
     // checkpoint, else burn's CubeCL path.
     #[cfg(feature = "cuda")]
     if backend == BackendKind::Cuda {
-        let options = crate::LoadOptions {
-            precision,
-            ..Default::default()
-        };
         let engine = match family {
             #[cfg(feature = "clip")]
             "clip" => crate::backends::cublas_clip(backend, dir, &options)

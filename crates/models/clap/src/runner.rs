@@ -118,18 +118,7 @@ impl<B: Backend> ClapRunner<B> {
         let Some((engine, _)) = &self.text_engine else {
             return self.model.text_embeds(text);
         };
-        let shape = vec![text.batch, text.seq];
-        let inputs = TensorMap::from([
-            (
-                "input_ids".to_string(),
-                HostTensor::from_i64(shape.clone(), &text.input_ids)?,
-            ),
-            (
-                "attention_mask".to_string(),
-                HostTensor::from_i64(shape, &text.attention_mask)?,
-            ),
-        ]);
-        let out = engine.run(&inputs)?;
+        let out = engine.run(&text.to_tensors()?)?;
         let embeds = out
             .get("text_embeds")
             .ok_or_else(|| Error::Compute("the text engine returned no `text_embeds`".into()))?;

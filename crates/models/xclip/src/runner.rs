@@ -7,7 +7,7 @@ use burn::tensor::{activation::softmax, backend::Backend, Tensor};
 use ipfs_accelerate_clip::{l2_normalize, ClipTextInputs};
 use ipfs_accelerate_core::{
     BackendKind, Error, Family, HostTensor, JsonConfig, ModelRunner, Result, TensorMap,
-    TensorSource,
+    TensorSource, TokenBatch,
 };
 use ipfs_accelerate_nn::{
     convert::{float_from_host, float_map, float_rows, float_to_host},
@@ -73,13 +73,22 @@ impl<B: Backend> XclipRunner<B> {
     /// encoder on `cuda`): its `text_embeds` (projected, not normalised) go on to the burn
     /// prompt generator.
     pub fn with_text_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
-        let label = format!("{} text tower", engine.engine().unwrap_or("engine"));
-        self.label = Some(match self.label.take() {
-            Some(vision) => format!("{vision}, {label}"),
-            None => label,
-        });
         self.text_engine = Some(engine);
+        self.relabel();
         self
+    }
+
+    /// What [`ModelRunner::engine`] says: each engine and the tower it runs.
+    fn relabel(&mut self) {
+        let towers = [(&self.vision_engine, "vision"), (&self.text_engine, "text")];
+        let parts: Vec<String> = towers
+            .iter()
+            .filter_map(|(engine, tower)| {
+                let name = engine.as_ref()?.engine().unwrap_or("engine");
+                Some(format!("{name} {tower} tower"))
+            })
+            .collect();
+        self.label = (!parts.is_empty()).then(|| parts.join(", "));
     }
 
     /// Projected text features `[texts, projection_dim]`, from the text engine when there is
@@ -88,18 +97,13 @@ impl<B: Backend> XclipRunner<B> {
         let Some(engine) = &self.text_engine else {
             return self.model.text_features(text);
         };
-        let shape = vec![text.batch, text.seq];
-        let inputs = TensorMap::from([
-            (
-                "input_ids".to_string(),
-                HostTensor::from_i64(shape.clone(), &text.input_ids)?,
-            ),
-            (
-                "attention_mask".to_string(),
-                HostTensor::from_i64(shape, &text.attention_mask)?,
-            ),
-        ]);
-        let out = engine.run(&inputs)?;
+        let tokens = TokenBatch {
+            batch: text.batch,
+            seq: text.seq,
+            input_ids: text.input_ids.clone(),
+            attention_mask: text.attention_mask.clone(),
+        };
+        let out = engine.run(&tokens.to_tensors()?)?;
         let embeds = out
             .get("text_embeds")
             .ok_or_else(|| Error::Compute("the text engine returned no `text_embeds`".into()))?;
@@ -110,12 +114,8 @@ impl<B: Backend> XclipRunner<B> {
     /// cuBLAS encoder on `cuda`): its `last_hidden_state` and `frame_embeds` go on to the burn
     /// MIT and prompt generator (one copy of the tower's outputs, no round trip per layer).
     pub fn with_vision_engine(mut self, engine: Box<dyn ModelRunner>) -> Self {
-        let label = format!("{} vision tower", engine.engine().unwrap_or("engine"));
-        self.label = Some(match self.label.take() {
-            Some(text) => format!("{label}, {text}"),
-            None => label,
-        });
         self.vision_engine = Some(engine);
+        self.relabel();
         self
     }
 
