@@ -74,7 +74,9 @@
 # (the facade's tests, one of them on a random X-CLIP with heads of 64 made there, and
 # `verify` of tests/fixtures/bert/roberta_* copied into fixtures/bert/), every family again, CLAP's whole fixture
 # (HTSAT on CubeCL, compiling on the fresh machine); part 32 BERT-base and generation against
-# PyTorch eager f16 (SmolLM2, Qwen2.5-0.5B, Whisper-tiny, T5-small), ours and PyTorch's rows in $OUT/gpu.duckdb.
+# PyTorch eager f16 (SmolLM2, Qwen2.5-0.5B, Whisper-tiny, T5-small), ours and PyTorch's rows in $OUT/gpu.duckdb;
+# part 33 CLAP's text tower in f16 too (the test now loads the engine alone per precision), and CLAP's and X-CLIP's
+# whole fixtures in f32 (their burn halves on CubeCL, compiling on the machine), which part 31 ran out of time for.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -574,5 +576,17 @@ echo "== BERT-base against PyTorch f16 (positions now uploaded with the ids), ro
 timeout 150 ./xtask compare --dev --backend cuda --db $DB --config bert-base --batch 1,32,128 --seq 128 --dtype f16 --peer torch:f16 --rounds 3 --iters 10 --warmup 2 2>&1 | grep -E -A8 "median ms|rror|$G"
 echo "== the rows stored"
 ./xtask compare-backends --db $DB --family llama 2>&1 | tail -8
+fi
+if [ "$PART" = 33 ]; then
+echo "== CLAP's and X-CLIP's whole fixtures on cuda f32, in the background (their burn halves on CubeCL, compiling)"
+for fam in clap xclip; do
+  (timeout 400 ./xtask verify --fixtures fixtures --family $fam --backend cuda 2>&1 | grep -v "^ *$" | tail -6 > /tmp/verify_$fam.txt) &
+done
+echo "== CLAP's text tower on the cuBLAS encoder in f32 and f16, and through the facade (the facade's test)"
+xz -dc cuda_generation.xz > cuda_generation && chmod +x cuda_generation
+IPFS_ACCELERATE_SHARED=$PWD/shared timeout 90 ./cuda_generation clap --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|clap|skipped"
+wait
+echo "== CLAP's and X-CLIP's whole fixtures on cuda f32"
+cat /tmp/verify_clap.txt /tmp/verify_xclip.txt
 fi
 ls -la $OUT

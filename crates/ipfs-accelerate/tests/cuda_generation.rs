@@ -408,12 +408,13 @@ fn wav2vec2_transcription_on_the_cuda_encoder_matches_the_cpu() {
     }
 }
 
-/// CLAP on `cuda` encodes text on the cuBLAS encoder (RoBERTa positions, the pooler, the
-/// two-layer projection): the fixture's `text_embeds` within the bars of `verify` (2e-3 in f32,
-/// 1e-2 in f16). Only text goes in, so the burn audio tower compiles nothing.
+/// CLAP's text tower on the cuBLAS encoder (RoBERTa positions, the pooler, the two-layer
+/// projection): the fixture's `text_embeds` within the bars of `verify` (2e-3 in f32, 1e-2 in
+/// f16). Then CLAP through the facade on `cuda` says it encodes text there (f32 only: the burn
+/// audio tower fixes the process's CubeCL precision; only text goes in, so it compiles nothing).
 #[test]
 fn clap_text_tower_on_the_cuda_encoder_gives_hfs_text_embeds() {
-    use ipfs_accelerate::core::TensorSource;
+    use ipfs_accelerate::core::{JsonConfig, ModelRunner, TensorSource};
     let Some(fixture) = shared_fixture("clap/base") else {
         return;
     };
@@ -424,26 +425,41 @@ fn clap_text_tower_on_the_cuda_encoder_gives_hfs_text_embeds() {
         .map(|n| (n.to_string(), reference.tensor(n).unwrap()))
         .collect();
     let want = reference.tensor("text_embeds").unwrap().to_f64_vec();
+    let config = ipfs_accelerate_clap::ClapConfig::from_file(&fixture.join("config.json")).unwrap();
+    let weights = ipfs_accelerate_io::open_weights(&fixture).unwrap();
+    let spec = ipfs_accelerate_clap::text_encoder_spec(&config, weights).unwrap();
     for (precision, bar) in [(Precision::F32, 2e-3), (Precision::F16, 1e-2)] {
-        let runner = match ipfs_accelerate::conformance::load_family_in(
-            "clap",
-            &fixture,
-            BackendKind::Cuda,
-            precision,
-        ) {
-            Ok(r) => r,
+        let engine = match ipfs_accelerate_backend_cublas::EncoderRunner::load(&spec, precision) {
+            Ok(e) => e,
             Err(e) => {
-                eprintln!("skipped: CLAP does not load on cuda here ({e})");
+                eprintln!("skipped: the cuBLAS encoder does not load here ({e})");
                 return;
             }
         };
-        assert_eq!(runner.engine(), Some("cublas text tower"), "{precision}");
-        let out = runner.run(&inputs).unwrap();
-        let got = out["text_embeds"].to_f64_vec();
+        let embeds = engine.run(&inputs).unwrap()["text_embeds"].to_f64_vec();
+        let got: Vec<f64> = embeds
+            .chunks(config.projection_dim)
+            .flat_map(|row| {
+                let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+                row.iter().map(move |v| v / norm)
+            })
+            .collect();
         let err = ipfs_accelerate_conformance::relative_error(&got, &want);
         println!("clap text_embeds on cuda {precision}: relative error {err:.2e} (bar {bar:e})");
         assert!(err < bar, "{precision}: {err:e}");
     }
+    let runner = ipfs_accelerate::conformance::load_family_in(
+        "clap",
+        &fixture,
+        BackendKind::Cuda,
+        Precision::F32,
+    )
+    .unwrap();
+    assert_eq!(runner.engine(), Some("cublas text tower"));
+    let out = runner.run(&inputs).unwrap();
+    let err = ipfs_accelerate_conformance::relative_error(&out["text_embeds"].to_f64_vec(), &want);
+    println!("clap text_embeds through the facade on cuda f32: relative error {err:.2e}");
+    assert!(err < 2e-3, "{err:e}");
 }
 
 /// X-CLIP's vision tower on the cuBLAS encoder (message rows, the messages' attention across a
