@@ -45,7 +45,7 @@ fn rope(x: &mut [f64], inv_freq: &[f32], pos: usize) {
 /// The attention output `[heads * head_dim]` of one query over `keys` / `values` (rows of
 /// `kv_heads * head_dim`), grouped-query heads sharing a key / value head; scores times `scale`,
 /// plus `bias(head, key index)`.
-fn attend(
+pub(crate) fn attend(
     q: &[f64],
     (keys, values): (&[&[f64]], &[&[f64]]),
     (heads, kv_heads): (usize, usize),

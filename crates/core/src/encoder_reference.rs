@@ -394,13 +394,7 @@ impl EncoderSpec {
             } => x
                 .iter()
                 .flatten()
-                .flat_map(|r| {
-                    let inner: Vec<f64> = dense(up, r)
-                        .into_iter()
-                        .map(|v| activation.apply(v))
-                        .collect();
-                    dense(down, &inner)
-                })
+                .flat_map(|r| dense(down, &dense_act(up, *activation, r)))
                 .collect(),
         });
         let projection = self.projection.as_ref().map(|p| {
@@ -418,10 +412,7 @@ impl EncoderSpec {
                         (None, ..) => rows[t].clone(),
                     };
                     let v = match &p.hidden {
-                        Some(l) => dense(&l.dense, &v)
-                            .into_iter()
-                            .map(|y| l.activation.apply(y))
-                            .collect(),
+                        Some(l) => dense_act(&l.dense, l.activation, &v),
                         None => v,
                     };
                     dense(&p.dense, &v)
@@ -437,35 +428,19 @@ impl EncoderSpec {
     }
 }
 
+/// `act(d(x))`.
+fn dense_act(d: &DenseWeights, act: EncoderActivation, x: &[f64]) -> Vec<f64> {
+    dense(d, x).into_iter().map(|v| act.apply(v)).collect()
+}
+
 /// The attention of query `q` over the keys `visible` of `k` / `v`, head by head (heads of
-/// `q.len() / heads` values, scores scaled by the root of that).
+/// `q.len() / heads` values, scores scaled by the root of that), by the decoder reference's
+/// [`attend`](crate::decoder_reference::attend).
 fn attend(q: &[f64], k: &[Vec<f64>], v: &[Vec<f64>], visible: &[usize], heads: usize) -> Vec<f64> {
-    let dh = q.len() / heads;
-    let scale = 1.0 / (dh as f64).sqrt();
-    let mut out = vec![0.0f64; q.len()];
-    for hd in 0..heads {
-        let r = hd * dh..(hd + 1) * dh;
-        let s: Vec<f64> = visible
-            .iter()
-            .map(|&j| {
-                scale
-                    * q[r.clone()]
-                        .iter()
-                        .zip(&k[j][r.clone()])
-                        .map(|(a, b)| a * b)
-                        .sum::<f64>()
-            })
-            .collect();
-        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
-        let total: f64 = e.iter().sum();
-        for (p, &j) in e.iter().zip(visible) {
-            for (o, vv) in out[r.clone()].iter_mut().zip(&v[j][r.clone()]) {
-                *o += p / total * vv;
-            }
-        }
-    }
-    out
+    let scale = 1.0 / ((q.len() / heads) as f64).sqrt();
+    let keys: Vec<&[f64]> = visible.iter().map(|&j| k[j].as_slice()).collect();
+    let values: Vec<&[f64]> = visible.iter().map(|&j| v[j].as_slice()).collect();
+    crate::decoder_reference::attend(q, (&keys, &values), (heads, heads), scale, &|_, _| 0.0)
 }
 
 /// Each input's cross-frame message ([`FrameMessages`]) from the first token of every frame in

@@ -354,6 +354,29 @@ pub(crate) fn cublas_encoder_for(
     Ok(Box::new(runner))
 }
 
+/// One tower of a model that burn loads (`family`'s `tower`, its spec from `spec`) on the cuBLAS
+/// encoder, as [`cublas_encoder_for`] loads it; `None` with the reason logged when it cannot
+/// (burn then runs that tower).
+#[cfg(all(feature = "cuda", any(feature = "clap", feature = "xclip")))]
+pub(crate) fn cublas_tower(
+    kind: BackendKind,
+    options: &crate::LoadOptions,
+    (family, tower, dir): (&str, &str, &std::path::Path),
+    spec: impl FnOnce() -> ipfs_accelerate_core::Result<ipfs_accelerate_core::EncoderSpec>,
+) -> Option<Box<dyn ipfs_accelerate_core::ModelRunner>> {
+    match cublas_encoder_for(kind, options, spec) {
+        Ok(engine) => Some(engine),
+        Err(reason) => {
+            tracing::info!(
+                "{family} on {kind}: the cuBLAS encoder cannot run the {tower} tower of {} \
+                 ({reason}); burn runs it",
+                dir.display()
+            );
+            None
+        }
+    }
+}
+
 /// `load` (a model wholly on the cuBLAS engines) when `kind` is `cuda`; `None` on other backends
 /// and when it cannot take the checkpoint in `dir`, the reason logged (the caller then loads on
 /// burn: `fallback` says how).

@@ -234,38 +234,22 @@ mod video {
                 XclipRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
             #[cfg(feature = "cuda")]
             if hal.kind() == ipfs_accelerate_core::BackendKind::Cuda {
-                use ipfs_accelerate_core::JsonConfig;
+                use crate::backends::cublas_tower;
                 use ipfs_accelerate_xclip::{text_encoder_spec, vision_encoder_spec};
-                type Read = fn(
-                    &ipfs_accelerate_xclip::XclipConfig,
-                    &dyn ipfs_accelerate_core::TensorSource,
-                )
-                    -> ipfs_accelerate_core::Result<ipfs_accelerate_core::EncoderSpec>;
-                let towers: [(&str, Read); 2] =
-                    [("vision", vision_encoder_spec), ("text", text_encoder_spec)];
-                for (tower, read) in towers {
-                    let engine =
-                        crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
-                            let config = ipfs_accelerate_xclip::XclipConfig::from_file(
-                                &self.dir.join("config.json"),
-                            )?;
-                            read(
-                                &config,
-                                ipfs_accelerate_io::open_weights(&self.dir)?.as_ref(),
-                            )
-                        });
-                    runner = match (engine, tower) {
-                        (Ok(engine), "vision") => runner.with_vision_engine(engine),
-                        (Ok(engine), _) => runner.with_text_engine(engine),
-                        (Err(reason), _) => {
-                            tracing::info!(
-                                "xclip on cuda: the cuBLAS encoder cannot run the {tower} tower \
-                                 of {} ({reason}); burn runs it",
-                                self.dir.display()
-                            );
-                            runner
-                        }
-                    };
+                let config = runner.model().config().clone();
+                // Each tower reads only its own tensors from the checkpoint's files.
+                let source = || ipfs_accelerate_io::open_weights(&self.dir);
+                let (kind, options) = (hal.kind(), &self.options);
+                let tower = |name| ("xclip", name, self.dir.as_path());
+                if let Some(engine) = cublas_tower(kind, options, tower("vision"), || {
+                    vision_encoder_spec(&config, source()?.as_ref())
+                }) {
+                    runner = runner.with_vision_engine(engine);
+                }
+                if let Some(engine) = cublas_tower(kind, options, tower("text"), || {
+                    text_encoder_spec(&config, source()?.as_ref())
+                }) {
+                    runner = runner.with_text_engine(engine);
                 }
             }
             let _ = &self.options;
@@ -394,23 +378,18 @@ mod audio {
         type Output = Box<dyn ClapTasks>;
 
         fn run<H: ipfs_accelerate_core::Backend>(self, hal: &H) -> Result<Self::Output> {
-            let runner = ClapRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
+            #[allow(unused_mut)]
+            let mut runner = ClapRunner::<H::Burn>::load_dir(&self.dir, &hal.device(), hal.kind())?;
             #[cfg(feature = "cuda")]
             if hal.kind() == ipfs_accelerate_core::BackendKind::Cuda {
-                use ipfs_accelerate_core::JsonConfig;
-                let engine = crate::backends::cublas_encoder_for(hal.kind(), &self.options, || {
-                    let config =
-                        ipfs_accelerate_clap::ClapConfig::from_file(&self.dir.join("config.json"))?;
-                    let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
-                    ipfs_accelerate_clap::text_encoder_spec(&config, weights)
-                });
-                match engine {
-                    Ok(engine) => return Ok(Box::new(runner.with_text_engine(engine))),
-                    Err(reason) => tracing::info!(
-                        "clap on cuda: the cuBLAS encoder cannot run the text tower of {} \
-                         ({reason}); burn encodes the text",
-                        self.dir.display()
-                    ),
+                let tower = ("clap", "text", self.dir.as_path());
+                if let Some(engine) =
+                    crate::backends::cublas_tower(hal.kind(), &self.options, tower, || {
+                        let weights = ipfs_accelerate_io::open_weights(&self.dir)?;
+                        ipfs_accelerate_clap::text_encoder_spec(runner.model().config(), weights)
+                    })
+                {
+                    runner = runner.with_text_engine(engine);
                 }
             }
             let _ = &self.options;

@@ -699,6 +699,43 @@ struct HeadBuffers<T> {
     ctx: CudaSlice<T>,
 }
 
+impl<T: DeviceRepr + ValidAsZeroBits> HeadBuffers<T> {
+    /// The buffers of one call's unfused attention over `dims`, from `alloc`. The query GEMM
+    /// operand reads only the `seq` real rows, so only the keys and values padded past them are
+    /// cleared.
+    fn new(
+        stream: &Arc<CudaStream>,
+        dims: AttentionDims,
+        alloc: &dyn Fn(usize) -> Result<CudaSlice<T>, EngineError>,
+    ) -> Result<Self, EngineError> {
+        let AttentionDims {
+            batch,
+            seq,
+            heads,
+            head_size,
+        } = dims;
+        let keys = dims.keys();
+        let head_values = batch * heads * keys * head_size;
+        let (q, mut k, mut v) = (
+            alloc(head_values)?,
+            alloc(head_values)?,
+            alloc(head_values)?,
+        );
+        if keys != seq {
+            for buffer in [&mut k, &mut v] {
+                stream.memset_zeros(buffer)?;
+            }
+        }
+        Ok(HeadBuffers {
+            q,
+            k,
+            v,
+            scores: alloc(batch * heads * seq * keys)?,
+            ctx: alloc(batch * seq * heads * head_size)?,
+        })
+    }
+}
+
 /// Keys per row the warp-per-row softmax takes (32 lanes × `WARP_PACKS` packs in kernels.cu).
 const WARP_SOFTMAX_KEYS: usize = 256;
 /// Rows (warps) per block of the warp-per-row softmax.
@@ -1240,30 +1277,10 @@ where
             heads,
             head_size: dh,
         };
-        let keys = dims.keys();
         let mut unfused = if fused {
             None
         } else {
-            let head_values = batch * heads * keys * dh;
-            let (q, mut k, mut v) = (
-                alloc(head_values)?,
-                alloc(head_values)?,
-                alloc(head_values)?,
-            );
-            // The query GEMM operand reads only the `seq` real rows, so only keys and values
-            // are cleared.
-            if keys != seq {
-                for buffer in [&mut k, &mut v] {
-                    s.memset_zeros(buffer)?;
-                }
-            }
-            Some(HeadBuffers {
-                q,
-                k,
-                v,
-                scores: alloc(batch * heads * seq * keys)?,
-                ctx: alloc(m * h)?,
-            })
+            Some(HeadBuffers::new(s, dims, &alloc)?)
         };
         let mut merged = alloc(m * h)?;
         let mut y = alloc(m * h)?;
@@ -1536,18 +1553,7 @@ where
         if self.fused_attention && fused_attention_takes(dims.head_size, &[], dims.seq, false) {
             self.fused_attention(dims, &qkv, &msg.qkv.bias, ones, &mut ctx)?;
         } else {
-            let head_values = batch / msg.frames * self.heads * dims.keys() * dims.head_size;
-            let mut u = HeadBuffers {
-                q: alloc(head_values)?,
-                k: alloc(head_values)?,
-                v: alloc(head_values)?,
-                scores: alloc(dims.batch * self.heads * dims.seq * dims.keys())?,
-                ctx: alloc(batch * h)?,
-            };
-            if dims.keys() != dims.seq {
-                self.stream.memset_zeros(&mut u.k)?;
-                self.stream.memset_zeros(&mut u.v)?;
-            }
+            let mut u = HeadBuffers::new(&self.stream, dims, alloc)?;
             let mut quiet = Profile::new(None)?;
             self.unfused_attention(
                 dims,

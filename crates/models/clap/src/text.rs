@@ -3,8 +3,8 @@
 //! everywhere, and BERT's pooler (`tanh(dense(first token))`).
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_bert::{roberta_position_ids, BertConfig, BertModel};
-use ipfs_accelerate_core::{Error, Result, TokenBatch};
+use ipfs_accelerate_bert::{BertConfig, BertModel};
+use ipfs_accelerate_core::{token_position_ids, Error, Result, TokenBatch};
 use ipfs_accelerate_nn::{convert::int_tensor, VarBuilder};
 
 use crate::ClapTextConfig;
@@ -62,19 +62,15 @@ impl<B: Backend> ClapTextModel<B> {
         &self.config
     }
 
-    /// RoBERTa position ids of `text`, checked against the position table.
+    /// RoBERTa position ids of `text`, checked against the position table
+    /// ([`ipfs_accelerate_core::token_position_ids`], as the engines number them).
     pub fn position_ids(&self, text: &TokenBatch) -> Result<Vec<i64>> {
-        let positions = roberta_position_ids(&text.input_ids, text.seq, self.config.pad_id());
-        let limit = self.config.max_position_embeddings as i64;
-        if let Some(p) = positions.iter().find(|&&p| p >= limit) {
-            return Err(Error::InvalidInput(format!(
-                "{} tokens need position {p}, beyond the model's {limit} positions \
-                 (positions start at pad_token_id + 1 = {}; truncate the text)",
-                text.seq,
-                self.config.pad_id() + 1
-            )));
-        }
-        Ok(positions)
+        token_position_ids(
+            self.config.max_position_embeddings,
+            Some(self.config.pad_id()),
+            &text.input_ids,
+            text.seq,
+        )
     }
 
     /// The pooled output `[batch, hidden]` (`tanh(dense(first token))` of the last layer).

@@ -25,6 +25,6 @@ pub use model::{
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
 pub use spec::{
     encoder_specs, text_encoder_spec, text_tower_spec, vision_encoder_spec,
-    vision_hidden_state_spec, vision_trunk_spec,
+    vision_hidden_state_spec, vision_tower_spec,
 };
 pub use towers::TowerRunner;

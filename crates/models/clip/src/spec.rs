@@ -149,18 +149,45 @@ fn patch_input(c: &ClipVisionConfig, vision: &SpecReader<'_>) -> Result<EncoderI
 /// model interpolates the positions for others).
 pub fn vision_encoder_spec(config: &ClipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
     let c = &config.vision_config;
+    vision_tower_spec(
+        c,
+        config.projection_dim,
+        source,
+        "pre_layrnorm",
+        "image_embeds",
+    )
+}
+
+/// A CLIP vision tower of configuration `c` (`vision_model.*`, its norm after the embeddings
+/// named `pre_norm`; `post_layernorm` and `visual_projection` to `projection_dim` of each class
+/// token, under the output name `output`). X-CLIP's vision tower is this with cross-frame
+/// messages.
+pub fn vision_tower_spec(
+    c: &ClipVisionConfig,
+    projection_dim: usize,
+    source: &dyn TensorSource,
+    pre_norm: &str,
+    output: &str,
+) -> Result<EncoderSpec> {
     let h = c.hidden_size;
     let root = SpecReader::new(source, "");
     let vision = SpecReader::new(source, "vision_model");
     let spec = EncoderSpec {
         projection: Some(EncoderProjection {
-            output: "image_embeds".into(),
+            output: output.into(),
             token: PooledToken::First,
             norm: Some(vision.norm("post_layernorm", h)?),
             hidden: None,
-            dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
+            dense: root.dense_with("visual_projection", projection_dim, h, false)?,
         }),
-        ..vision_hidden_state_spec(c, source, "vision_model", c.num_hidden_layers, None)?
+        ..vision_trunk_spec(
+            c,
+            source,
+            "vision_model",
+            pre_norm,
+            c.num_hidden_layers,
+            None,
+        )?
     };
     spec.validate()?;
     Ok(spec)
@@ -181,7 +208,7 @@ pub fn vision_hidden_state_spec(
 
 /// [`vision_hidden_state_spec`] with the norm after the embeddings named `pre_norm`
 /// (`pre_layrnorm` in CLIP, `pre_layernorm` in X-CLIP's vision tower).
-pub fn vision_trunk_spec(
+fn vision_trunk_spec(
     c: &ClipVisionConfig,
     source: &dyn TensorSource,
     prefix: &str,

@@ -1,13 +1,11 @@
-//! X-CLIP's vision tower as a backend-neutral [`EncoderSpec`], for engines that do not run
-//! through burn (the cuBLAS encoder of the `cuda` feature): CLIP's vision trunk
-//! ([`ipfs_accelerate_clip::vision_trunk_spec`]) whose layers exchange cross-frame messages
+//! X-CLIP's towers as backend-neutral [`EncoderSpec`]s, for engines that do not run through
+//! burn (the cuBLAS encoder of the `cuda` feature): CLIP's text tower, and CLIP's vision tower
+//! ([`ipfs_accelerate_clip::vision_tower_spec`]) whose layers exchange cross-frame messages
 //! ([`FrameMessages`]), and each frame's class token through `post_layernorm` and
 //! `visual_projection` as the projection `frame_embeds`. The MIT and the prompt generator read
 //! those outputs on burn ([`crate::XclipModel::video_features_of`]).
 
-use ipfs_accelerate_core::{
-    DenseWeights, EncoderProjection, EncoderSpec, FrameMessages, PooledToken, Result, TensorSource,
-};
+use ipfs_accelerate_core::{DenseWeights, EncoderSpec, FrameMessages, Result, TensorSource};
 use ipfs_accelerate_nn::spec::SpecReader;
 
 use crate::XclipConfig;
@@ -33,26 +31,16 @@ pub fn text_encoder_spec(config: &XclipConfig, source: &dyn TensorSource) -> Res
 /// of the configured image size.
 pub fn vision_encoder_spec(config: &XclipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
     let v = &config.vision_config;
-    let c = &v.base;
-    let h = c.hidden_size;
-    let root = SpecReader::new(source, "");
+    let h = v.base.hidden_size;
     let vision = SpecReader::new(source, "vision_model");
     let mut spec = EncoderSpec {
         family: "xclip".into(),
-        projection: Some(EncoderProjection {
-            output: "frame_embeds".into(),
-            token: PooledToken::First,
-            norm: Some(vision.norm("post_layernorm", h)?),
-            hidden: None,
-            dense: root.dense_with("visual_projection", config.projection_dim, h, false)?,
-        }),
-        ..ipfs_accelerate_clip::vision_trunk_spec(
-            c,
+        ..ipfs_accelerate_clip::vision_tower_spec(
+            &v.base,
+            config.projection_dim,
             source,
-            "vision_model",
             "pre_layernorm",
-            c.num_hidden_layers,
-            None,
+            "frame_embeds",
         )?
     };
     for (n, layer) in spec.layers.iter_mut().enumerate() {
