@@ -77,6 +77,8 @@
 # PyTorch eager f16 (SmolLM2, Qwen2.5-0.5B, Whisper-tiny, T5-small), ours and PyTorch's rows in $OUT/gpu.duckdb;
 # part 33 CLAP's text tower in f16 too (the test now loads the engine alone per precision), and CLAP's and X-CLIP's
 # whole fixtures in f32 (their burn halves on CubeCL, compiling on the machine), which part 31 ran out of time for.
+# Session 30: part 34 where the encoders' time goes: per-stage device time of BERT-base b128 / b32, ViT-base b32 and
+# Whisper-tiny b8, next to PyTorch's GEMMs alone (tools/gemm_floor.py) and its whole models' kernels (torch.profiler).
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -588,5 +590,12 @@ IPFS_ACCELERATE_SHARED=$PWD/shared timeout 90 ./cuda_generation clap --test-thre
 wait
 echo "== CLAP's and X-CLIP's whole fixtures on cuda f32"
 cat /tmp/verify_clap.txt /tmp/verify_xclip.txt
+fi
+if [ "$PART" = 34 ]; then
+echo "== where the encoders' time goes: our per-stage device time (f16), then PyTorch's GEMM floor and kernels"
+for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
+  IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|p50|rror" | tail -2
+done
+timeout 200 python3 gemm_floor.py 2>&1 | grep -v -i warn
 fi
 ls -la $OUT

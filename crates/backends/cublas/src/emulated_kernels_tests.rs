@@ -1768,3 +1768,122 @@ fn message_rows_are_zeroed_then_scattered_into() {
         }
     }
 }
+
+const NORM_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(2);  // rows, hidden
+    int rows = d[0], hid = d[1];
+    size_t n = (size_t)rows * hid;
+    T* y = to_t(take<float>(n), n);
+    T* bias = to_t(take<float>(hid), hid);
+    T* res = to_t(take<float>(n), n);
+    T* gamma = to_t(take<float>(hid), hid);
+    T* beta = to_t(take<float>(hid), hid);
+    float eps = 1e-5f;
+    unsigned threads = (unsigned)((hid / VEC + 31) / 32 * 32), blocks = (unsigned)((rows + 3) / 4);
+    T* out = (T*)calloc(n, sizeof(T));
+    // Post-norm: out = norm(y + bias + residual), a block per row, then a warp per row.
+    emu_launch({(unsigned)rows, 1, 1}, {threads, 1, 1},
+               [&] { bias_residual_norm_vec(y, bias, res, gamma, beta, eps, hid, out); });
+    put(out, n);
+    emu_launch({blocks, 1, 1}, {128, 1, 1},
+               [&] { bias_residual_norm_warp(y, bias, res, gamma, beta, eps, hid, out, rows); });
+    put(out, n);
+    // Pre-norm: stream += y + bias, out = norm(stream); block, then warp (each on its own copy).
+    for (int warp = 0; warp < 2; ++warp) {
+        T* stream = (T*)malloc(n * sizeof(T));
+        memcpy(stream, res, n * sizeof(T));
+        if (warp)
+            emu_launch({blocks, 1, 1}, {128, 1, 1},
+                       [&] { add_norm_sum_warp(y, bias, stream, gamma, beta, eps, hid, out, rows); });
+        else
+            emu_launch({(unsigned)rows, 1, 1}, {threads, 1, 1},
+                       [&] { add_norm_sum_vec(y, bias, stream, gamma, beta, eps, hid, out); });
+        put(stream, n);
+        put(out, n);
+    }
+    // The plain norm of y, a warp per row, in place.
+    emu_launch({blocks, 1, 1}, {128, 1, 1},
+               [&] { layer_norm_warp(y, gamma, beta, eps, hid, y, rows); });
+    put(y, n);
+    return 0;
+}
+"#;
+
+/// The add + norm kernels a warp per row (`*_warp`) against their definitions and against the
+/// block-per-row kernels they replace, in f32 and in f16 storage: post-norm (bias + residual),
+/// pre-norm (the residual stream updated in place, the norm reading its rounded sum) and the
+/// plain norm in place, at widths that leave lanes idle or give lanes unequal packs, and a row
+/// count that leaves a block's last warps idle.
+#[test]
+fn warp_norms_match_the_definition_and_the_block_norms() {
+    check_warp_norms::<f32>(1e-5);
+    check_warp_norms::<half::f16>(4e-3);
+}
+
+fn check_warp_norms<T: Elem>(bar: f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<T>(dir.path(), NORM_HARNESS) else {
+        return;
+    };
+    let mut rng = Rng(0x0a0d_0e0f_1234_5678);
+    let widest = 32 * 4 * crate::engine::vec_width::<T>();
+    for (rows, hid) in [(6usize, 40usize), (5, widest - 8), (3, widest)] {
+        let n = rows * hid;
+        let st = |v: Vec<f32>| v.into_iter().map(stored::<T>).collect::<Vec<f32>>();
+        let y = st(rng.vec(n, 4.0, 0.5));
+        let bias = st(rng.vec(hid, 1.0, 0.0));
+        let res = st(rng.vec(n, 4.0, -0.5));
+        let gamma = st(rng.vec(hid, 1.0, 1.0));
+        let beta = st(rng.vec(hid, 1.0, 0.0));
+        let mut input = Vec::new();
+        for v in [rows as i32, hid as i32] {
+            input.extend(v.to_le_bytes());
+        }
+        for v in y.iter().chain(&bias).chain(&res).chain(&gamma).chain(&beta) {
+            input.extend(v.to_le_bytes());
+        }
+        let got = run(&exe, &input, "norm kernels");
+        assert_eq!(got.len(), 7 * n);
+        let part = |i: usize| &got[i * n..(i + 1) * n];
+        // The norm of `z` (each row), in f64.
+        let norm = |z: &[f64]| -> Vec<f64> {
+            z.chunks(hid)
+                .flat_map(|row| {
+                    let mean = row.iter().sum::<f64>() / hid as f64;
+                    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / hid as f64;
+                    let inv = 1.0 / (var + 1e-5).sqrt();
+                    row.iter()
+                        .enumerate()
+                        .map(|(c, v)| (v - mean) * inv * f64::from(gamma[c]) + f64::from(beta[c]))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let sum: Vec<f64> = (0..n)
+            .map(|i| f64::from(y[i]) + f64::from(bias[i % hid]) + f64::from(res[i]))
+            .collect();
+        // The pre-norm kernels store the sum in T and normalise that.
+        let stored_sum: Vec<f64> = sum
+            .iter()
+            .map(|&v| f64::from(stored::<T>(v as f32)))
+            .collect();
+        let plain: Vec<f64> = y.iter().map(|&v| f64::from(v)).collect();
+        let near = |a: &[f32], b: &[f64], what: &str| {
+            for (i, (&a, &b)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (f64::from(a) - b).abs() <= bar * (1.0 + b.abs()),
+                    "{what} ({rows} rows of {hid}), value {i}: {a} against {b}"
+                );
+            }
+        };
+        let post = norm(&sum);
+        near(part(0), &post, "block post-norm");
+        near(part(1), &post, "warp post-norm");
+        for (k, what) in [(2, "block pre-norm"), (4, "warp pre-norm")] {
+            near(part(k), &stored_sum, &format!("{what} stream"));
+            near(part(k + 1), &norm(&stored_sum), what);
+        }
+        near(part(6), &norm(&plain), "warp norm in place");
+    }
+}

@@ -134,6 +134,9 @@ struct Kernels {
     add_norm_sum_vec: CudaFunction,
     layer_norm: CudaFunction,
     layer_norm_vec: CudaFunction,
+    bias_residual_norm_warp: CudaFunction,
+    add_norm_sum_warp: CudaFunction,
+    layer_norm_warp: CudaFunction,
     patch_embeddings: CudaFunction,
     gather_rows: CudaFunction,
     scatter_rows: CudaFunction,
@@ -158,7 +161,7 @@ pub(crate) fn open_stream(ordinal: usize) -> Result<(Arc<CudaStream>, CudaBlas),
 }
 
 /// The entry points the encoder engine loads (checked against the compiled module by the tests).
-pub(crate) const ENCODER_KERNEL_NAMES: [&str; 24] = [
+pub(crate) const ENCODER_KERNEL_NAMES: [&str; 27] = [
     "embeddings",
     "bias_residual_norm",
     "bias_act",
@@ -174,6 +177,9 @@ pub(crate) const ENCODER_KERNEL_NAMES: [&str; 24] = [
     "add_norm_sum_vec",
     "layer_norm",
     "layer_norm_vec",
+    "bias_residual_norm_warp",
+    "add_norm_sum_warp",
+    "layer_norm_warp",
     "patch_embeddings",
     "patch_rows",
     "frame_rows",
@@ -208,6 +214,9 @@ impl Kernels {
             add_norm_sum_vec: f("add_norm_sum_vec")?,
             layer_norm: f("layer_norm")?,
             layer_norm_vec: f("layer_norm_vec")?,
+            bias_residual_norm_warp: f("bias_residual_norm_warp")?,
+            add_norm_sum_warp: f("add_norm_sum_warp")?,
+            layer_norm_warp: f("layer_norm_warp")?,
             patch_embeddings: f("patch_embeddings")?,
             patch_rows: f("patch_rows")?,
             frame_rows: f("frame_rows")?,
@@ -498,6 +507,12 @@ pub struct Encoder<T: Elem> {
     /// or later, not switched off by [`FUSED_ATTENTION_ENV`]); a call also needs a head size
     /// the kernel takes and a key for every query ([`fused_attention_takes`]).
     fused_attention: bool,
+    /// Rows of up to 1024 halves (512 floats) are normalised a warp each (not switched off by
+    /// [`WARP_NORM_ENV`]).
+    warp_norm: bool,
+    /// Inputs and outputs move in pieces that overlap the host's and the device's copies (not
+    /// switched off by [`PIPELINED_TRANSFERS_ENV`]).
+    pipelined_transfers: bool,
 }
 
 /// Set to `1` to print the device time of each stage of every call to stderr.
@@ -506,6 +521,30 @@ pub const PROFILE_ENV: &str = "IPFS_ACCELERATE_CUBLAS_PROFILE";
 /// Whether [`PROFILE_ENV`] asks for per-stage times.
 pub fn profile_requested() -> bool {
     std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Transfers between the host and the device go in pieces of at least this many bytes, at most
+/// [`TRANSFER_PIECES`] of them, so that the host's part of one piece (converting inputs into the
+/// page-locked buffer, copying outputs out of it) overlaps the device's copy of the next.
+const TRANSFER_PIECE_BYTES: usize = 1 << 20;
+/// The most pieces one transfer is cut into.
+const TRANSFER_PIECES: usize = 8;
+
+/// Set to `0` (or `off`) to move every call's inputs and outputs in one piece each: the host's
+/// conversion or copy then waits for the whole device copy (before session 30).
+pub const PIPELINED_TRANSFERS_ENV: &str = "IPFS_ACCELERATE_CUDA_PIPELINED_TRANSFERS";
+
+/// The ranges a transfer of `n` values of `T` moves in, in order ([`TRANSFER_PIECE_BYTES`]);
+/// one range when `pipelined` is false or the transfer is small.
+fn transfer_pieces<T>(n: usize, pipelined: bool) -> Vec<std::ops::Range<usize>> {
+    let min = TRANSFER_PIECE_BYTES / std::mem::size_of::<T>().max(1);
+    let pieces = if pipelined {
+        (n / min.max(1)).clamp(1, TRANSFER_PIECES)
+    } else {
+        1
+    };
+    let len = n.div_ceil(pieces).max(1);
+    (0..n).step_by(len).map(|a| a..(a + len).min(n)).collect()
 }
 
 /// Set to `0` (or `off`) to run attention unfused (split into heads, score GEMM, softmax,
@@ -634,17 +673,70 @@ pub(crate) fn rows_by_columns(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-/// The add + norm launch of one forward: the kernel (scalar or vectorised), its grid, epsilon and
-/// the row length.
+/// A launch over `rows × cols` values like [`rows_by_columns`], with each row's blocks as even as
+/// whole warps allow (384 columns: two blocks of 192 threads, not 256 and a half-idle 256).
+pub(crate) fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
+    let blocks = cols.div_ceil(ROW_THREADS as usize).max(1);
+    let threads = cols.div_ceil(blocks).div_ceil(32).max(1) * 32;
+    LaunchConfig {
+        grid_dim: (rows as u32, blocks as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Rows of one block of the warp-per-row norms (a warp each).
+const WARP_NORM_ROWS: u32 = 4;
+/// Packs a lane of the warp-per-row norms holds (`WARP_NORM_PACKS` in kernels.cu).
+const WARP_NORM_PACKS: usize = 4;
+
+/// Set to `0` (or `off`) to run every add + norm with a block per row, as before session 30,
+/// where rows of up to 1024 halves (512 floats) take a warp per row.
+pub const WARP_NORM_ENV: &str = "IPFS_ACCELERATE_CUDA_WARP_NORM";
+
+/// The add + norm launch of one forward: the kernels (scalar, vectorised, or a warp per row),
+/// the rows, epsilon and the row length.
+#[derive(Clone, Copy)]
 struct AddNorm<'a> {
     kernel: &'a CudaFunction,
     /// The pre-norm kernel that also adds into the residual stream (`add_norm_sum`).
     sum_kernel: &'a CudaFunction,
     /// The plain layer norm (`layer_norm`).
     norm_kernel: &'a CudaFunction,
-    cfg: LaunchConfig,
+    /// The `_warp` kernels: a warp per row, and the row count as their last argument.
+    warp: bool,
+    /// Threads of a block (of a row's block, or of [`WARP_NORM_ROWS`] warps).
+    threads: u32,
+    rows: i32,
     eps: f32,
     hidden: i32,
+}
+
+impl AddNorm<'_> {
+    /// The same launch over `rows` rows.
+    fn with_rows(self, rows: usize) -> Self {
+        AddNorm {
+            rows: rows as i32,
+            ..self
+        }
+    }
+
+    fn cfg(&self) -> LaunchConfig {
+        let rows = self.rows as u32;
+        if self.warp {
+            LaunchConfig {
+                grid_dim: (rows.div_ceil(WARP_NORM_ROWS), 1, 1),
+                block_dim: (self.threads, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (rows, 1, 1),
+                block_dim: (self.threads, 1, 1),
+                shared_mem_bytes: ((self.hidden + 32) * 4) as u32,
+            }
+        }
+    }
 }
 
 /// The residual of an add + norm: read, or updated in place with the sum (pre-norm).
@@ -982,6 +1074,8 @@ where
             input_staging: Mutex::new(None),
             profile: profile_requested(),
             fused_attention,
+            warp_norm: !crate::decoder::switched_off(WARP_NORM_ENV),
+            pipelined_transfers: !crate::decoder::switched_off(PIPELINED_TRANSFERS_ENV),
         };
         encoder.stream.synchronize()?;
         Ok(encoder)
@@ -1006,36 +1100,44 @@ where
     /// The add + norm launches over `rows` rows of `width` values: the 16-byte-pack kernels when
     /// `width` is a multiple of the pack.
     fn add_norm_for(&self, rows: usize, width: usize, eps: f32) -> AddNorm<'_> {
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: ((width + 32) * 4) as u32,
-        };
         let vec = vec_width::<T>();
         let k = &self.kernels;
-        if width.is_multiple_of(vec) {
-            let threads = (width / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
-            AddNorm {
-                kernel: &k.bias_residual_norm_vec,
-                sum_kernel: &k.add_norm_sum_vec,
-                norm_kernel: &k.layer_norm_vec,
-                cfg: LaunchConfig {
-                    block_dim: (threads, 1, 1),
-                    ..cfg
-                },
-                eps,
-                hidden: width as i32,
-            }
-        } else {
-            AddNorm {
-                kernel: &k.bias_residual_norm,
-                sum_kernel: &k.add_norm_sum,
-                norm_kernel: &k.layer_norm,
-                cfg,
-                eps,
-                hidden: width as i32,
-            }
+        let op = |kernel, sum_kernel, norm_kernel, warp, threads| AddNorm {
+            kernel,
+            sum_kernel,
+            norm_kernel,
+            warp,
+            threads,
+            rows: rows as i32,
+            eps,
+            hidden: width as i32,
+        };
+        if !width.is_multiple_of(vec) {
+            return op(
+                &k.bias_residual_norm,
+                &k.add_norm_sum,
+                &k.layer_norm,
+                false,
+                ROW_THREADS,
+            );
         }
+        if self.warp_norm && width / vec <= 32 * WARP_NORM_PACKS {
+            return op(
+                &k.bias_residual_norm_warp,
+                &k.add_norm_sum_warp,
+                &k.layer_norm_warp,
+                true,
+                32 * WARP_NORM_ROWS,
+            );
+        }
+        let threads = (width / vec).div_ceil(32).clamp(1, 32) as u32 * 32;
+        op(
+            &k.bias_residual_norm_vec,
+            &k.add_norm_sum_vec,
+            &k.layer_norm_vec,
+            false,
+            threads,
+        )
     }
 
     /// `y[rows, out] = x[rows, in] · Wᵀ` (no bias), reading row `r` of `x` at `r * x_stride`.
@@ -1451,13 +1553,7 @@ where
                         .launch(rows_by_columns(batch, h))?;
                 }
                 if let (Some(n), false) = (&p.norm, normed_in_h1) {
-                    let op = AddNorm {
-                        cfg: LaunchConfig {
-                            grid_dim: (batch as u32, 1, 1),
-                            ..add_norm.cfg
-                        },
-                        ..add_norm
-                    };
+                    let op = add_norm.with_rows(batch);
                     let pooled_tokens = tokens.clone();
                     self.layer_norm(&op, &pooled_tokens, n, &mut tokens)?;
                 }
@@ -1529,13 +1625,7 @@ where
         alloc: &dyn Fn(usize) -> Result<CudaSlice<T>, EngineError>,
     ) -> Result<(), EngineError> {
         let (h, batch) = (self.hidden, ends.batch);
-        let op = AddNorm {
-            cfg: LaunchConfig {
-                grid_dim: (batch as u32, 1, 1),
-                ..add_norm.cfg
-            },
-            ..*add_norm
-        };
+        let op = add_norm.with_rows(batch);
         let mut m = alloc(batch * h)?;
         self.linear(x, ends.seq * h, batch, &msg.fc, &mut m)?;
         self.bias_act(&mut m, &msg.fc.bias, batch, h, Act::None)?;
@@ -1869,9 +1959,13 @@ where
             .arg(&op.eps)
             .arg(&op.hidden)
             .arg(out);
-        // SAFETY: the argument list matches both kernels' signatures in kernels.cu; they run over
-        // the rows of `op.cfg`'s grid, each `hidden` long in every buffer.
-        unsafe { args.launch(op.cfg) }?;
+        if op.warp {
+            args.arg(&op.rows);
+        }
+        // SAFETY: the argument list matches the kernels' signatures in kernels.cu (the `_warp`
+        // ones also take the row count); they run over `op.rows` rows, each `hidden` long in
+        // every buffer.
+        unsafe { args.launch(op.cfg()) }?;
         Ok(())
     }
 
@@ -1883,18 +1977,19 @@ where
         norm: &Norm<T>,
         out: &mut CudaSlice<T>,
     ) -> Result<(), EngineError> {
-        // SAFETY: `layer_norm[_vec](x, gamma, beta, eps, hidden, out)` over the rows of `op.cfg`'s
-        // grid, each `hidden` long.
-        unsafe {
-            self.launch(op.norm_kernel)
-                .arg(x)
-                .arg(&norm.gamma)
-                .arg(&norm.beta)
-                .arg(&op.eps)
-                .arg(&op.hidden)
-                .arg(out)
-                .launch(op.cfg)?;
+        let mut args = self.launch(op.norm_kernel);
+        args.arg(x)
+            .arg(&norm.gamma)
+            .arg(&norm.beta)
+            .arg(&op.eps)
+            .arg(&op.hidden)
+            .arg(out);
+        if op.warp {
+            args.arg(&op.rows);
         }
+        // SAFETY: `layer_norm[_vec|_warp](x, gamma, beta, eps, hidden, out[, rows])` over
+        // `op.rows` rows, each `hidden` long.
+        unsafe { args.launch(op.cfg()) }?;
         Ok(())
     }
 
@@ -2165,7 +2260,7 @@ where
                 .arg(bias)
                 .arg(&cols_i)
                 .arg(&act_i)
-                .launch(rows_by_columns(rows, launch_cols))?;
+                .launch(row_blocks(rows, launch_cols))?;
         }
         Ok(())
     }
@@ -2174,6 +2269,9 @@ where
     /// copied to a new device buffer: several times faster than a copy from pageable memory.
     /// The copy is queued on the stream; the buffer is rewritten only by a later call, after this
     /// one's outputs were read back (which waits for the stream).
+    ///
+    /// A large input goes in pieces ([`transfer_pieces`]): each piece's copy is queued as soon as
+    /// it is converted, so the device copies one piece while the host converts the next.
     fn upload_converted(&self, values: &[f32]) -> Result<CudaSlice<T>, EngineError> {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 16;
@@ -2184,20 +2282,25 @@ where
             .map_err(|_| EngineError::Spec("the input buffer's lock is poisoned".into()))?;
         // SAFETY: written in full below before it is copied.
         let host = unsafe { pinned(&self.stream, &mut staging, n) }?;
-        host.par_chunks_mut(CHUNK)
-            .zip(values.par_chunks(CHUNK))
-            .for_each(|(d, s)| T::convert_into(s, d));
-        // SAFETY (allocation): written in full by the copy.
+        // SAFETY (allocation): written in full by the copies.
         let mut device =
             unsafe { device_buffer(&self.stream, n, || format!("the {n} input values")) }?;
-        self.stream.memcpy_htod(&*host, &mut device)?;
+        for piece in transfer_pieces::<T>(n, self.pipelined_transfers) {
+            let dst = &mut host[piece.clone()];
+            dst.par_chunks_mut(CHUNK)
+                .zip(values[piece.clone()].par_chunks(CHUNK))
+                .for_each(|(d, s)| T::convert_into(s, d));
+            // Queued, not waited for: `dst` is not written again in this call.
+            self.stream
+                .memcpy_htod(&*dst, &mut device.slice_mut(piece))?;
+        }
         Ok(device)
     }
 
     /// Copies `x` (`shape`, in `T`) to a host tensor of `T`'s dtype through the page-locked
     /// staging buffer.
     fn to_host(&self, x: &CudaSlice<T>, shape: Vec<usize>) -> Result<HostTensor, EngineError> {
-        let values = read_back(&self.stream, &self.staging, x, parallel_copy)?;
+        let values = read_back_pieces(&self.stream, &self.staging, x, self.pipelined_transfers)?;
         HostTensor::from_vec(shape, T::DTYPE, values).map_err(|e| EngineError::Spec(e.to_string()))
     }
 }
@@ -2221,9 +2324,91 @@ pub(crate) fn read_back<T: DeviceRepr + ValidAsZeroBits, R>(
     Ok(take(dst))
 }
 
+/// `x` copied to a new host vector through the page-locked buffer in `staging`, in pieces
+/// ([`transfer_pieces`]): every piece's device copy is queued at once, and the host copies each
+/// piece out as soon as it has arrived, while the device copies the next.
+pub(crate) fn read_back_pieces<T: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync>(
+    stream: &Arc<CudaStream>,
+    staging: &Mutex<Option<PinnedHostSlice<T>>>,
+    x: &CudaSlice<T>,
+    pipelined: bool,
+) -> Result<Vec<T>, EngineError> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let pieces = transfer_pieces::<T>(x.len(), pipelined);
+    if pieces.len() == 1 {
+        return read_back(stream, staging, x, parallel_copy);
+    }
+    let mut staging = staging
+        .lock()
+        .map_err(|_| EngineError::Spec("the staging buffer's lock is poisoned".into()))?;
+    // SAFETY: every piece is written by its copy, which its event orders before the host reads.
+    let dst = unsafe { pinned(stream, &mut staging, x.len()) }?;
+    let mut arrived = Vec::with_capacity(pieces.len());
+    for piece in &pieces {
+        stream.memcpy_dtoh(&x.slice(piece.clone()), &mut dst[piece.clone()])?;
+        arrived.push(stream.record_event(None)?);
+    }
+    let mut out = Vec::with_capacity(x.len());
+    for (piece, event) in pieces.iter().zip(&arrived) {
+        event.synchronize()?;
+        out.spare_capacity_mut()[piece.clone()]
+            .par_chunks_mut(CHUNK)
+            .zip(dst[piece.clone()].par_chunks(CHUNK))
+            .for_each(|(d, s)| {
+                // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<T>(), s.len())
+                }
+            });
+    }
+    // SAFETY: the pieces cover `0..x.len()`, each initialised above.
+    unsafe { out.set_len(x.len()) };
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_blocks_cover_every_column_with_whole_warps() {
+        for cols in [1, 31, 96, 192, 256, 257, 384, 1000, 4096] {
+            let cfg = row_blocks(3, cols);
+            let (blocks, threads) = (cfg.grid_dim.1 as usize, cfg.block_dim.0 as usize);
+            assert_eq!(cfg.grid_dim.0, 3);
+            assert!(threads.is_multiple_of(32) && threads <= ROW_THREADS as usize);
+            assert!(blocks * threads >= cols, "{cols} columns");
+            assert!(
+                (blocks - 1) * threads < cols,
+                "{cols} columns: an idle block"
+            );
+        }
+        assert_eq!(row_blocks(1, 384).block_dim.0, 192);
+    }
+
+    #[test]
+    fn transfer_pieces_cover_the_values_in_order() {
+        let mib = 1 << 20;
+        for (n, pipelined, count) in [
+            (0, true, 0),
+            (5, true, 1),
+            (mib / 2, true, 1),
+            (3 * mib + 7, true, 6),
+            (64 * mib, true, TRANSFER_PIECES),
+            (64 * mib, false, 1),
+        ] {
+            let pieces = transfer_pieces::<half::f16>(n, pipelined);
+            assert_eq!(pieces.len(), count, "{n} values");
+            let mut next = 0;
+            for p in &pieces {
+                assert_eq!(p.start, next);
+                assert!(p.end > p.start);
+                next = p.end;
+            }
+            assert_eq!(next, n);
+        }
+    }
 
     #[test]
     fn parallel_copy_keeps_every_value_in_order() {

@@ -223,6 +223,73 @@ __device__ void add_norm_impl(const T* y, const T* bias, const T* residual, cons
     }
 }
 
+// Packs of a row one lane of `add_norm_warp_impl` holds: rows of up to 32 · WARP_NORM_PACKS packs
+// (1024 halves or 512 floats) take the warp-per-row kernels.
+#define WARP_NORM_PACKS 4
+
+// The sum of `v` over the warp; every lane gets it.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// add_norm_impl with one warp per row (blockDim.x / 32 rows per block, `rows` in all), the row
+// in registers and the sums by shuffles: no shared memory and no block barrier. The same
+// arguments, aliasing and rounding; `hidden` is a multiple of W of at most 32 · W ·
+// WARP_NORM_PACKS.
+template <int W>
+__device__ void add_norm_warp_impl(const T* y, const T* bias, const T* residual, const T* gamma,
+                                   const T* beta, float eps, int hidden, int rows, T* sum,
+                                   T* out) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    size_t base = (size_t)row * hidden;
+    float v[WARP_NORM_PACKS][W];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARP_NORM_PACKS; ++i) {
+        int c = (lane + 32 * i) * W;
+        if (c >= hidden) break;
+        Pack<W> a = load_pack<W>(y + base + c), z;
+        Pack<W> bb, r;
+        if (bias) bb = load_pack<W>(bias + c);
+        if (residual) r = load_pack<W>(residual + base + c);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            float x = ld(a.v[e]);
+            if (bias) x += ld(bb.v[e]);
+            if (residual) x += ld(r.v[e]);
+            if (sum) {
+                z.v[e] = st(x);
+                x = ld(z.v[e]);
+            }
+            v[i][e] = x;
+            s += x;
+        }
+        if (sum) store_pack<W>(sum + base + c, z);
+    }
+    float mean = warp_sum(s) / hidden, var = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARP_NORM_PACKS; ++i) {
+        if ((lane + 32 * i) * W >= hidden) break;
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+            float d = v[i][e] - mean;
+            var += d * d;
+        }
+    }
+    float inv = 1.f / sqrtf(warp_sum(var) / hidden + eps);
+#pragma unroll
+    for (int i = 0; i < WARP_NORM_PACKS; ++i) {
+        int c = (lane + 32 * i) * W;
+        if (c >= hidden) break;
+        Pack<W> g = load_pack<W>(gamma + c), bt = load_pack<W>(beta + c), o;
+#pragma unroll
+        for (int e = 0; e < W; ++e) o.v[e] = st((v[i][e] - mean) * inv * ld(g.v[e]) + ld(bt.v[e]));
+        store_pack<W>(out + base + c, o);
+    }
+}
+
 // y[r, c] = act(y[r, c] + bias[c]); grid (rows, blocks of packs along the columns).
 template <int W>
 __device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
@@ -304,6 +371,21 @@ ROW_KERNELS(, 1)
 #endif
 #if IN_GROUP(2)
 ROW_KERNELS(_vec, VEC)
+// The warp-per-row norms: the `_vec` kernels' arguments, then the row count.
+extern "C" __global__ void bias_residual_norm_warp(const T* y, const T* bias, const T* residual,
+                                                   const T* gamma, const T* beta, float eps,
+                                                   int hidden, T* out, int rows) {
+    add_norm_warp_impl<VEC>(y, bias, residual, gamma, beta, eps, hidden, rows, nullptr, out);
+}
+extern "C" __global__ void add_norm_sum_warp(const T* y, const T* bias, T* stream, const T* gamma,
+                                             const T* beta, float eps, int hidden, T* out,
+                                             int rows) {
+    add_norm_warp_impl<VEC>(y, bias, stream, gamma, beta, eps, hidden, rows, stream, out);
+}
+extern "C" __global__ void layer_norm_warp(const T* x, const T* gamma, const T* beta, float eps,
+                                           int hidden, T* out, int rows) {
+    add_norm_warp_impl<VEC>(x, nullptr, nullptr, gamma, beta, eps, hidden, rows, nullptr, out);
+}
 #endif
 #endif
 
@@ -467,7 +549,7 @@ extern "C" __global__ void channel_norm_act(T* y, const T* bias, const T* gamma,
 }
 #endif
 
-// One block per row of `k_stride` values// One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
+// One block per row of `k_stride` values (a multiple of VEC) holding `k_len` keys (the rest
 // written 0), k_stride <= SOFTMAX_PACKS * VEC * blockDim.
 #define SOFTMAX_PACKS 2
 #if IN_GROUP(4)
@@ -744,77 +826,87 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
             flash_wait<0>();
         }
         __syncthreads();  // this tile is in shared memory for every warp
-        const unsigned short* ks = kv + buf * 2 * TILE;
-        const unsigned short* vs = ks + TILE;
-        const int* on = keep[buf];
-        // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles. ldmatrix gives the B operand of
-        // key tile j for two 16-column steps: rows = keys j * 8 + lane % 8, columns 8 (lane / 8).
-        float s[FLASH_KEYS / 8][4];
+        // A warp whose 16 queries are all past the last skips the products (it still loads its
+        // share of the tiles), and key steps past the last key are skipped: their scores are
+        // masked (keep is 0 there) and their probabilities 0.
+        int valid = min(FLASH_KEYS, keys - k0);
+        if (q0 + warp * 16 < queries) {
+            const unsigned short* ks = kv + buf * 2 * TILE;
+            const unsigned short* vs = ks + TILE;
+            const int* on = keep[buf];
+            // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles. ldmatrix gives the B operand of
+            // key tile j for two 16-column steps: rows = keys j * 8 + lane % 8, columns 8 (lane / 8).
+            float s[FLASH_KEYS / 8][4];
 #pragma unroll
-        for (int j = 0; j < FLASH_KEYS / 8; ++j) {
+            for (int j = 0; j < FLASH_KEYS / 8; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+                for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+                if (j * 8 >= valid) continue;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk += 2) {
-                unsigned kb[4];
-                ldmatrix_x4<false>(kb, ks + (j * 8 + (lane & 7)) * LD + kk * 16 + (lane >> 3) * 8);
-                mma_16816(s[j], qa[kk], kb);
-                mma_16816(s[j], qa[kk + 1], kb + 2);
+                for (int kk = 0; kk < D / 16; kk += 2) {
+                    unsigned kb[4];
+                    ldmatrix_x4<false>(kb,
+                                       ks + (j * 8 + (lane & 7)) * LD + kk * 16 + (lane >> 3) * 8);
+                    mma_16816(s[j], qa[kk], kb);
+                    mma_16816(s[j], qa[kk + 1], kb + 2);
+                }
             }
-        }
-        // Mask, then the online softmax: element e of tile j is query row e / 2, key
-        // j * 8 + 2t + e % 2.
-        float tile_max[2] = {NEG_INF, NEG_INF};
+            // Mask, then the online softmax: element e of tile j is query row e / 2, key
+            // j * 8 + 2t + e % 2.
+            float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int j = 0; j < FLASH_KEYS / 8; ++j)
+            for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                float x = on[key] != 0 ? s[j][e] * scale_log2 : NEG_INF;
-                if (causal && k0 + key > query[row] + offset) x = NEG_INF;
-                s[j][e] = x;
-                tile_max[row] = fmaxf(tile_max[row], x);
+                for (int e = 0; e < 4; ++e) {
+                    int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
+                    float x = on[key] != 0 ? s[j][e] * scale_log2 : NEG_INF;
+                    if (causal && k0 + key > query[row] + offset) x = NEG_INF;
+                    s[j][e] = x;
+                    tile_max[row] = fmaxf(tile_max[row], x);
+                }
+            float base[2];
+#pragma unroll
+            for (int row = 0; row < 2; ++row) {
+                // The 4 threads of a group hold the row's 64 keys.
+                float m = fmaxf(tile_max[row], __shfl_xor_sync(0xffffffffu, tile_max[row], 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                float next = fmaxf(run_max[row], m);
+                // No visible key yet: every probability so far is 0 (and exp2(-inf - 0) is 0).
+                base[row] = next == NEG_INF ? 0.f : next;
+                float alpha = exp2f(run_max[row] - base[row]);
+                run_max[row] = next;
+                run_sum[row] *= alpha;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    o[j][2 * row] *= alpha;
+                    o[j][2 * row + 1] *= alpha;
+                }
             }
-        float base[2];
 #pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            // The 4 threads of a group hold the row's 64 keys.
-            float m = fmaxf(tile_max[row], __shfl_xor_sync(0xffffffffu, tile_max[row], 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            float next = fmaxf(run_max[row], m);
-            // No visible key yet: every probability so far is 0 (and exp2(-inf - 0) is 0).
-            base[row] = next == NEG_INF ? 0.f : next;
-            float alpha = exp2f(run_max[row] - base[row]);
-            run_max[row] = next;
-            run_sum[row] *= alpha;
+            for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                o[j][2 * row] *= alpha;
-                o[j][2 * row + 1] *= alpha;
-            }
-        }
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = exp2f(s[j][e] - base[e >> 1]);
+                    run_sum[e >> 1] += s[j][e];
+                }
+            // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15;
+            // ldmatrix.trans gives the B operand of two 8-column tiles of v: rows = keys 16kk +
+            // lane % 16, columns 8 (lane / 16) past the pair's first.
 #pragma unroll
-        for (int j = 0; j < FLASH_KEYS / 8; ++j)
+            for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
+                if (kk * 16 >= valid) break;
+                unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
+                                  f16_pair(s[2 * kk][2], s[2 * kk][3]),
+                                  f16_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  f16_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = exp2f(s[j][e] - base[e >> 1]);
-                run_sum[e >> 1] += s[j][e];
-            }
-        // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15;
-        // ldmatrix.trans gives the B operand of two 8-column tiles of v: rows = keys 16kk +
-        // lane % 16, columns 8 (lane / 16) past the pair's first.
-#pragma unroll
-        for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
-            unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
-                              f16_pair(s[2 * kk][2], s[2 * kk][3]),
-                              f16_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              f16_pair(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int j = 0; j < D / 8; j += 2) {
-                unsigned vb[4];
-                ldmatrix_x4<true>(vb, vs + (kk * 16 + (lane & 15)) * LD + j * 8 + (lane >> 4) * 8);
-                mma_16816(o[j], pa, vb);
-                mma_16816(o[j + 1], pa, vb + 2);
+                for (int j = 0; j < D / 8; j += 2) {
+                    unsigned vb[4];
+                    ldmatrix_x4<true>(vb,
+                                      vs + (kk * 16 + (lane & 15)) * LD + j * 8 + (lane >> 4) * 8);
+                    mma_16816(o[j], pa, vb);
+                    mma_16816(o[j + 1], pa, vb + 2);
+                }
             }
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
