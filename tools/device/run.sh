@@ -78,7 +78,11 @@
 # part 33 CLAP's text tower in f16 too (the test now loads the engine alone per precision), and CLAP's and X-CLIP's
 # whole fixtures in f32 (their burn halves on CubeCL, compiling on the machine), which part 31 ran out of time for.
 # Session 30: part 34 where the encoders' time goes: per-stage device time of BERT-base b128 / b32, ViT-base b32 and
-# Whisper-tiny b8, next to PyTorch's GEMMs alone (tools/gemm_floor.py) and its whole models' kernels (torch.profiler).
+# Whisper-tiny b8, next to PyTorch's GEMMs alone (tools/gemm_floor.py) and its whole models' kernels (torch.profiler);
+# part 35 after the transfers in pieces, the warp-per-row norms and the attention's skipped steps: conformance
+# (fixtures with heads of 64 and 32 made on the device by tools/make_*_fixture.py, then every shipped one), the
+# profiles, new against old (switches, alternating) and the encoders against PyTorch f16 (rows in the database).
+# Copy tools/make_{bert,vit,clip,whisper}_fixture.py into .devcarry for it.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -597,5 +601,38 @@ for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit
   IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|p50|rror" | tail -2
 done
 timeout 200 python3 gemm_floor.py 2>&1 | grep -v -i warn
+fi
+if [ "$PART" = 35 ]; then
+echo "== fixtures with heads of 64 and 32 (the fused attention), HF float64 on this machine: sequences ending inside a tile"
+F=/tmp/fused
+python3 make_bert_fixture.py $F/bert/h64 128 2 256 77 3 > /dev/null 2>&1
+python3 make_bert_fixture.py $F/bert/h32 128 4 256 130 2 > /dev/null 2>&1
+python3 make_vit_fixture.py $F/vit/h64 128 2 256 64 8 2 3 > /dev/null 2>&1
+python3 make_clip_fixture.py $F/clip/h64 128 2 256 20 64 8 2 > /dev/null 2>&1
+python3 make_whisper_fixture.py $F/whisper/h64 128 2 2 400 2 7 > /dev/null 2>&1
+ls $F/*
+for p in f16 f32; do
+  timeout 100 ./xtask verify --fixtures $F --family bert,vit,clip,whisper --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -12
+done
+echo "== verify f32 and f16, every family's shipped fixtures on the cuBLAS engines"
+verify_engines 3
+echo "== per-stage device times, f16"
+for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
+  IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
+done
+echo "== the new transfers and norms against the old (PIPELINED_TRANSFERS=0 WARP_NORM=0), alternating, bench p50 of 20"
+for round in 1 2; do
+  for v in "X=1" "PIPELINED_TRANSFERS=0 IPFS_ACCELERATE_CUDA_WARP_NORM=0" "PIPELINED_TRANSFERS=0" "WARP_NORM=0"; do
+    echo "-- round $round: IPFS_ACCELERATE_CUDA_$v"
+    for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
+      env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 20 --warmup 3 2>&1 | grep -E "p50|rror" | tail -1
+    done
+  done
+done
+echo "== the encoders against PyTorch f16, rounds alternating; rows in $DB"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16 --rounds 3 --iters 20 --warmup 3"
+for a in "bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 1,8" "clip-vit-b32 --batch 32" "wav2vec2-base --batch 8 --seq 160000"; do
+  timeout 150 ./xtask compare $c --config $a 2>&1 | grep -E -A8 "median ms|rror|$G"
+done
 fi
 ls -la $OUT

@@ -1,6 +1,6 @@
 // Runs the engine's CUDA kernels on the host for tests: each block's threads are std::threads,
-// __syncthreads a barrier, __shfl_xor_sync an exchange through memory between two warp barriers;
-// blocks run one after another (so `__shared__` arrays can be statics).
+// __syncthreads a barrier, __shfl_xor_sync and __ballot_sync exchanges through memory between two
+// warp barriers; blocks run one after another (so `__shared__` arrays can be statics).
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -20,6 +20,18 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     emu_shfl[t] = v;
     emu_warp_barriers[w]->arrive_and_wait();
     float r = emu_shfl[(t & ~31) | ((t & 31) ^ o)];
+    emu_warp_barriers[w]->arrive_and_wait();
+    return r;
+}
+// __ballot_sync over a warp: every lane puts its predicate in a shared array between two warp
+// barriers; lane i's is bit i.
+static int emu_votes[1024];
+inline unsigned __ballot_sync(unsigned, int pred) {
+    int t = threadIdx.x + threadIdx.y * blockDim.x, w = t >> 5;
+    emu_votes[t] = pred != 0;
+    emu_warp_barriers[w]->arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= (unsigned)emu_votes[(t & ~31) | i] << i;
     emu_warp_barriers[w]->arrive_and_wait();
     return r;
 }

@@ -617,6 +617,18 @@ __device__ __forceinline__ unsigned short f16_bits(float x) {
 #endif
 }
 
+// 2^x by the special-function unit (relative error below 2^-22; 2^-inf = 0), where the
+// accurate exp2f adds range handling to every call.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 // Two f16 in one register: `lo` in bits 0-15, `hi` in 16-31 (an mma operand's pair of columns).
 __device__ __forceinline__ unsigned f16_pair(float lo, float hi) {
     return (unsigned)f16_bits(lo) | ((unsigned)f16_bits(hi) << 16);
@@ -852,15 +864,25 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
                 }
             }
             // Mask, then the online softmax: element e of tile j is query row e / 2, key
-            // j * 8 + 2t + e % 2.
+            // j * 8 + 2t + e % 2. The tile's visible keys as bits (key i: bit i % 32 of word
+            // i / 32); a tile every one of this warp's queries sees whole needs no mask.
+            unsigned seen[FLASH_KEYS / 32];
+#pragma unroll
+            for (int w = 0; w < FLASH_KEYS / 32; ++w)
+                seen[w] = __ballot_sync(0xffffffffu, on[w * 32 + lane] != 0);
+            bool whole = (!causal || k0 + FLASH_KEYS - 1 <= q0 + warp * 16 + offset);
+#pragma unroll
+            for (int w = 0; w < FLASH_KEYS / 32; ++w) whole = whole && seen[w] == 0xffffffffu;
             float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
             for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                    float x = on[key] != 0 ? s[j][e] * scale_log2 : NEG_INF;
-                    if (causal && k0 + key > query[row] + offset) x = NEG_INF;
+                    float x = s[j][e] * scale_log2;
+                    if (!whole && (!((seen[key >> 5] >> (key & 31)) & 1u) ||
+                                   (causal && k0 + key > query[row] + offset)))
+                        x = NEG_INF;
                     s[j][e] = x;
                     tile_max[row] = fmaxf(tile_max[row], x);
                 }
@@ -873,7 +895,7 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
                 float next = fmaxf(run_max[row], m);
                 // No visible key yet: every probability so far is 0 (and exp2(-inf - 0) is 0).
                 base[row] = next == NEG_INF ? 0.f : next;
-                float alpha = exp2f(run_max[row] - base[row]);
+                float alpha = fast_exp2(run_max[row] - base[row]);
                 run_max[row] = next;
                 run_sum[row] *= alpha;
 #pragma unroll
@@ -886,7 +908,7 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
             for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[j][e] = exp2f(s[j][e] - base[e >> 1]);
+                    s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
                     run_sum[e >> 1] += s[j][e];
                 }
             // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15;
