@@ -81,7 +81,8 @@
 # Whisper-tiny b8, next to PyTorch's GEMMs alone (tools/gemm_floor.py) and its whole models' kernels (torch.profiler);
 # part 35 after the transfers in pieces, the warp-per-row norms and the attention's skipped steps: conformance
 # (fixtures with heads of 64 and 32 made on the device by tools/make_*_fixture.py, then every shipped one), the
-# profiles, new against old (switches, alternating) and the encoders against PyTorch f16 (rows in the database).
+# profiles and Nsight Compute's view of the attention and row kernels (where the machine has ncu); part 36 new
+# against old (switches, alternating) and the encoders against PyTorch f16 (rows in the database).
 # Copy tools/make_{bert,vit,clip,whisper}_fixture.py into .devcarry for it.
 set -u
 cd "$(dirname "$0")"
@@ -620,9 +621,25 @@ echo "== per-stage device times, f16"
 for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
   IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
 done
+echo "== Nsight Compute, where the machine has it: the fused attention (Whisper-tiny b8, BERT-base b128) and the row kernels"
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+  for a in "whisper-tiny --batch 8" "bert-base --batch 128 --seq 128"; do
+    for k in flash_attention_64 bias_act_vec add_norm_sum_warp bias_residual_norm_warp; do
+      f=$OUT/ncu_${a%% *}_$k.txt
+      timeout 120 $NCU --target-processes all -k regex:$k -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 1 --warmup 0 > $f 2>&1
+      grep -E "^  [a-z]|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|ERR" $f | head -16
+    done
+  done
+else
+  echo "no ncu"
+fi
+fi
+if [ "$PART" = 36 ]; then
 echo "== the new transfers and norms against the old (PIPELINED_TRANSFERS=0 WARP_NORM=0), alternating, bench p50 of 20"
 for round in 1 2; do
-  for v in "X=1" "PIPELINED_TRANSFERS=0 IPFS_ACCELERATE_CUDA_WARP_NORM=0" "PIPELINED_TRANSFERS=0" "WARP_NORM=0"; do
+  for v in "X=1" "PIPELINED_TRANSFERS=0 IPFS_ACCELERATE_CUDA_WARP_NORM=0"; do
     echo "-- round $round: IPFS_ACCELERATE_CUDA_$v"
     for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
       env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 20 --warmup 3 2>&1 | grep -E "p50|rror" | tail -1

@@ -839,9 +839,7 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
         }
         __syncthreads();  // this tile is in shared memory for every warp
         // A warp whose 16 queries are all past the last skips the products (it still loads its
-        // share of the tiles), and key steps past the last key are skipped: their scores are
-        // masked (keep is 0 there) and their probabilities 0.
-        int valid = min(FLASH_KEYS, keys - k0);
+        // share of the tiles).
         if (q0 + warp * 16 < queries) {
             const unsigned short* ks = kv + buf * 2 * TILE;
             const unsigned short* vs = ks + TILE;
@@ -853,7 +851,6 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
             for (int j = 0; j < FLASH_KEYS / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-                if (j * 8 >= valid) continue;
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk += 2) {
                     unsigned kb[4];
@@ -874,18 +871,33 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #pragma unroll
             for (int w = 0; w < FLASH_KEYS / 32; ++w) whole = whole && seen[w] == 0xffffffffu;
             float tile_max[2] = {NEG_INF, NEG_INF};
+            if (whole) {
 #pragma unroll
-            for (int j = 0; j < FLASH_KEYS / 8; ++j)
+                for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                    float x = s[j][e] * scale_log2;
-                    if (!whole && (!((seen[key >> 5] >> (key & 31)) & 1u) ||
-                                   (causal && k0 + key > query[row] + offset)))
-                        x = NEG_INF;
-                    s[j][e] = x;
-                    tile_max[row] = fmaxf(tile_max[row], x);
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        s[j][e] *= scale_log2;
+                        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
+                    }
+            } else {
+                // This thread's keys j * 8 + 2t and + 1 as bits 2j and 2j + 1.
+                unsigned mine = 0;
+#pragma unroll
+                for (int j = 0; j < FLASH_KEYS / 8; ++j)
+                    mine |= ((seen[j >> 2] >> ((j & 3) * 8 + 2 * t)) & 3u) << (2 * j);
+#pragma unroll
+                for (int j = 0; j < FLASH_KEYS / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
+                        float x = s[j][e] * scale_log2;
+                        if (!((mine >> (2 * j + (e & 1))) & 1u) ||
+                            (causal && k0 + key > query[row] + offset))
+                            x = NEG_INF;
+                        s[j][e] = x;
+                        tile_max[row] = fmaxf(tile_max[row], x);
+                    }
+            }
             float base[2];
 #pragma unroll
             for (int row = 0; row < 2; ++row) {
@@ -916,7 +928,6 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
             // lane % 16, columns 8 (lane / 16) past the pair's first.
 #pragma unroll
             for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
-                if (kk * 16 >= valid) break;
                 unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
                                   f16_pair(s[2 * kk][2], s[2 * kk][3]),
                                   f16_pair(s[2 * kk + 1][0], s[2 * kk + 1][1]),
