@@ -153,6 +153,29 @@ __device__ __forceinline__ float activate(float v, int act) {
     return tanhf(v);
 }
 
+// The f16 bits of `x`, rounded to nearest even.
+__device__ __forceinline__ unsigned short f16_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    return emu_f16_bits(x);
+#endif
+}
+
+// Two f16 in one register: `lo` in bits 0-15, `hi` in 16-31 (an mma operand's pair of columns).
+// One paired conversion from sm_80 on, where two single ones take the slower conversion pipe.
+__device__ __forceinline__ unsigned f16_pair(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (unsigned)f16_bits(lo) | ((unsigned)f16_bits(hi) << 16);
+#endif
+}
+
 // ---- Row kernels in packs of W values: W = 1 for the plain kernels, W = VEC (16 bytes: 8 halves
 // or 4 floats) for the `_vec` ones, which the engine uses when the row lengths and the head size
 // are multiples of VEC.
@@ -170,6 +193,24 @@ __device__ __forceinline__ Pack<W> load_pack(const T* p) {
 template <int W>
 __device__ __forceinline__ void store_pack(T* p, const Pack<W>& x) {
     *reinterpret_cast<Pack<W>*>(p) = x;
+}
+
+// `f[0..W)` rounded to T: f16 in pairs (f16_pair), f32 as it is.
+template <int W>
+__device__ __forceinline__ Pack<W> pack_floats(const float* f) {
+    Pack<W> o;
+    if (sizeof(T) == 2 && W % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e + 1 < W; e += 2) {
+            unsigned w = f16_pair(f[e], f[e + 1]);
+            o.v[e] = (T)(w & 0xffffu);
+            o.v[e + 1] = (T)(w >> 16);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) o.v[e] = st(f[e]);
+    }
+    return o;
 }
 
 // One block per row: z = (y + bias) + residual, out = layer_norm(z). `bias` and `residual` may be
@@ -283,23 +324,39 @@ __device__ void add_norm_warp_impl(const T* y, const T* bias, const T* residual,
     for (int i = 0; i < WARP_NORM_PACKS; ++i) {
         int c = (lane + 32 * i) * W;
         if (c >= hidden) break;
-        Pack<W> g = load_pack<W>(gamma + c), bt = load_pack<W>(beta + c), o;
+        Pack<W> g = load_pack<W>(gamma + c), bt = load_pack<W>(beta + c);
+        float o[W];
 #pragma unroll
-        for (int e = 0; e < W; ++e) o.v[e] = st((v[i][e] - mean) * inv * ld(g.v[e]) + ld(bt.v[e]));
-        store_pack<W>(out + base + c, o);
+        for (int e = 0; e < W; ++e) o[e] = (v[i][e] - mean) * inv * ld(g.v[e]) + ld(bt.v[e]);
+        store_pack<W>(out + base + c, pack_floats<W>(o));
     }
 }
 
-// y[r, c] = act(y[r, c] + bias[c]); grid (rows, blocks of packs along the columns).
-template <int W>
-__device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
+// y[r, c] = act(y[r, c] + bias[c]); grid (rows, blocks of packs along the columns). One body
+// per activation, so the element loop holds no activation test.
+template <int W, int ACT>
+__device__ void bias_act_body(T* y, const T* bias, int cols) {
     int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
     if (c >= cols) return;
     T* p = y + (size_t)blockIdx.x * cols + c;
     Pack<W> x = load_pack<W>(p), bb = load_pack<W>(bias + c);
+    float f[W];
 #pragma unroll
-    for (int e = 0; e < W; ++e) x.v[e] = st(activate(ld(x.v[e]) + ld(bb.v[e]), act));
-    store_pack<W>(p, x);
+    for (int e = 0; e < W; ++e) f[e] = activate(ld(x.v[e]) + ld(bb.v[e]), ACT);
+    store_pack<W>(p, pack_floats<W>(f));
+}
+
+template <int W>
+__device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
+    switch (act) {
+        case ACT_GELU: return bias_act_body<W, ACT_GELU>(y, bias, cols);
+        case ACT_GELU_TANH: return bias_act_body<W, ACT_GELU_TANH>(y, bias, cols);
+        case ACT_RELU: return bias_act_body<W, ACT_RELU>(y, bias, cols);
+        case ACT_NONE: return bias_act_body<W, ACT_NONE>(y, bias, cols);
+        case ACT_SILU: return bias_act_body<W, ACT_SILU>(y, bias, cols);
+        case ACT_QUICK_GELU: return bias_act_body<W, ACT_QUICK_GELU>(y, bias, cols);
+        default: return bias_act_body<W, ACT_TANH>(y, bias, cols);
+    }
 }
 
 // Row m of the fused QKV projection `[batch * seq, 3 * hidden]` plus its bias, split into q, k, v
@@ -606,17 +663,6 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
 #define FLASH_KEYS 64  // keys per tile
 #define FLASH_PAD 8    // halves past each shared row (spreads ldmatrix's rows over the banks)
 
-// The f16 bits of `x`, rounded to nearest even.
-__device__ __forceinline__ unsigned short f16_bits(float x) {
-#if defined(__CUDA_ARCH__)
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-#else
-    return emu_f16_bits(x);
-#endif
-}
-
 // 2^x by the special-function unit (relative error below 2^-22; 2^-inf = 0), where the
 // accurate exp2f adds range handling to every call.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -627,11 +673,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #else
     return exp2f(x);
 #endif
-}
-
-// Two f16 in one register: `lo` in bits 0-15, `hi` in 16-31 (an mma operand's pair of columns).
-__device__ __forceinline__ unsigned f16_pair(float lo, float hi) {
-    return (unsigned)f16_bits(lo) | ((unsigned)f16_bits(hi) << 16);
 }
 
 // The value of f16 bits.
