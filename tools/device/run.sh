@@ -82,7 +82,9 @@
 # part 35 after the transfers in pieces, the warp-per-row norms and the attention's skipped steps: conformance
 # (fixtures with heads of 64 and 32 made on the device by tools/make_*_fixture.py, then every shipped one), the
 # profiles and Nsight Compute's view of the attention and row kernels (where the machine has ncu); part 36 new
-# against old (switches, alternating) and the encoders against PyTorch f16 (rows in the database).
+# against old (switches, alternating) and the encoders against PyTorch f16 (rows in the database); part 37 the
+# checks of part 35 and then part 36, after the f16 stores were paired and bias + activation split per activation;
+# part 38 the transfers in pieces of 4 MiB (was 1): f16 conformance, pieces against one piece, PyTorch f16.
 # Copy tools/make_{bert,vit,clip,whisper}_fixture.py into .devcarry for it.
 set -u
 cd "$(dirname "$0")"
@@ -603,7 +605,9 @@ for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit
 done
 timeout 200 python3 gemm_floor.py 2>&1 | grep -v -i warn
 fi
-if [ "$PART" = 35 ]; then
+# Parts 35 and 37: fixtures with heads of 64 and 32 made here, verified in f16 and f32; every shipped fixture; the
+# per-stage profiles of the four encoder shapes.
+session30_checks() {
 echo "== fixtures with heads of 64 and 32 (the fused attention), HF float64 on this machine: sequences ending inside a tile"
 F=/tmp/fused
 python3 make_bert_fixture.py $F/bert/h64 128 2 256 77 3 > /dev/null 2>&1
@@ -621,6 +625,9 @@ echo "== per-stage device times, f16"
 for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
   IPFS_ACCELERATE_CUBLAS_PROFILE=1 timeout 90 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 3 --warmup 1 2>&1 | grep -E "^cublas encoder|rror" | tail -1
 done
+}
+if [ "$PART" = 35 ]; then
+session30_checks
 echo "== Nsight Compute, where the machine has it: the fused attention (Whisper-tiny b8, BERT-base b128) and the row kernels"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
@@ -636,10 +643,30 @@ else
   echo "no ncu"
 fi
 fi
-if [ "$PART" = 36 ]; then
-echo "== the new transfers and norms against the old (PIPELINED_TRANSFERS=0 WARP_NORM=0), alternating, bench p50 of 20"
+if [ "$PART" = 37 ]; then
+session30_checks
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+for k in flash_attention_64 bias_act_vec; do
+  f=$OUT/ncu_whisper_$k.txt
+  timeout 60 $NCU --target-processes all -k regex:$k -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    ./xtask bench --dev --backend cuda --no-db --config whisper-tiny --batch 8 --dtype f16 --iters 1 --warmup 0 > $f 2>&1
+  grep -E "^  [a-z]|Duration|Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|ERR" $f | head -12
+done
+fi
+if [ "$PART" = 38 ]; then
+echo "== the fixtures with heads of 64 and 32 in f16 (transfers now in pieces of 4 MiB)"
+F=/tmp/fused
+python3 make_bert_fixture.py $F/bert/h64 128 2 256 77 3 > /dev/null 2>&1
+python3 make_vit_fixture.py $F/vit/h64 128 2 256 64 8 2 3 > /dev/null 2>&1
+python3 make_whisper_fixture.py $F/whisper/h64 128 2 2 400 2 7 > /dev/null 2>&1
+timeout 100 ./xtask verify --fixtures $F --family bert,vit,whisper --backend cuda --precision f16 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -8
+SWITCHES=("X=1" "PIPELINED_TRANSFERS=0")
+fi
+if [ "$PART" = 36 ] || [ "$PART" = 37 ] || [ "$PART" = 38 ]; then
+[ "$PART" = 38 ] || SWITCHES=("X=1" "PIPELINED_TRANSFERS=0 IPFS_ACCELERATE_CUDA_WARP_NORM=0")
+echo "== new against old, alternating, bench p50 of 20: ${SWITCHES[*]}"
 for round in 1 2; do
-  for v in "X=1" "PIPELINED_TRANSFERS=0 IPFS_ACCELERATE_CUDA_WARP_NORM=0"; do
+  for v in "${SWITCHES[@]}"; do
     echo "-- round $round: IPFS_ACCELERATE_CUDA_$v"
     for a in "bert-base --batch 128 --seq 128" "bert-base --batch 32 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"; do
       env IPFS_ACCELERATE_CUDA_$v timeout 60 ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 20 --warmup 3 2>&1 | grep -E "p50|rror" | tail -1
