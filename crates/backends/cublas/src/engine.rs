@@ -687,6 +687,30 @@ pub(crate) fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
+/// Launches a norm kernel of `op` whose leading arguments are in `args`: the norm's gamma and
+/// beta, epsilon, the row length and `out` follow, then the row count for the `_warp` kernels.
+///
+/// # Safety
+/// The leading arguments and these match the kernel's signature in kernels.cu, and every buffer
+/// holds `op.rows` rows of `op.hidden` values.
+unsafe fn norm_launch<'a, T: DeviceRepr>(
+    mut args: cudarc::driver::LaunchArgs<'a>,
+    op: &'a AddNorm<'_>,
+    norm: &'a Norm<T>,
+    out: &'a mut CudaSlice<T>,
+) -> Result<(), EngineError> {
+    args.arg(&norm.gamma)
+        .arg(&norm.beta)
+        .arg(&op.eps)
+        .arg(&op.hidden)
+        .arg(out);
+    if op.warp {
+        args.arg(&op.rows);
+    }
+    args.launch(op.cfg())?;
+    Ok(())
+}
+
 /// Rows of one block of the warp-per-row norms (a warp each).
 const WARP_NORM_ROWS: u32 = 4;
 /// Packs a lane of the warp-per-row norms holds (`WARP_NORM_PACKS` in kernels.cu).
@@ -1956,19 +1980,9 @@ where
             Residual::Read(r) => args.arg(r),
             Residual::Update(r) => args.arg(r),
         };
-        args.arg(&norm.gamma)
-            .arg(&norm.beta)
-            .arg(&op.eps)
-            .arg(&op.hidden)
-            .arg(out);
-        if op.warp {
-            args.arg(&op.rows);
-        }
-        // SAFETY: the argument list matches the kernels' signatures in kernels.cu (the `_warp`
-        // ones also take the row count); they run over `op.rows` rows, each `hidden` long in
-        // every buffer.
-        unsafe { args.launch(op.cfg()) }?;
-        Ok(())
+        // SAFETY: the argument list matches the kernels' signatures in kernels.cu; they run over
+        // `op.rows` rows, each `hidden` long in every buffer.
+        unsafe { norm_launch(args, op, norm, out) }
     }
 
     /// `out = layer_norm(x)`, row by row (the kernel and grid of `op`).
@@ -1980,19 +1994,10 @@ where
         out: &mut CudaSlice<T>,
     ) -> Result<(), EngineError> {
         let mut args = self.launch(op.norm_kernel);
-        args.arg(x)
-            .arg(&norm.gamma)
-            .arg(&norm.beta)
-            .arg(&op.eps)
-            .arg(&op.hidden)
-            .arg(out);
-        if op.warp {
-            args.arg(&op.rows);
-        }
+        args.arg(x);
         // SAFETY: `layer_norm[_vec|_warp](x, gamma, beta, eps, hidden, out[, rows])` over
         // `op.rows` rows, each `hidden` long.
-        unsafe { args.launch(op.cfg()) }?;
-        Ok(())
+        unsafe { norm_launch(args, op, norm, out) }
     }
 
     /// The frame front end: each convolution as im2col rows and one GEMM, its bias and the

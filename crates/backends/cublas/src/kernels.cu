@@ -213,6 +213,28 @@ __device__ __forceinline__ Pack<W> pack_floats(const float* f) {
     return o;
 }
 
+// The W values of y + bias + residual from `y[at]` (the bias from `bias[col]`) into `x`; with
+// `sum`, also stored there rounded to T, and `x` holds the rounded values.
+template <int W>
+__device__ __forceinline__ void add_pack(const T* y, const T* bias, const T* residual, T* sum,
+                                         size_t at, int col, float* x) {
+    Pack<W> a = load_pack<W>(y + at), z;
+    Pack<W> bb, r;
+    if (bias) bb = load_pack<W>(bias + col);
+    if (residual) r = load_pack<W>(residual + at);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+        x[e] = ld(a.v[e]);
+        if (bias) x[e] += ld(bb.v[e]);
+        if (residual) x[e] += ld(r.v[e]);
+        if (sum) {
+            z.v[e] = st(x[e]);
+            x[e] = ld(z.v[e]);
+        }
+    }
+    if (sum) store_pack<W>(sum + at, z);
+}
+
 // One block per row: z = (y + bias) + residual, out = layer_norm(z). `bias` and `residual` may be
 // null (left out of the sum); when `sum` is not null, z is also written there (rounded to T, and
 // the norm then reads the rounded value, as a framework that stores the residual stream in T
@@ -227,23 +249,13 @@ __device__ void add_norm_impl(const T* y, const T* bias, const T* residual, cons
     size_t base = (size_t)blockIdx.x * hidden;
     float s = 0.f;
     for (int c = threadIdx.x * W; c < hidden; c += blockDim.x * W) {
-        Pack<W> a = load_pack<W>(y + base + c), z;
-        Pack<W> bb, r;
-        if (bias) bb = load_pack<W>(bias + c);
-        if (residual) r = load_pack<W>(residual + base + c);
+        float x[W];
+        add_pack<W>(y, bias, residual, sum, base + c, c, x);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-            float x = ld(a.v[e]);
-            if (bias) x += ld(bb.v[e]);
-            if (residual) x += ld(r.v[e]);
-            if (sum) {
-                z.v[e] = st(x);
-                x = ld(z.v[e]);
-            }
-            row[c + e] = x;
-            s += x;
+            row[c + e] = x[e];
+            s += x[e];
         }
-        if (sum) store_pack<W>(sum + base + c, z);
     }
     float mean = block_reduce(s, red, BLOCK_SUM) / hidden;
     float var = 0.f;
@@ -291,23 +303,9 @@ __device__ void add_norm_warp_impl(const T* y, const T* bias, const T* residual,
     for (int i = 0; i < WARP_NORM_PACKS; ++i) {
         int c = (lane + 32 * i) * W;
         if (c >= hidden) break;
-        Pack<W> a = load_pack<W>(y + base + c), z;
-        Pack<W> bb, r;
-        if (bias) bb = load_pack<W>(bias + c);
-        if (residual) r = load_pack<W>(residual + base + c);
+        add_pack<W>(y, bias, residual, sum, base + c, c, v[i]);
 #pragma unroll
-        for (int e = 0; e < W; ++e) {
-            float x = ld(a.v[e]);
-            if (bias) x += ld(bb.v[e]);
-            if (residual) x += ld(r.v[e]);
-            if (sum) {
-                z.v[e] = st(x);
-                x = ld(z.v[e]);
-            }
-            v[i][e] = x;
-            s += x;
-        }
-        if (sum) store_pack<W>(sum + base + c, z);
+        for (int e = 0; e < W; ++e) s += v[i][e];
     }
     float mean = warp_sum(s) / hidden, var = 0.f;
 #pragma unroll
