@@ -527,7 +527,8 @@ pub fn profile_requested() -> bool {
 /// [`TRANSFER_PIECES`] of them, so that the host's part of one piece (converting inputs into the
 /// page-locked buffer, copying outputs out of it) overlaps the device's copy of the next. Each
 /// piece costs the host one fork-join of its threads: on the H200 pieces of 1 MiB made ViT-base
-/// b32 (two 9.6 MB transfers) slower, while BERT-base b128's 25 MB output gained 0.4 ms.
+/// b32 (two 9.6 MB transfers) slower; at 4 MiB every encoder shape measured was as fast or faster
+/// than one piece (docs/benchmarks.md, session 30).
 const TRANSFER_PIECE_BYTES: usize = 4 << 20;
 /// The most pieces one transfer is cut into.
 const TRANSFER_PIECES: usize = 8;
