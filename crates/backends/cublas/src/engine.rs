@@ -304,24 +304,38 @@ enum DeviceHead<T> {
 /// `src` copied into a new vector, in chunks on rayon's threads (a large output leaves the pinned
 /// staging buffer several times faster than one `memcpy`).
 fn parallel_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
-    use rayon::prelude::*;
     const CHUNK: usize = 1 << 18;
     if src.len() <= CHUNK {
         return src.to_vec();
     }
     let mut out = Vec::with_capacity(src.len());
-    out.spare_capacity_mut()[..src.len()]
-        .par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
+    par_copy_into(&mut out.spare_capacity_mut()[..src.len()], src, CHUNK);
+    // SAFETY: the copy above initialised all `src.len()` elements.
+    unsafe { out.set_len(src.len()) };
+    out
+}
+
+/// `src` copied into `dst` (of the same length) in chunks of `chunk` values on rayon's threads;
+/// every value of `dst` is initialised after it.
+fn par_copy_into<T: Copy + Send + Sync>(
+    dst: &mut [std::mem::MaybeUninit<T>],
+    src: &[T],
+    chunk: usize,
+) {
+    use rayon::prelude::*;
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "a copy between slices of other lengths"
+    );
+    dst.par_chunks_mut(chunk)
+        .zip(src.par_chunks(chunk))
         .for_each(|(d, s)| {
             // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
             unsafe {
                 std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<T>(), s.len())
             }
         });
-    // SAFETY: the chunks above initialised all `src.len()` elements.
-    unsafe { out.set_len(src.len()) };
-    out
 }
 
 /// Token inputs, checked by the caller: `[batch, seq]` row-major each.
@@ -2341,10 +2355,9 @@ pub(crate) fn read_back_pieces<T: DeviceRepr + ValidAsZeroBits + Copy + Send + S
     x: &CudaSlice<T>,
     pipelined: bool,
 ) -> Result<Vec<T>, EngineError> {
-    use rayon::prelude::*;
     const CHUNK: usize = 1 << 16;
     let pieces = transfer_pieces::<T>(x.len(), pipelined);
-    if pieces.len() == 1 {
+    if pieces.len() <= 1 {
         return read_back(stream, staging, x, parallel_copy);
     }
     let mut staging = staging
@@ -2360,15 +2373,11 @@ pub(crate) fn read_back_pieces<T: DeviceRepr + ValidAsZeroBits + Copy + Send + S
     let mut out = Vec::with_capacity(x.len());
     for (piece, event) in pieces.iter().zip(&arrived) {
         event.synchronize()?;
-        out.spare_capacity_mut()[piece.clone()]
-            .par_chunks_mut(CHUNK)
-            .zip(dst[piece.clone()].par_chunks(CHUNK))
-            .for_each(|(d, s)| {
-                // SAFETY: `d` and `s` are disjoint and of equal length; `T: Copy`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<T>(), s.len())
-                }
-            });
+        par_copy_into(
+            &mut out.spare_capacity_mut()[piece.clone()],
+            &dst[piece.clone()],
+            CHUNK,
+        );
     }
     // SAFETY: the pieces cover `0..x.len()`, each initialised above.
     unsafe { out.set_len(x.len()) };

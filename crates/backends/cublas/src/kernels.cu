@@ -13,13 +13,19 @@
 #define BLOCK_SUM 0
 #define BLOCK_MAX 1
 
-// Sum or max of `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
-// the result. `red` holds 32 floats of shared memory.
-__device__ float block_reduce(float v, float* red, int op) {
+// Sum or max of `v` over the warp; every lane gets the result.
+__device__ __forceinline__ float warp_reduce(float v, int op) {
     for (int o = 16; o > 0; o >>= 1) {
         float other = __shfl_xor_sync(0xffffffffu, v, o);
         v = op == BLOCK_SUM ? v + other : fmaxf(v, other);
     }
+    return v;
+}
+
+// Sum or max of `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the result. `red` holds 32 floats of shared memory.
+__device__ float block_reduce(float v, float* red, int op) {
+    v = warp_reduce(v, op);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) red[warp] = v;
@@ -280,12 +286,6 @@ __device__ void add_norm_impl(const T* y, const T* bias, const T* residual, cons
 // (1024 halves or 512 floats) take the warp-per-row kernels.
 #define WARP_NORM_PACKS 4
 
-// The sum of `v` over the warp; every lane gets it.
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // add_norm_impl with one warp per row (blockDim.x / 32 rows per block, `rows` in all), the row
 // in registers and the sums by shuffles: no shared memory and no block barrier. The same
 // arguments, aliasing and rounding; `hidden` is a multiple of W of at most 32 · W ·
@@ -307,7 +307,7 @@ __device__ void add_norm_warp_impl(const T* y, const T* bias, const T* residual,
 #pragma unroll
         for (int e = 0; e < W; ++e) s += v[i][e];
     }
-    float mean = warp_sum(s) / hidden, var = 0.f;
+    float mean = warp_reduce(s, BLOCK_SUM) / hidden, var = 0.f;
 #pragma unroll
     for (int i = 0; i < WARP_NORM_PACKS; ++i) {
         if ((lane + 32 * i) * W >= hidden) break;
@@ -317,7 +317,7 @@ __device__ void add_norm_warp_impl(const T* y, const T* bias, const T* residual,
             var += d * d;
         }
     }
-    float inv = 1.f / sqrtf(warp_sum(var) / hidden + eps);
+    float inv = 1.f / sqrtf(warp_reduce(var, BLOCK_SUM) / hidden + eps);
 #pragma unroll
     for (int i = 0; i < WARP_NORM_PACKS; ++i) {
         int c = (lane + 32 * i) * W;
@@ -448,14 +448,6 @@ extern "C" __global__ void layer_norm_warp(const T* x, const T* gamma, const T* 
 // whose `mask[b, key]` is non-zero (masked keys get 0), and with `causal` only keys up to the
 // query's position. A row with no visible key attends to every key it may see (every key, or
 // with `causal` the keys up to its own), as HF's additive mask (finfo.min on every key) does.
-
-__device__ __forceinline__ float warp_reduce(float v, int op) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = op == BLOCK_SUM ? v + other : fmaxf(v, other);
-    }
-    return v;
-}
 
 // One row of `row_len` values (a multiple of VEC, the row 16-byte aligned) whose packs p = lane +
 // i * stride (i < PER), keys p * VEC ... p * VEC + VEC - 1, sit in this thread's registers; `reduce`
