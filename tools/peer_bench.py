@@ -37,7 +37,9 @@ FAMILIES = ("bert", "vit", "clip", "whisper", "wav2vec2")
 # Families only the torch peer runs (no ONNX export here).
 TORCH_ONLY = ("clip", "whisper")
 GENERATING = ("llama", "qwen2", "t5", "whisper", "llava")
-ENGINES = ("torch", "onnxruntime")
+# torch-host: PyTorch eager from host inputs to host outputs (the inputs copied to the device and every
+# output tensor back in each timed call), as ours runs; torch keeps both on the device.
+ENGINES = ("torch", "torch-host", "onnxruntime")
 INSTALL_HINT = "run `cargo xtask fetch-peers` (pip install torch transformers onnxruntime onnx from PyPI)"
 
 
@@ -216,11 +218,23 @@ def run_torch(args, dtypes):
             continue
         try:
             m = model.to(args.device, names[d])
-            inputs = torch_inputs(args, torch, args.device, names[d])
+            host_io = args.engine == "torch-host"
+            # torch-host: the same values made on the host, copied up in each call.
+            inputs = torch_inputs(args, torch, "cpu" if host_io else args.device, names[d])
+
+            def to_host(x):
+                if isinstance(x, torch.Tensor):
+                    return x.cpu()
+                if isinstance(x, (tuple, list)):
+                    return [to_host(y) for y in x]
+                return to_host(x.to_tuple()) if hasattr(x, "to_tuple") else x
 
             def call():
                 with torch.inference_mode():
-                    m(**inputs)
+                    if host_io:
+                        to_host(m(**{k: v.to(args.device) for k, v in inputs.items()}))
+                    else:
+                        m(**inputs)
                 if args.device.startswith("cuda"):
                     torch.cuda.synchronize()
 
@@ -423,11 +437,12 @@ def main():
                                         "one timed iteration embeds them all")
     args = ap.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
+    torch_engine = args.engine in ("torch", "torch-host")
     if args.new and (args.engine != "torch" or args.family not in GENERATING):
         for d in dtypes:
             emit(args, d, "unavailable", f"generation peers: torch on {', '.join(GENERATING)}")
         return
-    if not args.new and args.engine != "torch" and args.family in TORCH_ONLY:
+    if not args.new and not torch_engine and args.family in TORCH_ONLY:
         for d in dtypes:
             emit(args, d, "unavailable", f"the {args.engine} peer has no export of {args.family}")
         return
@@ -437,7 +452,7 @@ def main():
                  f"not {args.family}")
         return
     try:
-        (run_torch if args.engine == "torch" else run_ort)(args, dtypes)
+        (run_torch if torch_engine else run_ort)(args, dtypes)
     except KeyboardInterrupt:
         for d in dtypes:
             emit(args, d, "interrupted", "interrupted by Ctrl-C before timing")

@@ -679,4 +679,25 @@ for a in "bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32" "whisper-t
   timeout 150 ./xtask compare $c --config $a 2>&1 | grep -E -A8 "median ms|rror|$G"
 done
 fi
+if [ "$PART" = 39 ]; then
+# Session 31: the fused attention with fewer instructions per key tile (shared addresses, straight
+# staging, scale folded into one FMA, rescale skipped when no maximum grew).
+session30_checks
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+for a in "whisper-tiny --batch 8" "bert-base --batch 128 --seq 128"; do
+  f=$OUT/ncu_${a%% *}_flash_attention_64.txt
+  timeout 60 $NCU --target-processes all -k regex:flash_attention_64 -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    ./xtask bench --dev --backend cuda --no-db --config $a --dtype f16 --iters 1 --warmup 0 > $f 2>&1
+  grep -E "^  [a-z]|Duration|Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|ERR" $f | head -12
+done
+fi
+if [ "$PART" = 40 ] || [ "$PART" = 41 ]; then
+echo "== the encoders against PyTorch f16 kept on the device (torch) and from host to host as ours (torch-host), rounds alternating; rows in $DB"
+c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16,torch-host:f16 --rounds 3 --iters 20 --warmup 3"
+if [ "$PART" = 40 ]; then SHAPES=("bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32"); T=330
+else SHAPES=("whisper-tiny --batch 1,8" "clip-vit-b32 --batch 32" "wav2vec2-base --batch 8 --seq 160000"); T=200; fi
+for a in "${SHAPES[@]}"; do
+  timeout $T ./xtask compare $c --config $a 2>&1 | grep -E -A12 "median ms|rror|$G"
+done
+fi
 ls -la $OUT

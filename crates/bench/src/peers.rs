@@ -28,8 +28,11 @@ pub const PEERS_DIR_ENV: &str = "IPFS_ACCELERATE_PEERS_DIR";
 /// A peer engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerEngine {
-    /// PyTorch eager through transformers.
+    /// PyTorch eager through transformers, its inputs and outputs kept on the device.
     Torch,
+    /// PyTorch eager as [`PeerEngine::Torch`], each call from host inputs to host outputs as
+    /// ours runs: the inputs copied to the device, every output tensor copied back.
+    TorchHost,
     /// ONNX Runtime on an ONNX export of the same model.
     OnnxRuntime,
     /// llama.cpp (npm `node-llama-cpp`'s prebuilt binaries) generating from the same GGUF file.
@@ -41,6 +44,7 @@ impl PeerEngine {
     pub fn name(self) -> &'static str {
         match self {
             PeerEngine::Torch => "torch",
+            PeerEngine::TorchHost => "torch-host",
             PeerEngine::OnnxRuntime => "onnxruntime",
             PeerEngine::LlamaCpp => "llama.cpp",
         }
@@ -50,7 +54,7 @@ impl PeerEngine {
     /// `ort` → f32, int8).
     pub fn default_dtypes(self) -> &'static [&'static str] {
         match self {
-            PeerEngine::Torch => &["f32", "bf16"],
+            PeerEngine::Torch | PeerEngine::TorchHost => &["f32", "bf16"],
             PeerEngine::OnnxRuntime => &["f32", "int8"],
             PeerEngine::LlamaCpp => &["gguf"],
         }
@@ -59,7 +63,7 @@ impl PeerEngine {
     /// The precisions the peer knows.
     fn known_dtypes(self) -> &'static [&'static str] {
         match self {
-            PeerEngine::Torch => &["f32", "bf16", "f16"],
+            PeerEngine::Torch | PeerEngine::TorchHost => &["f32", "bf16", "f16"],
             PeerEngine::OnnxRuntime => &["f32", "int8"],
             PeerEngine::LlamaCpp => &["gguf"],
         }
@@ -77,7 +81,8 @@ pub struct Peer {
 }
 
 /// The peer names `--peer` accepts.
-pub const PEER_NAMES: &str = "torch (or pytorch), ort (or onnxruntime), llamacpp (or llama.cpp)";
+pub const PEER_NAMES: &str =
+    "torch (or pytorch), torch-host, ort (or onnxruntime), llamacpp (or llama.cpp)";
 
 impl std::str::FromStr for Peer {
     type Err = BenchError;
@@ -90,6 +95,7 @@ impl std::str::FromStr for Peer {
         };
         let engine = match name.trim().to_ascii_lowercase().as_str() {
             "torch" | "pytorch" => PeerEngine::Torch,
+            "torch-host" | "pytorch-host" => PeerEngine::TorchHost,
             "ort" | "onnxruntime" | "onnx-runtime" => PeerEngine::OnnxRuntime,
             "llamacpp" | "llama.cpp" | "llama-cpp" => PeerEngine::LlamaCpp,
             other => {
@@ -358,10 +364,12 @@ fn unsupported(engine: PeerEngine, point: &PeerPoint<'_>) -> Option<String> {
         PeerEngine::LlamaCpp if point.device != Ok("cpu") => {
             Some("the llama.cpp peer runs node-llama-cpp's CPU binaries (0 GPU layers)".into())
         }
-        PeerEngine::Torch | PeerEngine::OnnxRuntime if gguf => Some(format!(
+        PeerEngine::Torch | PeerEngine::TorchHost | PeerEngine::OnnxRuntime if gguf => {
+            Some(format!(
             "{} runs checkpoint folders, not GGUF files (compare a GGUF file with --peer llamacpp)",
             engine.name()
-        )),
+        ))
+        }
         PeerEngine::OnnxRuntime if point.new_tokens.is_some() => Some(
             "the ONNX Runtime peer times forward passes of an export; generation is not exported"
                 .into(),
@@ -511,13 +519,18 @@ mod tests {
 
     #[test]
     fn peer_names_and_precisions() {
-        let names = ["torch", "ort:int8", "pytorch:fp32+bf16"].map(String::from);
+        let names = ["torch", "ort:int8", "pytorch:fp32+bf16", "torch-host:f16"].map(String::from);
         let peers = parse_peers(&names).unwrap();
         assert_eq!(peers[0].engine, PeerEngine::Torch);
         assert_eq!(peers[0].dtypes, ["f32", "bf16"]);
         assert_eq!(peers[1].engine, PeerEngine::OnnxRuntime);
         assert_eq!(peers[1].dtypes, ["int8"]);
         assert_eq!(peers[2].dtypes, ["f32", "bf16"]);
+        assert_eq!(peers[3].engine, PeerEngine::TorchHost);
+        assert_eq!(
+            (peers[3].engine.name(), &peers[3].dtypes[..]),
+            ("torch-host", &["f16".to_string()][..])
+        );
         let e = "llamacpx".parse::<Peer>().unwrap_err().to_string();
         assert!(
             e.contains("unknown peer `llamacpx`") && e.contains("torch"),

@@ -481,7 +481,7 @@ __device__ void cached_attention_impl(const T* q, const T* k_cache, const T* v_c
 // holding `past + n_new` columns, `mask` `[batch, cap]`; query i sees the columns up to past + i.
 // Grid (ceil(n_new / FLASH_ROWS), batch * heads), FLASH_ROWS * 2 threads; f16 storage.
 #define CACHED_FLASH(D)                                                                            \
-    extern "C" __global__ void cached_flash_attention_##D(                                         \
+    extern "C" __global__ void FLASH_BOUNDS cached_flash_attention_##D(                            \
         const T* q, const T* k_cache, const T* v_cache, const int* mask, int past, int n_new,     \
         int heads, int kv_heads, int cap, float scale_log2, T* out) {                              \
         int b = blockIdx.y / heads, h = blockIdx.y - b * heads, kvh = h / (heads / kv_heads);     \

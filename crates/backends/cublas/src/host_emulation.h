@@ -1,6 +1,6 @@
 // Runs the engine's CUDA kernels on the host for tests: each block's threads are std::threads,
-// __syncthreads a barrier, __shfl_xor_sync and __ballot_sync exchanges through memory between two
-// warp barriers; blocks run one after another (so `__shared__` arrays can be statics).
+// __syncthreads a barrier, __shfl_xor_sync, __ballot_sync and __any_sync exchanges through memory
+// between two warp barriers; blocks run one after another (so `__shared__` arrays can be statics).
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -35,6 +35,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
     emu_warp_barriers[w]->arrive_and_wait();
     return r;
 }
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 // The f16 bits of `f`, rounded to nearest even (the device's cvt.rn.f16.f32).
 static inline unsigned short emu_f16_bits(float f) {
     unsigned int x; memcpy(&x, &f, 4);

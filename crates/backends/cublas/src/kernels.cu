@@ -652,6 +652,14 @@ extern "C" __global__ void masked_softmax_warp(T* scores, const int* mask, int h
 #define FLASH_ROWS 64  // queries per block: 4 warps of 16
 #define FLASH_KEYS 64  // keys per tile
 #define FLASH_PAD 8    // halves past each shared row (spreads ldmatrix's rows over the banks)
+#define FLASH_THREADS (2 * FLASH_ROWS)  // 4 warps
+// The fused kernels' entry points: at most 128 registers, so 4 blocks fit an SM (as their shared
+// memory does).
+#if defined(__CUDA_ARCH__)
+#define FLASH_BOUNDS __launch_bounds__(FLASH_THREADS, 4)
+#else
+#define FLASH_BOUNDS
+#endif
 
 // 2^x by the special-function unit (relative error below 2^-22; 2^-inf = 0), where the
 // accurate exp2f adds range handling to every call.
@@ -706,42 +714,72 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+
+// A place in shared memory holding f16 bits: on the device its 32-bit address in the shared
+// window, so an access at a constant distance from it is one instruction with an immediate offset
+// (through a generic pointer every access paid a 64-bit address computation); in the host
+// emulation a pointer. `+` counts f16 values.
+struct Smem {
+    unsigned a;
+    __device__ __forceinline__ Smem operator+(int halves) const {
+        return {a + 2u * (unsigned)halves};
+    }
+};
+__device__ __forceinline__ Smem smem_at(unsigned short* p) { return {shared_address(p)}; }
+#else
+struct Smem {
+    unsigned short* p;
+    Smem operator+(int halves) const { return {p + halves}; }
+};
+inline Smem smem_at(unsigned short* p) { return {p}; }
 #endif
 
 // ldmatrix.x4: lanes 8i ... 8i + 7 give the rows (8 f16 each, 16-byte aligned) of 8 × 8 matrix
 // i, and r[i] gets this lane's pair of it: row lane / 4, columns 2 (lane % 4) and + 1, or with
 // `TRANS` column lane / 4 of rows 2 (lane % 4) and + 1.
 template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* row) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, Smem row) {
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 800
-    unsigned a = shared_address(row);
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
+                     : "r"(row.a));
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
+                     : "r"(row.a));
 #endif
 #else
-    emu_ldmatrix_x4(r, row, TRANS);
+    emu_ldmatrix_x4(r, row.p, TRANS);
 #endif
 }
 
 // 8 values of a row (16-byte aligned) into shared memory as f16: an asynchronous 16-byte copy
 // when they are f16 already (flash_commit, flash_wait), else converted here (the f32 build, which
 // the engine never launches, and the host emulation).
-__device__ __forceinline__ void stage8(unsigned short* dst, const T* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void stage8(Smem dst, const T* src) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
     if (sizeof(T) == 2) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)),
-                     "l"(src));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst.a), "l"(src));
         return;
     }
 #endif
-    for (int e = 0; e < 8; ++e) dst[e] = f16_bits(ld(src[e]));
+    for (int e = 0; e < 8; ++e)
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(dst.a + 2 * e), "h"(f16_bits(ld(src[e]))));
+#else
+    for (int e = 0; e < 8; ++e) dst.p[e] = f16_bits(ld(src[e]));
+#endif
+}
+
+// 8 zeros into shared memory (16-byte aligned).
+__device__ __forceinline__ void zero8(Smem dst) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(dst.a), "r"(0));
+#else
+    for (int e = 0; e < 8; ++e) dst.p[e] = 0;
+#endif
 }
 
 // One int into shared memory, asynchronously where cp.async is (as stage8).
@@ -769,19 +807,30 @@ __device__ __forceinline__ void flash_wait() {
 #endif
 }
 
-// Rows [row0, row0 + rows) of one head's `D` columns (`src` at the head's first column, rows
-// `stride` apart) into shared memory as f16, row r at `dst + r * pitch`; rows past `seq` are 0.
+// Rows [row0, row0 + FLASH_KEYS) of one head's `D` columns (`src` at the head's first column,
+// rows `stride` apart) into shared memory as f16, row r at `dst + r * (D + FLASH_PAD)`; rows past
+// `seq` are 0. Thread i copies the 8 columns (i % (D / 8)) * 8 of every (FLASH_THREADS / (D /
+// 8))-th row from row i / (D / 8): a fixed handful of copies with no bounds test unless the rows
+// end inside the tile.
 template <int D>
-__device__ __forceinline__ void stage_rows(const T* src, long long stride, int row0, int rows,
-                                           int seq, unsigned short* dst, int pitch) {
-    constexpr int CHUNKS = D / 8;
-    for (int i = threadIdx.x; i < rows * CHUNKS; i += blockDim.x) {
-        int r = i / CHUNKS, c = (i - r * CHUNKS) * 8;
-        unsigned short* d = dst + r * pitch + c;
-        if (row0 + r < seq)
-            stage8(d, src + (row0 + r) * stride + c);
-        else
-            for (int e = 0; e < 8; ++e) d[e] = 0;
+__device__ __forceinline__ void stage_rows(const T* src, long long stride, int row0, int seq,
+                                           Smem dst) {
+    constexpr int CHUNKS = D / 8, STEP = FLASH_THREADS / CHUNKS, LD = D + FLASH_PAD;
+    static_assert(FLASH_THREADS % CHUNKS == 0 && FLASH_KEYS % STEP == 0, "whole passes");
+    int r = threadIdx.x / CHUNKS, c = (threadIdx.x - r * CHUNKS) * 8;
+    const T* s = src + (row0 + r) * stride + c;
+    Smem d = dst + r * LD + c;
+    if (row0 + FLASH_KEYS <= seq) {
+#pragma unroll
+        for (int n = 0; n < FLASH_KEYS / STEP; ++n) stage8(d + n * STEP * LD, s + n * STEP * stride);
+    } else {
+#pragma unroll
+        for (int n = 0; n < FLASH_KEYS / STEP; ++n) {
+            if (row0 + r + n * STEP < seq)
+                stage8(d + n * STEP * LD, s + n * STEP * stride);
+            else
+                zero8(d + n * STEP * LD);
+        }
     }
 }
 
@@ -789,11 +838,13 @@ __device__ __forceinline__ void stage_rows(const T* src, long long stride, int r
 // values (0 past `seq`) into shared memory.
 template <int D>
 __device__ __forceinline__ void stage_keys(const T* k, const T* v, long long stride, int k0,
-                                           int seq, const int* visible, unsigned short* ks,
-                                           unsigned short* vs, int* keep, int pitch) {
-    stage_rows<D>(k, stride, k0, FLASH_KEYS, seq, ks, pitch);
-    stage_rows<D>(v, stride, k0, FLASH_KEYS, seq, vs, pitch);
-    for (int i = threadIdx.x; i < FLASH_KEYS; i += blockDim.x) {
+                                           int seq, const int* visible, Smem ks, Smem vs,
+                                           int* keep) {
+    stage_rows<D>(k, stride, k0, seq, ks);
+    stage_rows<D>(v, stride, k0, seq, vs);
+    static_assert(FLASH_KEYS <= FLASH_THREADS, "one mask value per thread");
+    int i = threadIdx.x;
+    if (i < FLASH_KEYS) {
         if (k0 + i < seq)
             stage_int(keep + i, visible + k0 + i);
         else
@@ -806,8 +857,8 @@ __device__ __forceinline__ void stage_keys(const T* k, const T* v, long long str
 // `visible[key]`; with `causal` query i sees keys up to i + `offset` (the columns cached before
 // it). `q_bias` and `v_bias` (the head's columns, or null) are added to the queries and the
 // output. The context rows go to `out` (the head's first column, rows `out_stride` apart). Grid
-// x: ceil(queries / FLASH_ROWS) blocks of FLASH_ROWS * 2 threads; `D` = the head size (a
-// multiple of 16). `scale_log2` = scale · log2(e).
+// x: ceil(queries / FLASH_ROWS) blocks of FLASH_THREADS threads; `D` = the head size (a
+// multiple of 16). `scale_log2` = scale · log2(e), positive.
 template <int D>
 __device__ void flash_attention_impl(const T* q, long long q_stride, int queries, const T* k,
                                      const T* v, long long kv_stride, int keys,
@@ -816,19 +867,20 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
                                      long long out_stride) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     constexpr int LD = D + FLASH_PAD, TILE = FLASH_KEYS * LD;
+    static_assert(FLASH_ROWS == FLASH_KEYS, "the queries are staged as a key tile is");
     // f16 bits in 16-byte words (ldmatrix and cp.async address 16-byte rows): the queries, then
     // two buffers of keys and of values.
     __shared__ unsigned q_words[FLASH_ROWS * LD / 2], kv_words[4 * TILE / 2];
     __shared__ int keep[2][FLASH_KEYS];
-    unsigned short* qs = reinterpret_cast<unsigned short*>(q_words);
-    unsigned short* kv = reinterpret_cast<unsigned short*>(kv_words);
+    Smem qs = smem_at(reinterpret_cast<unsigned short*>(q_words));
+    Smem kv = smem_at(reinterpret_cast<unsigned short*>(kv_words));
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = blockIdx.x * FLASH_ROWS;
     int tiles = (keys + FLASH_KEYS - 1) / FLASH_KEYS;
     if (causal) tiles = min(tiles, (q0 + FLASH_ROWS - 1 + offset) / FLASH_KEYS + 1);
     // The queries and the first key tile, one group of copies.
-    stage_rows<D>(q, q_stride, q0, FLASH_ROWS, queries, qs, LD);
-    stage_keys<D>(k, v, kv_stride, 0, keys, visible, kv, kv + TILE, keep[0], LD);
+    stage_rows<D>(q, q_stride, q0, queries, qs);
+    stage_keys<D>(k, v, kv_stride, 0, keys, visible, kv, kv + TILE, keep[0]);
     flash_commit();
     flash_wait<0>();
     __syncthreads();
@@ -848,6 +900,11 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
         qa[kk][2] = f16_pair_plus(qa[kk][2], b8, b9);
         qa[kk][3] = f16_pair_plus(qa[kk][3], b8, b9);
     }
+    // This lane's rows for ldmatrix in buffer 0: of the keys (the B operand of q kᵀ: key lane % 8,
+    // columns 8 (lane / 8)) and of the values (transposed, the B operand of p v: key lane % 16,
+    // columns 8 (lane / 16)). Every product's operand lies a constant distance from these.
+    Smem k_lane = kv + (lane & 7) * LD + (lane >> 3) * 8;
+    Smem v_lane = kv + TILE + (lane & 15) * LD + (lane >> 4) * 8;
     // This thread's two query rows (g and g + 8 of the warp's 16): the running max (of scores
     // times scale_log2), the running sum of its keys' probabilities, and its output columns.
     int query[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -860,9 +917,9 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
     for (int tile = 0; tile < tiles; ++tile) {
         int buf = tile & 1, k0 = tile * FLASH_KEYS;
         if (tile + 1 < tiles) {
-            unsigned short* next = kv + (buf ^ 1) * 2 * TILE;
+            Smem next = kv + (buf ^ 1) * 2 * TILE;
             stage_keys<D>(k, v, kv_stride, k0 + FLASH_KEYS, keys, visible, next, next + TILE,
-                          keep[buf ^ 1], LD);
+                          keep[buf ^ 1]);
             flash_commit();
             flash_wait<1>();
         } else {
@@ -872,11 +929,10 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
         // A warp whose 16 queries are all past the last skips the products (it still loads its
         // share of the tiles).
         if (q0 + warp * 16 < queries) {
-            const unsigned short* ks = kv + buf * 2 * TILE;
-            const unsigned short* vs = ks + TILE;
+            Smem ks = k_lane + buf * 2 * TILE, vs = v_lane + buf * 2 * TILE;
             const int* on = keep[buf];
-            // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles. ldmatrix gives the B operand of
-            // key tile j for two 16-column steps: rows = keys j * 8 + lane % 8, columns 8 (lane / 8).
+            // s = q kᵀ: 16 queries × 64 keys, eight 16 × 8 tiles; one ldmatrix gives the B
+            // operand of key tile j for two 16-column steps.
             float s[FLASH_KEYS / 8][4];
 #pragma unroll
             for (int j = 0; j < FLASH_KEYS / 8; ++j) {
@@ -885,15 +941,16 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk += 2) {
                     unsigned kb[4];
-                    ldmatrix_x4<false>(kb,
-                                       ks + (j * 8 + (lane & 7)) * LD + kk * 16 + (lane >> 3) * 8);
+                    ldmatrix_x4<false>(kb, ks + j * 8 * LD + kk * 16);
                     mma_16816(s[j], qa[kk], kb);
                     mma_16816(s[j], qa[kk + 1], kb + 2);
                 }
             }
             // Mask, then the online softmax: element e of tile j is query row e / 2, key
             // j * 8 + 2t + e % 2. The tile's visible keys as bits (key i: bit i % 32 of word
-            // i / 32); a tile every one of this warp's queries sees whole needs no mask.
+            // i / 32); a tile every one of this warp's queries sees whole needs no mask. The
+            // maxima are of the raw scores (the scale is positive), which one fused multiply-add
+            // per score then scales and shifts.
             unsigned seen[FLASH_KEYS / 32];
 #pragma unroll
             for (int w = 0; w < FLASH_KEYS / 32; ++w)
@@ -906,10 +963,8 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #pragma unroll
                 for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        s[j][e] *= scale_log2;
+                    for (int e = 0; e < 4; ++e)
                         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
-                    }
             } else {
                 // This thread's keys j * 8 + 2t and + 1 as bits 2j and 2j + 1.
                 unsigned mine = 0;
@@ -921,7 +976,7 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         int key = j * 8 + 2 * t + (e & 1), row = e >> 1;
-                        float x = s[j][e] * scale_log2;
+                        float x = s[j][e];
                         if (!((mine >> (2 * j + (e & 1))) & 1u) ||
                             (causal && k0 + key > query[row] + offset))
                             x = NEG_INF;
@@ -929,34 +984,38 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
                         tile_max[row] = fmaxf(tile_max[row], x);
                     }
             }
-            float base[2];
+            float base[2], alpha[2];
+            bool grew = false;
 #pragma unroll
             for (int row = 0; row < 2; ++row) {
                 // The 4 threads of a group hold the row's 64 keys.
                 float m = fmaxf(tile_max[row], __shfl_xor_sync(0xffffffffu, tile_max[row], 1));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                float next = fmaxf(run_max[row], m);
+                float next = fmaxf(run_max[row], m * scale_log2);
                 // No visible key yet: every probability so far is 0 (and exp2(-inf - 0) is 0).
                 base[row] = next == NEG_INF ? 0.f : next;
-                float alpha = fast_exp2(run_max[row] - base[row]);
+                alpha[row] = fast_exp2(run_max[row] - base[row]);
+                grew = grew || next != run_max[row];
                 run_max[row] = next;
-                run_sum[row] *= alpha;
+                run_sum[row] *= alpha[row];
+            }
+            // The output so far is rescaled only when a row's maximum grew (else alpha is 1): once
+            // the maxima settle, most tiles skip these multiplications.
+            if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
-                    o[j][2 * row] *= alpha;
-                    o[j][2 * row + 1] *= alpha;
-                }
+                for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e >> 1];
             }
 #pragma unroll
             for (int j = 0; j < FLASH_KEYS / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
+                    s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
                     run_sum[e >> 1] += s[j][e];
                 }
             // o += p v: the score tiles 2kk and 2kk + 1 are the A operand of keys 16kk ... 16kk + 15;
-            // ldmatrix.trans gives the B operand of two 8-column tiles of v: rows = keys 16kk +
-            // lane % 16, columns 8 (lane / 16) past the pair's first.
+            // one ldmatrix.trans gives the B operand of two 8-column tiles of v.
 #pragma unroll
             for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
                 unsigned pa[4] = {f16_pair(s[2 * kk][0], s[2 * kk][1]),
@@ -966,8 +1025,7 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #pragma unroll
                 for (int j = 0; j < D / 8; j += 2) {
                     unsigned vb[4];
-                    ldmatrix_x4<true>(vb,
-                                      vs + (kk * 16 + (lane & 15)) * LD + j * 8 + (lane >> 4) * 8);
+                    ldmatrix_x4<true>(vb, vs + kk * 16 * LD + j * 8);
                     mma_16816(o[j], pa, vb);
                     mma_16816(o[j + 1], pa, vb + 2);
                 }
@@ -1001,16 +1059,16 @@ __device__ void flash_attention_impl(const T* q, long long q_stride, int queries
 #ifdef ENCODER_KERNELS
 // The encoder's: grid (ceil(seq / FLASH_ROWS), batch * heads).
 #define FLASH_ATTENTION(D)                                                                        \
-    extern "C" __global__ void flash_attention_##D(const T* qkv, const T* bias, const int* mask,  \
-                                                   int seq, int heads, float scale_log2,         \
-                                                   int causal, T* out) {                         \
-        int hidden = heads * D, b = blockIdx.y / heads, h = blockIdx.y - b * heads;              \
-        long long stride = 3LL * hidden;                                                         \
-        const T* rows = qkv + (long long)b * seq * stride + h * D;                               \
+    extern "C" __global__ void FLASH_BOUNDS flash_attention_##D(                                  \
+        const T* qkv, const T* bias, const int* mask, int seq, int heads, float scale_log2,       \
+        int causal, T* out) {                                                                     \
+        int hidden = heads * D, b = blockIdx.y / heads, h = blockIdx.y - b * heads;               \
+        long long stride = 3LL * hidden;                                                          \
+        const T* rows = qkv + (long long)b * seq * stride + h * D;                                \
         flash_attention_impl<D>(rows, stride, seq, rows + hidden, rows + 2 * hidden, stride, seq, \
-                                mask + (long long)b * seq, bias + h * D,                         \
-                                bias + 2 * hidden + h * D, causal, 0, scale_log2,                \
-                                out + (long long)b * seq * hidden + h * D, hidden);              \
+                                mask + (long long)b * seq, bias + h * D,                          \
+                                bias + 2 * hidden + h * D, causal, 0, scale_log2,                 \
+                                out + (long long)b * seq * hidden + h * D, hidden);               \
     }
 #if IN_GROUP(5)
 FLASH_ATTENTION(32)
