@@ -83,9 +83,9 @@ pub struct BenchArgs {
     pub rounds: usize,
     /// Peers to measure right after each of our points, on the same shape, threads and device:
     /// `torch` (PyTorch eager, f32 + bf16, inputs and outputs on its device), `torch-host`
-    /// (the same, each call from host inputs to host outputs as ours), `ort` (ONNX Runtime, f32
-    /// + int8), `llamacpp` (llama.cpp on the same GGUF file), or with precisions `torch:f32`,
-    /// `ort:f32+int8`.
+    /// (the same, each call from host inputs to host outputs as ours), `ort` (ONNX Runtime,
+    /// f32 + int8), `llamacpp` (llama.cpp on the same GGUF file), or with precisions
+    /// `torch:f32`, `ort:f32+int8`.
     /// Installed by `cargo xtask fetch-peers`; a peer that cannot run is stored as unavailable
     /// with the reason.
     #[arg(long, value_delimiter = ',')]
