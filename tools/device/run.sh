@@ -700,4 +700,14 @@ for a in "${SHAPES[@]}"; do
   timeout $T ./xtask compare $c --config $a 2>&1 | grep -E -A12 "median ms|rror|$G"
 done
 fi
+if [ "$PART" = 42 ]; then
+# Session 31: a fresh machine's first MiniLM embedding and SmolLM2 generation with this build's kernels.
+save_smollm2; cat /tmp/smollm2/* > /dev/null
+for what in minilm smollm2; do
+  args=$(cold_args $what)
+  echo "== first process with empty caches: $what ($args)"
+  for round in 1 2 3; do cold "r$round" ./xtask 0 /tmp/kc-$what-$round $args; done
+  cold "warm" ./xtask 0 /tmp/kc-$what-1 $args
+done
+fi
 ls -la $OUT
