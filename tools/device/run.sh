@@ -691,11 +691,10 @@ for a in "whisper-tiny --batch 8" "bert-base --batch 128 --seq 128"; do
   grep -E "^  [a-z]|Duration|Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|ERR" $f | head -12
 done
 fi
-if [ "$PART" = 40 ] || [ "$PART" = 41 ] || [ "$PART" = 43 ]; then
+if [ "$PART" = 40 ] || [ "$PART" = 41 ]; then
 echo "== the encoders against PyTorch f16 kept on the device (torch) and from host to host as ours (torch-host), rounds alternating; rows in $DB"
 c="--dev --backend cuda --db $DB --dtype f16 --peer torch:f16,torch-host:f16 --rounds 3 --iters 20 --warmup 3"
 if [ "$PART" = 40 ]; then SHAPES=("bert-base --batch 1,32,128 --seq 128" "vit-base --batch 32"); T=330
-elif [ "$PART" = 43 ]; then SHAPES=("bert-base --batch 32,128 --seq 128" "vit-base --batch 32" "whisper-tiny --batch 8"); T=250
 else SHAPES=("whisper-tiny --batch 1,8" "clip-vit-b32 --batch 32" "wav2vec2-base --batch 8 --seq 160000"); T=200; fi
 for a in "${SHAPES[@]}"; do
   timeout $T ./xtask compare $c --config $a 2>&1 | grep -E -A12 "median ms|rror|$G"
