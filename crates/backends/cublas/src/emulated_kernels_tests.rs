@@ -1501,7 +1501,8 @@ int main(void) {
     T* bias = to_t(take<float>(3 * hidden), 3 * hidden);
     T* out = to_t(take<float>(tokens * hidden), tokens * hidden);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)size);
-    emu_launch({(unsigned)((seq + 63) / 64), (unsigned)(batch * heads), 1}, {128, 1, 1}, [&] {
+    emu_launch({(unsigned)((seq + FLASH_ROWS - 1) / FLASH_ROWS), (unsigned)(batch * heads), 1},
+               {FLASH_THREADS, 1, 1}, [&] {
         (size == 32 ? flash_attention_32 : flash_attention_64)(qkv, bias, mask, seq, heads,
                                                                scale_log2, causal, out);
     });
@@ -1621,7 +1622,8 @@ int main(void) {
     T* flash = to_t(take<float>(qn), qn);
     T* plain = to_t(take<float>(qn), qn);
     float scale = 1.f / sqrtf((float)hd);
-    emu_launch({(unsigned)((n_new + 63) / 64), (unsigned)(batch * heads), 1}, {128, 1, 1}, [&] {
+    emu_launch({(unsigned)((n_new + FLASH_ROWS - 1) / FLASH_ROWS), (unsigned)(batch * heads), 1},
+               {FLASH_THREADS, 1, 1}, [&] {
         (hd == 32 ? cached_flash_attention_32 : cached_flash_attention_64)(
             q, k, v, mask, past, n_new, heads, kv, cap, scale * 1.4426950408889634f, flash);
     });
