@@ -5,6 +5,12 @@
 //! engines that do not run through burn (the cuBLAS encoder of the `cuda` feature) consume it, so
 //! the weight-name table stays in the model crate and the math of the block is written once in
 //! the engine.
+//!
+//! The types are generic over how a dense layer (`D`), a norm (`N`) and a table of rows (`T`)
+//! are held. Their defaults are host values ([`DenseWeights`], [`NormWeights`], `Vec<f32>`),
+//! what engines and the f64 reference read; the burn executor (`ipfs_accelerate_nn::trunk`)
+//! holds the same description with burn modules in their place, so a family describes its
+//! trunk once for both.
 
 use crate::{Error, QuantizedBlocks, Result};
 
@@ -19,6 +25,18 @@ pub enum EncoderActivation {
     Relu,
     /// `x · sigmoid(1.702 x)` (CLIP's `quick_gelu`).
     QuickGelu,
+    /// `min(max(0, x), 6)`.
+    Relu6,
+    /// `x · sigmoid(x)` (`silu`, `swish`).
+    Silu,
+    /// The logistic sigmoid.
+    Sigmoid,
+    /// The hyperbolic tangent.
+    Tanh,
+    /// `x · tanh(softplus(x))`.
+    Mish,
+    /// `x` (`linear`).
+    Identity,
 }
 
 impl EncoderActivation {
@@ -32,6 +50,12 @@ impl EncoderActivation {
             }
             EncoderActivation::Relu => x.max(0.0),
             EncoderActivation::QuickGelu => x / (1.0 + (-1.702 * x).exp()),
+            EncoderActivation::Relu6 => x.clamp(0.0, 6.0),
+            EncoderActivation::Silu => x / (1.0 + (-x).exp()),
+            EncoderActivation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            EncoderActivation::Tanh => x.tanh(),
+            EncoderActivation::Mish => x * x.exp().ln_1p().tanh(),
+            EncoderActivation::Identity => x,
         }
     }
 }
@@ -156,28 +180,28 @@ pub struct NormWeights {
 /// One encoder layer: self-attention and a feed-forward block, each with a residual connection
 /// and a layer norm, placed as [`EncoderSpec::norm`] says.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EncoderLayerWeights {
+pub struct EncoderLayerWeights<D = DenseWeights, N = NormWeights> {
     /// Query projection.
-    pub query: DenseWeights,
+    pub query: D,
     /// Key projection.
-    pub key: DenseWeights,
+    pub key: D,
     /// Value projection.
-    pub value: DenseWeights,
+    pub value: D,
     /// Attention output projection.
-    pub attention_output: DenseWeights,
+    pub attention_output: D,
     /// Post-norm: the norm after the attention residual. Pre-norm: the norm before attention
     /// (ViT's `layernorm_before`).
-    pub attention_norm: NormWeights,
+    pub attention_norm: N,
     /// Feed-forward up projection.
-    pub intermediate: DenseWeights,
+    pub intermediate: D,
     /// Feed-forward down projection.
-    pub output: DenseWeights,
+    pub output: D,
     /// Post-norm: the norm after the feed-forward residual. Pre-norm: the norm before the
     /// feed-forward block (ViT's `layernorm_after`).
-    pub output_norm: NormWeights,
+    pub output_norm: N,
     /// Cross-frame messages exchanged before the attention (X-CLIP's vision layers), in a
     /// pre-norm trunk whose every layer has them.
-    pub messages: Option<FrameMessages>,
+    pub messages: Option<FrameMessages<D, N>>,
 }
 
 /// X-CLIP's cross-frame communication in a pre-norm layer: the inputs of one call are frames,
@@ -187,51 +211,51 @@ pub struct EncoderLayerWeights {
 /// its message (one more key; the message's own output is dropped), and the feed-forward block
 /// over its tokens alone.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FrameMessages {
+pub struct FrameMessages<D = DenseWeights, N = NormWeights> {
     /// Frames per video.
     pub frames: usize,
     /// `message_fc`.
-    pub fc: DenseWeights,
+    pub fc: D,
     /// `message_ln`.
-    pub norm: NormWeights,
+    pub norm: N,
     /// `message_attn`'s query projection (the first third of `in_proj`).
-    pub query: DenseWeights,
+    pub query: D,
     /// Its key projection.
-    pub key: DenseWeights,
+    pub key: D,
     /// Its value projection.
-    pub value: DenseWeights,
+    pub value: D,
     /// `message_attn.out_proj`.
-    pub output: DenseWeights,
+    pub output: D,
 }
 
 /// A task head over the final hidden states: one dense layer, and what it reads.
 #[derive(Debug, Clone, PartialEq)]
-pub enum EncoderHead {
+pub enum EncoderHead<D = DenseWeights> {
     /// `logits = dense(h[:, 0])`, `[batch, labels]` (ViT's `classifier`).
-    FirstToken(DenseWeights),
+    FirstToken(D),
     /// `logits = dense(pooler_output)`, `[batch, labels]` (BERT's sequence classification;
     /// needs the pooler).
-    Pooled(DenseWeights),
+    Pooled(D),
     /// `logits = dense(h)` on every token, `[batch, seq, labels]` (token classification).
-    EveryToken(DenseWeights),
+    EveryToken(D),
     /// `dense(h)` on every token with two outputs, split into `start_logits` and `end_logits`,
     /// `[batch, seq]` each (extractive question answering).
-    Span(DenseWeights),
+    Span(D),
     /// `logits = down(activation(up(h)))` on every token, `[batch, seq, out]` (LLaVA's
     /// multimodal projector over the vision tower's features).
     EveryTokenMlp {
         /// The first layer, `hidden → inner`.
-        up: DenseWeights,
+        up: D,
         /// Between the two.
         activation: EncoderActivation,
         /// The second layer, `inner → out`.
-        down: DenseWeights,
+        down: D,
     },
 }
 
-impl EncoderHead {
+impl<D> EncoderHead<D> {
     /// The head's (last) dense layer, whose outputs are the head's.
-    pub fn dense(&self) -> &DenseWeights {
+    pub fn dense(&self) -> &D {
         match self {
             EncoderHead::FirstToken(d)
             | EncoderHead::Pooled(d)
@@ -254,7 +278,7 @@ pub enum NormPlacement {
 /// Word + absolute position (+ token type) embeddings (BERT; CLIP's text tower has no token
 /// types).
 #[derive(Debug, Clone, PartialEq)]
-pub struct TokenEmbeddings {
+pub struct TokenEmbeddings<T = Vec<f32>> {
     /// Vocabulary size (rows of `word`).
     pub vocab: usize,
     /// Longest sequence (rows of `position`).
@@ -263,18 +287,18 @@ pub struct TokenEmbeddings {
     /// (then every `token_type_ids` value must be 0).
     pub type_vocab: usize,
     /// `[vocab, hidden]`.
-    pub word: Vec<f32>,
+    pub word: T,
     /// `[max_positions, hidden]`.
-    pub position: Vec<f32>,
+    pub position: T,
     /// `[type_vocab, hidden]`.
-    pub token_type: Vec<f32>,
+    pub token_type: T,
     /// RoBERTa-family numbering (RoBERTa, XLM-R, CamemBERT, CLAP's text tower): the positions of
     /// each row count its tokens that are not `padding_idx` from `padding_idx + 1`, and those
     /// tokens take `padding_idx` ([`roberta_position_ids`]). `None`: positions `0..seq` (BERT).
     pub padding_idx: Option<i64>,
 }
 
-impl TokenEmbeddings {
+impl<T> TokenEmbeddings<T> {
     /// The position ids of row-major `ids` `[rows, seq]` by this table's numbering, each checked
     /// to be a row of the table ([`token_position_ids`]).
     pub fn position_ids(&self, ids: &[i64], seq: usize) -> Result<Vec<i64>> {
@@ -329,7 +353,7 @@ pub fn roberta_position_ids(ids: &[i64], seq: usize, padding_idx: i64) -> Vec<i6
 /// stride = kernel = `patch`, run as one matrix product), a class token in front, and learned
 /// position embeddings (ViT).
 #[derive(Debug, Clone, PartialEq)]
-pub struct PatchEmbeddings {
+pub struct PatchEmbeddings<D = DenseWeights, T = Vec<f32>> {
     /// Input channels.
     pub channels: usize,
     /// Patch side in pixels.
@@ -338,14 +362,14 @@ pub struct PatchEmbeddings {
     pub image: (usize, usize),
     /// The projection as `[hidden, channels · patch · patch]` (the convolution's
     /// `[hidden, channels, patch, patch]` weight) and its bias.
-    pub projection: DenseWeights,
+    pub projection: D,
     /// `[hidden]`: the class token.
-    pub class: Vec<f32>,
+    pub class: T,
     /// `[1 + patches, hidden]`: position embeddings, the class token's first.
-    pub position: Vec<f32>,
+    pub position: T,
 }
 
-impl PatchEmbeddings {
+impl<D, T> PatchEmbeddings<D, T> {
     /// Patches per image: `(height / patch) · (width / patch)`.
     pub fn patches(&self) -> usize {
         let p = self.patch.max(1);
@@ -361,9 +385,9 @@ impl PatchEmbeddings {
 /// A 1-D convolution over frames: `conv` holds the `[out, in, kernel]` weight as
 /// `[out, in · kernel]` rows (an im2col row's order) and its bias; zero `padding` on both sides.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FrameConv {
+pub struct FrameConv<D = DenseWeights> {
     /// The weight as a dense layer and the bias.
-    pub conv: DenseWeights,
+    pub conv: D,
     /// Kernel width in frames.
     pub kernel: usize,
     /// Stride in frames.
@@ -377,7 +401,9 @@ impl FrameConv {
     pub fn in_channels(&self) -> usize {
         self.conv.in_features / self.kernel.max(1)
     }
+}
 
+impl<D> FrameConv<D> {
     /// Output frames for `frames` input frames (0 when the input is shorter than the kernel).
     pub fn out_frames(&self, frames: usize) -> usize {
         conv_out_frames(frames, self.kernel, self.stride, self.padding)
@@ -396,20 +422,20 @@ pub fn conv_out_frames(frames: usize, kernel: usize, stride: usize, padding: usi
 /// end: each convolution followed by `activation`, the last one's output read as `[tokens,
 /// hidden]`, plus learned position embeddings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FrameEmbeddings {
+pub struct FrameEmbeddings<D = DenseWeights, T = Vec<f32>> {
     /// Feature channels (mel bins).
     pub channels: usize,
     /// Input frames; inputs must have exactly this many (HF pads log-mels to it).
     pub frames: usize,
     /// The convolutions, first to last.
-    pub convs: Vec<FrameConv>,
+    pub convs: Vec<FrameConv<D>>,
     /// The activation after each convolution.
     pub activation: EncoderActivation,
     /// `[tokens, hidden]`: position embeddings.
-    pub position: Vec<f32>,
+    pub position: T,
 }
 
-impl FrameEmbeddings {
+impl<D, T> FrameEmbeddings<D, T> {
     /// Tokens per input: the last convolution's output frames.
     pub fn tokens(&self) -> usize {
         self.convs.iter().fold(self.frames, |n, c| c.out_frames(n))
@@ -419,18 +445,18 @@ impl FrameEmbeddings {
 /// How a [`WaveformEmbeddings`] convolution's output is normed (epsilon
 /// [`WaveformEmbeddings::conv_eps`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum ConvNorm {
+pub enum ConvNorm<N = NormWeights> {
     /// Each channel over the frames: a GroupNorm with one group per channel (Wav2Vec2's first
     /// convolution when `feat_extract_norm` is `group`).
-    Channel(NormWeights),
+    Channel(N),
     /// Each frame over the channels: a LayerNorm (every convolution when `feat_extract_norm` is
     /// `layer`).
-    Frame(NormWeights),
+    Frame(N),
 }
 
-impl ConvNorm {
+impl<N> ConvNorm<N> {
     /// The norm's scale and shift.
-    pub fn weights(&self) -> &NormWeights {
+    pub fn weights(&self) -> &N {
         match self {
             ConvNorm::Channel(n) | ConvNorm::Frame(n) => n,
         }
@@ -441,10 +467,10 @@ impl ConvNorm {
 /// (Wav2Vec2's `pos_conv_embed`): `kernel / 2` zero tokens on both sides, the last output
 /// dropped when the kernel is even (so as many outputs as tokens), then the activation.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PositionConv {
+pub struct PositionConv<D = DenseWeights> {
     /// The `[hidden, hidden / groups, kernel]` weight (weight norm already folded) as
     /// `[hidden, hidden / groups · kernel]` rows, channel-major then tap, and the bias.
-    pub conv: DenseWeights,
+    pub conv: D,
     /// Kernel width in tokens.
     pub kernel: usize,
     /// Channel groups: output channel `o` reads the inputs of its group only.
@@ -455,29 +481,31 @@ pub struct PositionConv {
 /// [`ConvNorm`] says, then the activation), a LayerNorm and a projection to the hidden size,
 /// plus a [`PositionConv`] of the projected tokens (Wav2Vec2's feature encoder and projection).
 #[derive(Debug, Clone, PartialEq)]
-pub struct WaveformEmbeddings {
+pub struct WaveformEmbeddings<D = DenseWeights, N = NormWeights> {
     /// The convolutions, first (one input channel) to last, without padding.
-    pub convs: Vec<FrameConv>,
+    pub convs: Vec<FrameConv<D>>,
     /// The norm of each convolution's output, one entry per convolution.
-    pub norms: Vec<Option<ConvNorm>>,
+    pub norms: Vec<Option<ConvNorm<N>>>,
     /// The convolution norms' epsilon.
     pub conv_eps: f32,
     /// The activation after each convolution and after the position convolution.
     pub activation: EncoderActivation,
     /// LayerNorm over the last convolution's channels (epsilon [`EncoderSpec::eps`]).
-    pub projection_norm: NormWeights,
+    pub projection_norm: N,
     /// `[hidden, channels]`: the feature projection.
-    pub projection: DenseWeights,
+    pub projection: D,
     /// The relative positions added to the projected tokens.
-    pub position: PositionConv,
+    pub position: PositionConv<D>,
 }
 
-impl WaveformEmbeddings {
+impl<D, N> WaveformEmbeddings<D, N> {
     /// Tokens for `samples` samples (0 when the input is shorter than the convolutions' reach).
     pub fn tokens(&self, samples: usize) -> usize {
         self.convs.iter().fold(samples, |n, c| c.out_frames(n))
     }
+}
 
+impl WaveformEmbeddings {
     /// Channels of the last convolution's output.
     pub fn channels(&self) -> usize {
         self.convs.last().map_or(0, |c| c.conv.out_features)
@@ -486,22 +514,22 @@ impl WaveformEmbeddings {
 
 /// What the encoder reads.
 #[derive(Debug, Clone, PartialEq)]
-pub enum EncoderInput {
+pub enum EncoderInput<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
     /// Token ids (`input_ids`, `token_type_ids`, `attention_mask`).
-    Tokens(TokenEmbeddings),
+    Tokens(TokenEmbeddings<T>),
     /// Images (`pixel_values`, `[batch, channels, height, width]`).
-    Patches(PatchEmbeddings),
+    Patches(PatchEmbeddings<D, T>),
     /// Feature frames (`input_features`, `[batch, channels, frames]`).
-    Frames(FrameEmbeddings),
+    Frames(FrameEmbeddings<D, T>),
     /// Raw audio samples (`input_values`, `[batch, samples]`).
-    Waveform(WaveformEmbeddings),
+    Waveform(WaveformEmbeddings<D, N>),
 }
 
 /// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
 /// layers, an optional final norm, an optional `tanh(dense(h[:, 0]))` pooler and an optional task
 /// head ([`EncoderHead`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct EncoderSpec {
+pub struct EncoderSpec<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
     /// The family it came from (`bert`, `vit`), for runners and messages.
     pub family: String,
     /// Hidden size.
@@ -515,25 +543,25 @@ pub struct EncoderSpec {
     /// Feed-forward activation.
     pub activation: EncoderActivation,
     /// The embeddings.
-    pub input: EncoderInput,
+    pub input: EncoderInput<D, N, T>,
     /// Norm after the embeddings (BERT's `embeddings.LayerNorm`).
-    pub embedding_norm: Option<NormWeights>,
+    pub embedding_norm: Option<N>,
     /// Where each layer's norms sit.
     pub norm: NormPlacement,
     /// The layers, in order.
-    pub layers: Vec<EncoderLayerWeights>,
+    pub layers: Vec<EncoderLayerWeights<D, N>>,
     /// Norm over the last layer's output (ViT's `layernorm`).
-    pub final_norm: Option<NormWeights>,
+    pub final_norm: Option<N>,
     /// The pooler's dense layer (tanh), when the checkpoint has one.
-    pub pooler: Option<DenseWeights>,
+    pub pooler: Option<D>,
     /// The task head, when the checkpoint has one.
-    pub head: Option<EncoderHead>,
+    pub head: Option<EncoderHead<D>>,
     /// Whether attention is causal on top of the padding mask: token `i` sees keys `0..=i`
     /// (CLIP's text tower).
     pub causal: bool,
     /// A projection of one token per row, when the checkpoint has one (CLIP's
     /// `text_projection` / `visual_projection`).
-    pub projection: Option<EncoderProjection>,
+    pub projection: Option<EncoderProjection<D, N>>,
 }
 
 /// Which token of each row a projection reads.
@@ -573,30 +601,30 @@ impl PooledToken {
 /// token (CLIP: the text tower reads its final-normed end-of-text token; the vision tower applies
 /// `post_layernorm` to the class token).
 #[derive(Debug, Clone, PartialEq)]
-pub struct EncoderProjection {
+pub struct EncoderProjection<D = DenseWeights, N = NormWeights> {
     /// The HF output name of the result (`text_embeds`, `image_embeds`).
     pub output: String,
     /// Which token it reads.
     pub token: PooledToken,
     /// The norm applied to that token first.
-    pub norm: Option<NormWeights>,
+    pub norm: Option<N>,
     /// A dense layer and activation before `dense` (CLAP's `linear1` and ReLU); `None`: `dense`
     /// reads the token.
-    pub hidden: Option<ProjectionLayer>,
+    pub hidden: Option<ProjectionLayer<D>>,
     /// The projection (zero bias where the checkpoint has none).
-    pub dense: DenseWeights,
+    pub dense: D,
 }
 
 /// One dense layer and its activation, inside a projection.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProjectionLayer {
+pub struct ProjectionLayer<D = DenseWeights> {
     /// The layer.
-    pub dense: DenseWeights,
+    pub dense: D,
     /// Its activation.
     pub activation: EncoderActivation,
 }
 
-impl EncoderSpec {
+impl<D, N, T> EncoderSpec<D, N, T> {
     /// Frames per video when the layers exchange cross-frame messages ([`FrameMessages`]): the
     /// inputs of a call must then be whole videos.
     pub fn frames_per_input(&self) -> Option<usize> {
@@ -604,7 +632,9 @@ impl EncoderSpec {
             .iter()
             .find_map(|l| l.messages.as_ref().map(|m| m.frames))
     }
+}
 
+impl EncoderSpec {
     /// Checks every size against the dimensions, naming the first buffer that does not fit.
     pub fn validate(&self) -> Result<()> {
         let (h, i) = (self.hidden, self.intermediate);

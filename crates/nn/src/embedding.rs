@@ -42,6 +42,13 @@ impl<B: Backend> Embedding<B> {
         })
     }
 
+    /// A float table `[num, dim]` as it is (a class token, position embeddings).
+    pub fn from_table(weight: Tensor<B, 2>) -> Self {
+        Embedding {
+            table: Table::Float(weight),
+        }
+    }
+
     /// Rows in the table.
     pub fn num_embeddings(&self) -> usize {
         match &self.table {

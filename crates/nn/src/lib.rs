@@ -25,6 +25,7 @@ pub mod quant;
 pub mod rope;
 pub mod spec;
 pub mod transformer;
+pub mod trunk;
 mod var_builder;
 pub mod vision;
 pub mod weights;

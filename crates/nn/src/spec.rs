@@ -16,6 +16,59 @@ use crate::{
     Activation,
 };
 
+/// Reads a trunk's weights by name, as one kind of weights: host values ([`SpecReader`], what
+/// engines and the f64 reference read) or burn modules ([`crate::VarBuilder`], what the burn
+/// executor in [`crate::trunk`] runs). A family writes its trunk's description once, generic
+/// over this trait, and each executor reads it through its own reader.
+pub trait WeightReader: Sized {
+    /// A dense layer.
+    type Dense;
+    /// A layer norm.
+    type Norm;
+    /// A table of rows: an embedding table, a class token, position embeddings.
+    type Table;
+
+    /// The reader of the tensors under `name` (a dotted path).
+    fn under(&self, name: &str) -> Self;
+    /// Whether the checkpoint holds the tensor `name`.
+    fn holds(&self, name: &str) -> bool;
+    /// The dense layer `name` (`[out, inp]` weight), with its bias where `bias` is true.
+    fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Self::Dense>;
+    /// The layer norm `name` of width `h` (scale and shift), with epsilon `eps`.
+    fn layer_norm(&self, name: &str, h: usize, eps: f64) -> Result<Self::Norm>;
+    /// The tensor `name`, stored with `shape`, as a table of `[shape[..n-1].product(),
+    /// shape[n-1]]` rows.
+    fn table(&self, name: &str, shape: &[usize]) -> Result<Self::Table>;
+}
+
+impl WeightReader for SpecReader<'_> {
+    type Dense = DenseWeights;
+    type Norm = NormWeights;
+    type Table = Vec<f32>;
+
+    fn under(&self, name: &str) -> Self {
+        self.pp(name)
+    }
+
+    fn holds(&self, name: &str) -> bool {
+        self.has(name)
+    }
+
+    /// A layer without a bias gets zeros.
+    fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<DenseWeights> {
+        self.dense_with(name, out, inp, bias)
+    }
+
+    /// The epsilon is the spec's ([`ipfs_accelerate_core::EncoderSpec::eps`]).
+    fn layer_norm(&self, name: &str, h: usize, _eps: f64) -> Result<NormWeights> {
+        self.norm(name, h)
+    }
+
+    fn table(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.read(name, shape)
+    }
+}
+
 /// Reads f32 copies of a checkpoint's tensors under a prefix (`"vit."`, `""`), or (see
 /// [`SpecReader::keeping_blocks`]) a dense layer's ggml blocks as the file stores them.
 pub struct SpecReader<'a> {
@@ -252,20 +305,36 @@ impl<'a> SpecReader<'a> {
     }
 }
 
-/// The spec's name for a feed-forward activation, or an [`Error::InvalidInput`] naming one it
-/// has none for (such checkpoints run on the burn modules).
-pub fn encoder_activation(act: Activation) -> Result<EncoderActivation> {
-    Ok(match act {
+/// The spec's name for a feed-forward activation (every activation HF configs name has one).
+pub fn encoder_activation(act: Activation) -> EncoderActivation {
+    match act {
         Activation::Gelu => EncoderActivation::Gelu,
         Activation::GeluTanh => EncoderActivation::GeluTanh,
         Activation::Relu => EncoderActivation::Relu,
         Activation::QuickGelu => EncoderActivation::QuickGelu,
-        other => {
-            return Err(Error::InvalidInput(format!(
-                "the encoder spec has no activation {other:?}"
-            )))
-        }
-    })
+        Activation::Relu6 => EncoderActivation::Relu6,
+        Activation::Silu => EncoderActivation::Silu,
+        Activation::Sigmoid => EncoderActivation::Sigmoid,
+        Activation::Tanh => EncoderActivation::Tanh,
+        Activation::Mish => EncoderActivation::Mish,
+        Activation::Identity => EncoderActivation::Identity,
+    }
+}
+
+/// The activation [`encoder_activation`] names, for executors on burn.
+pub fn activation_of(act: EncoderActivation) -> Activation {
+    match act {
+        EncoderActivation::Gelu => Activation::Gelu,
+        EncoderActivation::GeluTanh => Activation::GeluTanh,
+        EncoderActivation::Relu => Activation::Relu,
+        EncoderActivation::QuickGelu => Activation::QuickGelu,
+        EncoderActivation::Relu6 => Activation::Relu6,
+        EncoderActivation::Silu => Activation::Silu,
+        EncoderActivation::Sigmoid => Activation::Sigmoid,
+        EncoderActivation::Tanh => Activation::Tanh,
+        EncoderActivation::Mish => Activation::Mish,
+        EncoderActivation::Identity => Activation::Identity,
+    }
 }
 
 /// The decoder spec's name for a gated MLP's activation, or an [`Error::InvalidInput`] naming one

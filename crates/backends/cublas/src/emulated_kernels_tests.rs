@@ -1889,3 +1889,65 @@ fn check_warp_norms<T: Elem>(bar: f64) {
         near(part(6), &norm(&plain), "warp norm in place");
     }
 }
+
+const ACTIVATION_HARNESS: &str = r#"
+int main(void) {
+    int* d = take<int>(2);  // cols and how many activations; then their codes
+    int cols = d[0], n = d[1];
+    int* codes = take<int>(n);
+    T* bias = to_t(take<float>(cols), cols);
+    float* x = take<float>((size_t)n * cols);
+    for (int a = 0; a < n; ++a) {
+        T* y = to_t(x + (size_t)a * cols, cols);
+        emu_launch({1, 1, 1}, {(unsigned)cols, 1, 1}, [&] { bias_act(y, bias, cols, codes[a]); });
+        put(y, cols);
+    }
+    return 0;
+}
+"#;
+
+/// `bias_act` under every activation the encoder spec names, against the spec's f64 definition
+/// (`EncoderActivation::apply`) of `x + bias`, over inputs from -8 to 8.
+#[test]
+fn every_encoder_activation_matches_its_definition() {
+    use ipfs_accelerate_core::EncoderActivation as A;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_main::<f32>(dir.path(), ACTIVATION_HARNESS) else {
+        return;
+    };
+    let every = [
+        A::Gelu,
+        A::GeluTanh,
+        A::Relu,
+        A::QuickGelu,
+        A::Relu6,
+        A::Silu,
+        A::Sigmoid,
+        A::Tanh,
+        A::Mish,
+        A::Identity,
+    ];
+    let cols = 64usize;
+    let mut rng = Rng(0x7a3c_0001_d00d_beef);
+    let bias = rng.vec(cols, 1.0, 0.0);
+    let x: Vec<f32> = (0..every.len() * cols)
+        .map(|i| (i % cols) as f32 / cols as f32 * 16.0 - 8.0)
+        .collect();
+    let mut input = Vec::new();
+    for v in [cols as i32, every.len() as i32]
+        .into_iter()
+        .chain(every.iter().map(|&a| crate::engine::Act::from(a) as i32))
+    {
+        input.extend(v.to_le_bytes());
+    }
+    for v in bias.iter().chain(&x) {
+        input.extend(v.to_le_bytes());
+    }
+    let got = run(&exe, &input, "activations");
+    for (a, act) in every.iter().enumerate() {
+        for c in 0..cols {
+            let v = f64::from(x[a * cols + c]) + f64::from(bias[c]);
+            close(got[a * cols + c], act.apply(v), &format!("{act:?} of {v}"));
+        }
+    }
+}

@@ -97,14 +97,18 @@ fn softmax_threads(keys: usize, vec: usize) -> u32 {
 
 /// The activation codes of `bias_act` in `kernels.cu`.
 #[derive(Clone, Copy)]
-enum Act {
+pub(crate) enum Act {
     Gelu = 0,
     GeluTanh = 1,
     Relu = 2,
     Tanh = 3,
     /// The bias alone.
     None = 4,
+    Silu = 5,
     QuickGelu = 6,
+    Relu6 = 7,
+    Sigmoid = 8,
+    Mish = 9,
 }
 
 impl From<EncoderActivation> for Act {
@@ -114,6 +118,12 @@ impl From<EncoderActivation> for Act {
             EncoderActivation::GeluTanh => Act::GeluTanh,
             EncoderActivation::Relu => Act::Relu,
             EncoderActivation::QuickGelu => Act::QuickGelu,
+            EncoderActivation::Relu6 => Act::Relu6,
+            EncoderActivation::Silu => Act::Silu,
+            EncoderActivation::Sigmoid => Act::Sigmoid,
+            EncoderActivation::Tanh => Act::Tanh,
+            EncoderActivation::Mish => Act::Mish,
+            EncoderActivation::Identity => Act::None,
         }
     }
 }

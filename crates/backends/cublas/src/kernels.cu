@@ -147,6 +147,9 @@ extern "C" __global__ void scatter_rows(const int* ids, const T* src, int hidden
 #define ACT_NONE 4
 #define ACT_SILU 5
 #define ACT_QUICK_GELU 6
+#define ACT_RELU6 7
+#define ACT_SIGMOID 8
+#define ACT_MISH 9
 
 __device__ __forceinline__ float activate(float v, int act) {
     if (act == ACT_NONE) return v;
@@ -156,6 +159,9 @@ __device__ __forceinline__ float activate(float v, int act) {
     if (act == ACT_RELU) return fmaxf(v, 0.f);
     if (act == ACT_SILU) return v / (1.f + expf(-v));
     if (act == ACT_QUICK_GELU) return v / (1.f + expf(-1.702f * v));
+    if (act == ACT_RELU6) return fminf(fmaxf(v, 0.f), 6.f);
+    if (act == ACT_SIGMOID) return 1.f / (1.f + expf(-v));
+    if (act == ACT_MISH) return v * tanhf(log1pf(expf(v)));
     return tanhf(v);
 }
 
@@ -353,6 +359,9 @@ __device__ void bias_act_impl(T* y, const T* bias, int cols, int act) {
         case ACT_NONE: return bias_act_body<W, ACT_NONE>(y, bias, cols);
         case ACT_SILU: return bias_act_body<W, ACT_SILU>(y, bias, cols);
         case ACT_QUICK_GELU: return bias_act_body<W, ACT_QUICK_GELU>(y, bias, cols);
+        case ACT_RELU6: return bias_act_body<W, ACT_RELU6>(y, bias, cols);
+        case ACT_SIGMOID: return bias_act_body<W, ACT_SIGMOID>(y, bias, cols);
+        case ACT_MISH: return bias_act_body<W, ACT_MISH>(y, bias, cols);
         default: return bias_act_body<W, ACT_TANH>(y, bias, cols);
     }
 }

@@ -1,6 +1,6 @@
-//! BERT's checkpoint as a backend-neutral [`EncoderSpec`], for engines that do not run through
-//! burn (the cuBLAS encoder of the `cuda` feature). The names come from the same table the burn
-//! model loads through ([`crate::names`]).
+//! BERT's one description ([`describe`], [`describe_head`]): a backend-neutral [`EncoderSpec`]
+//! read as host values for engines that do not run through burn (the cuBLAS encoder of the
+//! `cuda` feature), or as burn modules for [`crate::BertModel`].
 
 use std::path::Path;
 
@@ -8,15 +8,14 @@ use ipfs_accelerate_core::{
     EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, JsonConfig, NormPlacement, Result,
     TensorSource, TokenEmbeddings,
 };
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
+use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader, WeightReader};
 
 use crate::{names, BertConfig, BertHead};
 
 /// Reads the BERT checkpoint in `dir` (config.json + safetensors, or a random-weight folder) as
 /// an [`EncoderSpec`], with its task head (sequence classification over the pooled output, token
 /// classification, question answering) when it has one. RoBERTa-family checkpoints number their
-/// positions from `pad_token_id + 1` ([`TokenEmbeddings::padding_idx`]). An activation the spec
-/// has no name for is an [`ipfs_accelerate_core::Error::InvalidInput`] saying so (those run on the burn model).
+/// positions from `pad_token_id + 1` ([`TokenEmbeddings::padding_idx`]).
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = BertConfig::from_file(&dir.join("config.json"))?;
     encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
@@ -39,78 +38,101 @@ pub fn encoder_spec_under(
     source: std::sync::Arc<dyn TensorSource>,
     prefix: &str,
 ) -> Result<EncoderSpec> {
-    let activation = encoder_activation(config.hidden_act)?;
     let source = names::bert_names(source);
-    let reader = SpecReader::new(source.as_ref(), prefix);
-    // The heads sit beside the encoder (`classifier.`, `qa_outputs.`), as `Bert::load` reads them.
-    let root = SpecReader::new(source.as_ref(), "");
+    let mut spec = describe(&SpecReader::new(source.as_ref(), prefix), config)?;
+    // The heads sit beside the encoder (`classifier.`, `qa_outputs.`).
+    spec.head = describe_head(&SpecReader::new(source.as_ref(), ""), config)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// BERT's trunk, the one description of its architecture: embeddings, post-norm layers and the
+/// pooler (when the checkpoint has one), read by `reader` (rooted where `embeddings.` and
+/// `encoder.` live) as host values for the engines ([`SpecReader`]) or as burn modules for
+/// [`crate::BertModel`]. Task heads come from [`describe_head`].
+pub fn describe<R: WeightReader>(
+    reader: &R,
+    config: &BertConfig,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     let (h, i) = (config.hidden_size, config.intermediate_size);
+    let eps = config.layer_norm_eps;
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for n in 0..config.num_hidden_layers {
-        let l = format!("encoder.layer.{n}");
+        let l = reader.under(&format!("encoder.layer.{n}"));
         layers.push(EncoderLayerWeights {
-            query: reader.dense(&format!("{l}.attention.self.query"), h, h)?,
-            key: reader.dense(&format!("{l}.attention.self.key"), h, h)?,
-            value: reader.dense(&format!("{l}.attention.self.value"), h, h)?,
-            attention_output: reader.dense(&format!("{l}.attention.output.dense"), h, h)?,
-            attention_norm: reader.norm(&format!("{l}.attention.output.LayerNorm"), h)?,
-            intermediate: reader.dense(&format!("{l}.intermediate.dense"), i, h)?,
-            output: reader.dense(&format!("{l}.output.dense"), h, i)?,
-            output_norm: reader.norm(&format!("{l}.output.LayerNorm"), h)?,
+            query: l.linear("attention.self.query", h, h, true)?,
+            key: l.linear("attention.self.key", h, h, true)?,
+            value: l.linear("attention.self.value", h, h, true)?,
+            attention_output: l.linear("attention.output.dense", h, h, true)?,
+            attention_norm: l.layer_norm("attention.output.LayerNorm", h, eps)?,
+            intermediate: l.linear("intermediate.dense", i, h, true)?,
+            output: l.linear("output.dense", h, i, true)?,
+            output_norm: l.layer_norm("output.LayerNorm", h, eps)?,
             messages: None,
         });
     }
-    let pooler = if reader.has("pooler.dense.weight") {
-        Some(reader.dense("pooler.dense", h, h)?)
+    let pooler = if reader.holds("pooler.dense.weight") {
+        Some(reader.linear("pooler.dense", h, h, true)?)
     } else {
         None
     };
-    let labels = config.num_labels();
-    let head = match config.head() {
-        BertHead::Base => None,
-        BertHead::SequenceClassification => {
-            Some(EncoderHead::Pooled(root.dense("classifier", labels, h)?))
-        }
-        BertHead::TokenClassification => Some(EncoderHead::EveryToken(root.dense(
-            "classifier",
-            labels,
-            h,
-        )?)),
-        BertHead::QuestionAnswering => Some(EncoderHead::Span(root.dense("qa_outputs", 2, h)?)),
-    };
-    let spec = EncoderSpec {
+    let e = reader.under("embeddings");
+    Ok(EncoderSpec {
         family: "bert".into(),
         hidden: h,
         heads: config.num_attention_heads,
         intermediate: i,
-        eps: config.layer_norm_eps as f32,
-        activation,
+        eps: eps as f32,
+        activation: encoder_activation(config.hidden_act),
         input: EncoderInput::Tokens(TokenEmbeddings {
             vocab: config.vocab_size,
             max_positions: config.max_position_embeddings,
             type_vocab: config.type_vocab_size,
-            word: reader.read("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
-            position: reader.read(
-                "embeddings.position_embeddings.weight",
+            word: e.table("word_embeddings.weight", &[config.vocab_size, h])?,
+            position: e.table(
+                "position_embeddings.weight",
                 &[config.max_position_embeddings, h],
             )?,
-            token_type: reader.read(
-                "embeddings.token_type_embeddings.weight",
-                &[config.type_vocab_size, h],
-            )?,
+            token_type: e.table("token_type_embeddings.weight", &[config.type_vocab_size, h])?,
             padding_idx: config.position_padding_idx(),
         }),
-        embedding_norm: Some(reader.norm("embeddings.LayerNorm", h)?),
+        embedding_norm: Some(e.layer_norm("LayerNorm", h, eps)?),
         norm: NormPlacement::Post,
         layers,
         final_norm: None,
         pooler,
-        head,
+        head: None,
         causal: false,
         projection: None,
-    };
-    spec.validate()?;
-    Ok(spec)
+    })
+}
+
+/// The task head `config` names (sequence classification over the pooled output, token
+/// classification, question answering), read by `root` (where `classifier.` and `qa_outputs.`
+/// live), or `None` for a bare encoder.
+pub fn describe_head<R: WeightReader>(
+    root: &R,
+    config: &BertConfig,
+) -> Result<Option<EncoderHead<R::Dense>>> {
+    let (h, labels) = (config.hidden_size, config.num_labels());
+    Ok(match config.head() {
+        BertHead::Base => None,
+        BertHead::SequenceClassification => Some(EncoderHead::Pooled(root.linear(
+            "classifier",
+            labels,
+            h,
+            true,
+        )?)),
+        BertHead::TokenClassification => Some(EncoderHead::EveryToken(root.linear(
+            "classifier",
+            labels,
+            h,
+            true,
+        )?)),
+        BertHead::QuestionAnswering => {
+            Some(EncoderHead::Span(root.linear("qa_outputs", 2, h, true)?))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -121,11 +121,11 @@ impl<B: Backend> BertRunner<B> {
         )?;
         let shape = [inputs.batch, inputs.seq];
         let t = |v: &Vec<i64>| int_tensor::<B, 2>(v.clone(), shape, &self.device);
-        Ok(self.bert.model.forward(
+        self.bert.model.forward(
             t(&inputs.input_ids),
             &inputs.attention_mask,
             t(&inputs.token_type_ids),
-        ))
+        )
     }
 }
 

@@ -33,7 +33,7 @@ pub fn text_encoder_spec(
         norm: None,
         hidden: Some(ProjectionLayer {
             dense: projection.dense("linear1", p, h)?,
-            activation: encoder_activation(config.projection_hidden_act)?,
+            activation: encoder_activation(config.projection_hidden_act),
         }),
         dense: projection.dense("linear2", p, p)?,
     });

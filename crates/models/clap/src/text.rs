@@ -94,7 +94,7 @@ impl<B: Backend> ClapTextModel<B> {
             &text.attention_mask,
             t(vec![0; b * s]),
             t(positions),
-        );
+        )?;
         out.pooler_output
             .ok_or_else(|| Error::Compute("the text encoder returned no pooled output".into()))
     }

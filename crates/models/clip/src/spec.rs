@@ -50,7 +50,7 @@ fn trunk(
         heads,
         intermediate,
         eps: eps as f32,
-        activation: encoder_activation(act)?,
+        activation: encoder_activation(act),
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,

@@ -37,7 +37,7 @@ pub fn encoder_spec_from(
     if ph != pw {
         return unsupported(format!("patches of {ph}x{pw} are not square"));
     }
-    let activation = encoder_activation(c.hidden_act)?;
+    let activation = encoder_activation(c.hidden_act);
     let layout = VitLayout::detect(source.as_ref());
     let root = SpecReader::new(source.as_ref(), "");
     let vit = SpecReader::new(source.as_ref(), layout.prefix);

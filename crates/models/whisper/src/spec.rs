@@ -66,7 +66,7 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
         heads: c.encoder_attention_heads,
         intermediate: c.encoder_ffn_dim,
         eps: LAYER_NORM_EPS as f32,
-        activation: encoder_activation(c.activation_function)?,
+        activation: encoder_activation(c.activation_function),
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,

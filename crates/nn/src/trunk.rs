@@ -1,0 +1,297 @@
+//! The burn executor of a family's trunk description ([`EncoderSpec`]): the same description
+//! the GPU engine and the f64 reference run, held with burn modules ([`Linear`], [`LayerNorm`],
+//! [`Embedding`]) in place of host values and read through [`VarBuilder`] (so quantization,
+//! ggml tables and shared tensors load as for any burn module). A family writes its trunk once,
+//! generic over [`WeightReader`]; [`Trunk`] runs it on any burn backend.
+//!
+//! It runs token inputs (BERT and the RoBERTa family) through post-norm or pre-norm layers, the
+//! pooler and the task heads; the other inputs of [`EncoderInput`] are run by the families'
+//! own burn modules for now, and [`Trunk::new`] says so for a description it cannot run.
+
+use burn::tensor::{activation, backend::Backend, Int, Tensor};
+use ipfs_accelerate_core::{
+    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, Error, NormPlacement, Result,
+};
+
+use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
+use crate::spec::{activation_of, WeightReader};
+use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
+
+/// A trunk description held as burn modules.
+pub type BurnEncoderSpec<B> = EncoderSpec<Linear<B>, LayerNorm<B>, Embedding<B>>;
+
+impl<B: Backend> WeightReader for VarBuilder<B> {
+    type Dense = Linear<B>;
+    type Norm = LayerNorm<B>;
+    type Table = Embedding<B>;
+
+    fn under(&self, name: &str) -> Self {
+        self.pp(name)
+    }
+
+    fn holds(&self, name: &str) -> bool {
+        self.contains(name)
+    }
+
+    fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear<B>> {
+        Linear::load(&self.pp(name), inp, out, bias)
+    }
+
+    fn layer_norm(&self, name: &str, h: usize, eps: f64) -> Result<LayerNorm<B>> {
+        LayerNorm::load(&self.pp(name), h, eps)
+    }
+
+    /// A 2-D `….weight` is an embedding table ([`Embedding::load`]: ggml blocks where the
+    /// source keeps them); any other tensor is read as f32 rows.
+    fn table(&self, name: &str, shape: &[usize]) -> Result<Embedding<B>> {
+        if let (Some(module), [rows, cols]) = (name.strip_suffix(".weight"), shape) {
+            return Embedding::load(&self.pp(module), *rows, *cols);
+        }
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = shape[..shape.len().saturating_sub(1)].iter().product();
+        let rows_of = |t: Tensor<B, 2>| Embedding::from_table(t);
+        Ok(match *shape {
+            [n] => rows_of(self.tensor::<1>(name, [n])?.reshape([1, n])),
+            [a, b] => rows_of(self.tensor::<2>(name, [a, b])?),
+            [a, b, c] => rows_of(self.tensor::<3>(name, [a, b, c])?.reshape([rows, cols])),
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "`{}`: a table of rank {} (1 to 3 are read)",
+                    self.path(name),
+                    shape.len()
+                )))
+            }
+        })
+    }
+}
+
+/// What [`Trunk`] returns.
+#[derive(Debug, Clone)]
+pub struct TrunkOutput<B: Backend> {
+    /// `[batch, seq, hidden]`, after the final norm where the description has one.
+    pub last_hidden_state: Tensor<B, 3>,
+    /// `[batch, hidden]`: `tanh(pooler(first token))`, when the description has a pooler.
+    pub pooler_output: Option<Tensor<B, 2>>,
+}
+
+/// The logits a task head ([`EncoderHead`]) produces.
+#[derive(Debug, Clone)]
+pub enum HeadLogits<B: Backend> {
+    /// `[batch, labels]`.
+    Sequence(Tensor<B, 2>),
+    /// `[batch, seq, labels]`.
+    Token(Tensor<B, 3>),
+    /// `[batch, seq]` each.
+    Span {
+        /// Start logits.
+        start: Tensor<B, 2>,
+        /// End logits.
+        end: Tensor<B, 2>,
+    },
+}
+
+/// A trunk description run on a burn backend.
+#[derive(Debug, Clone)]
+pub struct Trunk<B: Backend> {
+    spec: BurnEncoderSpec<B>,
+    act: Activation,
+    device: B::Device,
+}
+
+impl<B: Backend> Trunk<B> {
+    /// The executor of `spec` on `device`. A description whose input or layers this executor
+    /// does not run (patches, frames, waveforms, cross-frame messages, a projection) is an
+    /// [`Error::InvalidInput`] naming the piece.
+    pub fn new(spec: BurnEncoderSpec<B>, device: &B::Device) -> Result<Self> {
+        let refuse = |what: &str| {
+            Err(Error::InvalidInput(format!(
+                "the burn trunk executor does not run {what} ({} encoder)",
+                spec.family
+            )))
+        };
+        if spec.heads == 0 || !spec.hidden.is_multiple_of(spec.heads) {
+            return Err(Error::InvalidInput(format!(
+                "{} encoder: hidden size {} is not divisible by {} heads",
+                spec.family, spec.hidden, spec.heads
+            )));
+        }
+        if !matches!(spec.input, EncoderInput::Tokens(_)) {
+            return refuse("inputs other than tokens");
+        }
+        if spec.frames_per_input().is_some() {
+            return refuse("cross-frame messages");
+        }
+        if spec.projection.is_some() {
+            return refuse("a projection");
+        }
+        Ok(Trunk {
+            act: activation_of(spec.activation),
+            spec,
+            device: device.clone(),
+        })
+    }
+
+    /// The description.
+    pub fn spec(&self) -> &BurnEncoderSpec<B> {
+        &self.spec
+    }
+
+    /// The word table, for token inputs.
+    pub fn word_table(&self) -> Option<&Embedding<B>> {
+        match &self.spec.input {
+            EncoderInput::Tokens(t) => Some(&t.word),
+            _ => None,
+        }
+    }
+
+    /// The token-type table, for token inputs.
+    pub fn token_type_table(&self) -> Option<&Embedding<B>> {
+        match &self.spec.input {
+            EncoderInput::Tokens(t) => Some(&t.token_type),
+            _ => None,
+        }
+    }
+
+    /// Token inputs `[batch, seq]` through the trunk: `word + token_type + position`, the
+    /// embedding norm, the layers (a padding mask from `attention_mask`, row-major on the host,
+    /// 1 = token; causal where the description says so), the final norm and the pooler. The
+    /// caller has checked the ids against the tables.
+    pub fn forward_tokens(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        attention_mask: &[i64],
+        token_type_ids: Tensor<B, 2, Int>,
+        position_ids: Tensor<B, 2, Int>,
+    ) -> Result<TrunkOutput<B>> {
+        let EncoderInput::Tokens(t) = &self.spec.input else {
+            return Err(Error::InvalidInput(format!(
+                "{} encoder: token ids given to an encoder of other inputs",
+                self.spec.family
+            )));
+        };
+        let [batch, seq] = input_ids.dims();
+        let mut x = t.word.forward(input_ids)
+            + t.token_type.forward(token_type_ids)
+            + t.position.forward(position_ids);
+        if let Some(norm) = &self.spec.embedding_norm {
+            x = norm.forward(x);
+        }
+        // No padding (one text, or texts of equal length) and no causal mask: nothing to add.
+        let bias = (attention_mask.contains(&0) || self.spec.causal).then(|| {
+            padding_bias::<B>(
+                attention_mask,
+                batch,
+                seq,
+                self.spec.heads,
+                seq,
+                self.spec.causal,
+                &self.device,
+            )
+        });
+        Ok(self.finish(self.layers(x, bias.as_ref())))
+    }
+
+    /// `x` `[batch, seq, hidden]` through every layer.
+    fn layers(&self, mut x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
+        for layer in &self.spec.layers {
+            x = match self.spec.norm {
+                NormPlacement::Post => self.post_norm_layer(layer, x, bias),
+                NormPlacement::Pre => self.pre_norm_layer(layer, x, bias),
+            };
+        }
+        x
+    }
+
+    /// `softmax(q kᵀ / √d + bias) v` of `x`'s projections, heads merged, before the output
+    /// projection.
+    fn attention(
+        &self,
+        l: &EncoderLayerWeights<Linear<B>, LayerNorm<B>>,
+        x: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 3> {
+        let heads = self.spec.heads;
+        let q = split_heads(l.query.forward(x.clone()), heads);
+        let k = split_heads(l.key.forward(x.clone()), heads);
+        let v = split_heads(l.value.forward(x), heads);
+        merge_heads(sdpa(q, k, v, bias, None))
+    }
+
+    /// `x = norm(x + attention(x))`, then `norm(x + mlp(x))` (BERT).
+    fn post_norm_layer(
+        &self,
+        l: &EncoderLayerWeights<Linear<B>, LayerNorm<B>>,
+        x: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 3> {
+        let ctx = self.attention(l, x.clone(), bias);
+        let x = l
+            .attention_norm
+            .forward(l.attention_output.forward_add(ctx, x));
+        let inner = l.intermediate.forward_act(x.clone(), self.act);
+        l.output_norm.forward(l.output.forward_add(inner, x))
+    }
+
+    /// `x = x + attention(norm(x))`, then `x + mlp(norm(x))` (ViT, CLIP).
+    fn pre_norm_layer(
+        &self,
+        l: &EncoderLayerWeights<Linear<B>, LayerNorm<B>>,
+        x: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+    ) -> Tensor<B, 3> {
+        let ctx = self.attention(l, l.attention_norm.forward(x.clone()), bias);
+        let x = l.attention_output.forward_add(ctx, x);
+        let inner = l
+            .intermediate
+            .forward_act(l.output_norm.forward(x.clone()), self.act);
+        l.output.forward_add(inner, x)
+    }
+
+    /// The final norm and the pooler over the last layer's output.
+    fn finish(&self, x: Tensor<B, 3>) -> TrunkOutput<B> {
+        let x = match &self.spec.final_norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        };
+        let pooler_output = self
+            .spec
+            .pooler
+            .as_ref()
+            .map(|p| activation::tanh(p.forward(first_token(&x))));
+        TrunkOutput {
+            last_hidden_state: x,
+            pooler_output,
+        }
+    }
+}
+
+/// `x[:, 0]` of `[batch, seq, hidden]`.
+fn first_token<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 2> {
+    let [batch, _, hidden] = x.dims();
+    x.clone().narrow(1, 0, 1).reshape([batch, hidden])
+}
+
+/// `head` over a trunk's outputs; `None` for a pooled head without a pooler output.
+pub fn head_logits<B: Backend>(
+    head: &EncoderHead<Linear<B>>,
+    out: &TrunkOutput<B>,
+) -> Option<HeadLogits<B>> {
+    let h = || out.last_hidden_state.clone();
+    Some(match head {
+        EncoderHead::FirstToken(d) => HeadLogits::Sequence(d.forward(first_token(&h()))),
+        EncoderHead::Pooled(d) => HeadLogits::Sequence(d.forward(out.pooler_output.clone()?)),
+        EncoderHead::EveryToken(d) => HeadLogits::Token(d.forward(h())),
+        EncoderHead::Span(d) => {
+            let logits = d.forward(h());
+            let [b, s, _] = logits.dims();
+            let start = logits.clone().narrow(2, 0, 1).reshape([b, s]);
+            let end = logits.narrow(2, 1, 1).reshape([b, s]);
+            HeadLogits::Span { start, end }
+        }
+        EncoderHead::EveryTokenMlp {
+            up,
+            activation,
+            down,
+        } => HeadLogits::Token(down.forward(up.forward_act(h(), activation_of(*activation)))),
+    })
+}
