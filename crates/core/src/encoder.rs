@@ -552,8 +552,8 @@ pub struct EncoderSpec<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
     pub layers: Vec<EncoderLayerWeights<D, N>>,
     /// Norm over the last layer's output (ViT's `layernorm`).
     pub final_norm: Option<N>,
-    /// The pooler's dense layer (tanh), when the checkpoint has one.
-    pub pooler: Option<D>,
+    /// The pooler, when the checkpoint has one.
+    pub pooler: Option<Pooler<D>>,
     /// The task head, when the checkpoint has one.
     pub head: Option<EncoderHead<D>>,
     /// Whether attention is causal on top of the padding mask: token `i` sees keys `0..=i`
@@ -562,6 +562,27 @@ pub struct EncoderSpec<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
     /// A projection of one token per row, when the checkpoint has one (CLIP's
     /// `text_projection` / `visual_projection`).
     pub projection: Option<EncoderProjection<D, N>>,
+}
+
+/// `activation(dense(h[:, 0]))`: a pooler over each row's first token (BERT's and ViT's
+/// `pooler.dense`, tanh unless the config says otherwise; ViT's may be narrower or wider than
+/// the hidden size).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pooler<D = DenseWeights> {
+    /// `[width, hidden]` and its bias.
+    pub dense: D,
+    /// Applied to its outputs.
+    pub activation: EncoderActivation,
+}
+
+impl<D> Pooler<D> {
+    /// `tanh(dense(h[:, 0]))`, BERT's pooler.
+    pub fn tanh(dense: D) -> Self {
+        Pooler {
+            dense,
+            activation: EncoderActivation::Tanh,
+        }
+    }
 }
 
 /// Which token of each row a projection reads.
@@ -828,23 +849,33 @@ impl EncoderSpec {
         if let Some(n) = &self.final_norm {
             check_norm("layernorm".into(), n)?;
         }
+        // The width of the pooled output, which a pooled head or projection reads.
+        let pooled = self.pooler.as_ref().map_or(h, |p| p.dense.out_features);
         if let Some(p) = &self.pooler {
-            p.check("pooler.dense", h, h)?;
+            if pooled == 0 {
+                return bad("the pooler has no outputs".into());
+            }
+            p.dense.check("pooler.dense", pooled, h)?;
         }
         if let Some(p) = &self.projection {
             if p.dense.out_features == 0 {
                 return bad("the projection has no outputs".into());
             }
+            let read = if p.token == PooledToken::Pooler {
+                pooled
+            } else {
+                h
+            };
             let inner = match &p.hidden {
                 Some(l) => {
                     if l.dense.out_features == 0 {
                         return bad("the projection's hidden layer has no outputs".into());
                     }
                     l.dense
-                        .check(&format!("{}.hidden", p.output), l.dense.out_features, h)?;
+                        .check(&format!("{}.hidden", p.output), l.dense.out_features, read)?;
                     l.dense.out_features
                 }
-                None => h,
+                None => read,
             };
             p.dense.check(&p.output, p.dense.out_features, inner)?;
             if let Some(n) = &p.norm {
@@ -873,6 +904,7 @@ impl EncoderSpec {
                 EncoderHead::Pooled(_) if self.pooler.is_none() => {
                     return bad("a head over the pooled output needs a pooler".into());
                 }
+                EncoderHead::Pooled(_) => c.check("classifier", c.out_features, pooled)?,
                 EncoderHead::Span(_) if c.out_features != 2 => {
                     return bad(format!(
                         "a span head has 2 outputs (start, end), not {}",
@@ -937,7 +969,7 @@ mod tests {
                 messages: None,
             }],
             final_norm: None,
-            pooler: Some(dense(h, h)),
+            pooler: Some(Pooler::tanh(dense(h, h))),
             head: None,
             causal: false,
             projection: None,

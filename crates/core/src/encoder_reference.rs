@@ -378,7 +378,10 @@ impl EncoderSpec {
         }
         let pooled: Option<Vec<Vec<f64>>> = self.pooler.as_ref().map(|p| {
             x.iter()
-                .map(|rows| dense(p, &rows[0]).into_iter().map(f64::tanh).collect())
+                .map(|rows| {
+                    let y = dense(&p.dense, &rows[0]).into_iter();
+                    y.map(|v| p.activation.apply(v)).collect()
+                })
                 .collect()
         });
         let logits = self.head.as_ref().map(|head| match head {

@@ -37,7 +37,7 @@ pub use encoder::{
     conv_out_frames, roberta_position_ids, token_position_ids, ConvNorm, DenseWeights,
     EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection,
     EncoderSpec, FrameConv, FrameEmbeddings, FrameMessages, NormPlacement, NormWeights,
-    PatchEmbeddings, PooledToken, PositionConv, ProjectionLayer, TokenEmbeddings,
+    PatchEmbeddings, PooledToken, Pooler, PositionConv, ProjectionLayer, TokenEmbeddings,
     WaveformEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};

@@ -39,6 +39,34 @@ pub trait WeightReader: Sized {
     /// The tensor `name`, stored with `shape`, as a table of `[shape[..n-1].product(),
     /// shape[n-1]]` rows.
     fn table(&self, name: &str, shape: &[usize]) -> Result<Self::Table>;
+    /// The layer `name` whose weight is stored `[out, taps…]` (a convolution such as a patch
+    /// embedding's `[hidden, channels, patch, patch]`), as a dense layer over the flattened taps
+    /// (`[out, taps.product()]`), with its bias where `bias` is true.
+    fn flattened(&self, name: &str, out: usize, taps: &[usize], bias: bool) -> Result<Self::Dense>;
+}
+
+/// One pre-norm layer (`names` under `r`'s prefix) as the spec's layer: the norm before
+/// attention is `attention_norm`, the one before the MLP `output_norm`; a projection without a
+/// bias in `bias` has none (zeros, read as host values).
+pub fn pre_norm_layer<R: WeightReader>(
+    r: &R,
+    names: &PreLnNames<'_>,
+    (hidden, intermediate): (usize, usize),
+    bias: ProjectionBias,
+    eps: f64,
+) -> Result<EncoderLayerWeights<R::Dense, R::Norm>> {
+    let (h, i, a) = (hidden, intermediate, &names.attention);
+    Ok(EncoderLayerWeights {
+        query: r.linear(a.q, h, h, bias.q)?,
+        key: r.linear(a.k, h, h, bias.k)?,
+        value: r.linear(a.v, h, h, bias.v)?,
+        attention_output: r.linear(a.o, h, h, bias.o)?,
+        attention_norm: r.layer_norm(names.norm1, h, eps)?,
+        intermediate: r.linear(names.fc1, i, h, true)?,
+        output: r.linear(names.fc2, h, i, true)?,
+        output_norm: r.layer_norm(names.norm2, h, eps)?,
+        messages: None,
+    })
 }
 
 impl WeightReader for SpecReader<'_> {
@@ -66,6 +94,23 @@ impl WeightReader for SpecReader<'_> {
 
     fn table(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         self.read(name, shape)
+    }
+
+    fn flattened(
+        &self,
+        name: &str,
+        out: usize,
+        taps: &[usize],
+        bias: bool,
+    ) -> Result<DenseWeights> {
+        let shape: Vec<usize> = std::iter::once(out).chain(taps.iter().copied()).collect();
+        let weight = self.read(&format!("{name}.weight"), &shape)?;
+        let bias = if bias {
+            self.read(&format!("{name}.bias"), &[out])?
+        } else {
+            vec![0.0; out]
+        };
+        Ok(DenseWeights::new(out, taps.iter().product(), weight, bias))
     }
 }
 
@@ -278,9 +323,7 @@ impl<'a> SpecReader<'a> {
         ])
     }
 
-    /// One pre-norm layer (`names` under this reader's prefix) as the spec's layer: the norm
-    /// before attention is `attention_norm`, the one before the MLP `output_norm`; a projection
-    /// without a bias in `bias` gets zeros.
+    /// [`pre_norm_layer`] read as host values (the norms' epsilon is the spec's).
     pub fn pre_ln_layer(
         &self,
         names: &PreLnNames<'_>,
@@ -288,20 +331,7 @@ impl<'a> SpecReader<'a> {
         intermediate: usize,
         bias: ProjectionBias,
     ) -> Result<EncoderLayerWeights> {
-        let (h, i) = (hidden, intermediate);
-        let [query, key, value, attention_output] =
-            self.attention(&names.attention, h, (h, h), bias)?;
-        Ok(EncoderLayerWeights {
-            query,
-            key,
-            value,
-            attention_output,
-            attention_norm: self.norm(names.norm1, h)?,
-            intermediate: self.dense(names.fc1, i, h)?,
-            output: self.dense(names.fc2, h, i)?,
-            output_norm: self.norm(names.norm2, h)?,
-            messages: None,
-        })
+        pre_norm_layer(self, names, (hidden, intermediate), bias, 0.0)
     }
 }
 

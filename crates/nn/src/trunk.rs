@@ -4,17 +4,18 @@
 //! ggml tables and shared tensors load as for any burn module). A family writes its trunk once,
 //! generic over [`WeightReader`]; [`Trunk`] runs it on any burn backend.
 //!
-//! It runs token inputs (BERT and the RoBERTa family) through post-norm or pre-norm layers, the
-//! pooler and the task heads; the other inputs of [`EncoderInput`] are run by the families'
+//! It runs token inputs (BERT and the RoBERTa family) and image patches (ViT) through post-norm
+//! or pre-norm layers, the final norm, the pooler and the task heads; the other inputs of [`EncoderInput`] are run by the families'
 //! own burn modules for now, and [`Trunk::new`] says so for a description it cannot run.
 
-use burn::tensor::{activation, backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{
     EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, Error, NormPlacement, Result,
 };
 
 use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
 use crate::spec::{activation_of, WeightReader};
+use crate::vision::{interpolate_positions, patch_rows};
 use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 /// A trunk description held as burn modules.
@@ -62,6 +63,32 @@ impl<B: Backend> WeightReader for VarBuilder<B> {
                 )))
             }
         })
+    }
+
+    /// Kept float, as the convolution it is.
+    fn flattened(&self, name: &str, out: usize, taps: &[usize], bias: bool) -> Result<Linear<B>> {
+        let vb = self.pp(name);
+        let inp: usize = taps.iter().product();
+        let weight: Tensor<B, 2> = match *taps {
+            [a] => vb.tensor::<2>("weight", [out, a])?,
+            [a, b] => vb.tensor::<3>("weight", [out, a, b])?.reshape([out, inp]),
+            [a, b, c] => vb
+                .tensor::<4>("weight", [out, a, b, c])?
+                .reshape([out, inp]),
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "`{}`: a weight of {} taps dimensions (1 to 3 are read)",
+                    vb.path("weight"),
+                    taps.len()
+                )))
+            }
+        };
+        let bias = if bias {
+            Some(vb.tensor("bias", [out])?)
+        } else {
+            None
+        };
+        Ok(Linear::from_tensors(weight, bias))
     }
 }
 
@@ -115,8 +142,11 @@ impl<B: Backend> Trunk<B> {
                 spec.family, spec.hidden, spec.heads
             )));
         }
-        if !matches!(spec.input, EncoderInput::Tokens(_)) {
-            return refuse("inputs other than tokens");
+        if !matches!(
+            spec.input,
+            EncoderInput::Tokens(_) | EncoderInput::Patches(_)
+        ) {
+            return refuse("inputs other than tokens and image patches");
         }
         if spec.frames_per_input().is_some() {
             return refuse("cross-frame messages");
@@ -191,6 +221,36 @@ impl<B: Backend> Trunk<B> {
         Ok(self.finish(self.layers(x, bias.as_ref())))
     }
 
+    /// Images `[batch, channels, height, width]` through the trunk: patches projected, the class
+    /// token in front, position embeddings added (bicubically interpolated for images of
+    /// another size than the description's, HF's `interpolate_pos_encoding=True`), the
+    /// embedding norm, the layers, the final norm and the pooler.
+    pub fn forward_patches(&self, pixel_values: Tensor<B, 4>) -> Result<TrunkOutput<B>> {
+        let EncoderInput::Patches(p) = &self.spec.input else {
+            return Err(Error::InvalidInput(format!(
+                "{} encoder: pixel values given to an encoder of other inputs",
+                self.spec.family
+            )));
+        };
+        let [batch, _, height, width] = pixel_values.dims();
+        let (rows, (gh, gw)) = patch_rows(pixel_values, p.channels, p.patch)?;
+        let h = self.spec.hidden;
+        let patches = p.projection.forward(rows).reshape([batch, gh * gw, h]);
+        let class = p.class.weight().clone().reshape([1, 1, h]);
+        let x = Tensor::cat(vec![class.expand([batch, 1, h]), patches], 1);
+        let positions = p.position.weight().clone();
+        let positions = if (height, width) == p.image {
+            positions
+        } else {
+            interpolate_positions(positions, gh, gw)?
+        };
+        let mut x = x + positions.unsqueeze::<3>();
+        if let Some(norm) = &self.spec.embedding_norm {
+            x = norm.forward(x);
+        }
+        Ok(self.finish(self.layers(x, None)))
+    }
+
     /// `x` `[batch, seq, hidden]` through every layer.
     fn layers(&self, mut x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
         for layer in &self.spec.layers {
@@ -257,7 +317,7 @@ impl<B: Backend> Trunk<B> {
             .spec
             .pooler
             .as_ref()
-            .map(|p| activation::tanh(p.forward(first_token(&x))));
+            .map(|p| activation_of(p.activation).forward(p.dense.forward(first_token(&x))));
         TrunkOutput {
             last_hidden_state: x,
             pooler_output,

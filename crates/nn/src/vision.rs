@@ -106,33 +106,47 @@ impl<B: Backend> PatchEmbedding<B> {
 
     /// `pixel_values` `[batch, channels, height, width]` → `[batch, rows * columns, hidden]`.
     pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
-        let [b, c, h, w] = pixel_values.dims();
-        let p = self.patch;
-        if c != self.channels {
-            return Err(Error::InvalidInput(format!(
-                "pixel_values have {c} channels, the model expects {}",
-                self.channels
-            )));
-        }
-        let (gh, gw) = self.grid(h, w);
-        if b == 0 || gh == 0 || gw == 0 {
-            return Err(Error::InvalidInput(format!(
-                "pixel_values [{b}, {c}, {h}, {w}] hold no {p}x{p} patch"
-            )));
-        }
-        let x = if (gh * p, gw * p) != (h, w) {
-            pixel_values.narrow(2, 0, gh * p).narrow(3, 0, gw * p)
-        } else {
-            pixel_values
-        };
-        let patches: Tensor<B, 2> = x
-            .reshape([b, c, gh, p, gw, p])
-            .permute([0, 2, 4, 1, 3, 5])
-            .reshape([b * gh * gw, c * p * p]);
+        let b = pixel_values.dims()[0];
+        let (patches, (gh, gw)) = patch_rows(pixel_values, self.channels, self.patch)?;
         let y = crate::exact::linear(patches, self.weight.clone(), self.bias.clone());
         let hidden = self.weight.dims()[1];
         Ok(y.reshape([b, gh * gw, hidden]))
     }
+}
+
+/// `pixel_values` `[batch, channels, height, width]` cut into `patch × patch` squares, one row
+/// each in the order of a `[hidden, channels, patch, patch]` convolution weight's inputs:
+/// `[batch · rows · columns, channels · patch · patch]`, and the `(rows, columns)` grid
+/// (trailing pixels that do not fill a patch are dropped, as the strided convolution drops
+/// them). An image of other channels than `channels`, or holding no patch, is an error.
+pub fn patch_rows<B: Backend>(
+    pixel_values: Tensor<B, 4>,
+    channels: usize,
+    patch: usize,
+) -> Result<(Tensor<B, 2>, (usize, usize))> {
+    let [b, c, h, w] = pixel_values.dims();
+    let p = patch.max(1);
+    if c != channels {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values have {c} channels, the model expects {channels}"
+        )));
+    }
+    let (gh, gw) = (h / p, w / p);
+    if b == 0 || gh == 0 || gw == 0 {
+        return Err(Error::InvalidInput(format!(
+            "pixel_values [{b}, {c}, {h}, {w}] hold no {p}x{p} patch"
+        )));
+    }
+    let x = if (gh * p, gw * p) != (h, w) {
+        pixel_values.narrow(2, 0, gh * p).narrow(3, 0, gw * p)
+    } else {
+        pixel_values
+    };
+    let rows = x
+        .reshape([b, c, gh, p, gw, p])
+        .permute([0, 2, 4, 1, 3, 5])
+        .reshape([b * gh * gw, c * p * p]);
+    Ok((rows, (gh, gw)))
 }
 
 /// The `[out, in]` matrix of PyTorch's `interpolate(mode="bicubic", align_corners=False)` along

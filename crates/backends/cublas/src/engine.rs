@@ -516,7 +516,8 @@ pub struct Encoder<T: Elem> {
     placement: NormPlacement,
     layers: Vec<Layer<T>>,
     final_norm: Option<Norm<T>>,
-    pooler: Option<Dense<T>>,
+    /// The pooler and its activation.
+    pooler: Option<(Dense<T>, Act)>,
     head: Option<DeviceHead<T>>,
     /// Causal attention on top of the padding mask.
     causal: bool,
@@ -1088,7 +1089,11 @@ where
             placement: spec.norm,
             layers,
             final_norm: spec.final_norm.as_ref().map(norm).transpose()?,
-            pooler: spec.pooler.as_ref().map(dense).transpose()?,
+            pooler: spec
+                .pooler
+                .as_ref()
+                .map(|p| Ok::<_, EngineError>((dense(&p.dense)?, p.activation.into())))
+                .transpose()?,
             head: match &spec.head {
                 None => None,
                 Some(EncoderHead::FirstToken(d)) => Some(DeviceHead::FirstToken(dense(d)?)),
@@ -1542,11 +1547,13 @@ where
         let pooled = self
             .pooler
             .as_ref()
-            .map(|p| dense_rows(out, seq * h, batch, p, Act::Tanh))
+            .map(|(p, act)| dense_rows(out, seq * h, batch, p, *act))
             .transpose()?;
+        // The pooled output's width (the hidden size, or a ViT pooler's own).
+        let pw = self.pooler.as_ref().map_or(h, |(p, _)| p.out_features);
         let pooler_output = pooled
             .as_ref()
-            .map(|p| self.to_host(p, vec![batch, h]))
+            .map(|p| self.to_host(p, vec![batch, pw]))
             .transpose()?;
         let logits = match &self.head {
             None => None,
@@ -1558,7 +1565,7 @@ where
                 let p = pooled.as_ref().ok_or_else(|| {
                     EngineError::Spec("a head over the pooled output needs a pooler".into())
                 })?;
-                let y = dense_rows(p, h, batch, d, Act::None)?;
+                let y = dense_rows(p, pw, batch, d, Act::None)?;
                 Some(self.to_host(&y, vec![batch, d.out_features])?)
             }
             Some(DeviceHead::EveryToken(d)) => {
@@ -1577,7 +1584,7 @@ where
                 let pooled = pooled.as_ref().ok_or_else(|| {
                     EngineError::Spec("a projection of the pooled output needs a pooler".into())
                 })?;
-                let y = self.project(p, pooled, batch, h, &dense_rows)?;
+                let y = self.project(p, pooled, batch, pw, &dense_rows)?;
                 Some(self.to_host(&y, vec![batch, p.dense.out_features])?)
             }
             Some(p) => {

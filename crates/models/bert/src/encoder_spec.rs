@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, JsonConfig, NormPlacement, Result,
-    TensorSource, TokenEmbeddings,
+    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, JsonConfig, NormPlacement, Pooler,
+    Result, TensorSource, TokenEmbeddings,
 };
 use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader, WeightReader};
 
@@ -72,7 +72,7 @@ pub fn describe<R: WeightReader>(
         });
     }
     let pooler = if reader.holds("pooler.dense.weight") {
-        Some(reader.linear("pooler.dense", h, h, true)?)
+        Some(Pooler::tanh(reader.linear("pooler.dense", h, h, true)?))
     } else {
         None
     };

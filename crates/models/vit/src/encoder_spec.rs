@@ -1,26 +1,25 @@
-//! ViT's checkpoint as a backend-neutral [`EncoderSpec`] (patch embeddings, pre-norm layers,
-//! final layer norm, pooler, classifier), for engines that do not run through burn (the cuBLAS
-//! encoder of the `cuda` feature). The names come from the same tables the burn model loads
-//! through ([`VitLayout`], `PreLnNames`).
+//! ViT's one description ([`describe`], [`describe_head`]: patch embeddings, pre-norm layers,
+//! final layer norm, pooler, classifier), read as host values for engines that do not run
+//! through burn (the cuBLAS encoder of the `cuda` feature) or as burn modules for
+//! [`crate::VitModel`]. The names come from [`VitLayout`].
 
 use std::path::Path;
 
 use ipfs_accelerate_core::{
-    DenseWeights, EncoderHead, EncoderInput, EncoderSpec, Error, JsonConfig, NormPlacement,
-    PatchEmbeddings, Result, TensorSource,
+    EncoderHead, EncoderInput, EncoderSpec, Error, JsonConfig, NormPlacement, PatchEmbeddings,
+    Pooler, Result, TensorSource,
 };
 use ipfs_accelerate_nn::{
     attention::ProjectionBias,
-    spec::{encoder_activation, SpecReader},
-    Activation,
+    spec::{encoder_activation, pre_norm_layer, SpecReader, WeightReader},
 };
 
 use crate::{VitConfig, VitHead, VitLayout};
 
 /// Reads the ViT checkpoint in `dir` (config.json + safetensors, or a random-weight folder) as an
-/// [`EncoderSpec`]. What the spec cannot describe (non-square patches, a pooler other than
-/// `tanh` over the hidden size, a classification head without labels) is an
-/// [`Error::InvalidInput`] saying so; such checkpoints run on the burn model.
+/// [`EncoderSpec`]. What the engines cannot run (non-square patches, a classification head
+/// without labels, whose logits are the class token itself) is an [`Error::InvalidInput`]
+/// saying so; such checkpoints run on the burn model.
 pub fn encoder_spec(dir: &Path) -> Result<EncoderSpec> {
     let config = VitConfig::from_file(&dir.join("config.json"))?;
     encoder_spec_from(&config, ipfs_accelerate_io::open_weights(dir)?)
@@ -33,88 +32,97 @@ pub fn encoder_spec_from(
 ) -> Result<EncoderSpec> {
     let c = config;
     let unsupported = |what: String| Err(Error::InvalidInput(format!("the encoder spec: {what}")));
+    if c.head() == VitHead::ImageClassification && c.num_labels() == 0 {
+        return unsupported("a classification head without labels".into());
+    }
+    let layout = VitLayout::detect(source.as_ref());
+    let vit = SpecReader::new(source.as_ref(), layout.prefix);
+    let mut spec = describe(&vit, c, &layout)?;
+    spec.head = describe_head(&SpecReader::new(source.as_ref(), ""), c)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// ViT's trunk, the one description of its architecture: patch embeddings with the class
+/// token and positions, pre-norm layers, the final layer norm and the pooler (when the
+/// checkpoint has one), read by `vit` (rooted where `embeddings.` lives, in `layout`) as host
+/// values for the engines ([`SpecReader`]) or as burn modules for [`crate::VitModel`]. Patches
+/// must be square (`patch_size` may be a pair).
+pub fn describe<R: WeightReader>(
+    vit: &R,
+    c: &VitConfig,
+    layout: &VitLayout,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     let (ph, pw) = c.patch_size.hw();
     if ph != pw {
-        return unsupported(format!("patches of {ph}x{pw} are not square"));
+        return Err(Error::InvalidInput(format!(
+            "ViT with patches of {ph}x{pw}: only square patches are supported"
+        )));
     }
-    let activation = encoder_activation(c.hidden_act);
-    let layout = VitLayout::detect(source.as_ref());
-    let root = SpecReader::new(source.as_ref(), "");
-    let vit = SpecReader::new(source.as_ref(), layout.prefix);
     let (h, i, p, ch) = (
         c.hidden_size,
         c.intermediate_size,
         c.patch(),
         c.num_channels,
     );
+    let eps = c.layer_norm_eps;
     let (rows, cols) = c.grid();
-    let emb = vit.pp("embeddings");
-    let projection = DenseWeights::new(
-        h,
-        ch * p * p,
-        emb.read("patch_embeddings.projection.weight", &[h, ch, p, p])?,
-        emb.read("patch_embeddings.projection.bias", &[h])?,
-    );
+    let emb = vit.under("embeddings");
     let input = EncoderInput::Patches(PatchEmbeddings {
         channels: ch,
         patch: p,
         image: c.image_size.hw(),
-        projection,
-        class: emb.read("cls_token", &[1, 1, h])?,
-        position: emb.read("position_embeddings", &[1, rows * cols + 1, h])?,
+        projection: emb.flattened("patch_embeddings.projection", h, &[ch, p, p], true)?,
+        class: emb.table("cls_token", &[1, 1, h])?,
+        position: emb.table("position_embeddings", &[1, rows * cols + 1, h])?,
     });
     let layers = (0..c.num_hidden_layers)
         .map(|n| {
-            vit.pp(&format!("{}.{n}", layout.layers)).pre_ln_layer(
-                &layout.names,
-                h,
-                i,
-                ProjectionBias::qkv(c.qkv_bias),
-            )
+            let layer = vit.under(&format!("{}.{n}", layout.layers));
+            let bias = ProjectionBias::qkv(c.qkv_bias);
+            pre_norm_layer(&layer, &layout.names, (h, i), bias, eps)
         })
         .collect::<Result<Vec<_>>>()?;
-    let pooler = if vit.has("pooler.dense.weight") {
+    let pooler = if vit.holds("pooler.dense.weight") {
         let out = c.pooler_output_size.unwrap_or(h);
-        if out != h || c.pooler_act != Activation::Tanh {
-            return unsupported(format!(
-                "the pooler is tanh over {h} features, not {:?} over {out}",
-                c.pooler_act
-            ));
-        }
-        Some(vit.dense("pooler.dense", h, h)?)
+        Some(Pooler {
+            dense: vit.linear("pooler.dense", out, h, true)?,
+            activation: encoder_activation(c.pooler_act),
+        })
     } else {
         None
     };
-    let classifier = match c.head() {
-        VitHead::ImageClassification if c.num_labels() == 0 => {
-            return unsupported("a classification head without labels".into())
-        }
-        VitHead::ImageClassification => Some(EncoderHead::FirstToken(root.dense(
-            "classifier",
-            c.num_labels(),
-            h,
-        )?)),
-        VitHead::Base => None,
-    };
-    let spec = EncoderSpec {
+    Ok(EncoderSpec {
         family: "vit".into(),
         hidden: h,
         heads: c.num_attention_heads,
         intermediate: i,
-        eps: c.layer_norm_eps as f32,
-        activation,
+        eps: eps as f32,
+        activation: encoder_activation(c.hidden_act),
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,
         layers,
-        final_norm: Some(vit.norm("layernorm", h)?),
+        final_norm: Some(vit.layer_norm("layernorm", h, eps)?),
         pooler,
-        head: classifier,
+        head: None,
         causal: false,
         projection: None,
-    };
-    spec.validate()?;
-    Ok(spec)
+    })
+}
+
+/// `ViTForImageClassification`'s classifier over the final-normed class token, read by `root`
+/// (where `classifier.` lives); `None` for a bare `ViTModel` or a head without labels.
+pub fn describe_head<R: WeightReader>(
+    root: &R,
+    c: &VitConfig,
+) -> Result<Option<EncoderHead<R::Dense>>> {
+    Ok(match c.head() {
+        VitHead::ImageClassification if c.num_labels() > 0 => Some(EncoderHead::FirstToken(
+            root.linear("classifier", c.num_labels(), c.hidden_size, true)?,
+        )),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

@@ -3,12 +3,11 @@
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_core::{Error, Result, TensorSource};
+use ipfs_accelerate_core::{EncoderHead, Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
-    attention::ProjectionBias,
-    transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
-    vision::{ClassPatchEmbedding, PatchEmbedding},
-    Activation, LayerNorm, Linear, VarBuilder,
+    transformer::PreLnNames,
+    trunk::{head_logits, HeadLogits, Trunk, TrunkOutput},
+    Linear, VarBuilder,
 };
 
 use crate::{VitConfig, VitHead};
@@ -50,81 +49,25 @@ impl VitLayout {
     }
 }
 
-/// `ViTEmbeddings`: CLS token, patch embeddings and position embeddings.
-fn load_embeddings<B: Backend>(
-    vb: &VarBuilder<B>,
-    c: &VitConfig,
-) -> Result<ClassPatchEmbedding<B>> {
-    let (rows, cols) = c.grid();
-    let h = c.hidden_size;
-    let cls: Tensor<B, 3> = vb.tensor("cls_token", [1, 1, h])?;
-    let positions: Tensor<B, 3> = vb.tensor("position_embeddings", [1, rows * cols + 1, h])?;
-    let patches = PatchEmbedding::load(
-        &vb.pp("patch_embeddings.projection"),
-        c.num_channels,
-        h,
-        c.patch(),
-        true,
-    )?;
-    Ok(ClassPatchEmbedding::new(
-        cls.reshape([h]),
-        patches,
-        positions.reshape([rows * cols + 1, h]),
-        c.image_size.hw(),
-    ))
-}
+/// Outputs of the bare encoder: `last_hidden_state` `[batch, 1 + patches, hidden]` after the
+/// final layer norm and, when the checkpoint has a pooler, `pooler_output`
+/// `[batch, pooler_output_size]` (act(dense(CLS))).
+pub type VitOutput<B> = TrunkOutput<B>;
 
-/// Outputs of the bare encoder.
-#[derive(Debug, Clone)]
-pub struct VitOutput<B: Backend> {
-    /// `[batch, 1 + patches, hidden]` after the final layer norm.
-    pub last_hidden_state: Tensor<B, 3>,
-    /// `[batch, pooler_output_size]`: act(dense(CLS)), when the checkpoint has a pooler.
-    pub pooler_output: Option<Tensor<B, 2>>,
-}
-
-/// `ViTModel`: embeddings, pre-LN encoder, final layer norm and the optional pooler.
+/// `ViTModel`: embeddings, pre-LN encoder, final layer norm and the optional pooler: ViT's
+/// description ([`crate::encoder_spec::describe`]) run by the shared burn trunk executor.
 pub struct VitModel<B: Backend> {
-    embeddings: ClassPatchEmbedding<B>,
-    encoder: PreLnEncoder<B>,
-    layernorm: LayerNorm<B>,
-    pooler: Option<(Linear<B>, Activation)>,
+    trunk: Trunk<B>,
     config: VitConfig,
 }
 
 impl<B: Backend> VitModel<B> {
     /// Loads the encoder from `vb` (rooted where `embeddings.` lives) in `layout`.
     pub fn load(vb: &VarBuilder<B>, config: &VitConfig, layout: &VitLayout) -> Result<Self> {
-        let c = config;
-        let bias = ProjectionBias::qkv(c.qkv_bias);
-        let layer = PreLnConfig {
-            hidden: c.hidden_size,
-            heads: c.num_attention_heads,
-            intermediate: c.intermediate_size,
-            act: c.hidden_act,
-            eps: c.layer_norm_eps,
-            bias,
-        };
-        let pooler = if vb.contains("pooler.dense.weight") {
-            let out = c.pooler_output_size.unwrap_or(c.hidden_size);
-            Some((
-                Linear::load(&vb.pp("pooler.dense"), c.hidden_size, out, true)?,
-                c.pooler_act,
-            ))
-        } else {
-            None
-        };
+        let spec = crate::encoder_spec::describe(vb, config, layout)?;
         Ok(VitModel {
-            embeddings: load_embeddings(&vb.pp("embeddings"), c)?,
-            encoder: PreLnEncoder::load(
-                &vb.pp(layout.layers),
-                c.num_hidden_layers,
-                &layer,
-                &layout.names,
-            )?,
-            layernorm: LayerNorm::load(&vb.pp("layernorm"), c.hidden_size, c.layer_norm_eps)?,
-            pooler,
-            config: c.clone(),
+            trunk: Trunk::new(spec, vb.device())?,
+            config: config.clone(),
         })
     }
 
@@ -135,23 +78,14 @@ impl<B: Backend> VitModel<B> {
 
     /// Whether the checkpoint has a pooler.
     pub fn has_pooler(&self) -> bool {
-        self.pooler.is_some()
+        self.trunk.spec().pooler.is_some()
     }
 
     /// Runs the encoder on `[batch, channels, height, width]` pixel values; images of another
     /// size than the configured one get bicubically interpolated position embeddings (HF's
     /// `interpolate_pos_encoding=True`).
     pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<VitOutput<B>> {
-        let x = self.embeddings.forward(pixel_values)?;
-        let x = self.layernorm.forward(self.encoder.forward(x, None));
-        let pooler_output = self
-            .pooler
-            .as_ref()
-            .map(|(dense, act)| act.forward(dense.forward(cls(&x))));
-        Ok(VitOutput {
-            last_hidden_state: x,
-            pooler_output,
-        })
+        self.trunk.forward_patches(pixel_values)
     }
 }
 
@@ -166,7 +100,7 @@ pub struct Vit<B: Backend> {
     /// The encoder.
     pub model: VitModel<B>,
     head: VitHead,
-    classifier: Option<Linear<B>>,
+    classifier: Option<EncoderHead<Linear<B>>>,
 }
 
 impl<B: Backend> Vit<B> {
@@ -180,15 +114,7 @@ impl<B: Backend> Vit<B> {
         let root = VarBuilder::<B>::new(source, device);
         let model = VitModel::load(&root.pp(layout.prefix), config, &layout)?;
         let head = config.head();
-        let classifier = match head {
-            VitHead::ImageClassification if config.num_labels() > 0 => Some(Linear::load(
-                &root.pp("classifier"),
-                config.hidden_size,
-                config.num_labels(),
-                true,
-            )?),
-            _ => None,
-        };
+        let classifier = crate::encoder_spec::describe_head(&root, config)?;
         Ok(Vit {
             model,
             head,
@@ -215,10 +141,16 @@ impl<B: Backend> Vit<B> {
                 "this checkpoint is a bare ViTModel: it has no classification head".into(),
             ));
         }
-        let first = cls(&out.last_hidden_state);
         Ok(match &self.classifier {
-            Some(c) => c.forward(first),
-            None => first,
+            Some(head) => match head_logits(head, out) {
+                Some(HeadLogits::Sequence(l)) => l,
+                _ => {
+                    return Err(Error::InvalidInput(
+                        "ViT's classifier gives one row of logits per image".into(),
+                    ))
+                }
+            },
+            None => cls(&out.last_hidden_state),
         })
     }
 }
