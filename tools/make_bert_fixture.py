@@ -2,7 +2,8 @@
 """Writes a BERT conformance fixture (config.json, model.safetensors, meta.json, reference.safetensors with
 float64 HF outputs) of a chosen shape: make_bert_fixture.py DIR HIDDEN HEADS INTERMEDIATE SEQ BATCH [HEAD LABELS].
 HEAD is `base` (BertModel: last_hidden_state, pooler_output; the default), `sequence` (logits [batch, labels]),
-`token` (logits [batch, seq, labels]) or `qa` (start_logits, end_logits)."""
+`token` (logits [batch, seq, labels]) or `qa` (start_logits, end_logits). $HIDDEN_ACT picks the feed-forward
+activation (any name transformers' ACT2FN knows; default gelu)."""
 import json, os, sys
 import torch
 import transformers as tf
@@ -15,7 +16,7 @@ labels = int(sys.argv[8]) if len(sys.argv) > 8 else 2
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(7)
 cfg = tf.BertConfig(vocab_size=120, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
-                    intermediate_size=inter, max_position_embeddings=max(512, seq), hidden_act="gelu",
+                    intermediate_size=inter, max_position_embeddings=max(512, seq), hidden_act=os.environ.get("HIDDEN_ACT", "gelu"),
                     initializer_range=0.1, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0,
                     num_labels=labels)
 model = {"base": tf.BertModel, "sequence": tf.BertForSequenceClassification,

@@ -2,7 +2,8 @@
 """Writes a ViT conformance fixture (config.json, model.safetensors, meta.json, reference.safetensors with
 float64 HF outputs) of a chosen shape: make_vit_fixture.py DIR HIDDEN HEADS INTERMEDIATE IMAGE PATCH BATCH LABELS.
 LABELS 0 writes a ViTModel (outputs last_hidden_state, pooler_output), LABELS > 0 a ViTForImageClassification
-(output logits)."""
+(output logits). $POOLER_ACT and $POOLER_SIZE set the pooler's activation and width (defaults tanh and
+HIDDEN)."""
 import json, os, sys
 import torch
 import transformers as tf
@@ -14,6 +15,8 @@ os.makedirs(out, exist_ok=True)
 torch.manual_seed(11)
 cfg = tf.ViTConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=inter,
                    image_size=image, patch_size=patch, hidden_act="gelu", initializer_range=0.1,
+                   pooler_act=os.environ.get("POOLER_ACT", "tanh"),
+                   pooler_output_size=int(os.environ.get("POOLER_SIZE", hidden)),
                    attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, num_labels=max(labels, 2))
 model = (tf.ViTForImageClassification(cfg) if labels else tf.ViTModel(cfg)).eval()
 model.save_pretrained(out)

@@ -710,4 +710,21 @@ for what in minilm smollm2; do
   cold "warm" ./xtask 0 /tmp/kc-$what-1 $args
 done
 fi
+if [ "$PART" = 44 ]; then
+# Session 32: every activation HF configs name, and ViT poolers of another width and activation, on the
+# cuBLAS encoder (the spec names them all now); fixtures made here by transformers in float64, then every
+# shipped fixture in f32 and f16.
+F=/tmp/acts
+for a in silu mish relu6 sigmoid tanh linear quick_gelu gelu_new; do
+  HIDDEN_ACT=$a python3 make_bert_fixture.py $F/bert/$a 64 2 128 21 2 > /dev/null 2>&1
+done
+POOLER_ACT=relu POOLER_SIZE=48 python3 make_vit_fixture.py $F/vit/pooler_relu_48 64 2 128 32 8 2 0 > /dev/null 2>&1
+POOLER_ACT=gelu POOLER_SIZE=96 python3 make_vit_fixture.py $F/vit/pooler_gelu_96 64 2 128 32 8 2 0 > /dev/null 2>&1
+ls $F/*
+for p in f32 f16; do
+  timeout 100 ./xtask verify --fixtures $F --family bert,vit --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -22
+done
+echo "== verify f32 and f16, every family's shipped fixtures on the cuBLAS engines"
+verify_engines 3
+fi
 ls -la $OUT

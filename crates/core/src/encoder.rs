@@ -290,8 +290,8 @@ pub struct TokenEmbeddings<T = Vec<f32>> {
     pub word: T,
     /// `[max_positions, hidden]`.
     pub position: T,
-    /// `[type_vocab, hidden]`.
-    pub token_type: T,
+    /// `[type_vocab, hidden]`; `None` when `type_vocab` is 0.
+    pub token_type: Option<T>,
     /// RoBERTa-family numbering (RoBERTa, XLM-R, CamemBERT, CLAP's text tower): the positions of
     /// each row count its tokens that are not `padding_idx` from `padding_idx + 1`, and those
     /// tokens take `padding_idx` ([`roberta_position_ids`]). `None`: positions `0..seq` (BERT).
@@ -701,7 +701,19 @@ impl EncoderSpec {
                 }
                 check_rows("word_embeddings", &t.word, t.vocab)?;
                 check_rows("position_embeddings", &t.position, t.max_positions)?;
-                check_rows("token_type_embeddings", &t.token_type, t.type_vocab)?;
+                match &t.token_type {
+                    Some(types) if t.type_vocab > 0 => {
+                        check_rows("token_type_embeddings", types, t.type_vocab)?
+                    }
+                    None if t.type_vocab == 0 => {}
+                    _ => {
+                        return bad(format!(
+                            "{} token types and {} table",
+                            t.type_vocab,
+                            if t.token_type.is_some() { "a" } else { "no" }
+                        ))
+                    }
+                }
             }
             EncoderInput::Patches(p) => {
                 let (ih, iw) = p.image;
@@ -952,7 +964,7 @@ mod tests {
                 type_vocab: 2,
                 word: vec![0.0; 5 * h],
                 position: vec![0.0; 4 * h],
-                token_type: vec![0.0; 2 * h],
+                token_type: Some(vec![0.0; 2 * h]),
                 padding_idx: None,
             }),
             embedding_norm: Some(norm(h)),

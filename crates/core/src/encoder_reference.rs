@@ -203,8 +203,8 @@ impl EncoderSpec {
                     }
                     for (c, v) in row.iter_mut().enumerate() {
                         *v = t.word[id * h + c] as f64 + t.position[s * h + c] as f64;
-                        if t.type_vocab > 0 {
-                            *v += t.token_type[ty * h + c] as f64;
+                        if let Some(types) = &t.token_type {
+                            *v += types[ty * h + c] as f64;
                         }
                     }
                 }

@@ -10,10 +10,12 @@
 
 use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{
-    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, Error, NormPlacement, Result,
+    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection, EncoderSpec, Error,
+    NormPlacement, PooledToken, Result,
 };
 
 use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
+use crate::convert::int_tensor;
 use crate::spec::{activation_of, WeightReader};
 use crate::vision::{interpolate_positions, patch_rows};
 use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
@@ -127,8 +129,8 @@ pub struct Trunk<B: Backend> {
 
 impl<B: Backend> Trunk<B> {
     /// The executor of `spec` on `device`. A description whose input or layers this executor
-    /// does not run (patches, frames, waveforms, cross-frame messages, a projection) is an
-    /// [`Error::InvalidInput`] naming the piece.
+    /// does not run (frames, waveforms, cross-frame messages) is an [`Error::InvalidInput`]
+    /// naming the piece.
     pub fn new(spec: BurnEncoderSpec<B>, device: &B::Device) -> Result<Self> {
         let refuse = |what: &str| {
             Err(Error::InvalidInput(format!(
@@ -151,9 +153,6 @@ impl<B: Backend> Trunk<B> {
         if spec.frames_per_input().is_some() {
             return refuse("cross-frame messages");
         }
-        if spec.projection.is_some() {
-            return refuse("a projection");
-        }
         Ok(Trunk {
             act: activation_of(spec.activation),
             spec,
@@ -174,15 +173,16 @@ impl<B: Backend> Trunk<B> {
         }
     }
 
-    /// The token-type table, for token inputs.
+    /// The token-type table, for token inputs with token types.
     pub fn token_type_table(&self) -> Option<&Embedding<B>> {
         match &self.spec.input {
-            EncoderInput::Tokens(t) => Some(&t.token_type),
+            EncoderInput::Tokens(t) => t.token_type.as_ref(),
             _ => None,
         }
     }
 
-    /// Token inputs `[batch, seq]` through the trunk: `word + token_type + position`, the
+    /// Token inputs `[batch, seq]` through the trunk: `word + token_type + position` (segment 0
+    /// where `token_type_ids` is `None`), the
     /// embedding norm, the layers (a padding mask from `attention_mask`, row-major on the host,
     /// 1 = token; causal where the description says so), the final norm and the pooler. The
     /// caller has checked the ids against the tables.
@@ -190,7 +190,7 @@ impl<B: Backend> Trunk<B> {
         &self,
         input_ids: Tensor<B, 2, Int>,
         attention_mask: &[i64],
-        token_type_ids: Tensor<B, 2, Int>,
+        token_type_ids: Option<Tensor<B, 2, Int>>,
         position_ids: Tensor<B, 2, Int>,
     ) -> Result<TrunkOutput<B>> {
         let EncoderInput::Tokens(t) = &self.spec.input else {
@@ -200,9 +200,12 @@ impl<B: Backend> Trunk<B> {
             )));
         };
         let [batch, seq] = input_ids.dims();
-        let mut x = t.word.forward(input_ids)
-            + t.token_type.forward(token_type_ids)
-            + t.position.forward(position_ids);
+        let mut x = t.word.forward(input_ids);
+        if let Some(types) = &t.token_type {
+            let ids = token_type_ids.unwrap_or_else(|| Tensor::zeros([batch, seq], &self.device));
+            x = x + types.forward(ids);
+        }
+        let mut x = x + t.position.forward(position_ids);
         if let Some(norm) = &self.spec.embedding_norm {
             x = norm.forward(x);
         }
@@ -226,6 +229,12 @@ impl<B: Backend> Trunk<B> {
     /// another size than the description's, HF's `interpolate_pos_encoding=True`), the
     /// embedding norm, the layers, the final norm and the pooler.
     pub fn forward_patches(&self, pixel_values: Tensor<B, 4>) -> Result<TrunkOutput<B>> {
+        let x = self.embed_patches(pixel_values)?;
+        Ok(self.finish(self.layers(x, None)))
+    }
+
+    /// The class token, projected patches and positions of images, after the embedding norm.
+    fn embed_patches(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
         let EncoderInput::Patches(p) = &self.spec.input else {
             return Err(Error::InvalidInput(format!(
                 "{} encoder: pixel values given to an encoder of other inputs",
@@ -244,16 +253,68 @@ impl<B: Backend> Trunk<B> {
         } else {
             interpolate_positions(positions, gh, gw)?
         };
-        let mut x = x + positions.unsqueeze::<3>();
-        if let Some(norm) = &self.spec.embedding_norm {
-            x = norm.forward(x);
+        let x = x + positions.unsqueeze::<3>();
+        Ok(match &self.spec.embedding_norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        })
+    }
+
+    /// The description's projection ([`EncoderProjection`]) of `out`: each row's token at
+    /// `positions` (the first token for images; [`ipfs_accelerate_core::PooledToken::positions`]
+    /// of the ids for text), or the pooler's output where the projection reads it. `None`
+    /// without a projection.
+    pub fn projected(
+        &self,
+        out: &TrunkOutput<B>,
+        positions: &[usize],
+    ) -> Result<Option<Tensor<B, 2>>> {
+        let Some(p) = &self.spec.projection else {
+            return Ok(None);
+        };
+        let token = match p.token {
+            PooledToken::Pooler => out.pooler_output.clone().ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "{} encoder: a projection of the pooled output needs a pooler",
+                    self.spec.family
+                ))
+            })?,
+            _ => gather_tokens(&out.last_hidden_state, positions)?,
+        };
+        Ok(Some(project(p, token)))
+    }
+
+    /// HF's `hidden_states[layers]` of images: the embeddings (after the embedding norm)
+    /// through the first `layers` layers, no final norm (LLaVA reads a tower's layer −2).
+    pub fn patches_hidden_state(
+        &self,
+        pixel_values: Tensor<B, 4>,
+        layers: usize,
+    ) -> Result<Tensor<B, 3>> {
+        if layers > self.spec.layers.len() {
+            return Err(Error::InvalidInput(format!(
+                "hidden state {layers} requested from a {}-layer {} encoder",
+                self.spec.layers.len(),
+                self.spec.family
+            )));
         }
-        Ok(self.finish(self.layers(x, None)))
+        let x = self.embed_patches(pixel_values)?;
+        Ok(self.layers_upto(x, None, layers))
     }
 
     /// `x` `[batch, seq, hidden]` through every layer.
-    fn layers(&self, mut x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        for layer in &self.spec.layers {
+    fn layers(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
+        self.layers_upto(x, bias, self.spec.layers.len())
+    }
+
+    /// `x` through the first `n` layers.
+    fn layers_upto(
+        &self,
+        mut x: Tensor<B, 3>,
+        bias: Option<&Tensor<B, 4>>,
+        n: usize,
+    ) -> Tensor<B, 3> {
+        for layer in self.spec.layers.iter().take(n) {
             x = match self.spec.norm {
                 NormPlacement::Post => self.post_norm_layer(layer, x, bias),
                 NormPlacement::Pre => self.pre_norm_layer(layer, x, bias),
@@ -323,6 +384,43 @@ impl<B: Backend> Trunk<B> {
             pooler_output,
         }
     }
+}
+
+/// Row `positions[b]` of each `[batch, seq, hidden]` row of `x`: `[batch, hidden]`. A position
+/// past the sequence, or a count other than the batch, is an error.
+pub fn gather_tokens<B: Backend>(x: &Tensor<B, 3>, positions: &[usize]) -> Result<Tensor<B, 2>> {
+    let [batch, seq, hidden] = x.dims();
+    if positions.len() != batch || positions.iter().any(|&p| p >= seq) {
+        return Err(Error::InvalidInput(format!(
+            "token positions {positions:?} for {batch} rows of {seq} tokens"
+        )));
+    }
+    let rows: Vec<i64> = positions
+        .iter()
+        .enumerate()
+        .map(|(r, &p)| (r * seq + p) as i64)
+        .collect();
+    let device = x.device();
+    Ok(x.clone()
+        .reshape([batch * seq, hidden])
+        .select(0, int_tensor::<B, 1>(rows, [batch], &device)))
+}
+
+/// `p` over one token per row `[rows, hidden]`: its norm, its hidden layer and activation,
+/// then its dense layer (CLIP's `post_layernorm` and `visual_projection`).
+pub fn project<B: Backend>(
+    p: &EncoderProjection<Linear<B>, LayerNorm<B>>,
+    token: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let x = match &p.norm {
+        Some(norm) => norm.forward(token),
+        None => token,
+    };
+    let x = match &p.hidden {
+        Some(l) => l.dense.forward_act(x, activation_of(l.activation)),
+        None => x,
+    };
+    p.dense.forward(x)
 }
 
 /// `x[:, 0]` of `[batch, seq, hidden]`.

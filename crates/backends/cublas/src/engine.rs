@@ -1005,10 +1005,9 @@ where
             EncoderInput::Tokens(t) => DeviceInput::Tokens {
                 word: up(&t.word)?,
                 position: up(&t.position)?,
-                token_type: if t.type_vocab == 0 {
-                    up(&vec![0.0; spec.hidden])?
-                } else {
-                    up(&t.token_type)?
+                token_type: match &t.token_type {
+                    Some(types) => up(types)?,
+                    None => up(&vec![0.0; spec.hidden])?,
                 },
                 norm: spec.embedding_norm.as_ref().map(norm).transpose()?,
             },

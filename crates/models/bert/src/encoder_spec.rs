@@ -93,7 +93,10 @@ pub fn describe<R: WeightReader>(
                 "position_embeddings.weight",
                 &[config.max_position_embeddings, h],
             )?,
-            token_type: e.table("token_type_embeddings.weight", &[config.type_vocab_size, h])?,
+            token_type: match config.type_vocab_size {
+                0 => None,
+                n => Some(e.table("token_type_embeddings.weight", &[n, h])?),
+            },
             padding_idx: config.position_padding_idx(),
         }),
         embedding_norm: Some(e.layer_norm("LayerNorm", h, eps)?),

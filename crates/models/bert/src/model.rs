@@ -105,8 +105,12 @@ impl<B: Backend> BertModel<B> {
         token_type_ids: Tensor<B, 2, Int>,
         position_ids: Tensor<B, 2, Int>,
     ) -> Result<BertOutput<B>> {
-        self.trunk
-            .forward_tokens(input_ids, attention_mask, token_type_ids, position_ids)
+        self.trunk.forward_tokens(
+            input_ids,
+            attention_mask,
+            Some(token_type_ids),
+            position_ids,
+        )
     }
 }
 

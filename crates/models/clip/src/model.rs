@@ -3,14 +3,15 @@
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_core::{Error, Result, TensorSource};
+use ipfs_accelerate_core::{EncoderProjection, Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
-    attention::{padding_bias, ProjectionBias},
+    attention::ProjectionBias,
     convert::int_tensor,
     exact,
     transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
+    trunk::{gather_tokens, project, Trunk},
     vision::{ClassPatchEmbedding, PatchEmbedding},
-    Activation, Embedding, LayerNorm, Linear, VarBuilder,
+    Activation, LayerNorm, Linear, VarBuilder,
 };
 
 use crate::{ClipConfig, ClipTextConfig, ClipVisionConfig};
@@ -86,12 +87,10 @@ impl ClipTextInputs {
 }
 
 /// `CLIPTextTransformer`: token + position embeddings, causal pre-LN encoder, final layer norm,
-/// pooled at the end-of-text token.
+/// pooled at the end-of-text token: CLIP's text description ([`crate::describe_text`]) run by
+/// the shared burn trunk executor.
 pub struct ClipTextTransformer<B: Backend> {
-    token: Embedding<B>,
-    position: Embedding<B>,
-    encoder: PreLnEncoder<B>,
-    final_norm: LayerNorm<B>,
+    trunk: Trunk<B>,
     config: ClipTextConfig,
     device: B::Device,
 }
@@ -99,24 +98,8 @@ pub struct ClipTextTransformer<B: Backend> {
 impl<B: Backend> ClipTextTransformer<B> {
     /// Loads the tower under `vb` (HF's `text_model`).
     pub fn load(vb: &VarBuilder<B>, c: &ClipTextConfig) -> Result<Self> {
-        let h = c.hidden_size;
         Ok(ClipTextTransformer {
-            token: Embedding::load(&vb.pp("embeddings.token_embedding"), c.vocab_size, h)?,
-            position: Embedding::load(
-                &vb.pp("embeddings.position_embedding"),
-                c.max_position_embeddings,
-                h,
-            )?,
-            encoder: load_encoder(
-                vb,
-                c.num_hidden_layers,
-                h,
-                c.num_attention_heads,
-                c.intermediate_size,
-                c.hidden_act,
-                c.layer_norm_eps,
-            )?,
-            final_norm: LayerNorm::load(&vb.pp("final_layer_norm"), h, c.layer_norm_eps)?,
+            trunk: Trunk::new(crate::describe_text(vb, c)?, vb.device())?,
             config: c.clone(),
             device: vb.device().clone(),
         })
@@ -141,28 +124,17 @@ impl<B: Backend> ClipTextTransformer<B> {
                 self.config.max_position_embeddings
             )));
         }
-        self.token.check_ids("input_ids", &inputs.input_ids)?;
+        if let Some(table) = self.trunk.word_table() {
+            table.check_ids("input_ids", &inputs.input_ids)?;
+        }
         let ids = int_tensor::<B, 2>(inputs.input_ids.clone(), [b, s], &self.device);
         let positions: Vec<i64> = (0..b).flat_map(|_| 0..s as i64).collect();
         let positions = int_tensor::<B, 2>(positions, [b, s], &self.device);
-        let x = self.token.forward(ids) + self.position.forward(positions);
-        let heads = self.config.num_attention_heads;
-        let bias = padding_bias::<B>(&inputs.attention_mask, b, s, heads, s, true, &self.device);
-        let x = self
-            .final_norm
-            .forward(self.encoder.forward(x, Some(&bias)));
-        let h = self.config.hidden_size;
-        let rows: Vec<i64> = self
-            .pool_positions(inputs)
-            .iter()
-            .enumerate()
-            .map(|(r, &p)| (r * s + p) as i64)
-            .collect();
-        let pooled = x
-            .clone()
-            .reshape([b * s, h])
-            .select(0, int_tensor::<B, 1>(rows, [b], &self.device));
-        Ok((x, pooled))
+        let out = self
+            .trunk
+            .forward_tokens(ids, &inputs.attention_mask, None, positions)?;
+        let pooled = gather_tokens(&out.last_hidden_state, &self.pool_positions(inputs))?;
+        Ok((out.last_hidden_state, pooled))
     }
 }
 
@@ -189,42 +161,21 @@ pub fn load_vision_embeddings<B: Backend>(
     ))
 }
 
-/// Outputs of the vision tower.
-#[derive(Debug, Clone)]
-pub struct ClipVisionOutput<B: Backend> {
-    /// `[batch, 1 + patches, hidden]` (no final norm, as HF).
-    pub last_hidden_state: Tensor<B, 3>,
-    /// `[batch, hidden]`: `post_layernorm` of the class token.
-    pub pooler_output: Tensor<B, 2>,
-}
-
-/// `CLIPVisionTransformer`: class embedding + patch embeddings + positions, `pre_layrnorm`,
-/// pre-LN encoder, `post_layernorm` on the class token.
+/// `CLIPVisionTransformer` up to its last layer: class embedding + patch embeddings +
+/// positions, `pre_layrnorm`, pre-LN encoder: CLIP's vision description
+/// ([`crate::describe_vision`]) run by the shared burn trunk executor. `post_layernorm` of the
+/// class token belongs to the projection ([`crate::describe_vision_projection`]).
 pub struct ClipVisionTransformer<B: Backend> {
-    embeddings: ClassPatchEmbedding<B>,
-    pre_norm: LayerNorm<B>,
-    encoder: PreLnEncoder<B>,
-    post_norm: LayerNorm<B>,
+    trunk: Trunk<B>,
     config: ClipVisionConfig,
 }
 
 impl<B: Backend> ClipVisionTransformer<B> {
     /// Loads the tower under `vb` (HF's `vision_model`).
     pub fn load(vb: &VarBuilder<B>, c: &ClipVisionConfig) -> Result<Self> {
-        let h = c.hidden_size;
+        let spec = crate::describe_vision(vb, c, "pre_layrnorm", c.num_hidden_layers)?;
         Ok(ClipVisionTransformer {
-            embeddings: load_vision_embeddings(&vb.pp("embeddings"), c)?,
-            pre_norm: LayerNorm::load(&vb.pp("pre_layrnorm"), h, c.layer_norm_eps)?,
-            encoder: load_encoder(
-                vb,
-                c.num_hidden_layers,
-                h,
-                c.num_attention_heads,
-                c.intermediate_size,
-                c.hidden_act,
-                c.layer_norm_eps,
-            )?,
-            post_norm: LayerNorm::load(&vb.pp("post_layernorm"), h, c.layer_norm_eps)?,
+            trunk: Trunk::new(spec, vb.device())?,
             config: c.clone(),
         })
     }
@@ -236,39 +187,20 @@ impl<B: Backend> ClipVisionTransformer<B> {
 
     /// Number of encoder layers.
     pub fn num_layers(&self) -> usize {
-        self.encoder.len()
+        self.trunk.spec().layers.len()
     }
 
-    /// Embeddings after `pre_layrnorm` (HF's `hidden_states[0]`); images of another size than
-    /// the configured one get bicubically interpolated position embeddings.
-    pub fn embed(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
-        Ok(self
-            .pre_norm
-            .forward(self.embeddings.forward(pixel_values)?))
-    }
-
-    /// HF's `hidden_states[layers]`: the embeddings after the first `layers` encoder layers
-    /// (LLaVA reads layer −2, i.e. `num_layers() - 1`).
+    /// HF's `hidden_states[layers]`: the embeddings after `pre_layrnorm` and the first `layers`
+    /// encoder layers (LLaVA reads layer −2, i.e. `num_layers() - 1`); images of another size
+    /// than the configured one get bicubically interpolated position embeddings.
     pub fn hidden_state(&self, pixel_values: Tensor<B, 4>, layers: usize) -> Result<Tensor<B, 3>> {
-        if layers > self.encoder.len() {
-            return Err(Error::InvalidInput(format!(
-                "hidden state {layers} requested from a {}-layer tower",
-                self.encoder.len()
-            )));
-        }
-        let x = self.embed(pixel_values)?;
-        Ok(self.encoder.forward_layers(x, None, layers))
+        self.trunk.patches_hidden_state(pixel_values, layers)
     }
 
-    /// Runs the whole tower.
-    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<ClipVisionOutput<B>> {
-        let x = self.hidden_state(pixel_values, self.encoder.len())?;
-        let [b, _, h] = x.dims();
-        let cls: Tensor<B, 2> = x.clone().narrow(1, 0, 1).reshape([b, h]);
-        Ok(ClipVisionOutput {
-            pooler_output: self.post_norm.forward(cls),
-            last_hidden_state: x,
-        })
+    /// Runs the whole tower: `last_hidden_state` `[batch, 1 + patches, hidden]` (no final
+    /// norm, as HF).
+    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+        self.hidden_state(pixel_values, self.num_layers())
     }
 }
 
@@ -291,8 +223,8 @@ pub struct ClipModel<B: Backend> {
     pub text: ClipTextTransformer<B>,
     /// The vision tower.
     pub vision: ClipVisionTransformer<B>,
-    text_projection: Linear<B>,
-    visual_projection: Linear<B>,
+    text_projection: EncoderProjection<Linear<B>, LayerNorm<B>>,
+    visual_projection: EncoderProjection<Linear<B>, LayerNorm<B>>,
     logit_scale: f32,
     config: ClipConfig,
 }
@@ -327,20 +259,18 @@ impl<B: Backend> ClipModel<B> {
         let logit_scale = load_logit_scale(source.as_ref())?;
         let vb = VarBuilder::<B>::new(source, device);
         let p = config.projection_dim;
+        let (text, vision) = (vb.pp("text_model"), vb.pp("vision_model"));
+        let vc = &config.vision_config;
         Ok(ClipModel {
-            text: ClipTextTransformer::load(&vb.pp("text_model"), &config.text_config)?,
-            vision: ClipVisionTransformer::load(&vb.pp("vision_model"), &config.vision_config)?,
-            text_projection: Linear::load(
-                &vb.pp("text_projection"),
-                config.text_config.hidden_size,
+            text: ClipTextTransformer::load(&text, &config.text_config)?,
+            vision: ClipVisionTransformer::load(&vision, vc)?,
+            text_projection: crate::describe_text_projection(&vb, &config.text_config, p)?,
+            visual_projection: crate::describe_vision_projection(
+                &vision,
+                &vb,
+                vc,
                 p,
-                false,
-            )?,
-            visual_projection: Linear::load(
-                &vb.pp("visual_projection"),
-                config.vision_config.hidden_size,
-                p,
-                false,
+                "image_embeds",
             )?,
             logit_scale,
             config: config.clone(),
@@ -361,14 +291,15 @@ impl<B: Backend> ClipModel<B> {
     /// normalised).
     pub fn text_features(&self, inputs: &ClipTextInputs) -> Result<Tensor<B, 2>> {
         let (_, pooled) = self.text.forward(inputs)?;
-        Ok(self.text_projection.forward(pooled))
+        Ok(project(&self.text_projection, pooled))
     }
 
     /// HF's `get_image_features`: projected pooled image `[batch, projection_dim]` (not
     /// normalised).
     pub fn image_features(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 2>> {
-        let out = self.vision.forward(pixel_values)?;
-        Ok(self.visual_projection.forward(out.pooler_output))
+        let x = self.vision.forward(pixel_values)?;
+        let classes = gather_tokens(&x, &vec![0; x.dims()[0]])?;
+        Ok(project(&self.visual_projection, classes))
     }
 
     /// Both towers, normalised embeddings and the image-text logits.

@@ -1,5 +1,7 @@
-//! CLIP's two towers as backend-neutral [`EncoderSpec`]s, for engines that do not run through
-//! burn (the cuBLAS encoder of the `cuda` feature): the text tower (token + position embeddings,
+//! CLIP's two towers described once ([`describe_text`], [`describe_vision`] and their
+//! projections), read as backend-neutral [`EncoderSpec`]s for engines that do not run through
+//! burn (the cuBLAS encoder of the `cuda` feature) or as burn modules for
+//! [`crate::ClipModel`]: the text tower (token + position embeddings,
 //! causal pre-norm layers, final norm, the end-of-text token projected) and the vision tower
 //! (bias-free patch embedding, class token, `pre_layrnorm`, pre-norm layers, `post_layernorm` on
 //! the class token, projected). The names come from the tables the burn model loads with
@@ -14,7 +16,7 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::{
     attention::ProjectionBias,
-    spec::{encoder_activation, SpecReader},
+    spec::{encoder_activation, pre_norm_layer, SpecReader, WeightReader},
     transformer::PreLnNames,
 };
 
@@ -31,19 +33,20 @@ impl ClipTextConfig {
     }
 }
 
-/// A tower's trunk as both towers fill it: its sizes, its pre-norm CLIP layers under `reader`
-/// (`<tower>.encoder.layers.N`) and `input`; no norms, pooler, head or projection yet.
+/// A tower's trunk as both towers fill it: its sizes, its pre-norm CLIP layers under `tower`
+/// (`<tower>.encoder.layers.N`, the first `layers` of them) and `input`; no norms, pooler,
+/// head or projection yet.
 #[allow(clippy::too_many_arguments)]
-fn trunk(
-    reader: &SpecReader<'_>,
+fn trunk<R: WeightReader>(
+    tower: &R,
     hidden: usize,
     heads: usize,
     intermediate: usize,
     layers: usize,
     eps: f64,
     act: ipfs_accelerate_nn::Activation,
-    input: EncoderInput,
-) -> Result<EncoderSpec> {
+    input: EncoderInput<R::Dense, R::Norm, R::Table>,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     Ok(EncoderSpec {
         family: "clip".into(),
         hidden,
@@ -56,11 +59,12 @@ fn trunk(
         norm: NormPlacement::Pre,
         layers: (0..layers)
             .map(|n| {
-                reader.pp(&format!("encoder.layers.{n}")).pre_ln_layer(
+                pre_norm_layer(
+                    &tower.under(&format!("encoder.layers.{n}")),
                     &PreLnNames::CLIP,
-                    hidden,
-                    intermediate,
+                    (hidden, intermediate),
                     ProjectionBias::ALL,
+                    eps,
                 )
             })
             .collect::<Result<_>>()?,
@@ -85,31 +89,39 @@ pub fn text_tower_spec(
     projection_dim: usize,
     source: &dyn TensorSource,
 ) -> Result<EncoderSpec> {
-    let h = c.hidden_size;
     let root = SpecReader::new(source, "");
-    let text = SpecReader::new(source, "text_model");
-    let emb = text.pp("embeddings");
+    let spec = EncoderSpec {
+        projection: Some(describe_text_projection(&root, c, projection_dim)?),
+        ..describe_text(&SpecReader::new(source, "text_model"), c)?
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// CLIP's text tower, the one description of it: token and position embeddings, causal
+/// pre-norm layers and the final norm, read by `text` (HF's `text_model`) as host values for
+/// the engines or as burn modules for [`crate::ClipTextTransformer`]. Its projection comes from
+/// [`describe_text_projection`].
+pub fn describe_text<R: WeightReader>(
+    text: &R,
+    c: &ClipTextConfig,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
+    let h = c.hidden_size;
+    let emb = text.under("embeddings");
     let input = EncoderInput::Tokens(TokenEmbeddings {
         vocab: c.vocab_size,
         max_positions: c.max_position_embeddings,
         type_vocab: 0,
-        word: emb.read("token_embedding.weight", &[c.vocab_size, h])?,
-        position: emb.read("position_embedding.weight", &[c.max_position_embeddings, h])?,
-        token_type: Vec::new(),
+        word: emb.table("token_embedding.weight", &[c.vocab_size, h])?,
+        position: emb.table("position_embedding.weight", &[c.max_position_embeddings, h])?,
+        token_type: None,
         padding_idx: None,
     });
-    let spec = EncoderSpec {
-        final_norm: Some(text.norm("final_layer_norm", h)?),
+    Ok(EncoderSpec {
+        final_norm: Some(text.layer_norm("final_layer_norm", h, c.layer_norm_eps)?),
         causal: true,
-        projection: Some(EncoderProjection {
-            output: "text_embeds".into(),
-            token: c.pooled_token(),
-            norm: None,
-            hidden: None,
-            dense: root.dense_with("text_projection", projection_dim, h, false)?,
-        }),
         ..trunk(
-            &text,
+            text,
             c.hidden_size,
             c.num_attention_heads,
             c.intermediate_size,
@@ -118,30 +130,23 @@ pub fn text_tower_spec(
             c.hidden_act,
             input,
         )?
-    };
-    spec.validate()?;
-    Ok(spec)
+    })
 }
 
-/// The vision tower's patch embeddings under `vision` (`<tower>.embeddings`): bias-free patch
-/// projection, class token, learned positions.
-fn patch_input(c: &ClipVisionConfig, vision: &SpecReader<'_>) -> Result<EncoderInput> {
-    let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
-    let emb = vision.pp("embeddings");
-    let tokens = c.grid() * c.grid() + 1;
-    Ok(EncoderInput::Patches(PatchEmbeddings {
-        channels: ch,
-        patch: p,
-        image: (c.image_size, c.image_size),
-        projection: ipfs_accelerate_core::DenseWeights::new(
-            h,
-            ch * p * p,
-            emb.read("patch_embedding.weight", &[h, ch, p, p])?,
-            vec![0.0; h],
-        ),
-        class: emb.read("class_embedding", &[h])?,
-        position: emb.read("position_embedding.weight", &[tokens, h])?,
-    }))
+/// `text_projection` (under `root`, bias-free, to `projection_dim`) of each row's pooled token
+/// ([`ClipTextConfig::pooled_token`]), the output `text_embeds`.
+pub fn describe_text_projection<R: WeightReader>(
+    root: &R,
+    c: &ClipTextConfig,
+    projection_dim: usize,
+) -> Result<EncoderProjection<R::Dense, R::Norm>> {
+    Ok(EncoderProjection {
+        output: "text_embeds".into(),
+        token: c.pooled_token(),
+        norm: None,
+        hidden: None,
+        dense: root.linear("text_projection", projection_dim, c.hidden_size, false)?,
+    })
 }
 
 /// The vision tower of a `CLIPModel` checkpoint (`vision_model.*`, `visual_projection`), its
@@ -169,28 +174,39 @@ pub fn vision_tower_spec(
     pre_norm: &str,
     output: &str,
 ) -> Result<EncoderSpec> {
-    let h = c.hidden_size;
     let root = SpecReader::new(source, "");
     let vision = SpecReader::new(source, "vision_model");
     let spec = EncoderSpec {
-        projection: Some(EncoderProjection {
-            output: output.into(),
-            token: PooledToken::First,
-            norm: Some(vision.norm("post_layernorm", h)?),
-            hidden: None,
-            dense: root.dense_with("visual_projection", projection_dim, h, false)?,
-        }),
-        ..vision_trunk_spec(
+        projection: Some(describe_vision_projection(
+            &vision,
+            &root,
             c,
-            source,
-            "vision_model",
-            pre_norm,
-            c.num_hidden_layers,
-            None,
-        )?
+            projection_dim,
+            output,
+        )?),
+        ..describe_vision(&vision, c, pre_norm, c.num_hidden_layers)?
     };
     spec.validate()?;
     Ok(spec)
+}
+
+/// `post_layernorm` (under `vision`) and `visual_projection` (under `root`, bias-free, to
+/// `projection_dim`) of each image's class token, under the output name `output`.
+pub fn describe_vision_projection<R: WeightReader>(
+    vision: &R,
+    root: &R,
+    c: &ClipVisionConfig,
+    projection_dim: usize,
+    output: &str,
+) -> Result<EncoderProjection<R::Dense, R::Norm>> {
+    let h = c.hidden_size;
+    Ok(EncoderProjection {
+        output: output.into(),
+        token: PooledToken::First,
+        norm: Some(vision.layer_norm("post_layernorm", h, c.layer_norm_eps)?),
+        hidden: None,
+        dense: root.linear("visual_projection", projection_dim, h, false)?,
+    })
 }
 
 /// A CLIP vision tower under `prefix` (LLaVA's `vision_tower.vision_model`) read at its hidden
@@ -203,42 +219,54 @@ pub fn vision_hidden_state_spec(
     layers: usize,
     head: Option<EncoderHead>,
 ) -> Result<EncoderSpec> {
-    vision_trunk_spec(c, source, prefix, "pre_layrnorm", layers, head)
+    let spec = EncoderSpec {
+        head,
+        ..describe_vision(&SpecReader::new(source, prefix), c, "pre_layrnorm", layers)?
+    };
+    spec.validate()?;
+    Ok(spec)
 }
 
-/// [`vision_hidden_state_spec`] with the norm after the embeddings named `pre_norm`
-/// (`pre_layrnorm` in CLIP, `pre_layernorm` in X-CLIP's vision tower).
-fn vision_trunk_spec(
+/// CLIP's vision tower, the one description of it: the bias-free patch embedding, class token
+/// and learned positions, the norm after them (named `pre_norm`: `pre_layrnorm` in CLIP,
+/// `pre_layernorm` in X-CLIP) and the first `layers` pre-norm layers, read by `vision` (HF's
+/// `vision_model`) as host values for the engines or as burn modules for
+/// [`crate::ClipVisionTransformer`]. Its projection comes from [`describe_vision_projection`].
+pub fn describe_vision<R: WeightReader>(
+    vision: &R,
     c: &ClipVisionConfig,
-    source: &dyn TensorSource,
-    prefix: &str,
     pre_norm: &str,
     layers: usize,
-    head: Option<EncoderHead>,
-) -> Result<EncoderSpec> {
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     if layers > c.num_hidden_layers {
         return Err(ipfs_accelerate_core::Error::InvalidInput(format!(
             "hidden state {layers} of a vision tower of {} layers",
             c.num_hidden_layers
         )));
     }
-    let vision = SpecReader::new(source, prefix);
-    let spec = EncoderSpec {
-        embedding_norm: Some(vision.norm(pre_norm, c.hidden_size)?),
-        head,
+    let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
+    let emb = vision.under("embeddings");
+    let input = EncoderInput::Patches(PatchEmbeddings {
+        channels: ch,
+        patch: p,
+        image: (c.image_size, c.image_size),
+        projection: emb.flattened("patch_embedding", h, &[ch, p, p], false)?,
+        class: emb.table("class_embedding", &[h])?,
+        position: emb.table("position_embedding.weight", &[c.grid() * c.grid() + 1, h])?,
+    });
+    Ok(EncoderSpec {
+        embedding_norm: Some(vision.layer_norm(pre_norm, h, c.layer_norm_eps)?),
         ..trunk(
-            &vision,
-            c.hidden_size,
+            vision,
+            h,
             c.num_attention_heads,
             c.intermediate_size,
             layers,
             c.layer_norm_eps,
             c.hidden_act,
-            patch_input(c, &vision)?,
+            input,
         )?
-    };
-    spec.validate()?;
-    Ok(spec)
+    })
 }
 
 /// Both towers' specs and the checkpoint's `logit_scale`.
