@@ -109,7 +109,8 @@ impl ModelRunner for SpecReference {
             f32_tensor(vec![batch, seq, h], &out.last_hidden_state)?,
         );
         if let Some(p) = &out.pooler_output {
-            map.insert("pooler_output".into(), f32_tensor(vec![batch, h], p)?);
+            let width = p.len() / batch.max(1);
+            map.insert("pooler_output".into(), f32_tensor(vec![batch, width], p)?);
         }
         if let (Some(head), Some(l)) = (&s.head, &out.logits) {
             let n = head.dense().out_features;
