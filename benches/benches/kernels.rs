@@ -56,7 +56,7 @@ use ipfs_accelerate_nn::attention::{
     ProjectionBias, ProjectionNames,
 };
 use ipfs_accelerate_nn::mlp::GatedMlp;
-use ipfs_accelerate_nn::{Activation, LayerNorm, Linear, RmsNorm, VarBuilder};
+use ipfs_accelerate_nn::{Activation, ActivationForward, LayerNorm, Linear, RmsNorm, VarBuilder};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

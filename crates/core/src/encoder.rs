@@ -14,8 +14,10 @@
 
 use crate::{Error, QuantizedBlocks, Result};
 
-/// The feed-forward activation of an encoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An activation function, as HF configs name it in `hidden_act` / `hidden_activation` (parsed
+/// from those strings); `ipfs_accelerate_nn::Activation` is this type, with its burn forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub enum EncoderActivation {
     /// Exact GELU (erf).
     Gelu,
@@ -37,6 +39,40 @@ pub enum EncoderActivation {
     Mish,
     /// `x` (`linear`).
     Identity,
+}
+
+impl std::str::FromStr for EncoderActivation {
+    type Err = Error;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(match s {
+            "gelu" | "gelu_python" => EncoderActivation::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelu_accurate" => {
+                EncoderActivation::GeluTanh
+            }
+            "quick_gelu" => EncoderActivation::QuickGelu,
+            "relu" => EncoderActivation::Relu,
+            "relu6" => EncoderActivation::Relu6,
+            "silu" | "swish" => EncoderActivation::Silu,
+            "sigmoid" => EncoderActivation::Sigmoid,
+            "tanh" => EncoderActivation::Tanh,
+            "mish" => EncoderActivation::Mish,
+            "linear" => EncoderActivation::Identity,
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "unsupported activation `{other}`"
+                )))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for EncoderActivation {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, Self::Error> {
+        s.parse().map_err(|e: Error| e.to_string())
+    }
 }
 
 impl EncoderActivation {

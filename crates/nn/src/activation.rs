@@ -1,73 +1,20 @@
-//! The activation functions HF configs name in `hidden_act` / `hidden_activation`.
-
-use std::str::FromStr;
+//! The activation functions HF configs name in `hidden_act` / `hidden_activation`: one enum,
+//! [`ipfs_accelerate_core::EncoderActivation`] (which the trunk descriptions and the engines
+//! read), applied to burn tensors through [`ActivationForward`].
 
 use burn::tensor::{activation, backend::Backend, Tensor};
-use ipfs_accelerate_core::Error;
 
 /// An activation function, parsed from HF's `hidden_act` strings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(try_from = "String")]
-pub enum Activation {
-    /// Exact GELU with erf (`gelu`, `gelu_python`).
-    Gelu,
-    /// GELU with the tanh approximation (`gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`, `gelu_accurate`).
-    GeluTanh,
-    /// `x * sigmoid(1.702 x)` (CLIP's `quick_gelu`).
-    QuickGelu,
-    /// `max(0, x)`.
-    Relu,
-    /// `min(max(0, x), 6)`.
-    Relu6,
-    /// `x * sigmoid(x)` (`silu`, `swish`).
-    Silu,
-    /// Logistic sigmoid.
-    Sigmoid,
-    /// Hyperbolic tangent.
-    Tanh,
-    /// `x * tanh(softplus(x))`.
-    Mish,
-    /// Identity (`linear`).
-    Identity,
-}
+pub use ipfs_accelerate_core::EncoderActivation as Activation;
 
-impl FromStr for Activation {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "gelu" | "gelu_python" => Activation::Gelu,
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelu_accurate" => {
-                Activation::GeluTanh
-            }
-            "quick_gelu" => Activation::QuickGelu,
-            "relu" => Activation::Relu,
-            "relu6" => Activation::Relu6,
-            "silu" | "swish" => Activation::Silu,
-            "sigmoid" => Activation::Sigmoid,
-            "tanh" => Activation::Tanh,
-            "mish" => Activation::Mish,
-            "linear" => Activation::Identity,
-            other => {
-                return Err(Error::InvalidInput(format!(
-                    "unsupported activation `{other}`"
-                )))
-            }
-        })
-    }
-}
-
-impl TryFrom<String> for Activation {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse().map_err(|e: Error| e.to_string())
-    }
-}
-
-impl Activation {
+/// An activation applied to burn tensors.
+pub trait ActivationForward {
     /// Applies the activation element-wise.
-    pub fn forward<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+    fn forward<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D>;
+}
+
+impl ActivationForward for Activation {
+    fn forward<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         let x = match crate::fast::activation(x, self) {
             Ok(y) => return y,
             Err(x) => x,

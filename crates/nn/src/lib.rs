@@ -30,7 +30,7 @@ mod var_builder;
 pub mod vision;
 pub mod weights;
 
-pub use activation::Activation;
+pub use activation::{Activation, ActivationForward};
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;
 pub use linear::Linear;

@@ -4,6 +4,7 @@ use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::Result;
 
 use crate::quant::LinearWeight;
+use crate::ActivationForward;
 use crate::{Activation, VarBuilder, WeightQuantization};
 
 /// `y = x Wᵀ + b`, loaded from PyTorch's `weight` `[out, in]` and `bias` `[out]`.

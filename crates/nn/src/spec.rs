@@ -3,8 +3,8 @@
 //! a family's names are written once for both executors.
 
 use ipfs_accelerate_core::{
-    DType, DecoderSpec, DenseWeights, EncoderActivation, EncoderLayerWeights, Error,
-    GatedActivation, NormWeights, QuantizedBlocks, Result, TensorSource,
+    DType, DecoderSpec, DenseWeights, EncoderLayerWeights, Error, GatedActivation, NormWeights,
+    QuantizedBlocks, Result, TensorSource,
 };
 /// The ggml block formats ([`quantize_dense`]'s target).
 pub use ipfs_accelerate_kernels::BlockType;
@@ -332,38 +332,6 @@ impl<'a> SpecReader<'a> {
         bias: ProjectionBias,
     ) -> Result<EncoderLayerWeights> {
         pre_norm_layer(self, names, (hidden, intermediate), bias, 0.0)
-    }
-}
-
-/// The spec's name for a feed-forward activation (every activation HF configs name has one).
-pub fn encoder_activation(act: Activation) -> EncoderActivation {
-    match act {
-        Activation::Gelu => EncoderActivation::Gelu,
-        Activation::GeluTanh => EncoderActivation::GeluTanh,
-        Activation::Relu => EncoderActivation::Relu,
-        Activation::QuickGelu => EncoderActivation::QuickGelu,
-        Activation::Relu6 => EncoderActivation::Relu6,
-        Activation::Silu => EncoderActivation::Silu,
-        Activation::Sigmoid => EncoderActivation::Sigmoid,
-        Activation::Tanh => EncoderActivation::Tanh,
-        Activation::Mish => EncoderActivation::Mish,
-        Activation::Identity => EncoderActivation::Identity,
-    }
-}
-
-/// The activation [`encoder_activation`] names, for executors on burn.
-pub fn activation_of(act: EncoderActivation) -> Activation {
-    match act {
-        EncoderActivation::Gelu => Activation::Gelu,
-        EncoderActivation::GeluTanh => Activation::GeluTanh,
-        EncoderActivation::Relu => Activation::Relu,
-        EncoderActivation::QuickGelu => Activation::QuickGelu,
-        EncoderActivation::Relu6 => Activation::Relu6,
-        EncoderActivation::Silu => Activation::Silu,
-        EncoderActivation::Sigmoid => Activation::Sigmoid,
-        EncoderActivation::Tanh => Activation::Tanh,
-        EncoderActivation::Mish => Activation::Mish,
-        EncoderActivation::Identity => Activation::Identity,
     }
 }
 

@@ -16,8 +16,9 @@ use ipfs_accelerate_core::{
 
 use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
 use crate::convert::int_tensor;
-use crate::spec::{activation_of, WeightReader};
+use crate::spec::WeightReader;
 use crate::vision::{interpolate_positions, patch_rows};
+use crate::ActivationForward;
 use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 /// A trunk description held as burn modules.
@@ -154,7 +155,7 @@ impl<B: Backend> Trunk<B> {
             return refuse("cross-frame messages");
         }
         Ok(Trunk {
-            act: activation_of(spec.activation),
+            act: spec.activation,
             spec,
             device: device.clone(),
         })
@@ -378,7 +379,7 @@ impl<B: Backend> Trunk<B> {
             .spec
             .pooler
             .as_ref()
-            .map(|p| activation_of(p.activation).forward(p.dense.forward(first_token(&x))));
+            .map(|p| p.activation.forward(p.dense.forward(first_token(&x))));
         TrunkOutput {
             last_hidden_state: x,
             pooler_output,
@@ -417,7 +418,7 @@ pub fn project<B: Backend>(
         None => token,
     };
     let x = match &p.hidden {
-        Some(l) => l.dense.forward_act(x, activation_of(l.activation)),
+        Some(l) => l.dense.forward_act(x, l.activation),
         None => x,
     };
     p.dense.forward(x)
@@ -450,6 +451,6 @@ pub fn head_logits<B: Backend>(
             up,
             activation,
             down,
-        } => HeadLogits::Token(down.forward(up.forward_act(h(), activation_of(*activation)))),
+        } => HeadLogits::Token(down.forward(up.forward_act(h(), *activation))),
     })
 }

@@ -8,7 +8,7 @@ use ipfs_accelerate_core::{
     EncoderHead, EncoderInput, EncoderLayerWeights, EncoderSpec, JsonConfig, NormPlacement, Pooler,
     Result, TensorSource, TokenEmbeddings,
 };
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader, WeightReader};
+use ipfs_accelerate_nn::spec::{SpecReader, WeightReader};
 
 use crate::{names, BertConfig, BertHead};
 
@@ -83,7 +83,7 @@ pub fn describe<R: WeightReader>(
         heads: config.num_attention_heads,
         intermediate: i,
         eps: eps as f32,
-        activation: encoder_activation(config.hidden_act),
+        activation: config.hidden_act,
         input: EncoderInput::Tokens(TokenEmbeddings {
             vocab: config.vocab_size,
             max_positions: config.max_position_embeddings,

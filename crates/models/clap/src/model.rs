@@ -1,5 +1,6 @@
 //! `ClapModel`: both towers, their projections into the shared space and the two logit scales.
 
+use ipfs_accelerate_nn::ActivationForward;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};

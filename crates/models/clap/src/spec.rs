@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ipfs_accelerate_core::{
     EncoderProjection, EncoderSpec, PooledToken, ProjectionLayer, Result, TensorSource,
 };
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
+use ipfs_accelerate_nn::spec::SpecReader;
 
 use crate::ClapConfig;
 
@@ -33,7 +33,7 @@ pub fn text_encoder_spec(
         norm: None,
         hidden: Some(ProjectionLayer {
             dense: projection.dense("linear1", p, h)?,
-            activation: encoder_activation(config.projection_hidden_act),
+            activation: config.projection_hidden_act,
         }),
         dense: projection.dense("linear2", p, p)?,
     });

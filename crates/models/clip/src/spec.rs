@@ -16,7 +16,7 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::{
     attention::ProjectionBias,
-    spec::{encoder_activation, pre_norm_layer, SpecReader, WeightReader},
+    spec::{pre_norm_layer, SpecReader, WeightReader},
     transformer::PreLnNames,
 };
 
@@ -53,7 +53,7 @@ fn trunk<R: WeightReader>(
         heads,
         intermediate,
         eps: eps as f32,
-        activation: encoder_activation(act),
+        activation: act,
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,

@@ -3,6 +3,7 @@
 
 use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_nn::ActivationForward;
 use ipfs_accelerate_nn::{
     conv::{max_pool2d, Conv2d, ConvParams, FrozenBatchNorm},
     Activation, VarBuilder,

@@ -2,6 +2,7 @@
 //! flattened feature map (2-D position embeddings added to queries and keys) → decoder over learned
 //! object queries → class logits and sigmoid boxes.
 
+use ipfs_accelerate_nn::ActivationForward;
 use std::sync::Arc;
 
 use burn::tensor::{activation, backend::Backend, Tensor, TensorData};

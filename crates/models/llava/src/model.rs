@@ -2,6 +2,7 @@
 //! read at `vision_feature_layer`, the two-layer projector, LLaVA-NeXT's anyres packing, and the
 //! image features spliced into the LLaMA decoder's input embeddings.
 
+use ipfs_accelerate_nn::ActivationForward;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};

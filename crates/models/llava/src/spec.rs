@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use ipfs_accelerate_core::{
     DType, DecoderSpec, EncoderHead, EncoderSpec, Error, HostTensor, Result, TensorSource,
 };
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
+use ipfs_accelerate_nn::spec::SpecReader;
 
 use crate::config::{LlavaConfig, LlavaVariant};
 use crate::model::anyres_views;
@@ -37,7 +37,7 @@ pub fn tower_spec(config: &LlavaConfig, source: Arc<dyn TensorSource>) -> Result
     let bias = config.multimodal_projector_bias;
     let head = EncoderHead::EveryTokenMlp {
         up: p.dense_with("linear_1", text_hidden, v.hidden_size, bias)?,
-        activation: encoder_activation(config.projector_hidden_act),
+        activation: config.projector_hidden_act,
         down: p.dense_with("linear_2", text_hidden, text_hidden, bias)?,
     };
     let mut spec = ipfs_accelerate_clip::vision_hidden_state_spec(

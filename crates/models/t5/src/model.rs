@@ -1,5 +1,6 @@
 //! The T5 encoder-decoder (`T5ForConditionalGeneration` of HF's `modeling_t5.py`).
 
+use ipfs_accelerate_nn::ActivationForward;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};

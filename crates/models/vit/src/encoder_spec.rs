@@ -11,7 +11,7 @@ use ipfs_accelerate_core::{
 };
 use ipfs_accelerate_nn::{
     attention::ProjectionBias,
-    spec::{encoder_activation, pre_norm_layer, SpecReader, WeightReader},
+    spec::{pre_norm_layer, SpecReader, WeightReader},
 };
 
 use crate::{VitConfig, VitHead, VitLayout};
@@ -87,7 +87,7 @@ pub fn describe<R: WeightReader>(
         let out = c.pooler_output_size.unwrap_or(h);
         Some(Pooler {
             dense: vit.linear("pooler.dense", out, h, true)?,
-            activation: encoder_activation(c.pooler_act),
+            activation: c.pooler_act,
         })
     } else {
         None
@@ -98,7 +98,7 @@ pub fn describe<R: WeightReader>(
         heads: c.num_attention_heads,
         intermediate: i,
         eps: eps as f32,
-        activation: encoder_activation(c.hidden_act),
+        activation: c.hidden_act,
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,

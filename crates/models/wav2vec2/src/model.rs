@@ -1,6 +1,7 @@
 //! Wav2Vec2: convolutional feature encoder, feature projection, weight-normed positional
 //! convolution, transformer encoder (post-LN or "stable" pre-LN) and the CTC head.
 
+use ipfs_accelerate_nn::ActivationForward;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor, TensorData};

@@ -11,7 +11,7 @@ use ipfs_accelerate_core::{
     NormPlacement, PositionConv, Result, TensorSource, WaveformEmbeddings,
 };
 use ipfs_accelerate_nn::attention::ProjectionBias;
-use ipfs_accelerate_nn::spec::{encoder_activation, SpecReader};
+use ipfs_accelerate_nn::spec::SpecReader;
 
 use crate::config::{FeatExtractNorm, Wav2Vec2Config};
 use crate::model::{CONV_NORM_EPS, LAYER_NAMES};
@@ -73,7 +73,7 @@ pub fn encoder_spec(config: &Wav2Vec2Config, source: &dyn TensorSource) -> Resul
         kernel,
         groups,
     };
-    let activation = encoder_activation(c.feat_extract_activation);
+    let activation = c.feat_extract_activation;
     let input = EncoderInput::Waveform(WaveformEmbeddings {
         convs,
         norms,
@@ -101,7 +101,7 @@ pub fn encoder_spec(config: &Wav2Vec2Config, source: &dyn TensorSource) -> Resul
         heads: c.num_attention_heads,
         intermediate: c.intermediate_size,
         eps: c.layer_norm_eps as f32,
-        activation: encoder_activation(c.hidden_act),
+        activation: c.hidden_act,
         input,
         // Base: `layer_norm(tokens + positions)` before post-norm layers; stable: pre-norm layers
         // and the same norm after the last.

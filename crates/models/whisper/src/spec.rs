@@ -14,7 +14,7 @@ use ipfs_accelerate_core::{
     Result, TensorSource,
 };
 use ipfs_accelerate_nn::attention::ProjectionNames;
-use ipfs_accelerate_nn::spec::{encoder_activation, gated_activation, SpecReader};
+use ipfs_accelerate_nn::spec::{gated_activation, SpecReader};
 
 use crate::model::{ENCODER_LAYER_NAMES, WHISPER_BIAS};
 use crate::{WhisperConfig, LAYER_NORM_EPS};
@@ -66,7 +66,7 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
         heads: c.encoder_attention_heads,
         intermediate: c.encoder_ffn_dim,
         eps: LAYER_NORM_EPS as f32,
-        activation: encoder_activation(c.activation_function),
+        activation: c.activation_function,
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,
