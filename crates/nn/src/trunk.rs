@@ -4,9 +4,11 @@
 //! ggml tables and shared tensors load as for any burn module). A family writes its trunk once,
 //! generic over [`WeightReader`]; [`Trunk`] runs it on any burn backend.
 //!
-//! It runs token inputs (BERT and the RoBERTa family) and image patches (ViT) through post-norm
-//! or pre-norm layers, the final norm, the pooler and the task heads; the other inputs of [`EncoderInput`] are run by the families'
-//! own burn modules for now, and [`Trunk::new`] says so for a description it cannot run.
+//! It runs token inputs (BERT and the RoBERTa family; CLIP's causal text tower) and image
+//! patches (ViT, CLIP's vision tower) through post-norm or pre-norm layers, the final norm, the
+//! pooler, the task heads ([`head_logits`]) and projections ([`project`]); the other inputs of
+//! [`EncoderInput`] are run by the families' own burn modules for now, and [`Trunk::new`] says
+//! so for a description it cannot run.
 
 use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{
@@ -100,7 +102,7 @@ impl<B: Backend> WeightReader for VarBuilder<B> {
 pub struct TrunkOutput<B: Backend> {
     /// `[batch, seq, hidden]`, after the final norm where the description has one.
     pub last_hidden_state: Tensor<B, 3>,
-    /// `[batch, hidden]`: `tanh(pooler(first token))`, when the description has a pooler.
+    /// `[batch, width]`: `activation(pooler(first token))`, when the description has a pooler.
     pub pooler_output: Option<Tensor<B, 2>>,
 }
 
