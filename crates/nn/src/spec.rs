@@ -105,11 +105,7 @@ impl WeightReader for SpecReader<'_> {
     ) -> Result<DenseWeights> {
         let shape: Vec<usize> = std::iter::once(out).chain(taps.iter().copied()).collect();
         let weight = self.read(&format!("{name}.weight"), &shape)?;
-        let bias = if bias {
-            self.read(&format!("{name}.bias"), &[out])?
-        } else {
-            vec![0.0; out]
-        };
+        let bias = self.bias_or_zeros(name, out, bias)?;
         Ok(DenseWeights::new(out, taps.iter().product(), weight, bias))
     }
 }
@@ -174,14 +170,19 @@ impl<'a> SpecReader<'a> {
         inp: usize,
         bias: bool,
     ) -> Result<DenseWeights> {
-        let bias = if bias {
-            self.read(&format!("{name}.bias"), &[out])?
-        } else {
-            vec![0.0; out]
-        };
+        let bias = self.bias_or_zeros(name, out, bias)?;
         let mut dense = self.matrix(&format!("{name}.weight"), out, inp)?;
         dense.bias = bias;
         Ok(dense)
+    }
+
+    /// `name.bias` (`[out]`), or zeros where `bias` is false.
+    fn bias_or_zeros(&self, name: &str, out: usize, bias: bool) -> Result<Vec<f32>> {
+        if bias {
+            self.read(&format!("{name}.bias"), &[out])
+        } else {
+            Ok(vec![0.0; out])
+        }
     }
 
     /// The 2-D weight `name` `[out, in]` as a dense layer with a zero bias (an embedding table):

@@ -6,14 +6,15 @@
 //!
 //! It runs token inputs (BERT and the RoBERTa family; CLIP's causal text tower) and image
 //! patches (ViT, CLIP's vision tower) through post-norm or pre-norm layers, the final norm, the
-//! pooler, the task heads ([`head_logits`]) and projections ([`project`]); the other inputs of
+//! pooler, the task heads ([`head_logits`]) and, for the families to apply, projections
+//! ([`project`]); the other inputs of
 //! [`EncoderInput`] are run by the families' own burn modules for now, and [`Trunk::new`] says
 //! so for a description it cannot run.
 
 use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{
     EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection, EncoderSpec, Error,
-    NormPlacement, PooledToken, Result,
+    NormPlacement, Result,
 };
 
 use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
@@ -21,7 +22,7 @@ use crate::convert::int_tensor;
 use crate::spec::WeightReader;
 use crate::vision::{interpolate_positions, patch_rows};
 use crate::ActivationForward;
-use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
+use crate::{Embedding, LayerNorm, Linear, VarBuilder};
 
 /// A trunk description held as burn modules.
 pub type BurnEncoderSpec<B> = EncoderSpec<Linear<B>, LayerNorm<B>, Embedding<B>>;
@@ -126,7 +127,6 @@ pub enum HeadLogits<B: Backend> {
 #[derive(Debug, Clone)]
 pub struct Trunk<B: Backend> {
     spec: BurnEncoderSpec<B>,
-    act: Activation,
     device: B::Device,
 }
 
@@ -157,7 +157,6 @@ impl<B: Backend> Trunk<B> {
             return refuse("cross-frame messages");
         }
         Ok(Trunk {
-            act: spec.activation,
             spec,
             device: device.clone(),
         })
@@ -263,30 +262,6 @@ impl<B: Backend> Trunk<B> {
         })
     }
 
-    /// The description's projection ([`EncoderProjection`]) of `out`: each row's token at
-    /// `positions` (the first token for images; [`ipfs_accelerate_core::PooledToken::positions`]
-    /// of the ids for text), or the pooler's output where the projection reads it. `None`
-    /// without a projection.
-    pub fn projected(
-        &self,
-        out: &TrunkOutput<B>,
-        positions: &[usize],
-    ) -> Result<Option<Tensor<B, 2>>> {
-        let Some(p) = &self.spec.projection else {
-            return Ok(None);
-        };
-        let token = match p.token {
-            PooledToken::Pooler => out.pooler_output.clone().ok_or_else(|| {
-                Error::InvalidInput(format!(
-                    "{} encoder: a projection of the pooled output needs a pooler",
-                    self.spec.family
-                ))
-            })?,
-            _ => gather_tokens(&out.last_hidden_state, positions)?,
-        };
-        Ok(Some(project(p, token)))
-    }
-
     /// HF's `hidden_states[layers]` of images: the embeddings (after the embedding norm)
     /// through the first `layers` layers, no final norm (LLaVA reads a tower's layer −2).
     pub fn patches_hidden_state(
@@ -352,7 +327,7 @@ impl<B: Backend> Trunk<B> {
         let x = l
             .attention_norm
             .forward(l.attention_output.forward_add(ctx, x));
-        let inner = l.intermediate.forward_act(x.clone(), self.act);
+        let inner = l.intermediate.forward_act(x.clone(), self.spec.activation);
         l.output_norm.forward(l.output.forward_add(inner, x))
     }
 
@@ -367,7 +342,7 @@ impl<B: Backend> Trunk<B> {
         let x = l.attention_output.forward_add(ctx, x);
         let inner = l
             .intermediate
-            .forward_act(l.output_norm.forward(x.clone()), self.act);
+            .forward_act(l.output_norm.forward(x.clone()), self.spec.activation);
         l.output.forward_add(inner, x)
     }
 
@@ -426,8 +401,8 @@ pub fn project<B: Backend>(
     p.dense.forward(x)
 }
 
-/// `x[:, 0]` of `[batch, seq, hidden]`.
-fn first_token<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 2> {
+/// `x[:, 0]` of `[batch, seq, hidden]`: each row's first (class) token.
+pub fn first_token<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 2> {
     let [batch, _, hidden] = x.dims();
     x.clone().narrow(1, 0, 1).reshape([batch, hidden])
 }

@@ -9,7 +9,7 @@ use ipfs_accelerate_nn::{
     convert::int_tensor,
     exact,
     transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
-    trunk::{gather_tokens, project, Trunk},
+    trunk::{first_token, gather_tokens, project, Trunk},
     vision::{ClassPatchEmbedding, PatchEmbedding},
     Activation, LayerNorm, Linear, VarBuilder,
 };
@@ -298,8 +298,7 @@ impl<B: Backend> ClipModel<B> {
     /// normalised).
     pub fn image_features(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 2>> {
         let x = self.vision.forward(pixel_values)?;
-        let classes = gather_tokens(&x, &vec![0; x.dims()[0]])?;
-        Ok(project(&self.visual_projection, classes))
+        Ok(project(&self.visual_projection, first_token(&x)))
     }
 
     /// Both towers, normalised embeddings and the image-text logits.

@@ -6,7 +6,7 @@ use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{EncoderHead, Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     transformer::PreLnNames,
-    trunk::{head_logits, HeadLogits, Trunk, TrunkOutput},
+    trunk::{first_token, head_logits, HeadLogits, Trunk, TrunkOutput},
     Linear, VarBuilder,
 };
 
@@ -89,12 +89,6 @@ impl<B: Backend> VitModel<B> {
     }
 }
 
-/// The first token of every row: `[batch, seq, hidden]` → `[batch, hidden]`.
-fn cls<B: Backend>(x: &Tensor<B, 3>) -> Tensor<B, 2> {
-    let [b, _, h] = x.dims();
-    x.clone().narrow(1, 0, 1).reshape([b, h])
-}
-
 /// A ViT checkpoint with whichever head its config names.
 pub struct Vit<B: Backend> {
     /// The encoder.
@@ -150,7 +144,7 @@ impl<B: Backend> Vit<B> {
                     ))
                 }
             },
-            None => cls(&out.last_hidden_state),
+            None => first_token(&out.last_hidden_state),
         })
     }
 }
