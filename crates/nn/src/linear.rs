@@ -62,6 +62,11 @@ impl<B: Backend> Linear<B> {
         &self.weight
     }
 
+    /// The bias `[out]`, when the layer has one.
+    pub fn bias(&self) -> Option<&Tensor<B, 1>> {
+        self.bias.as_ref()
+    }
+
     /// Bytes the weight and bias take in memory.
     pub fn weight_bytes(&self) -> usize {
         let bias = self

@@ -43,6 +43,18 @@ pub trait WeightReader: Sized {
     /// embedding's `[hidden, channels, patch, patch]`), as a dense layer over the flattened taps
     /// (`[out, taps.product()]`), with its bias where `bias` is true.
     fn flattened(&self, name: &str, out: usize, taps: &[usize], bias: bool) -> Result<Self::Dense>;
+    /// [`WeightReader::flattened`] of a convolution `[out, in, kernel]` (`taps` = `[in,
+    /// kernel]`) trained with weight norm over dimension `dim`: its magnitude and direction
+    /// recombined (`g · v / ‖v‖`), or a plain `weight` as stored (Wav2Vec2's positional
+    /// convolution).
+    fn weight_normed_conv(
+        &self,
+        name: &str,
+        out: usize,
+        taps: [usize; 2],
+        dim: usize,
+        bias: bool,
+    ) -> Result<Self::Dense>;
 }
 
 /// One pre-norm layer (`names` under `r`'s prefix) as the spec's layer: the norm before
@@ -107,6 +119,19 @@ impl WeightReader for SpecReader<'_> {
         let weight = self.read(&format!("{name}.weight"), &shape)?;
         let bias = self.bias_or_zeros(name, out, bias)?;
         Ok(DenseWeights::new(out, taps.iter().product(), weight, bias))
+    }
+
+    fn weight_normed_conv(
+        &self,
+        name: &str,
+        out: usize,
+        [inp, kernel]: [usize; 2],
+        dim: usize,
+        bias: bool,
+    ) -> Result<DenseWeights> {
+        let weight = self.pp(name).weight_normed(&[out, inp, kernel], dim)?;
+        let bias = self.bias_or_zeros(name, out, bias)?;
+        Ok(DenseWeights::new(out, inp * kernel, weight, bias))
     }
 }
 

@@ -4,20 +4,22 @@
 //! ggml tables and shared tensors load as for any burn module). A family writes its trunk once,
 //! generic over [`WeightReader`]; [`Trunk`] runs it on any burn backend.
 //!
-//! It runs token inputs (BERT and the RoBERTa family; CLIP's causal text tower) and image
-//! patches (ViT, CLIP's vision tower) through post-norm or pre-norm layers, the final norm, the
-//! pooler, the task heads ([`head_logits`]) and, for the families to apply, projections
-//! ([`project`]); the other inputs of
-//! [`EncoderInput`] are run by the families' own burn modules for now, and [`Trunk::new`] says
-//! so for a description it cannot run.
+//! It runs every input of [`EncoderInput`]: token ids (BERT and the RoBERTa family; CLIP's
+//! causal text tower), image patches (ViT, CLIP's vision tower; X-CLIP's, whose layers exchange
+//! cross-frame messages), feature frames through convolutions (Whisper's encoder) and raw audio
+//! through a convolutional feature encoder and a positional convolution (Wav2Vec2), then
+//! post-norm or pre-norm layers, the final norm, the pooler, the task heads ([`head_logits`])
+//! and, for the families to apply, projections ([`project`]). A convolution is held as the
+//! description holds it, a dense layer over its flattened taps, and run as burn's convolution.
 
-use burn::tensor::{backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, ops::ConvOptions, Int, Tensor, TensorData};
 use ipfs_accelerate_core::{
-    EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection, EncoderSpec, Error,
-    NormPlacement, Result,
+    ConvNorm, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection, EncoderSpec,
+    Error, FrameConv, FrameMessages, NormPlacement, Result,
 };
 
 use crate::attention::{merge_heads, padding_bias, sdpa, split_heads};
+use crate::conv::load_weight_normed;
 use crate::convert::int_tensor;
 use crate::spec::WeightReader;
 use crate::vision::{interpolate_positions, patch_rows};
@@ -89,13 +91,31 @@ impl<B: Backend> WeightReader for VarBuilder<B> {
                 )))
             }
         };
-        let bias = if bias {
-            Some(vb.tensor("bias", [out])?)
-        } else {
-            None
-        };
-        Ok(Linear::from_tensors(weight, bias))
+        Ok(Linear::from_tensors(weight, optional_bias(&vb, out, bias)?))
     }
+
+    /// Kept float, as the convolution it is.
+    fn weight_normed_conv(
+        &self,
+        name: &str,
+        out: usize,
+        [inp, kernel]: [usize; 2],
+        dim: usize,
+        bias: bool,
+    ) -> Result<Linear<B>> {
+        let vb = self.pp(name);
+        let weight = load_weight_normed(&vb, [out, inp, kernel], dim)?.reshape([out, inp * kernel]);
+        Ok(Linear::from_tensors(weight, optional_bias(&vb, out, bias)?))
+    }
+}
+
+/// `bias` `[out]` under `vb` where `bias` is true.
+fn optional_bias<B: Backend>(
+    vb: &VarBuilder<B>,
+    out: usize,
+    bias: bool,
+) -> Result<Option<Tensor<B, 1>>> {
+    bias.then(|| vb.tensor("bias", [out])).transpose()
 }
 
 /// What [`Trunk`] returns.
@@ -131,30 +151,63 @@ pub struct Trunk<B: Backend> {
 }
 
 impl<B: Backend> Trunk<B> {
-    /// The executor of `spec` on `device`. A description whose input or layers this executor
-    /// does not run (frames, waveforms, cross-frame messages) is an [`Error::InvalidInput`]
-    /// naming the piece.
+    /// The executor of `spec` on `device`. A description it cannot run (heads that do not
+    /// divide the hidden size, a convolution whose taps are not whole kernels, cross-frame
+    /// messages in only some layers, or outside a pre-norm trunk of image patches) is an
+    /// [`Error::InvalidInput`] naming the piece.
     pub fn new(spec: BurnEncoderSpec<B>, device: &B::Device) -> Result<Self> {
-        let refuse = |what: &str| {
+        let bad = |what: String| {
             Err(Error::InvalidInput(format!(
-                "the burn trunk executor does not run {what} ({} encoder)",
+                "{} encoder: {what}",
                 spec.family
             )))
         };
         if spec.heads == 0 || !spec.hidden.is_multiple_of(spec.heads) {
-            return Err(Error::InvalidInput(format!(
-                "{} encoder: hidden size {} is not divisible by {} heads",
-                spec.family, spec.hidden, spec.heads
-            )));
+            return bad(format!(
+                "hidden size {} is not divisible by {} heads",
+                spec.hidden, spec.heads
+            ));
         }
-        if !matches!(
-            spec.input,
-            EncoderInput::Tokens(_) | EncoderInput::Patches(_)
-        ) {
-            return refuse("inputs other than tokens and image patches");
+        let convs: &[FrameConv<Linear<B>>] = match &spec.input {
+            EncoderInput::Frames(f) => &f.convs,
+            EncoderInput::Waveform(w) => &w.convs,
+            _ => &[],
+        };
+        for c in convs {
+            let taps = c.conv.weight().in_dim();
+            if c.kernel == 0 || c.stride == 0 || !taps.is_multiple_of(c.kernel) {
+                return bad(format!(
+                    "a convolution of {taps} taps, kernel {} and stride {}",
+                    c.kernel, c.stride
+                ));
+            }
         }
-        if spec.frames_per_input().is_some() {
-            return refuse("cross-frame messages");
+        if let EncoderInput::Waveform(w) = &spec.input {
+            let p = &w.position;
+            let (out, taps) = (p.conv.out_dim(), p.conv.weight().in_dim());
+            if p.kernel == 0 || p.groups == 0 || !out.is_multiple_of(p.groups) {
+                return bad(format!(
+                    "a positional convolution of {out} channels in {} groups, kernel {}",
+                    p.groups, p.kernel
+                ));
+            }
+            if taps != out / p.groups * p.kernel || w.norms.len() != w.convs.len() {
+                return bad(format!(
+                    "a positional convolution of {taps} taps, or {} norms for {} convolutions",
+                    w.norms.len(),
+                    w.convs.len()
+                ));
+            }
+        }
+        if let Some(frames) = spec.frames_per_input() {
+            let everywhere = spec.layers.iter().all(|l| l.messages.is_some());
+            let patches = matches!(spec.input, EncoderInput::Patches(_));
+            if frames == 0 || !everywhere || !patches || spec.norm != NormPlacement::Pre {
+                return bad(format!(
+                    "cross-frame messages of {frames} frames must be in every pre-norm layer of \
+                     an image trunk"
+                ));
+            }
         }
         Ok(Trunk {
             spec,
@@ -196,10 +249,7 @@ impl<B: Backend> Trunk<B> {
         position_ids: Tensor<B, 2, Int>,
     ) -> Result<TrunkOutput<B>> {
         let EncoderInput::Tokens(t) = &self.spec.input else {
-            return Err(Error::InvalidInput(format!(
-                "{} encoder: token ids given to an encoder of other inputs",
-                self.spec.family
-            )));
+            return Err(self.other_inputs("token ids"));
         };
         let [batch, seq] = input_ids.dims();
         let mut x = t.word.forward(input_ids);
@@ -207,10 +257,7 @@ impl<B: Backend> Trunk<B> {
             let ids = token_type_ids.unwrap_or_else(|| Tensor::zeros([batch, seq], &self.device));
             x = x + types.forward(ids);
         }
-        let mut x = x + t.position.forward(position_ids);
-        if let Some(norm) = &self.spec.embedding_norm {
-            x = norm.forward(x);
-        }
+        let x = self.embedding_normed(x + t.position.forward(position_ids));
         // No padding (one text, or texts of equal length) and no causal mask: nothing to add.
         let bias = (attention_mask.contains(&0) || self.spec.causal).then(|| {
             padding_bias::<B>(
@@ -229,21 +276,139 @@ impl<B: Backend> Trunk<B> {
     /// Images `[batch, channels, height, width]` through the trunk: patches projected, the class
     /// token in front, position embeddings added (bicubically interpolated for images of
     /// another size than the description's, HF's `interpolate_pos_encoding=True`), the
-    /// embedding norm, the layers, the final norm and the pooler.
+    /// embedding norm, the layers, the final norm and the pooler. With cross-frame messages,
+    /// the images are videos' frames, those of one video adjacent, whole videos only.
     pub fn forward_patches(&self, pixel_values: Tensor<B, 4>) -> Result<TrunkOutput<B>> {
         let x = self.embed_patches(pixel_values)?;
         Ok(self.finish(self.layers(x, None)))
     }
 
+    /// Feature frames `[batch, channels, frames]` (Whisper's log-mel) through the trunk: each
+    /// convolution followed by the activation, its output read as tokens, the position
+    /// embeddings added, then the embedding norm, the layers and the final norm. The frame
+    /// count must be the description's (HF pads the log-mel to it).
+    pub fn forward_frames(&self, features: Tensor<B, 3>) -> Result<TrunkOutput<B>> {
+        let EncoderInput::Frames(f) = &self.spec.input else {
+            return Err(self.other_inputs("feature frames"));
+        };
+        let [batch, channels, frames] = features.dims();
+        if batch == 0 || channels != f.channels || frames != f.frames {
+            return Err(Error::InvalidInput(format!(
+                "input_features must be [batch ≥ 1, {}, {}] (pad the log-mel to {} frames), got {:?}",
+                f.channels,
+                f.frames,
+                f.frames,
+                features.dims()
+            )));
+        }
+        let tokens = f.tokens();
+        let positions = f.position.weight();
+        if positions.dims()[0] < tokens {
+            return Err(Error::InvalidInput(format!(
+                "{} encoder: {} position embeddings for {tokens} tokens",
+                self.spec.family,
+                positions.dims()[0]
+            )));
+        }
+        let mut x = features;
+        for c in &f.convs {
+            x = f
+                .activation
+                .forward(conv1d(&c.conv, x, c.kernel, [c.stride, c.padding, 1]));
+        }
+        let x = x.swap_dims(1, 2) + positions.clone().narrow(0, 0, tokens).unsqueeze::<3>();
+        Ok(self.finish(self.layers(self.embedding_normed(x), None)))
+    }
+
+    /// Raw audio `[batch, samples]` (Wav2Vec2's `input_values`) through the trunk: the feature
+    /// convolutions (each normed as the description says, then the activation), the projection
+    /// norm and projection, the frames past each row's `frame_lengths` zeroed and masked as
+    /// attention keys, the positional convolution added, then the embedding norm, the layers,
+    /// the final norm.
+    pub fn forward_waveform(
+        &self,
+        samples: Tensor<B, 2>,
+        frame_lengths: &[usize],
+    ) -> Result<TrunkOutput<B>> {
+        let EncoderInput::Waveform(w) = &self.spec.input else {
+            return Err(self.other_inputs("raw audio"));
+        };
+        let [batch, count] = samples.dims();
+        let frames = w.tokens(count);
+        if batch == 0 || frames == 0 || frame_lengths.len() != batch {
+            return Err(Error::InvalidInput(format!(
+                "{batch} rows of {count} samples ({frames} frames), {} frame lengths",
+                frame_lengths.len()
+            )));
+        }
+        if let Some(l) = frame_lengths.iter().find(|&&l| l == 0 || l > frames) {
+            return Err(Error::InvalidInput(format!(
+                "a row of {l} frames among rows of {frames}"
+            )));
+        }
+        let mut x: Tensor<B, 3> = samples.unsqueeze_dim(1);
+        for (c, norm) in w.convs.iter().zip(&w.norms) {
+            x = conv1d(&c.conv, x, c.kernel, [c.stride, c.padding, 1]);
+            x = match norm {
+                None => x,
+                Some(ConvNorm::Channel(n)) => n.forward_channels(x),
+                Some(ConvNorm::Frame(n)) => n.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
+            };
+            x = w.activation.forward(x);
+        }
+        let mut x = w
+            .projection
+            .forward(w.projection_norm.forward(x.swap_dims(1, 2)));
+        let bias = frame_lengths.iter().any(|&l| l < frames).then(|| {
+            let mask: Vec<i64> = frame_lengths
+                .iter()
+                .flat_map(|&l| (0..frames).map(move |t| i64::from(t < l)))
+                .collect();
+            let keep: Vec<f32> = mask.iter().map(|&m| m as f32).collect();
+            let keep =
+                Tensor::<B, 2>::from_data(TensorData::new(keep, [batch, frames]), &self.device);
+            x = x.clone() * keep.unsqueeze_dim::<3>(2);
+            let heads = self.spec.heads;
+            padding_bias::<B>(&mask, batch, frames, heads, frames, false, &self.device)
+        });
+        // "Same" padding; an even kernel's extra last output is dropped.
+        let p = &w.position;
+        let same = [1, p.kernel / 2, p.groups];
+        let positions = conv1d(&p.conv, x.clone().swap_dims(1, 2), p.kernel, same);
+        let positions = positions.narrow(2, 0, frames);
+        let x = x + w.activation.forward(positions).swap_dims(1, 2);
+        Ok(self.finish(self.layers(self.embedding_normed(x), bias.as_ref())))
+    }
+
+    /// The error for inputs of another kind than the description's.
+    fn other_inputs(&self, what: &str) -> Error {
+        Error::InvalidInput(format!(
+            "{} encoder: {what} given to an encoder of other inputs",
+            self.spec.family
+        ))
+    }
+
+    /// `x` through the embedding norm, where the description has one.
+    fn embedding_normed(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.spec.embedding_norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        }
+    }
+
     /// The class token, projected patches and positions of images, after the embedding norm.
     fn embed_patches(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
         let EncoderInput::Patches(p) = &self.spec.input else {
-            return Err(Error::InvalidInput(format!(
-                "{} encoder: pixel values given to an encoder of other inputs",
-                self.spec.family
-            )));
+            return Err(self.other_inputs("pixel values"));
         };
         let [batch, _, height, width] = pixel_values.dims();
+        if let Some(frames) = self.spec.frames_per_input() {
+            if batch == 0 || !batch.is_multiple_of(frames) {
+                return Err(Error::InvalidInput(format!(
+                    "{batch} frames are not a whole number of {frames}-frame videos"
+                )));
+            }
+        }
         let (rows, (gh, gw)) = patch_rows(pixel_values, p.channels, p.patch)?;
         let h = self.spec.hidden;
         let patches = p.projection.forward(rows).reshape([batch, gh * gw, h]);
@@ -255,11 +420,7 @@ impl<B: Backend> Trunk<B> {
         } else {
             interpolate_positions(positions, gh, gw)?
         };
-        let x = x + positions.unsqueeze::<3>();
-        Ok(match &self.spec.embedding_norm {
-            Some(norm) => norm.forward(x),
-            None => x,
-        })
+        Ok(self.embedding_normed(x + positions.unsqueeze::<3>()))
     }
 
     /// HF's `hidden_states[layers]` of images: the embeddings (after the embedding norm)
@@ -305,14 +466,14 @@ impl<B: Backend> Trunk<B> {
     /// projection.
     fn attention(
         &self,
-        l: &EncoderLayerWeights<Linear<B>, LayerNorm<B>>,
+        [query, key, value]: [&Linear<B>; 3],
         x: Tensor<B, 3>,
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 3> {
         let heads = self.spec.heads;
-        let q = split_heads(l.query.forward(x.clone()), heads);
-        let k = split_heads(l.key.forward(x.clone()), heads);
-        let v = split_heads(l.value.forward(x), heads);
+        let q = split_heads(query.forward(x.clone()), heads);
+        let k = split_heads(key.forward(x.clone()), heads);
+        let v = split_heads(value.forward(x), heads);
         merge_heads(sdpa(q, k, v, bias, None))
     }
 
@@ -323,7 +484,7 @@ impl<B: Backend> Trunk<B> {
         x: Tensor<B, 3>,
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 3> {
-        let ctx = self.attention(l, x.clone(), bias);
+        let ctx = self.attention([&l.query, &l.key, &l.value], x.clone(), bias);
         let x = l
             .attention_norm
             .forward(l.attention_output.forward_add(ctx, x));
@@ -331,19 +492,55 @@ impl<B: Backend> Trunk<B> {
         l.output_norm.forward(l.output.forward_add(inner, x))
     }
 
-    /// `x = x + attention(norm(x))`, then `x + mlp(norm(x))` (ViT, CLIP).
+    /// `x = x + attention(norm(x))`, then `x + mlp(norm(x))` (ViT, CLIP, Whisper). With
+    /// cross-frame messages (X-CLIP), each frame attends over its tokens and its video's
+    /// message token ([`Trunk::messages`]), and the MLP runs on its tokens only.
     fn pre_norm_layer(
         &self,
         l: &EncoderLayerWeights<Linear<B>, LayerNorm<B>>,
         x: Tensor<B, 3>,
         bias: Option<&Tensor<B, 4>>,
     ) -> Tensor<B, 3> {
-        let ctx = self.attention(l, l.attention_norm.forward(x.clone()), bias);
-        let x = l.attention_output.forward_add(ctx, x);
+        let attend = |x: Tensor<B, 3>| {
+            let ctx = self.attention(
+                [&l.query, &l.key, &l.value],
+                l.attention_norm.forward(x.clone()),
+                bias,
+            );
+            l.attention_output.forward_add(ctx, x)
+        };
+        let x = match &l.messages {
+            None => attend(x),
+            Some(m) => {
+                let seq = x.dims()[1];
+                let with_message = Tensor::cat(vec![x.clone(), self.messages(m, &x)], 1);
+                attend(with_message).narrow(1, 0, seq)
+            }
+        };
         let inner = l
             .intermediate
             .forward_act(l.output_norm.forward(x.clone()), self.spec.activation);
         l.output.forward_add(inner, x)
+    }
+
+    /// X-CLIP's message tokens `[videos · frames, 1, hidden]` of `x` (frames of one video
+    /// adjacent): each frame's class token through `fc`, then the messages of one video
+    /// attending to each other (normed first, a residual around).
+    fn messages(
+        &self,
+        m: &FrameMessages<Linear<B>, LayerNorm<B>>,
+        x: &Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let [rows, _, h] = x.dims();
+        let msg =
+            m.fc.forward(first_token(x))
+                .reshape([rows / m.frames, m.frames, h]);
+        let ctx = self.attention(
+            [&m.query, &m.key, &m.value],
+            m.norm.forward(msg.clone()),
+            None,
+        );
+        m.output.forward_add(ctx, msg).reshape([rows, 1, h])
     }
 
     /// The final norm and the pooler over the last layer's output.
@@ -362,6 +559,22 @@ impl<B: Backend> Trunk<B> {
             pooler_output,
         }
     }
+}
+
+/// `x` `[batch, in, length]` through `conv`, a convolution held as a dense layer over its
+/// flattened `[in / groups, kernel]` taps (the description's form of it), as burn's
+/// convolution.
+fn conv1d<B: Backend>(
+    conv: &Linear<B>,
+    x: Tensor<B, 3>,
+    kernel: usize,
+    [stride, padding, groups]: [usize; 3],
+) -> Tensor<B, 3> {
+    let w = conv.weight();
+    let (out, taps) = (w.out_dim(), w.in_dim());
+    let weight = w.matrix().transpose().reshape([out, taps / kernel, kernel]);
+    let options = ConvOptions::new([stride], [padding], [1], groups);
+    crate::exact::conv1d(x, weight, conv.bias().cloned(), options)
 }
 
 /// Row `positions[b]` of each `[batch, seq, hidden]` row of `x`: `[batch, hidden]`. A position

@@ -1,11 +1,10 @@
-//! Vision-transformer input blocks shared by ViT, CLIP's vision tower, LLaVA and X-CLIP: the patch
-//! embedding (a convolution whose stride equals its kernel, computed as a reshape and a matmul) and
-//! PyTorch's bicubic interpolation of position-embedding grids (`interpolate_pos_encoding`).
+//! Vision-transformer input blocks shared by ViT, CLIP's vision tower, LLaVA and X-CLIP: the rows
+//! of a patch embedding (a convolution whose stride equals its kernel, computed as a reshape and
+//! a matmul by the trunk's dense layer) and PyTorch's bicubic interpolation of position-embedding
+//! grids (`interpolate_pos_encoding`).
 
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 use ipfs_accelerate_core::{Error, HostTensor, Result};
-
-use crate::VarBuilder;
 
 /// Checks that `t` is float `pixel_values` `[batch, channels, height, width]` with the model's
 /// channel count, no empty dimension and only finite values, and moves it to `device`.
@@ -47,71 +46,6 @@ pub fn pixel_values<B: Backend>(
         TensorData::new(values, [b, c, h, w]),
         device,
     ))
-}
-
-/// `nn.Conv2d(channels, hidden, kernel_size=patch, stride=patch)`: non-overlapping patches, each
-/// flattened (channel, row, column) and projected, giving `[batch, patches, hidden]` in row-major
-/// patch order (`conv(x).flatten(2).transpose(1, 2)`).
-#[derive(Debug, Clone)]
-pub struct PatchEmbedding<B: Backend> {
-    /// `[channels * patch * patch, hidden]`.
-    weight: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
-    channels: usize,
-    patch: usize,
-}
-
-impl<B: Backend> PatchEmbedding<B> {
-    /// Loads `weight` `[hidden, channels, patch, patch]` (and `bias` `[hidden]` when `bias`) under
-    /// `vb`.
-    pub fn load(
-        vb: &VarBuilder<B>,
-        channels: usize,
-        hidden: usize,
-        patch: usize,
-        bias: bool,
-    ) -> Result<Self> {
-        if patch == 0 || channels == 0 {
-            return Err(Error::InvalidInput(format!(
-                "patch embedding {}: patch size {patch}, {channels} channels",
-                vb.path("")
-            )));
-        }
-        let w: Tensor<B, 4> = vb.tensor("weight", [hidden, channels, patch, patch])?;
-        let w = w.reshape([hidden, channels * patch * patch]).transpose();
-        let weight = Tensor::from_data(w.to_data(), vb.device());
-        let bias = if bias {
-            Some(vb.tensor("bias", [hidden])?)
-        } else {
-            None
-        };
-        Ok(PatchEmbedding {
-            weight,
-            bias,
-            channels,
-            patch,
-        })
-    }
-
-    /// Patch size in pixels.
-    pub fn patch(&self) -> usize {
-        self.patch
-    }
-
-    /// The `(rows, columns)` patch grid of an image of `height × width` (trailing pixels that do
-    /// not fill a patch are dropped, as the strided convolution drops them).
-    pub fn grid(&self, height: usize, width: usize) -> (usize, usize) {
-        (height / self.patch, width / self.patch)
-    }
-
-    /// `pixel_values` `[batch, channels, height, width]` → `[batch, rows * columns, hidden]`.
-    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
-        let b = pixel_values.dims()[0];
-        let (patches, (gh, gw)) = patch_rows(pixel_values, self.channels, self.patch)?;
-        let y = crate::exact::linear(patches, self.weight.clone(), self.bias.clone());
-        let hidden = self.weight.dims()[1];
-        Ok(y.reshape([b, gh * gw, hidden]))
-    }
 }
 
 /// `pixel_values` `[batch, channels, height, width]` cut into `patch × patch` squares, one row
@@ -246,52 +180,6 @@ pub fn interpolate_positions<B: Backend>(
     Ok(Tensor::cat(vec![class, resized], 0))
 }
 
-/// The input of a ViT-style encoder: a learned class token, then the patch embeddings, plus
-/// learned position embeddings (`ViTEmbeddings`, `CLIPVisionEmbeddings`). Images of another size
-/// than the one the positions were trained for get bicubically interpolated positions
-/// ([`interpolate_positions`], HF's `interpolate_pos_encoding=True`).
-#[derive(Debug, Clone)]
-pub struct ClassPatchEmbedding<B: Backend> {
-    class: Tensor<B, 3>,
-    patches: PatchEmbedding<B>,
-    positions: Tensor<B, 2>,
-    image_hw: (usize, usize),
-}
-
-impl<B: Backend> ClassPatchEmbedding<B> {
-    /// From the class token `[hidden]`, the patch embedding, the positions `[1 + patches, hidden]`
-    /// and the `(height, width)` they were trained for.
-    pub fn new(
-        class: Tensor<B, 1>,
-        patches: PatchEmbedding<B>,
-        positions: Tensor<B, 2>,
-        image_hw: (usize, usize),
-    ) -> Self {
-        let hidden = class.dims()[0];
-        ClassPatchEmbedding {
-            class: class.reshape([1, 1, hidden]),
-            patches,
-            positions,
-            image_hw,
-        }
-    }
-
-    /// `[batch, channels, height, width]` → `[batch, 1 + patches, hidden]`.
-    pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
-        let [b, _, height, width] = pixel_values.dims();
-        let patches = self.patches.forward(pixel_values)?;
-        let hidden = patches.dims()[2];
-        let x = Tensor::cat(vec![self.class.clone().expand([b, 1, hidden]), patches], 1);
-        let positions = if (height, width) == self.image_hw {
-            self.positions.clone()
-        } else {
-            let (rows, cols) = self.patches.grid(height, width);
-            interpolate_positions(self.positions.clone(), rows, cols)?
-        };
-        Ok(x + positions.unsqueeze::<3>())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn patch_embedding_equals_a_strided_convolution() {
+    fn patch_rows_times_the_weight_equal_a_strided_convolution() {
         let dev = Default::default();
         let (c, hid, p) = (2, 3, 2);
         let wv: Vec<f32> = (0..hid * c * p * p)
@@ -342,13 +230,10 @@ mod tests {
         let xv: Vec<f32> = (0..c * 4 * 6).map(|i| (i as f32 * 0.11).cos()).collect();
         let w = Tensor::<Flex, 4>::from_data(TensorData::new(wv.clone(), [hid, c, p, p]), &dev);
         let x = Tensor::<Flex, 4>::from_data(TensorData::new(xv, [1, c, 4, 6]), &dev);
-        let pe = PatchEmbedding::<Flex> {
-            weight: w.clone().reshape([hid, c * p * p]).transpose(),
-            bias: None,
-            channels: c,
-            patch: p,
-        };
-        let got = pe.forward(x.clone()).unwrap();
+        let (rows, (gh, gw)) = patch_rows(x.clone(), c, p).unwrap();
+        assert_eq!((gh, gw), (2, 3));
+        let weight = w.clone().reshape([hid, c * p * p]).transpose();
+        let got = rows.matmul(weight).reshape([1, gh * gw, hid]);
         let conv = burn::tensor::module::conv2d(
             x,
             w,

@@ -19,8 +19,8 @@ mod towers;
 
 pub use config::{check_tower, ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
 pub use model::{
-    l2_normalize, load_encoder, load_logit_scale, load_vision_embeddings, ClipModel, ClipOutput,
-    ClipTextInputs, ClipTextTransformer, ClipVisionTransformer,
+    l2_normalize, load_encoder, load_logit_scale, ClipModel, ClipOutput, ClipTextInputs,
+    ClipTextTransformer, ClipVisionTransformer,
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
 pub use spec::{

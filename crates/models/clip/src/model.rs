@@ -10,7 +10,6 @@ use ipfs_accelerate_nn::{
     exact,
     transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
     trunk::{first_token, gather_tokens, project, Trunk},
-    vision::{ClassPatchEmbedding, PatchEmbedding},
     Activation, LayerNorm, Linear, VarBuilder,
 };
 
@@ -136,29 +135,6 @@ impl<B: Backend> ClipTextTransformer<B> {
         let pooled = gather_tokens(&out.last_hidden_state, &self.pool_positions(inputs))?;
         Ok((out.last_hidden_state, pooled))
     }
-}
-
-/// Loads `CLIPVisionEmbeddings` under `vb` (HF's `vision_model.embeddings`): the class
-/// embedding, the bias-free patch embedding and the learned positions (shared with X-CLIP).
-pub fn load_vision_embeddings<B: Backend>(
-    vb: &VarBuilder<B>,
-    c: &ClipVisionConfig,
-) -> Result<ClassPatchEmbedding<B>> {
-    let h = c.hidden_size;
-    let n = c.grid() * c.grid() + 1;
-    let patches = PatchEmbedding::load(
-        &vb.pp("patch_embedding"),
-        c.num_channels,
-        h,
-        c.patch_size,
-        false,
-    )?;
-    Ok(ClassPatchEmbedding::new(
-        vb.tensor("class_embedding", [h])?,
-        patches,
-        vb.tensor("position_embedding.weight", [n, h])?,
-        (c.image_size, c.image_size),
-    ))
 }
 
 /// `CLIPVisionTransformer` up to its last layer: class embedding + patch embeddings +

@@ -1,29 +1,64 @@
-//! Wav2Vec2 as a backend-neutral [`EncoderSpec`], for engines that do not run through burn: the
-//! raw samples through the convolutional feature encoder (a GroupNorm per channel after the
-//! first convolution, or a LayerNorm after each), the feature projection, the weight-normed
-//! grouped positional convolution added to the tokens, then post-norm layers after the
-//! encoder's `layer_norm` (base) or pre-norm layers before it ("stable layer norm"), and the CTC
-//! `lm_head` on every token when the checkpoint has one. The layer names are the table the burn
-//! model loads with.
+//! Wav2Vec2 described once ([`describe`]), for the engines that do not run through burn
+//! ([`encoder_spec`]: host values) and for the burn model ([`crate::Wav2Vec2Model`]): the raw
+//! samples through the convolutional feature encoder (a GroupNorm per channel after the first
+//! convolution, or a LayerNorm after each), the feature projection, the weight-normed grouped
+//! positional convolution added to the tokens, then post-norm layers after the encoder's
+//! `layer_norm` (base) or pre-norm layers before it ("stable layer norm"), and the CTC `lm_head`
+//! on every token when the checkpoint has one.
 
 use ipfs_accelerate_core::{
-    ConvNorm, DenseWeights, EncoderHead, EncoderInput, EncoderSpec, Error, FrameConv,
-    NormPlacement, PositionConv, Result, TensorSource, WaveformEmbeddings,
+    ConvNorm, EncoderHead, EncoderInput, EncoderSpec, Error, FrameConv, NormPlacement,
+    PositionConv, Result, TensorSource, WaveformEmbeddings,
 };
 use ipfs_accelerate_nn::attention::ProjectionBias;
-use ipfs_accelerate_nn::spec::SpecReader;
+use ipfs_accelerate_nn::spec::{pre_norm_layer, SpecReader, WeightReader};
 
 use crate::config::{FeatExtractNorm, Wav2Vec2Config};
 use crate::model::{CONV_NORM_EPS, LAYER_NAMES};
 
 /// The encoder of a `Wav2Vec2ForCTC` (tensors under `wav2vec2.`, `lm_head` as the head) or bare
-/// `Wav2Vec2Model` checkpoint; its outputs are `last_hidden_state` and, with a CTC head, the
-/// `logits`. Reads `input_values` `[batch, samples]` without an attention mask.
+/// `Wav2Vec2Model` checkpoint as host values; its outputs are `last_hidden_state` and, with a
+/// CTC head, the `logits`. Reads `input_values` `[batch, samples]` without an attention mask.
 pub fn encoder_spec(config: &Wav2Vec2Config, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let top = SpecReader::new(source, "");
+    let model = SpecReader::new(source, model_prefix(source));
+    let spec = describe(&model, config, ctc_head(&top, config)?)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Where the model's tensors live: under `wav2vec2` in a `Wav2Vec2ForCTC` checkpoint, at the
+/// root of a bare `Wav2Vec2Model`.
+pub(crate) fn model_prefix(source: &dyn TensorSource) -> &'static str {
+    if source.contains("wav2vec2.feature_projection.projection.weight") {
+        "wav2vec2"
+    } else {
+        ""
+    }
+}
+
+/// The CTC head `lm_head` read by `top` (the checkpoint's root), when the config or the
+/// checkpoint has one.
+pub fn ctc_head<R: WeightReader>(
+    top: &R,
+    config: &Wav2Vec2Config,
+) -> Result<Option<EncoderHead<R::Dense>>> {
+    if !(config.has_ctc_head() || top.holds("lm_head.weight")) {
+        return Ok(None);
+    }
+    let head = top.linear("lm_head", config.vocab_size, config.hidden_size, true)?;
+    Ok(Some(EncoderHead::EveryToken(head)))
+}
+
+/// Wav2Vec2, the one description of it, read by `model` (where `feature_extractor.` and
+/// `encoder.` live) as host values or burn modules, with `head` on every token.
+pub fn describe<R: WeightReader>(
+    model: &R,
+    config: &Wav2Vec2Config,
+    head: Option<EncoderHead<R::Dense>>,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     let c = config;
-    let h = c.hidden_size;
-    let prefixed = source.contains("wav2vec2.feature_projection.projection.weight");
-    let root = SpecReader::new(source, if prefixed { "wav2vec2" } else { "" });
+    let (h, eps) = (c.hidden_size, c.layer_norm_eps);
     let mut convs = Vec::with_capacity(c.conv_dim.len());
     let mut norms = Vec::with_capacity(c.conv_dim.len());
     let mut channels = 1;
@@ -34,21 +69,18 @@ pub fn encoder_spec(config: &Wav2Vec2Config, source: &dyn TensorSource) -> Resul
         .zip(&c.conv_stride)
         .enumerate()
     {
-        let layer = root.pp(&format!("feature_extractor.conv_layers.{i}"));
-        let mut conv = layer.matrix("conv.weight", out, channels * kernel)?;
-        if c.conv_bias {
-            conv.bias = layer.read("conv.bias", &[out])?;
-        }
+        let layer = model.under(&format!("feature_extractor.conv_layers.{i}"));
         convs.push(FrameConv {
-            conv,
+            conv: layer.flattened("conv", out, &[channels, kernel], c.conv_bias)?,
             kernel,
             stride,
             padding: 0,
         });
+        let norm = || layer.layer_norm("layer_norm", out, CONV_NORM_EPS);
         norms.push(match (c.feat_extract_norm, i) {
-            (FeatExtractNorm::Group, 0) => Some(ConvNorm::Channel(layer.norm("layer_norm", out)?)),
+            (FeatExtractNorm::Group, 0) => Some(ConvNorm::Channel(norm()?)),
             (FeatExtractNorm::Group, _) => None,
-            (FeatExtractNorm::Layer, _) => Some(ConvNorm::Frame(layer.norm("layer_norm", out)?)),
+            (FeatExtractNorm::Layer, _) => Some(ConvNorm::Frame(norm()?)),
         });
         channels = out;
     }
@@ -62,73 +94,66 @@ pub fn encoder_spec(config: &Wav2Vec2Config, source: &dyn TensorSource) -> Resul
             format!("num_conv_pos_embedding_groups {groups} does not divide hidden_size {h}"),
         ));
     }
-    let pos = root.pp("encoder.pos_conv_embed.conv");
     let position = PositionConv {
-        conv: DenseWeights::new(
+        conv: model.under("encoder.pos_conv_embed").weight_normed_conv(
+            "conv",
             h,
-            h / groups * kernel,
-            pos.weight_normed(&[h, h / groups, kernel], 2)?,
-            pos.read("bias", &[h])?,
-        ),
+            [h / groups, kernel],
+            2,
+            true,
+        )?,
         kernel,
         groups,
     };
-    let activation = c.feat_extract_activation;
     let input = EncoderInput::Waveform(WaveformEmbeddings {
         convs,
         norms,
         conv_eps: CONV_NORM_EPS as f32,
-        activation,
-        projection_norm: root.norm("feature_projection.layer_norm", channels)?,
-        projection: root.dense("feature_projection.projection", h, channels)?,
+        activation: c.feat_extract_activation,
+        projection_norm: model.layer_norm("feature_projection.layer_norm", channels, eps)?,
+        projection: model.linear("feature_projection.projection", h, channels, true)?,
         position,
     });
-    let encoder_norm = root.norm("encoder.layer_norm", h)?;
     let stable = c.do_stable_layer_norm;
-    let top = SpecReader::new(source, "");
-    let head = if c.has_ctc_head() || top.has("lm_head.weight") {
-        Some(EncoderHead::EveryToken(top.dense(
-            "lm_head",
-            c.vocab_size,
-            h,
-        )?))
+    // Base: `layer_norm(tokens + positions)` before post-norm layers; stable: pre-norm layers
+    // and the same norm after the last.
+    let encoder_norm = Some(model.layer_norm("encoder.layer_norm", h, eps)?);
+    let (embedding_norm, final_norm) = if stable {
+        (None, encoder_norm)
     } else {
-        None
+        (encoder_norm, None)
     };
-    let spec = EncoderSpec {
+    Ok(EncoderSpec {
         family: "wav2vec2".into(),
         hidden: h,
         heads: c.num_attention_heads,
         intermediate: c.intermediate_size,
-        eps: c.layer_norm_eps as f32,
+        eps: eps as f32,
         activation: c.hidden_act,
         input,
-        // Base: `layer_norm(tokens + positions)` before post-norm layers; stable: pre-norm layers
-        // and the same norm after the last.
-        embedding_norm: (!stable).then(|| encoder_norm.clone()),
+        embedding_norm,
         norm: if stable {
             NormPlacement::Pre
         } else {
             NormPlacement::Post
         },
-        // The burn layers read the same names in both placements: `layer_norm` is the norm at
-        // the attention (before it or after its residual), `final_layer_norm` the MLP's.
+        // The same names in both placements: `layer_norm` is the norm at the attention (before
+        // it or after its residual), `final_layer_norm` the MLP's.
         layers: (0..c.num_hidden_layers)
             .map(|n| {
-                root.pp(&format!("encoder.layers.{n}")).pre_ln_layer(
+                pre_norm_layer(
+                    &model.under(&format!("encoder.layers.{n}")),
                     &LAYER_NAMES,
-                    h,
-                    c.intermediate_size,
+                    (h, c.intermediate_size),
                     ProjectionBias::ALL,
+                    eps,
                 )
             })
             .collect::<Result<_>>()?,
-        final_norm: stable.then_some(encoder_norm),
+        final_norm,
         pooler: None,
         head,
         causal: false,
         projection: None,
-    };
-    spec.validate()?;
-    Ok(spec)
+    })
 }

@@ -1,14 +1,26 @@
 //! Wav2Vec2ForCTC against the HF reference fixtures `fixtures/wav2vec2/*` (float outputs within
 //! the fixture's tolerance, CTC argmax exactly), attention masks, bad input, and transcription to
-//! text through a vocabulary. Extra fixture roots are read from `IPFS_ACCELERATE_EXTRA_FIXTURES`.
+//! text through a vocabulary. Extra fixture roots are read from `IPFS_ACCELERATE_EXTRA_FIXTURES`;
+//! `tests/fixtures` adds the layouts the shared set lacks (`tools/make_wav2vec2_fixture.py`: a
+//! LayerNorm after every convolution, with post-norm or "stable" pre-norm layers).
 
 use std::path::Path;
 
 use burn_flex::Flex;
-use ipfs_accelerate_conformance::{assert_checks, family_fixtures, verify_runner};
+use ipfs_accelerate_conformance::{
+    assert_checks, discover, family_fixtures, verify_runner, Fixture,
+};
 use ipfs_accelerate_core::JsonConfig;
 use ipfs_accelerate_core::{BackendKind, Family, HostTensor, ModelRunner, TensorMap, TensorSource};
 use ipfs_accelerate_wav2vec2::{ctc_collapse, Wav2Vec2Family, Wav2Vec2Runner, Wav2Vec2Tasks};
+
+/// The shared fixtures (and `IPFS_ACCELERATE_EXTRA_FIXTURES`'), then this crate's own.
+fn fixtures(test: &str) -> Vec<Fixture> {
+    let mut all = family_fixtures(test, "wav2vec2");
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    all.extend(discover(&here, &["wav2vec2".to_string()]).unwrap());
+    all
+}
 
 fn runner(dir: &Path) -> Wav2Vec2Runner<Flex> {
     Wav2Vec2Runner::<Flex>::from_dir(dir, &Default::default(), BackendKind::Cpu).unwrap()
@@ -16,7 +28,7 @@ fn runner(dir: &Path) -> Wav2Vec2Runner<Flex> {
 
 #[test]
 fn matches_hf_reference() {
-    for f in family_fixtures("matches_hf_reference", "wav2vec2") {
+    for f in fixtures("matches_hf_reference") {
         let model =
             Wav2Vec2Family::load::<Flex>(&f.dir, &Default::default(), BackendKind::Cpu).unwrap();
         let checks = verify_runner(&f, BackendKind::Cpu, model.as_ref()).unwrap();
@@ -27,7 +39,7 @@ fn matches_hf_reference() {
 
 #[test]
 fn attention_mask_is_respected() {
-    for f in family_fixtures("attention_mask_is_respected", "wav2vec2") {
+    for f in fixtures("attention_mask_is_respected") {
         let r = runner(&f.dir);
         let reference = f.reference().unwrap();
         let values = reference.tensor("input_values").unwrap();
@@ -218,7 +230,7 @@ fn transcribes_with_a_vocabulary() {
 #[test]
 fn encoder_spec_matches_hf_reference() {
     use ipfs_accelerate_core::JsonConfig;
-    for f in family_fixtures("encoder_spec_matches_hf_reference", "wav2vec2") {
+    for f in fixtures("encoder_spec_matches_hf_reference") {
         let config =
             ipfs_accelerate_wav2vec2::Wav2Vec2Config::from_file(&f.dir.join("config.json"))
                 .unwrap();

@@ -24,4 +24,4 @@ pub use runner::{
     decode_outputs, TranscribeOptions, Transcription, WhisperAssets, WhisperExecutor,
     WhisperFamily, WhisperRunner, WhisperTasks,
 };
-pub use spec::{decoder_spec, encoder_spec};
+pub use spec::{decoder_spec, describe_encoder, encoder_spec};

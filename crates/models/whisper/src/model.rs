@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{activation::gelu, backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor};
 use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{
         padding_bias, AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames,
     },
-    conv::{Conv1d, ConvParams},
     convert::int_tensor,
-    transformer::{Mlp, PreLnConfig, PreLnEncoder, PreLnNames},
+    transformer::{Mlp, PreLnNames},
+    trunk::Trunk,
     Activation, Embedding, KvCache, LayerNorm, Linear, VarBuilder,
 };
 
@@ -72,62 +72,24 @@ impl<B: Backend> FeedForward<B> {
 }
 
 /// `WhisperEncoder`: log-mel `[batch, num_mel_bins, 2 * max_source_positions]` →
-/// `[batch, max_source_positions, d_model]`.
+/// `[batch, max_source_positions, d_model]`; Whisper's description
+/// ([`crate::describe_encoder`]) run by the shared burn trunk executor.
 pub struct WhisperEncoder<B: Backend> {
-    conv1: Conv1d<B>,
-    conv2: Conv1d<B>,
-    positions: Tensor<B, 2>,
-    layers: PreLnEncoder<B>,
-    norm: LayerNorm<B>,
-    num_mel_bins: usize,
-    frames: usize,
+    trunk: Trunk<B>,
 }
 
 impl<B: Backend> WhisperEncoder<B> {
     /// Loads the encoder from `vb` (rooted at `model.encoder`).
     pub fn load(vb: &VarBuilder<B>, c: &WhisperConfig) -> Result<Self> {
-        let d = c.d_model;
-        let same = ConvParams::<1>::default().with_padding(1);
         Ok(WhisperEncoder {
-            conv1: Conv1d::load(&vb.pp("conv1"), c.num_mel_bins, d, [3], same)?,
-            conv2: Conv1d::load(&vb.pp("conv2"), d, d, [3], same.with_stride(2))?,
-            positions: vb.tensor("embed_positions.weight", [c.max_source_positions, d])?,
-            layers: PreLnEncoder::load(
-                &vb.pp("layers"),
-                c.encoder_layers,
-                &PreLnConfig {
-                    hidden: d,
-                    heads: c.encoder_attention_heads,
-                    intermediate: c.encoder_ffn_dim,
-                    act: c.activation_function,
-                    eps: LAYER_NORM_EPS,
-                    bias: WHISPER_BIAS,
-                },
-                &ENCODER_LAYER_NAMES,
-            )?,
-            norm: LayerNorm::load(&vb.pp("layer_norm"), d, LAYER_NORM_EPS)?,
-            num_mel_bins: c.num_mel_bins,
-            frames: c.input_frames(),
+            trunk: Trunk::new(crate::describe_encoder(vb, c)?, vb.device())?,
         })
     }
 
     /// Encodes `features` `[batch, num_mel_bins, frames]`; the frame count must be exactly
     /// `2 * max_source_positions`, as HF requires.
     pub fn forward(&self, features: Tensor<B, 3>) -> Result<Tensor<B, 3>> {
-        let [batch, mels, frames] = features.dims();
-        if batch == 0 || mels != self.num_mel_bins || frames != self.frames {
-            return Err(Error::InvalidInput(format!(
-                "input_features must be [batch ≥ 1, {}, {}] (pad the log-mel to {} frames), got {:?}",
-                self.num_mel_bins,
-                self.frames,
-                self.frames,
-                features.dims()
-            )));
-        }
-        let x = gelu(self.conv1.forward(features));
-        let x = gelu(self.conv2.forward(x)).swap_dims(1, 2);
-        let x = x + self.positions.clone().unsqueeze::<3>();
-        Ok(self.norm.forward(self.layers.forward(x, None)))
+        Ok(self.trunk.forward_frames(features)?.last_hidden_state)
     }
 }
 

@@ -1,9 +1,7 @@
 //! Whisper as backend-neutral specs, for engines that do not run through burn.
 //!
-//! - [`encoder_spec`]: the log-mel frames through two GELU convolutions (the second of stride 2),
-//!   plus the learned `embed_positions`, then pre-norm layers (`k_proj` without a bias) and the
-//!   final `layer_norm`. The layer names are the table the burn encoder loads with
-//!   (`ENCODER_LAYER_NAMES`).
+//! - [`encoder_spec`]: [`describe_encoder`], the one description of the encoder that the burn
+//!   [`crate::WhisperEncoder`] runs too, read as host values.
 //! - [`decoder_spec`]: token embedding plus learned positions, pre-norm layers of causal
 //!   self-attention, cross-attention over the encoder's states and a GELU MLP, the final
 //!   `layer_norm`, and `proj_out` (the token embedding when tied).
@@ -14,7 +12,7 @@ use ipfs_accelerate_core::{
     Result, TensorSource,
 };
 use ipfs_accelerate_nn::attention::ProjectionNames;
-use ipfs_accelerate_nn::spec::{gated_activation, SpecReader};
+use ipfs_accelerate_nn::spec::{gated_activation, pre_norm_layer, SpecReader, WeightReader};
 
 use crate::model::{ENCODER_LAYER_NAMES, WHISPER_BIAS};
 use crate::{WhisperConfig, LAYER_NORM_EPS};
@@ -32,17 +30,28 @@ fn base(source: &dyn TensorSource) -> &'static str {
 }
 
 /// The encoder of a `WhisperForConditionalGeneration` (tensors under `model.encoder`) or bare
-/// `WhisperModel` (`encoder`) checkpoint; its output is `encoder_last_hidden_state`.
+/// `WhisperModel` (`encoder`) checkpoint, as host values; its output is
+/// `encoder_last_hidden_state`.
 pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
-    let c = config;
-    let (d, mels) = (c.d_model, c.num_mel_bins);
     let enc = SpecReader::new(source, &format!("{}encoder", base(source)));
-    // HF's `WhisperEncoder` applies exact GELU after each convolution whatever the layers use.
-    let conv = |name: &str, inp: usize, stride: usize| -> Result<FrameConv> {
-        let mut dense = enc.matrix(&format!("{name}.weight"), d, inp * 3)?;
-        dense.bias = enc.read(&format!("{name}.bias"), &[d])?;
+    let spec = describe_encoder(&enc, config)?;
+    spec.validate().map(|()| spec)
+}
+
+/// Whisper's encoder, the one description of it, read by `enc` (HF's `encoder`) as host values
+/// for the engines ([`encoder_spec`]) or as burn modules for [`crate::WhisperEncoder`]: the
+/// log-mel frames through two GELU convolutions (the second of stride 2), plus the learned
+/// `embed_positions`, then pre-norm layers (`k_proj` without a bias) and the final
+/// `layer_norm`.
+pub fn describe_encoder<R: WeightReader>(
+    enc: &R,
+    config: &WhisperConfig,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
+    let c = config;
+    let (d, mels, eps) = (c.d_model, c.num_mel_bins, LAYER_NORM_EPS);
+    let conv = |name: &str, inp: usize, stride: usize| -> Result<FrameConv<R::Dense>> {
         Ok(FrameConv {
-            conv: dense,
+            conv: enc.flattened(name, d, &[inp, 3], true)?,
             kernel: 3,
             stride,
             padding: 1,
@@ -52,10 +61,12 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
         channels: mels,
         frames: c.input_frames(),
         convs: vec![conv("conv1", mels, 1)?, conv("conv2", d, 2)?],
+        // HF's `WhisperEncoder` applies exact GELU after each convolution whatever the layers
+        // use.
         activation: EncoderActivation::Gelu,
-        position: enc.read("embed_positions.weight", &[c.max_source_positions, d])?,
+        position: enc.table("embed_positions.weight", &[c.max_source_positions, d])?,
     });
-    let spec = EncoderSpec {
+    Ok(EncoderSpec {
         family: "whisper".into(),
         // An encoder's last hidden states alone: no pooler, head or projection.
         pooler: None,
@@ -65,24 +76,24 @@ pub fn encoder_spec(config: &WhisperConfig, source: &dyn TensorSource) -> Result
         hidden: d,
         heads: c.encoder_attention_heads,
         intermediate: c.encoder_ffn_dim,
-        eps: LAYER_NORM_EPS as f32,
+        eps: eps as f32,
         activation: c.activation_function,
         input,
         embedding_norm: None,
         norm: NormPlacement::Pre,
         layers: (0..c.encoder_layers)
             .map(|n| {
-                enc.pp(&format!("layers.{n}")).pre_ln_layer(
+                pre_norm_layer(
+                    &enc.under(&format!("layers.{n}")),
                     &ENCODER_LAYER_NAMES,
-                    d,
-                    c.encoder_ffn_dim,
+                    (d, c.encoder_ffn_dim),
                     WHISPER_BIAS,
+                    eps,
                 )
             })
             .collect::<Result<_>>()?,
-        final_norm: Some(enc.norm("layer_norm", d)?),
-    };
-    spec.validate().map(|()| spec)
+        final_norm: Some(enc.layer_norm("layer_norm", d, eps)?),
+    })
 }
 
 /// The decoder of a `WhisperForConditionalGeneration` (tensors under `model.decoder`, `proj_out`)

@@ -5,7 +5,8 @@
 //! - the vision tower: CLIP vision embeddings per frame, `pre_layernorm`, then cross-frame layers
 //!   (each frame's class token becomes a message token, the messages of one video attend to each
 //!   other, every frame attends over its tokens plus its message, the MLP runs on the frame
-//!   tokens), `post_layernorm` on the class tokens, `visual_projection`;
+//!   tokens), `post_layernorm` on the class tokens, `visual_projection`: one description
+//!   ([`describe_vision`]) that the burn tower and the engines run;
 //! - the multi-frame integration transformer (MIT): frame positions, a CLIP encoder, a residual
 //!   and the mean over frames → `video_embeds`;
 //! - the text side: CLIP's text tower ([`ipfs_accelerate_clip::ClipTextTransformer`], pooled at
@@ -52,4 +53,4 @@ pub use model::{
     XclipModel, XclipOutput, XclipVideoFeatures, XclipVisionOutput, XclipVisionTransformer,
 };
 pub use runner::{XclipFamily, XclipRunner, XclipTasks};
-pub use spec::{text_encoder_spec, vision_encoder_spec};
+pub use spec::{describe_vision, text_encoder_spec, vision_encoder_spec};

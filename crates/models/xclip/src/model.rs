@@ -5,107 +5,47 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_clip::{
-    l2_normalize, load_encoder, load_logit_scale, load_vision_embeddings, ClipTextInputs,
-    ClipTextTransformer,
+    l2_normalize, load_encoder, load_logit_scale, ClipTextInputs, ClipTextTransformer,
 };
 use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames},
     exact,
-    transformer::{Mlp, PreLnConfig, PreLnEncoder, PreLnLayer, PreLnNames},
-    vision::ClassPatchEmbedding,
+    transformer::{Mlp, PreLnEncoder},
+    trunk::{first_token, project, Trunk},
     LayerNorm, Linear, VarBuilder,
 };
 
 use crate::XclipConfig;
-
-/// `XCLIPVisionEncoderLayer` (the original `CrossFramelAttentionBlock`): each frame's class
-/// token becomes a message token (`message_fc`), the messages of one video attend to each other
-/// (`message_ln`, `message_attn`, residual; drop path is the identity at inference), every frame
-/// then self-attends over its tokens plus its message token, and the MLP half runs on the frame
-/// tokens only.
-struct CrossFrameLayer<B: Backend> {
-    layer: PreLnLayer<B>,
-    message_fc: Linear<B>,
-    message_ln: LayerNorm<B>,
-    message_attn: MultiHeadAttention<B>,
-}
-
-impl<B: Backend> CrossFrameLayer<B> {
-    fn load(vb: &VarBuilder<B>, config: &PreLnConfig) -> Result<Self> {
-        let h = config.hidden;
-        Ok(CrossFrameLayer {
-            layer: PreLnLayer::load(vb, config, &PreLnNames::CLIP)?,
-            message_fc: Linear::load(&vb.pp("message_fc"), h, h, true)?,
-            message_ln: LayerNorm::load(&vb.pp("message_ln"), h, config.eps)?,
-            message_attn: MultiHeadAttention::load(
-                &vb.pp("message_attn"),
-                AttentionConfig::new(h, config.heads, ProjectionBias::ALL),
-                ProjectionNames::OUT_PROJ,
-            )?,
-        })
-    }
-
-    /// `x` `[videos · frames, seq, hidden]`, frames of one video adjacent.
-    fn forward(&self, x: Tensor<B, 3>, frames: usize) -> Tensor<B, 3> {
-        let [bt, seq, h] = x.dims();
-        let cls: Tensor<B, 2> = x.clone().narrow(1, 0, 1).reshape([bt, h]);
-        let msg = self
-            .message_fc
-            .forward(cls)
-            .reshape([bt / frames, frames, h]);
-        let msg = msg.clone()
-            + self
-                .message_attn
-                .forward(self.message_ln.forward(msg), None);
-        let x = Tensor::cat(vec![x, msg.reshape([bt, 1, h])], 1);
-        let x = self.layer.forward_attention(x, None).narrow(1, 0, seq);
-        self.layer.forward_mlp(x)
-    }
-}
 
 /// Outputs of [`XclipVisionTransformer::forward`].
 #[derive(Debug, Clone)]
 pub struct XclipVisionOutput<B: Backend> {
     /// `[videos · frames, 1 + patches, hidden]` (no final norm, as HF).
     pub last_hidden_state: Tensor<B, 3>,
-    /// `[videos · frames, hidden]`: `post_layernorm` of each frame's class token.
-    pub pooler_output: Tensor<B, 2>,
+    /// `[videos · frames, projection_dim]`: each frame's class token through `post_layernorm`
+    /// and `visual_projection`.
+    pub frame_embeds: Tensor<B, 2>,
 }
 
-/// `XCLIPVisionTransformer`: CLIP vision embeddings per frame, `pre_layernorm`, cross-frame
-/// encoder layers, `post_layernorm` on the class tokens.
+/// `XCLIPVisionTransformer` and `visual_projection`: CLIP vision embeddings per frame,
+/// `pre_layernorm`, cross-frame encoder layers (each frame's class token becomes a message
+/// token, the messages of one video attend to each other, every frame self-attends over its
+/// tokens plus its message token, the MLP runs on its tokens only), `post_layernorm` and the
+/// projection of the class tokens: X-CLIP's vision description ([`crate::describe_vision`]) run
+/// by the shared burn trunk executor.
 pub struct XclipVisionTransformer<B: Backend> {
-    embeddings: ClassPatchEmbedding<B>,
-    pre_norm: LayerNorm<B>,
-    layers: Vec<CrossFrameLayer<B>>,
-    post_norm: LayerNorm<B>,
+    trunk: Trunk<B>,
     frames: usize,
 }
 
 impl<B: Backend> XclipVisionTransformer<B> {
-    /// Loads the tower under `vb` (HF's `vision_model`).
-    pub fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
-        let v = &config.vision_config;
-        let c = &v.base;
-        let h = c.hidden_size;
-        let layer = PreLnConfig {
-            hidden: h,
-            heads: c.num_attention_heads,
-            intermediate: c.intermediate_size,
-            act: c.hidden_act,
-            eps: c.layer_norm_eps,
-            bias: ProjectionBias::ALL,
-        };
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| CrossFrameLayer::load(&vb.pp(format!("encoder.layers.{i}")), &layer))
-            .collect::<Result<Vec<_>>>()?;
+    /// Loads the tower (HF's `vision_model`) and `visual_projection` under `root`, the
+    /// checkpoint's root.
+    pub fn load(root: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
         Ok(XclipVisionTransformer {
-            embeddings: load_vision_embeddings(&vb.pp("embeddings"), c)?,
-            pre_norm: LayerNorm::load(&vb.pp("pre_layernorm"), h, c.layer_norm_eps)?,
-            layers,
-            post_norm: LayerNorm::load(&vb.pp("post_layernorm"), h, c.layer_norm_eps)?,
-            frames: v.num_frames,
+            trunk: Trunk::new(crate::describe_vision(root, config)?, root.device())?,
+            frames: config.vision_config.num_frames,
         })
     }
 
@@ -118,24 +58,13 @@ impl<B: Backend> XclipVisionTransformer<B> {
     /// adjacent) through the tower. Images of another size than the configured one get
     /// bicubically interpolated position embeddings (HF's `interpolate_pos_encoding=True`).
     pub fn forward(&self, pixel_values: Tensor<B, 4>) -> Result<XclipVisionOutput<B>> {
-        let bt = pixel_values.dims()[0];
-        if bt == 0 || !bt.is_multiple_of(self.frames) {
-            return Err(Error::InvalidInput(format!(
-                "{bt} frames are not a whole number of {}-frame videos",
-                self.frames
-            )));
-        }
-        let mut x = self
-            .pre_norm
-            .forward(self.embeddings.forward(pixel_values)?);
-        for layer in &self.layers {
-            x = layer.forward(x, self.frames);
-        }
-        let h = x.dims()[2];
-        let cls: Tensor<B, 2> = x.clone().narrow(1, 0, 1).reshape([bt, h]);
+        let out = self.trunk.forward_patches(pixel_values)?;
+        let projection = self.trunk.spec().projection.as_ref().ok_or_else(|| {
+            Error::InvalidInput("the X-CLIP vision description has no projection".into())
+        })?;
         Ok(XclipVisionOutput {
-            pooler_output: self.post_norm.forward(cls),
-            last_hidden_state: x,
+            frame_embeds: project(projection, first_token(&out.last_hidden_state)),
+            last_hidden_state: out.last_hidden_state,
         })
     }
 }
@@ -290,7 +219,6 @@ pub struct XclipModel<B: Backend> {
     /// The vision tower.
     pub vision: XclipVisionTransformer<B>,
     text_projection: Linear<B>,
-    visual_projection: Linear<B>,
     prompts_visual_layernorm: LayerNorm<B>,
     /// `[vision_hidden, projection_dim]`, applied as `x @ W` (an `nn.Parameter`, not a Linear).
     prompts_visual_projection: Tensor<B, 2>,
@@ -317,9 +245,8 @@ impl<B: Backend> XclipModel<B> {
         let eps = config.vision_config.base.layer_norm_eps;
         Ok(XclipModel {
             text: ClipTextTransformer::load(&vb.pp("text_model"), &config.clip_text_config())?,
-            vision: XclipVisionTransformer::load(&vb.pp("vision_model"), config)?,
+            vision: XclipVisionTransformer::load(&vb, config)?,
             text_projection: Linear::load(&vb.pp("text_projection"), ht, p, false)?,
-            visual_projection: Linear::load(&vb.pp("visual_projection"), hv, p, false)?,
             prompts_visual_layernorm: LayerNorm::load(&vb.pp("prompts_visual_layernorm"), hv, eps)?,
             prompts_visual_projection: vb.tensor("prompts_visual_projection", [hv, p])?,
             mit: Mit::load(&vb.pp("mit"), config)?,
@@ -360,8 +287,7 @@ impl<B: Backend> XclipModel<B> {
         let out = self
             .vision
             .forward(pixel_values.reshape([b * t, c, h, w]))?;
-        let frame_embeds = self.visual_projection.forward(out.pooler_output);
-        self.video_features_of(out.last_hidden_state, frame_embeds, b)
+        self.video_features_of(out.last_hidden_state, out.frame_embeds, b)
     }
 
     /// [`XclipModel::video_features`] from the vision tower's outputs computed elsewhere (an

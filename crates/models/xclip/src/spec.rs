@@ -1,12 +1,12 @@
 //! X-CLIP's towers as backend-neutral [`EncoderSpec`]s, for engines that do not run through
-//! burn (the cuBLAS encoder of the `cuda` feature): CLIP's text tower, and CLIP's vision tower
-//! ([`ipfs_accelerate_clip::vision_tower_spec`]) whose layers exchange cross-frame messages
-//! ([`FrameMessages`]), and each frame's class token through `post_layernorm` and
-//! `visual_projection` as the projection `frame_embeds`. The MIT and the prompt generator read
-//! those outputs on burn ([`crate::XclipModel::video_features_of`]).
+//! burn (the cuBLAS encoder of the `cuda` feature): CLIP's text tower, and the vision tower
+//! ([`describe_vision`], which the burn tower runs too): CLIP's, whose layers exchange
+//! cross-frame messages ([`FrameMessages`]), and each frame's class token through
+//! `post_layernorm` and `visual_projection` as the projection `frame_embeds`. The MIT and the
+//! prompt generator read those outputs on burn ([`crate::XclipModel::video_features_of`]).
 
-use ipfs_accelerate_core::{DenseWeights, EncoderSpec, FrameMessages, Result, TensorSource};
-use ipfs_accelerate_nn::spec::SpecReader;
+use ipfs_accelerate_core::{EncoderSpec, FrameMessages, Result, TensorSource};
+use ipfs_accelerate_nn::spec::{SpecReader, WeightReader};
 
 use crate::XclipConfig;
 
@@ -25,39 +25,56 @@ pub fn text_encoder_spec(config: &XclipConfig, source: &dyn TensorSource) -> Res
     })
 }
 
-/// The vision tower of an `XCLIPModel` checkpoint (`vision_model.*`, `visual_projection`):
-/// outputs `last_hidden_state` `[videos · frames, 1 + patches, hidden]` and `frame_embeds`
-/// `[videos · frames, projection_dim]`. Inputs are frames, `num_frames` consecutive ones a video,
-/// of the configured image size.
+/// The vision tower of an `XCLIPModel` checkpoint (`vision_model.*`, `visual_projection`) as
+/// host values: outputs `last_hidden_state` `[videos · frames, 1 + patches, hidden]` and
+/// `frame_embeds` `[videos · frames, projection_dim]`. Inputs are frames, `num_frames`
+/// consecutive ones a video, of the configured image size.
 pub fn vision_encoder_spec(config: &XclipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let spec = describe_vision(&SpecReader::new(source, ""), config)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// X-CLIP's vision tower, the one description of it, read by `root` (the checkpoint's root) as
+/// host values or as burn modules for [`crate::XclipVisionTransformer`]: CLIP's vision tower
+/// ([`ipfs_accelerate_clip::describe_vision`], `pre_layernorm` after the embeddings) whose
+/// layers exchange cross-frame messages ([`FrameMessages`]: `message_fc`, `message_ln`,
+/// `message_attn`), and each frame's class token through `post_layernorm` and
+/// `visual_projection` as the projection `frame_embeds`.
+pub fn describe_vision<R: WeightReader>(
+    root: &R,
+    config: &XclipConfig,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
     let v = &config.vision_config;
-    let h = v.base.hidden_size;
-    let vision = SpecReader::new(source, "vision_model");
+    let c = &v.base;
+    let h = c.hidden_size;
+    let vision = root.under("vision_model");
+    let projection = ipfs_accelerate_clip::describe_vision_projection(
+        &vision,
+        root,
+        c,
+        config.projection_dim,
+        "frame_embeds",
+    )?;
     let mut spec = EncoderSpec {
         family: "xclip".into(),
-        ..ipfs_accelerate_clip::vision_tower_spec(
-            &v.base,
-            config.projection_dim,
-            source,
-            "pre_layernorm",
-            "frame_embeds",
-        )?
+        projection: Some(projection),
+        ..ipfs_accelerate_clip::describe_vision(&vision, c, "pre_layernorm", c.num_hidden_layers)?
     };
     for (n, layer) in spec.layers.iter_mut().enumerate() {
-        let l = vision.pp(&format!("encoder.layers.{n}"));
-        let attn = l.pp("message_attn");
-        let square = |name: &str| -> Result<DenseWeights> { attn.dense(name, h, h) };
+        let l = vision.under(&format!("encoder.layers.{n}"));
+        let attn = l.under("message_attn");
+        let square = |name: &str| attn.linear(name, h, h, true);
         layer.messages = Some(FrameMessages {
             frames: v.num_frames,
-            fc: l.dense("message_fc", h, h)?,
-            norm: l.norm("message_ln", h)?,
+            fc: l.linear("message_fc", h, h, true)?,
+            norm: l.layer_norm("message_ln", h, c.layer_norm_eps)?,
             query: square("q_proj")?,
             key: square("k_proj")?,
             value: square("v_proj")?,
             output: square("out_proj")?,
         });
     }
-    spec.validate()?;
     Ok(spec)
 }
 
