@@ -92,6 +92,9 @@ impl ModelRunner for SpecReference {
             EncoderInput::Frames(f) => floats("input_features", f.tokens(), |batch, values| {
                 ReferenceInput::Frames { batch, values }
             })?,
+            EncoderInput::Rows(r) => floats("inputs_embeds", r.tokens, |batch, values| {
+                ReferenceInput::Rows { batch, values }
+            })?,
             EncoderInput::Waveform(w) => {
                 let (batch, values) = batched_floats(inputs, "input_values")?;
                 let tokens = w.tokens(values.len() / batch.max(1));

@@ -548,6 +548,17 @@ impl WaveformEmbeddings {
     }
 }
 
+/// Rows embedded elsewhere (`inputs_embeds`, `[batch, tokens, hidden]`: X-CLIP's frame
+/// embeddings entering its multi-frame integration transformer), plus learned position
+/// embeddings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowEmbeddings<T = Vec<f32>> {
+    /// Rows per input; inputs must have exactly this many.
+    pub tokens: usize,
+    /// `[tokens, hidden]`: position embeddings.
+    pub position: T,
+}
+
 /// What the encoder reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EncoderInput<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
@@ -559,6 +570,8 @@ pub enum EncoderInput<D = DenseWeights, N = NormWeights, T = Vec<f32>> {
     Frames(FrameEmbeddings<D, T>),
     /// Raw audio samples (`input_values`, `[batch, samples]`).
     Waveform(WaveformEmbeddings<D, N>),
+    /// Embedded rows (`inputs_embeds`, `[batch, tokens, hidden]`).
+    Rows(RowEmbeddings<T>),
 }
 
 /// A transformer encoder trunk: embeddings, an optional norm after them, post-norm or pre-norm
@@ -849,6 +862,12 @@ impl EncoderSpec {
                 p.conv
                     .check("pos_conv_embed.conv", h, h / p.groups * p.kernel)?;
             }
+            EncoderInput::Rows(r) => {
+                if r.tokens == 0 {
+                    return bad("rows per input must be positive".into());
+                }
+                check_rows("position_embedding", &r.position, r.tokens)?;
+            }
         }
         if let Some(n) = &self.embedding_norm {
             check_norm("embeddings.LayerNorm".into(), n)?;
@@ -1022,6 +1041,39 @@ mod tests {
             causal: false,
             projection: None,
         }
+    }
+
+    /// Rows embedded elsewhere need a position row per token, and a reference input of
+    /// exactly that many rows per input.
+    #[test]
+    fn row_inputs_are_checked() {
+        let h = 8;
+        let with = |tokens: usize, rows: usize| EncoderSpec {
+            input: EncoderInput::Rows(RowEmbeddings {
+                tokens,
+                position: vec![0.5; rows * h],
+            }),
+            embedding_norm: None,
+            pooler: None,
+            ..spec(h, 16)
+        };
+        let good = with(3, 3);
+        good.validate().unwrap();
+        assert!(with(3, 2).validate().is_err());
+        assert!(with(0, 0).validate().is_err());
+        let values = vec![0.25f32; 2 * 3 * h];
+        let out = good
+            .reference_forward(&crate::ReferenceInput::Rows {
+                batch: 2,
+                values: &values,
+            })
+            .unwrap();
+        assert_eq!(out.last_hidden_state.len(), 2 * 3 * h);
+        let short = crate::ReferenceInput::Rows {
+            batch: 2,
+            values: &values[h..],
+        };
+        assert!(good.reference_forward(&short).is_err());
     }
 
     /// Whisper's front end on 5 channels × 12 frames: kernel 3, padding 1, strides 1 and 2 give

@@ -45,6 +45,13 @@ pub enum ReferenceInput<'a> {
         /// Sample values.
         values: &'a [f32],
     },
+    /// `[batch, tokens, hidden]` embedded rows.
+    Rows {
+        /// Inputs.
+        batch: usize,
+        /// Row values.
+        values: &'a [f32],
+    },
 }
 
 /// The outputs of [`EncoderSpec::reference_forward`], row-major f64.
@@ -284,6 +291,28 @@ impl EncoderSpec {
                 let x = values
                     .chunks(samples)
                     .map(|row| waveform_tokens(w, self.eps, row))
+                    .collect();
+                (*batch, seq, x, vec![1; batch * seq], None)
+            }
+            (ReferenceInput::Rows { batch, values }, EncoderInput::Rows(r)) => {
+                let seq = r.tokens;
+                if values.len() != batch * seq * h {
+                    return bad(format!("rows do not hold [{batch}, {seq}, {h}] values"));
+                }
+                let x = values
+                    .chunks(seq * h)
+                    .map(|input| {
+                        input
+                            .chunks(h)
+                            .zip(r.position.chunks(h))
+                            .map(|(row, position)| {
+                                row.iter()
+                                    .zip(position)
+                                    .map(|(&v, &p)| v as f64 + p as f64)
+                                    .collect()
+                            })
+                            .collect()
+                    })
                     .collect();
                 (*batch, seq, x, vec![1; batch * seq], None)
             }

@@ -37,8 +37,8 @@ pub use encoder::{
     conv_out_frames, roberta_position_ids, token_position_ids, ConvNorm, DenseWeights,
     EncoderActivation, EncoderHead, EncoderInput, EncoderLayerWeights, EncoderProjection,
     EncoderSpec, FrameConv, FrameEmbeddings, FrameMessages, NormPlacement, NormWeights,
-    PatchEmbeddings, PooledToken, Pooler, PositionConv, ProjectionLayer, TokenEmbeddings,
-    WaveformEmbeddings,
+    PatchEmbeddings, PooledToken, Pooler, PositionConv, ProjectionLayer, RowEmbeddings,
+    TokenEmbeddings, WaveformEmbeddings,
 };
 pub use encoder_reference::{ReferenceInput, ReferenceOutput};
 pub use error::{Error, Result};

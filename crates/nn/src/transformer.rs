@@ -1,12 +1,13 @@
-//! The pre-LN transformer encoder layer of ViT, CLIP (both towers), LLaVA's vision tower and
-//! X-CLIP: `x + attn(ln1(x))`, then `h + fc2(act(fc1(ln2(h))))`. Weight names are given per
-//! family through [`PreLnNames`] so every checkpoint layout loads through the same code.
+//! The feed-forward block ([`Mlp`]) and the weight names of a pre-norm encoder layer
+//! ([`PreLnNames`]: `x + attn(ln1(x))`, then `h + fc2(act(fc1(ln2(h))))`), given per family so
+//! every checkpoint layout reads through the same description ([`crate::spec::pre_norm_layer`],
+//! run by [`crate::trunk::Trunk`]).
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_core::{Error, Result};
+use ipfs_accelerate_core::Result;
 
-use crate::attention::{AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames};
-use crate::{Activation, LayerNorm, Linear, VarBuilder};
+use crate::attention::ProjectionNames;
+use crate::{Activation, Linear, VarBuilder};
 
 /// A two-layer feed-forward block `fc2(act(fc1(x)))` (`ViTMLP`, `CLIPMLP`, BERT's
 /// intermediate / output pair without its norm).
@@ -106,139 +107,4 @@ impl PreLnNames<'static> {
         fc1: "mlp.fc1",
         fc2: "mlp.fc2",
     };
-}
-
-/// Sizes and options of a [`PreLnLayer`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PreLnConfig {
-    /// Model width.
-    pub hidden: usize,
-    /// Attention heads.
-    pub heads: usize,
-    /// MLP inner width.
-    pub intermediate: usize,
-    /// MLP activation.
-    pub act: Activation,
-    /// Layer-norm epsilon.
-    pub eps: f64,
-    /// Which attention projections carry a bias (ViT's `qkv_bias` turns off q / k / v).
-    pub bias: ProjectionBias,
-}
-
-impl PreLnConfig {
-    fn check(&self) -> Result<()> {
-        if self.hidden == 0 || self.heads == 0 || self.intermediate == 0 {
-            return Err(Error::InvalidInput(format!(
-                "pre-LN layer with hidden {}, heads {}, intermediate {}: all must be positive",
-                self.hidden, self.heads, self.intermediate
-            )));
-        }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(Error::InvalidInput(format!(
-                "hidden size {} is not divisible by {} heads",
-                self.hidden, self.heads
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// One pre-LN encoder layer.
-#[derive(Debug, Clone)]
-pub struct PreLnLayer<B: Backend> {
-    norm1: LayerNorm<B>,
-    attn: MultiHeadAttention<B>,
-    norm2: LayerNorm<B>,
-    mlp: Mlp<B>,
-}
-
-impl<B: Backend> PreLnLayer<B> {
-    /// Loads the layer under `vb` (the layer's prefix) with the given names.
-    pub fn load(vb: &VarBuilder<B>, config: &PreLnConfig, names: &PreLnNames<'_>) -> Result<Self> {
-        config.check()?;
-        let h = config.hidden;
-        Ok(PreLnLayer {
-            norm1: LayerNorm::load(&vb.pp(names.norm1), h, config.eps)?,
-            attn: MultiHeadAttention::load(
-                vb,
-                AttentionConfig::new(h, config.heads, config.bias),
-                names.attention,
-            )?,
-            norm2: LayerNorm::load(&vb.pp(names.norm2), h, config.eps)?,
-            mlp: Mlp::load(
-                vb,
-                (names.fc1, names.fc2),
-                h,
-                config.intermediate,
-                config.act,
-            )?,
-        })
-    }
-
-    /// `x` `[batch, seq, hidden]` through the layer; `bias` is an additive attention bias
-    /// `[batch, heads, seq, seq]` (padding / causal masks).
-    pub fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        self.forward_mlp(self.forward_attention(x, bias))
-    }
-
-    /// The attention half alone, `x + attn(ln1(x))` (X-CLIP attends over the frame tokens plus
-    /// a message token, then drops the message token before the MLP half).
-    pub fn forward_attention(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        self.attn
-            .forward_add(self.norm1.forward(x.clone()), bias, x)
-    }
-
-    /// The MLP half alone, `h + fc2(act(fc1(ln2(h))))`.
-    pub fn forward_mlp(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.mlp.forward_add(self.norm2.forward(h.clone()), h)
-    }
-}
-
-/// A stack of [`PreLnLayer`]s (`CLIPEncoder`, ViT's encoder).
-#[derive(Debug, Clone)]
-pub struct PreLnEncoder<B: Backend> {
-    layers: Vec<PreLnLayer<B>>,
-}
-
-impl<B: Backend> PreLnEncoder<B> {
-    /// Loads `count` layers stored as `<vb>.<i>.…` (`vb` at `encoder.layers` or `encoder.layer`).
-    pub fn load(
-        vb: &VarBuilder<B>,
-        count: usize,
-        config: &PreLnConfig,
-        names: &PreLnNames<'_>,
-    ) -> Result<Self> {
-        let layers = (0..count)
-            .map(|i| PreLnLayer::load(&vb.pp(i.to_string()), config, names))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(PreLnEncoder { layers })
-    }
-
-    /// Number of layers.
-    pub fn len(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Whether there are no layers.
-    pub fn is_empty(&self) -> bool {
-        self.layers.is_empty()
-    }
-
-    /// Runs every layer.
-    pub fn forward(&self, x: Tensor<B, 3>, bias: Option<&Tensor<B, 4>>) -> Tensor<B, 3> {
-        self.forward_layers(x, bias, self.layers.len())
-    }
-
-    /// Runs the first `n` layers only (LLaVA takes the hidden state of layer −2: `len() - 1`).
-    pub fn forward_layers(
-        &self,
-        mut x: Tensor<B, 3>,
-        bias: Option<&Tensor<B, 4>>,
-        n: usize,
-    ) -> Tensor<B, 3> {
-        for layer in self.layers.iter().take(n) {
-            x = layer.forward(x, bias);
-        }
-        x
-    }
 }

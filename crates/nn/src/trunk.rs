@@ -7,7 +7,8 @@
 //! It runs every input of [`EncoderInput`]: token ids (BERT and the RoBERTa family; CLIP's
 //! causal text tower), image patches (ViT, CLIP's vision tower; X-CLIP's, whose layers exchange
 //! cross-frame messages), feature frames through convolutions (Whisper's encoder) and raw audio
-//! through a convolutional feature encoder and a positional convolution (Wav2Vec2), then
+//! through a convolutional feature encoder and a positional convolution (Wav2Vec2), rows
+//! embedded elsewhere (X-CLIP's multi-frame integration transformer), then
 //! post-norm or pre-norm layers, the final norm, the pooler, the task heads ([`head_logits`])
 //! and, for the families to apply, projections ([`project`]). A convolution is held as the
 //! description holds it, a dense layer over its flattened taps, and run as burn's convolution.
@@ -378,6 +379,34 @@ impl<B: Backend> Trunk<B> {
         let positions = positions.narrow(2, 0, frames);
         let x = x + w.activation.forward(positions).swap_dims(1, 2);
         Ok(self.finish(self.layers(self.embedding_normed(x), bias.as_ref())))
+    }
+
+    /// Embedded rows `[batch, tokens, hidden]` (X-CLIP's frame embeddings into its MIT) through
+    /// the trunk: the position embeddings added, then the embedding norm, the layers and the
+    /// final norm. The row count must be the description's.
+    pub fn forward_rows(&self, rows: Tensor<B, 3>) -> Result<TrunkOutput<B>> {
+        let EncoderInput::Rows(r) = &self.spec.input else {
+            return Err(self.other_inputs("embedded rows"));
+        };
+        let [batch, tokens, hidden] = rows.dims();
+        let positions = r.position.weight();
+        if batch == 0 || tokens != r.tokens || hidden != self.spec.hidden {
+            return Err(Error::InvalidInput(format!(
+                "inputs_embeds must be [batch ≥ 1, {}, {}], got {:?}",
+                r.tokens,
+                self.spec.hidden,
+                rows.dims()
+            )));
+        }
+        if positions.dims() != [tokens, hidden] {
+            return Err(Error::InvalidInput(format!(
+                "{} encoder: position embeddings {:?} for rows of [{tokens}, {hidden}]",
+                self.spec.family,
+                positions.dims()
+            )));
+        }
+        let x = rows + positions.clone().unsqueeze::<3>();
+        Ok(self.finish(self.layers(self.embedding_normed(x), None)))
     }
 
     /// The error for inputs of another kind than the description's.

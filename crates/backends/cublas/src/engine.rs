@@ -1071,6 +1071,7 @@ where
                     zeros: stream.alloc_zeros(widest.unwrap_or(0).max(spec.hidden))?,
                 }))
             }
+            EncoderInput::Rows(_) => return Err(crate::rows_refused()),
         };
         let kernels = Kernels::from_module(&compiling.load(stream.context())?)?;
         let fused_attention = T::DTYPE == DType::F16

@@ -155,6 +155,11 @@ pub fn probe() -> Result<(), EngineError> {
     Ok(())
 }
 
+/// The engine's answer to a description of embedded rows (X-CLIP's MIT): burn runs those.
+pub(crate) fn rows_refused() -> EngineError {
+    EngineError::Spec("the engine does not run embedded rows (`inputs_embeds`) yet".into())
+}
+
 /// Checks a spec before loading (the engine's own limits on top of [`EncoderSpec::validate`]).
 pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     spec.validate()
@@ -162,6 +167,9 @@ pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
     // The row kernels keep one row of f32 in shared memory (48 KiB without opting in); they also
     // norm the raw-audio front end's convolution outputs.
     let too_wide = |width: usize| (width + 32) * 4 > 48 * 1024;
+    if let ipfs_accelerate_core::EncoderInput::Rows(_) = &spec.input {
+        return Err(rows_refused());
+    }
     if let ipfs_accelerate_core::EncoderInput::Waveform(w) = &spec.input {
         if let Some(c) = w.convs.iter().find(|c| too_wide(c.conv.out_features)) {
             return Err(EngineError::Spec(format!(
@@ -182,6 +190,57 @@ pub fn check_spec(spec: &EncoderSpec) -> Result<(), EngineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A description of embedded rows (X-CLIP's MIT) is refused before anything is loaded, with
+    /// an error naming them: burn runs those.
+    #[test]
+    fn embedded_rows_are_refused_by_name() {
+        use ipfs_accelerate_core::{
+            DenseWeights, EncoderActivation, EncoderInput, EncoderLayerWeights, NormPlacement,
+            NormWeights, RowEmbeddings,
+        };
+        let h = 4;
+        let dense = |o: usize, i: usize| DenseWeights::new(o, i, vec![0.0; o * i], vec![0.0; o]);
+        let norm = || NormWeights {
+            gamma: vec![1.0; h],
+            beta: vec![0.0; h],
+        };
+        let spec = EncoderSpec {
+            family: "xclip".into(),
+            hidden: h,
+            heads: 2,
+            intermediate: 8,
+            eps: 1e-5,
+            activation: EncoderActivation::QuickGelu,
+            input: EncoderInput::Rows(RowEmbeddings {
+                tokens: 3,
+                position: vec![0.0; 3 * h],
+            }),
+            embedding_norm: None,
+            norm: NormPlacement::Pre,
+            layers: vec![EncoderLayerWeights {
+                query: dense(h, h),
+                key: dense(h, h),
+                value: dense(h, h),
+                attention_output: dense(h, h),
+                attention_norm: norm(),
+                intermediate: dense(8, h),
+                output: dense(h, 8),
+                output_norm: norm(),
+                messages: None,
+            }],
+            final_norm: None,
+            pooler: None,
+            head: None,
+            causal: false,
+            projection: None,
+        };
+        spec.validate().unwrap();
+        match check_spec(&spec) {
+            Err(EngineError::Spec(why)) => assert!(why.contains("embedded rows"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn probe_names_the_missing_driver_without_panicking() {

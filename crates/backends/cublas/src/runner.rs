@@ -97,6 +97,7 @@ impl EncoderRunner {
             EncoderInput::Waveform(w) => Expects::Samples {
                 convs: w.convs.iter().map(|c| (c.kernel, c.stride)).collect(),
             },
+            EncoderInput::Rows(_) => return Err(crate::rows_refused()),
         };
         Ok(EncoderRunner {
             family: spec.family.clone(),

@@ -19,13 +19,13 @@ mod towers;
 
 pub use config::{check_tower, ClipConfig, ClipTextConfig, ClipVisionConfig, TokenIds};
 pub use model::{
-    l2_normalize, load_encoder, load_logit_scale, ClipModel, ClipOutput, ClipTextInputs,
-    ClipTextTransformer, ClipVisionTransformer,
+    l2_normalize, load_logit_scale, ClipModel, ClipOutput, ClipTextInputs, ClipTextTransformer,
+    ClipVisionTransformer,
 };
 pub use runner::{ClipFamily, ClipRunner, ClipTasks};
 pub use spec::{
-    describe_text, describe_text_projection, describe_vision, describe_vision_projection,
-    encoder_specs, text_encoder_spec, text_tower_spec, vision_encoder_spec,
-    vision_hidden_state_spec, vision_tower_spec,
+    describe_encoder, describe_text, describe_text_projection, describe_vision,
+    describe_vision_projection, encoder_specs, text_encoder_spec, text_tower_spec,
+    vision_encoder_spec, vision_hidden_state_spec, vision_tower_spec,
 };
 pub use towers::TowerRunner;

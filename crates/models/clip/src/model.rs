@@ -5,37 +5,13 @@ use std::sync::Arc;
 use burn::tensor::{backend::Backend, Tensor};
 use ipfs_accelerate_core::{EncoderProjection, Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
-    attention::ProjectionBias,
     convert::int_tensor,
     exact,
-    transformer::{PreLnConfig, PreLnEncoder, PreLnNames},
     trunk::{first_token, gather_tokens, project, Trunk},
-    Activation, LayerNorm, Linear, VarBuilder,
+    LayerNorm, Linear, VarBuilder,
 };
 
 use crate::{ClipConfig, ClipTextConfig, ClipVisionConfig};
-
-/// Loads a `CLIPEncoder` (`layers` pre-LN layers with CLIP's weight names, every projection
-/// biased) stored under `<vb>.encoder.layers` (shared with X-CLIP's text tower and MIT).
-pub fn load_encoder<B: Backend>(
-    vb: &VarBuilder<B>,
-    layers: usize,
-    hidden: usize,
-    heads: usize,
-    intermediate: usize,
-    act: Activation,
-    eps: f64,
-) -> Result<PreLnEncoder<B>> {
-    let config = PreLnConfig {
-        hidden,
-        heads,
-        intermediate,
-        act,
-        eps,
-        bias: ProjectionBias::ALL,
-    };
-    PreLnEncoder::load(&vb.pp("encoder.layers"), layers, &config, &PreLnNames::CLIP)
-}
 
 /// Tokenised text for the text tower: row-major `[batch, seq]` ids and attention mask.
 #[derive(Debug, Clone, PartialEq, Eq)]

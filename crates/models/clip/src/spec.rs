@@ -33,11 +33,11 @@ impl ClipTextConfig {
     }
 }
 
-/// A tower's trunk as both towers fill it: its sizes, its pre-norm CLIP layers under `tower`
-/// (`<tower>.encoder.layers.N`, the first `layers` of them) and `input`; no norms, pooler,
-/// head or projection yet.
+/// A `CLIPEncoder` as both towers (and X-CLIP's MIT) fill it: its sizes, its pre-norm CLIP
+/// layers under `tower` (`<tower>.encoder.layers.N`, the first `layers` of them, every
+/// projection biased) and `input`; no norms, pooler, head or projection yet.
 #[allow(clippy::too_many_arguments)]
-fn trunk<R: WeightReader>(
+pub fn describe_encoder<R: WeightReader>(
     tower: &R,
     hidden: usize,
     heads: usize,
@@ -120,7 +120,7 @@ pub fn describe_text<R: WeightReader>(
     Ok(EncoderSpec {
         final_norm: Some(text.layer_norm("final_layer_norm", h, c.layer_norm_eps)?),
         causal: true,
-        ..trunk(
+        ..describe_encoder(
             text,
             c.hidden_size,
             c.num_attention_heads,
@@ -256,7 +256,7 @@ pub fn describe_vision<R: WeightReader>(
     });
     Ok(EncoderSpec {
         embedding_norm: Some(vision.layer_norm(pre_norm, h, c.layer_norm_eps)?),
-        ..trunk(
+        ..describe_encoder(
             vision,
             h,
             c.num_attention_heads,

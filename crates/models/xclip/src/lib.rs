@@ -7,8 +7,8 @@
 //!   other, every frame attends over its tokens plus its message, the MLP runs on the frame
 //!   tokens), `post_layernorm` on the class tokens, `visual_projection`: one description
 //!   ([`describe_vision`]) that the burn tower and the engines run;
-//! - the multi-frame integration transformer (MIT): frame positions, a CLIP encoder, a residual
-//!   and the mean over frames → `video_embeds`;
+//! - the multi-frame integration transformer (MIT): frame positions, a CLIP encoder
+//!   ([`describe_mit`]), a residual and the mean over frames → `video_embeds`;
 //! - the text side: CLIP's text tower ([`ipfs_accelerate_clip::ClipTextTransformer`], pooled at
 //!   the largest token id as HF forces) and `text_projection`; the prompt generator lets every
 //!   text attend to the frame-averaged patch tokens of each video (`prompts_visual_layernorm`,
@@ -53,4 +53,4 @@ pub use model::{
     XclipModel, XclipOutput, XclipVideoFeatures, XclipVisionOutput, XclipVisionTransformer,
 };
 pub use runner::{XclipFamily, XclipRunner, XclipTasks};
-pub use spec::{describe_vision, text_encoder_spec, vision_encoder_spec};
+pub use spec::{describe_mit, describe_vision, mit_spec, text_encoder_spec, vision_encoder_spec};

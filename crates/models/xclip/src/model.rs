@@ -4,14 +4,12 @@
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use ipfs_accelerate_clip::{
-    l2_normalize, load_encoder, load_logit_scale, ClipTextInputs, ClipTextTransformer,
-};
+use ipfs_accelerate_clip::{l2_normalize, load_logit_scale, ClipTextInputs, ClipTextTransformer};
 use ipfs_accelerate_core::{Error, Result, TensorSource};
 use ipfs_accelerate_nn::{
     attention::{AttentionConfig, MultiHeadAttention, ProjectionBias, ProjectionNames},
     exact,
-    transformer::{Mlp, PreLnEncoder},
+    transformer::Mlp,
     trunk::{first_token, project, Trunk},
     LayerNorm, Linear, VarBuilder,
 };
@@ -70,37 +68,23 @@ impl<B: Backend> XclipVisionTransformer<B> {
 }
 
 /// `XCLIPMultiframeIntegrationTransformer`: learned frame positions, a CLIP encoder, a residual
-/// around it and the mean over frames.
+/// around it and the mean over frames; its description ([`crate::describe_mit`]) run by the
+/// shared burn trunk executor.
 struct Mit<B: Backend> {
-    position: Tensor<B, 3>,
-    encoder: PreLnEncoder<B>,
+    trunk: Trunk<B>,
 }
 
 impl<B: Backend> Mit<B> {
-    fn load(vb: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
-        let v = &config.vision_config;
-        let h = v.mit_hidden_size;
+    fn load(root: &VarBuilder<B>, config: &XclipConfig) -> Result<Self> {
         Ok(Mit {
-            position: vb.tensor("position_embedding", [1, v.num_frames, h])?,
-            encoder: load_encoder(
-                vb,
-                v.mit_num_hidden_layers,
-                h,
-                v.mit_num_attention_heads,
-                v.mit_intermediate_size,
-                v.base.hidden_act,
-                v.base.layer_norm_eps,
-            )?,
+            trunk: Trunk::new(crate::describe_mit(root, config)?, root.device())?,
         })
     }
 
     /// `[videos, frames, hidden]` → pooled `[videos, hidden]`.
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
-        let y = self
-            .encoder
-            .forward(x.clone() + self.position.clone(), None)
-            + x;
-        y.mean_dim(1).squeeze_dim(1)
+    fn forward(&self, x: Tensor<B, 3>) -> Result<Tensor<B, 2>> {
+        let y = self.trunk.forward_rows(x.clone())?.last_hidden_state + x;
+        Ok(y.mean_dim(1).squeeze_dim(1))
     }
 }
 
@@ -249,7 +233,7 @@ impl<B: Backend> XclipModel<B> {
             text_projection: Linear::load(&vb.pp("text_projection"), ht, p, false)?,
             prompts_visual_layernorm: LayerNorm::load(&vb.pp("prompts_visual_layernorm"), hv, eps)?,
             prompts_visual_projection: vb.tensor("prompts_visual_projection", [hv, p])?,
-            mit: Mit::load(&vb.pp("mit"), config)?,
+            mit: Mit::load(&vb, config)?,
             prompts_generator: PromptGenerator::load(&vb.pp("prompts_generator"), config)?,
             logit_scale,
             config: config.clone(),
@@ -310,7 +294,7 @@ impl<B: Backend> XclipModel<B> {
             )));
         }
         let cls = frame_embeds.reshape([b, t, p]);
-        let video_embeds = self.mit.forward(cls);
+        let video_embeds = self.mit.forward(cls)?;
         let patches = last_hidden_state.narrow(1, 1, n1 - 1);
         let img: Tensor<B, 2> = self
             .prompts_visual_layernorm

@@ -5,7 +5,9 @@
 //! `post_layernorm` and `visual_projection` as the projection `frame_embeds`. The MIT and the
 //! prompt generator read those outputs on burn ([`crate::XclipModel::video_features_of`]).
 
-use ipfs_accelerate_core::{EncoderSpec, FrameMessages, Result, TensorSource};
+use ipfs_accelerate_core::{
+    EncoderInput, EncoderSpec, FrameMessages, Result, RowEmbeddings, TensorSource,
+};
 use ipfs_accelerate_nn::spec::{SpecReader, WeightReader};
 
 use crate::XclipConfig;
@@ -78,6 +80,44 @@ pub fn describe_vision<R: WeightReader>(
     Ok(spec)
 }
 
+/// X-CLIP's multi-frame integration transformer (`mit`), the one description of it, read by
+/// `root` (the checkpoint's root): each video's frame embeddings `[frames, mit_hidden_size]`
+/// (`inputs_embeds`) plus `position_embedding`, through `mit_num_hidden_layers` CLIP encoder
+/// layers. The residual around it and the mean over frames are the family's
+/// ([`crate::XclipModel::video_features_of`]).
+pub fn describe_mit<R: WeightReader>(
+    root: &R,
+    config: &XclipConfig,
+) -> Result<EncoderSpec<R::Dense, R::Norm, R::Table>> {
+    let v = &config.vision_config;
+    let (h, frames) = (v.mit_hidden_size, v.num_frames);
+    let mit = root.under("mit");
+    let input = EncoderInput::Rows(RowEmbeddings {
+        tokens: frames,
+        position: mit.table("position_embedding", &[1, frames, h])?,
+    });
+    Ok(EncoderSpec {
+        family: "xclip".into(),
+        ..ipfs_accelerate_clip::describe_encoder(
+            &mit,
+            h,
+            v.mit_num_attention_heads,
+            v.mit_intermediate_size,
+            v.mit_num_hidden_layers,
+            v.base.layer_norm_eps,
+            v.base.hidden_act,
+            input,
+        )?
+    })
+}
+
+/// [`describe_mit`] as host values.
+pub fn mit_spec(config: &XclipConfig, source: &dyn TensorSource) -> Result<EncoderSpec> {
+    let spec = describe_mit(&SpecReader::new(source, ""), config)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use burn_flex::Flex;
@@ -123,6 +163,61 @@ mod tests {
             let checks = verify_runner(&fixture, BackendKind::Cpu, &runner).unwrap();
             assert_eq!(checks.len(), 3, "{}", fixture.variant);
             assert_checks(&checks);
+        }
+    }
+
+    /// The MIT's description read as host values and run by its f64 reference gives what the
+    /// burn trunk gives from the same description read as burn modules (which the fixtures'
+    /// `video_embeds` check against HF); rows of another count, and an engine, are refused.
+    #[test]
+    fn the_mit_description_runs_the_same_on_both_readers() {
+        use burn::tensor::{Tensor, TensorData};
+        use ipfs_accelerate_conformance::relative_error;
+        use ipfs_accelerate_core::ReferenceInput;
+        use ipfs_accelerate_nn::{trunk::Trunk, VarBuilder};
+        for fixture in family_fixtures("the_mit_description_runs_the_same", "xclip") {
+            let config = XclipConfig::from_file(&fixture.dir.join("config.json")).unwrap();
+            let weights = ipfs_accelerate_io::open_weights(&fixture.dir).unwrap();
+            let v = &config.vision_config;
+            let (videos, frames, h) = (2, v.num_frames, v.mit_hidden_size);
+            let rows: Vec<f32> = (0..videos * frames * h)
+                .map(|i| (i as f32 * 0.61).sin())
+                .collect();
+            let spec = mit_spec(&config, weights.as_ref()).unwrap();
+            let want = spec
+                .reference_forward(&ReferenceInput::Rows {
+                    batch: videos,
+                    values: &rows,
+                })
+                .unwrap()
+                .last_hidden_state;
+            let device = Default::default();
+            let vb = VarBuilder::<Flex>::new(weights.clone(), &device);
+            let trunk = Trunk::new(describe_mit(&vb, &config).unwrap(), &device).unwrap();
+            let x = Tensor::<Flex, 3>::from_data(
+                TensorData::new(rows.clone(), [videos, frames, h]),
+                &device,
+            );
+            let got: Vec<f64> = trunk
+                .forward_rows(x)
+                .unwrap()
+                .last_hidden_state
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let error = relative_error(&got, &want);
+            assert!(error < 1e-5, "{}: {error}", fixture.variant);
+            let short = Tensor::<Flex, 3>::zeros([1, frames + 1, h], &device);
+            assert!(trunk.forward_rows(short).is_err());
+            let few = &rows[..(frames - 1) * h];
+            let reference = spec.reference_forward(&ReferenceInput::Rows {
+                batch: 1,
+                values: few,
+            });
+            assert!(reference.is_err());
         }
     }
 
