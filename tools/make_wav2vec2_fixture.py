@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Writes a Wav2Vec2ForCTC conformance fixture (config.json, model.safetensors, meta.json, reference.safetensors
 with float64 HF outputs) of a chosen layout:
-make_wav2vec2_fixture.py DIR FEAT_EXTRACT_NORM STABLE [SAMPLES].
+make_wav2vec2_fixture.py DIR FEAT_EXTRACT_NORM STABLE [SAMPLES [HIDDEN HEADS]].
 
 FEAT_EXTRACT_NORM is `group` (a GroupNorm per channel after the first convolution, base checkpoints) or `layer` (a
 LayerNorm after every convolution, large-lv60 checkpoints); STABLE is 1 for `do_stable_layer_norm` (pre-norm
 layers, the encoder's norm after the last) or 0 (post-norm layers after it). The model is small and random: hidden
-32, 2 layers of 4 heads, three convolutions of 32 channels (kernels 10, 3, 3; strides 5, 2, 2; with biases), an
+32 (or HIDDEN), 2 layers of 4 heads (or HEADS), three convolutions of 32 channels (kernels 10, 3, 3; strides 5, 2, 2; with biases), an
 odd positional kernel of 15 in 4 groups, stored with weight norm as `parametrizations.weight.original0/1`, and
 exact-GELU convolutions with a tanh-GELU trunk. The reference holds the hidden states, the CTC logits and their
 argmax of 2 random waveforms of SAMPLES samples (default 1200)."""
@@ -17,9 +17,10 @@ from safetensors.torch import save_file
 
 out, norm, stable = sys.argv[1], sys.argv[2], bool(int(sys.argv[3]))
 samples = int(sys.argv[4]) if len(sys.argv) > 4 else 1200
+hidden, heads = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else (32, 4)
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(29)
-cfg = tf.Wav2Vec2Config(vocab_size=24, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+cfg = tf.Wav2Vec2Config(vocab_size=24, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
                         intermediate_size=41, hidden_act="gelu_new", feat_extract_norm=norm,
                         feat_extract_activation="gelu", conv_dim=(32, 32, 32), conv_kernel=(10, 3, 3),
                         conv_stride=(5, 2, 2), conv_bias=True, num_conv_pos_embeddings=15,

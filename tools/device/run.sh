@@ -86,6 +86,8 @@
 # checks of part 35 and then part 36, after the f16 stores were paired and bias + activation split per activation;
 # part 38 the transfers in pieces of 4 MiB (was 1): f16 conformance, pieces against one piece, PyTorch f16.
 # Copy tools/make_{bert,vit,clip,whisper}_fixture.py into .devcarry for it.
+# Session 33: part 45 Wav2Vec2's layer-norm layouts (tools/make_wav2vec2_fixture.py, also copied into .devcarry),
+# every shipped fixture, and X-CLIP's whole fixture, after the three encoders were described once.
 set -u
 cd "$(dirname "$0")"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -726,5 +728,23 @@ for p in f32 f16; do
 done
 echo "== verify f32 and f16, every family's shipped fixtures on the cuBLAS engines"
 verify_engines 3
+fi
+if [ "$PART" = 45 ]; then
+# Session 33: Whisper's encoder, Wav2Vec2 and X-CLIP's vision tower described once (the engines read the same
+# description as burn). Wav2Vec2 in the layouts the shipped fixture lacks (a LayerNorm after every convolution,
+# post- and pre-norm layers: fixtures/wav2vec2/layer_*, and heads of 64 made here), then every shipped fixture,
+# then X-CLIP's whole fixture (the MIT and prompt generator on CubeCL, compiling on the machine).
+F=/tmp/w2v
+python3 make_wav2vec2_fixture.py $F/wav2vec2/h64_layer_stable layer 1 16000 128 2 > /dev/null 2>&1
+python3 make_wav2vec2_fixture.py $F/wav2vec2/h64_layer_post layer 0 16000 128 2 > /dev/null 2>&1
+python3 make_wav2vec2_fixture.py $F/wav2vec2/h64_group_post group 0 16000 128 2 > /dev/null 2>&1
+ls $F/*
+for p in f32 f16; do
+  timeout 100 ./xtask verify --fixtures $F --family wav2vec2 --backend cuda --precision $p 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -10
+done
+echo "== verify f32 and f16, every family's shipped fixtures (and wav2vec2/layer_*) on the cuBLAS engines"
+verify_engines 40
+echo "== X-CLIP's whole fixture on cuda, f32 (vision tower on the engine; MIT and prompt generator on CubeCL)"
+timeout 240 ./xtask verify --fixtures fixtures --family xclip --backend cuda --precision f32 2>&1 | grep -v "^ *$" | tail -5
 fi
 ls -la $OUT
