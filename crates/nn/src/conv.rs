@@ -261,6 +261,33 @@ pub fn max_pool2d<B: Backend>(
 }
 
 /// A per-channel `[1, C, 1, ...]` view of a `[C]` vector, to broadcast over dimension 1.
+/// `nn.GroupNorm`'s arithmetic: `x` `[batch, channels, ...]` normalised over each group of
+/// `channels / groups` channels and every position (biased variance, `eps` inside the square
+/// root), then scaled by `weight` and shifted by `bias` per channel. The caller guarantees that
+/// `groups` divides the channels.
+pub(crate) fn group_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    groups: usize,
+    weight: Option<&Tensor<B, 1>>,
+    bias: Option<&Tensor<B, 1>>,
+    eps: f64,
+) -> Tensor<B, D> {
+    let dims = x.dims();
+    let batch = dims[0];
+    let per_group = x.shape().num_elements() / (batch * groups).max(1);
+    let grouped: Tensor<B, 3> = x.reshape([batch, groups, per_group]);
+    let (var, mean) = grouped.clone().var_mean_bias(2);
+    let normed = (grouped - mean) / var.add_scalar(eps).sqrt();
+    let mut y: Tensor<B, D> = normed.reshape(dims);
+    if let Some(w) = weight {
+        y = y * per_channel::<B, D>(w);
+    }
+    if let Some(b) = bias {
+        y = y + per_channel::<B, D>(b);
+    }
+    y
+}
+
 fn per_channel<B: Backend, const D: usize>(v: &Tensor<B, 1>) -> Tensor<B, D> {
     let mut shape = [1usize; D];
     shape[1] = v.dims()[0];
@@ -377,20 +404,13 @@ impl<B: Backend> GroupNorm<B> {
 
     /// Normalises `x` `[batch, channels, ...]`; the caller guarantees the channel count.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let dims = x.dims();
-        let batch = dims[0];
-        let per_group = x.shape().num_elements() / (batch * self.groups).max(1);
-        let grouped: Tensor<B, 3> = x.reshape([batch, self.groups, per_group]);
-        let (var, mean) = grouped.clone().var_mean_bias(2);
-        let normed = (grouped - mean) / var.add_scalar(self.eps).sqrt();
-        let mut y: Tensor<B, D> = normed.reshape(dims);
-        if let Some(w) = &self.weight {
-            y = y * per_channel::<B, D>(w);
-        }
-        if let Some(b) = &self.bias {
-            y = y + per_channel::<B, D>(b);
-        }
-        y
+        group_norm(
+            x,
+            self.groups,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
 
     /// [`GroupNorm::forward`] with the channel count checked first.

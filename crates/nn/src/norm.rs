@@ -33,22 +33,14 @@ impl<B: Backend> LayerNorm<B> {
             self.eps,
         )))
     }
-}
 
-impl<B: Backend> LayerNorm<B> {
     /// Normalises each channel of `x` `[batch, channels, length]` over its length, then scales
     /// and shifts it by that channel's weight and bias: a GroupNorm of one group per channel
-    /// (Wav2Vec2's first feature convolution), held as this norm's `channels`-wide weights and
-    /// epsilon.
+    /// (Wav2Vec2's first feature convolution, [`crate::conv::GroupNorm`]'s arithmetic), held as
+    /// this norm's `channels`-wide weights and epsilon.
     pub fn forward_channels(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let c = self.gamma.dims()[0];
-        let (var, mean) = x.clone().var_mean_bias(2);
-        let y =
-            (x - mean) / var.add_scalar(self.eps).sqrt() * self.gamma.clone().reshape([1, c, 1]);
-        match &self.beta {
-            Some(b) => y + b.clone().reshape([1, c, 1]),
-            None => y,
-        }
+        let channels = self.gamma.dims()[0];
+        crate::conv::group_norm(x, channels, Some(&self.gamma), self.beta.as_ref(), self.eps)
     }
 }
 
