@@ -145,15 +145,26 @@ pub fn linear(
             out.set_len(rows * n);
         }
     }
-    if bias.is_none() && residual.is_none() && activation == EpilogueActivation::Identity {
-        return out;
+    finish_parallel(&mut out, rows, n, bias, residual, activation);
+    out
+}
+
+/// [`finish_rows`] over `rows` rows of `n` values, split across rayon's threads when large.
+pub(crate) fn finish_parallel(
+    out: &mut [f32],
+    rows: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    activation: EpilogueActivation,
+) {
+    let idle = bias.is_none() && residual.is_none() && activation == EpilogueActivation::Identity;
+    if idle || n == 0 {
+        return;
     }
-    if n == 0 {
-        return out;
-    }
-    let rows_per_task = (crate::PARALLEL_THRESHOLD / n.max(1)).max(1);
+    let rows_per_task = (crate::PARALLEL_THRESHOLD / n).max(1);
     if rows <= rows_per_task {
-        finish_rows(&mut out, n, bias, residual, activation);
+        finish_rows(out, n, bias, residual, activation);
     } else {
         out.par_chunks_mut(rows_per_task * n)
             .enumerate()
@@ -163,7 +174,6 @@ pub fn linear(
                 finish_rows(chunk, n, bias, res, activation);
             });
     }
-    out
 }
 
 #[cfg(test)]

@@ -28,6 +28,20 @@ pub fn enabled() -> bool {
     })
 }
 
+/// Whether the convolutions of audio front ends run as products over their input's windows
+/// (`kernels::conv1d`, channels last, and the fused per-channel norm): on with the kernels,
+/// unless `IPFS_ACCELERATE_CPU_CONV` is `0` / `false` / `off` (burn-flex's convolution then
+/// runs, to compare), read once.
+fn windowed_convolutions() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("IPFS_ACCELERATE_CPU_CONV").as_deref(),
+            Ok("0" | "false" | "off")
+        )
+    })
+}
+
 /// Whether `B` is the CPU backend (burn-flex).
 pub fn is_cpu_backend<B: Backend>() -> bool {
     TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<FlexTensor>()
@@ -282,6 +296,109 @@ pub(crate) fn activation<B: Backend, const D: usize>(
         .unwrap_or_default();
     kernel(&mut values);
     Ok(from_flex(new_flex(values, shape)))
+}
+
+/// `act(conv(x) + bias)` for channels-last `x` `[batch, length, in]` and a convolution held as
+/// the description holds it (`w` `[in / groups · kernel, out]`, taps ordered channel, then
+/// offset), through the kernels' product over the input's windows in place
+/// (`kernels::conv1d`). Returns `[batch, length', out]`, or `None` (inputs untouched) when the
+/// fast path does not apply.
+pub(crate) fn conv1d<B: Backend>(
+    x: &Tensor<B, 3>,
+    w: &Tensor<B, 2>,
+    bias: Option<&Tensor<B, 1>>,
+    [kernel, stride, padding, groups]: [usize; 4],
+    act: Option<Activation>,
+) -> Option<Tensor<B, 3>> {
+    if !(eligible(x) && eligible(w) && bias.is_none_or(eligible) && windowed_convolutions()) {
+        return None;
+    }
+    let activation = epilogue_activation(act)?;
+    let [batch, length, channels] = x.dims();
+    let [taps, out] = w.dims();
+    let shape = kernels::Conv1d {
+        batch,
+        length,
+        channels,
+        out_channels: out,
+        kernel,
+        stride,
+        padding,
+        groups,
+    };
+    let out_length = shape.out_length()?;
+    if taps != channels / groups * kernel || bias.is_some_and(|b| b.dims() != [out]) {
+        return None;
+    }
+    let x = contiguous(into_flex(x.clone())?);
+    let w = contiguous(into_flex(w.clone())?);
+    let bias = match bias {
+        Some(b) => Some(contiguous(into_flex(b.clone())?)),
+        None => None,
+    };
+    let bias = match &bias {
+        Some(b) => Some(b.as_slice::<f32>()?),
+        None => None,
+    };
+    let y = kernels::conv1d(
+        x.as_slice::<f32>()?,
+        shape,
+        w.as_slice::<f32>()?,
+        bias,
+        activation,
+    );
+    Some(from_flex(new_flex(y, vec![batch, out_length, out])))
+}
+
+/// Each channel of channels-last `x` `[batch, length, channels]` normalised over its frames,
+/// scaled and shifted, then `act`, in place (`kernels::channel_norm`; a copy only when `x`
+/// shares its storage), or `x` back when the fast path does not apply.
+pub(crate) fn channel_norm<B: Backend>(
+    x: Tensor<B, 3>,
+    gamma: &Tensor<B, 1>,
+    beta: Option<&Tensor<B, 1>>,
+    eps: f64,
+    act: Option<Activation>,
+) -> Result<Tensor<B, 3>, Tensor<B, 3>> {
+    let dims = x.dims();
+    let fits = eligible(&x)
+        && windowed_convolutions()
+        && eligible(gamma)
+        && beta.is_none_or(eligible)
+        && gamma.dims() == [dims[2]]
+        && beta.is_none_or(|b| b.dims() == [dims[2]]);
+    let Some(activation) = epilogue_activation(act).filter(|_| fits) else {
+        return Err(x);
+    };
+    let Some(gamma) = into_flex(gamma.clone()).map(contiguous) else {
+        return Err(x);
+    };
+    let beta = match beta.map(|b| into_flex(b.clone()).map(contiguous)) {
+        Some(None) => return Err(x),
+        b => b.flatten(),
+    };
+    let (Some(g), Some(flex)) = (gamma.as_slice::<f32>(), into_flex(x.clone())) else {
+        return Err(x);
+    };
+    let b = match beta.as_ref().map(|b| b.as_slice::<f32>()) {
+        Some(None) => return Err(x),
+        b => b.flatten(),
+    };
+    drop(x);
+    let eps = eps as f32;
+    let mut flex = contiguous(flex);
+    if let Some(values) = flex.try_storage_mut::<f32>() {
+        if values.len() == dims.iter().product::<usize>() {
+            kernels::channel_norm(values, dims, g, b, eps, activation);
+            return Ok(from_flex(flex));
+        }
+    }
+    let mut values = flex
+        .as_slice::<f32>()
+        .map(<[f32]>::to_vec)
+        .unwrap_or_default();
+    kernels::channel_norm(&mut values, dims, g, b, eps, activation);
+    Ok(from_flex(new_flex(values, dims.to_vec())))
 }
 
 /// A 4-D burn-flex tensor's storage as a strided view.

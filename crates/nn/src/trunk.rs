@@ -25,7 +25,7 @@ use crate::convert::int_tensor;
 use crate::spec::WeightReader;
 use crate::vision::{interpolate_positions, patch_rows};
 use crate::ActivationForward;
-use crate::{Embedding, LayerNorm, Linear, VarBuilder};
+use crate::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 /// A trunk description held as burn modules.
 pub type BurnEncoderSpec<B> = EncoderSpec<Linear<B>, LayerNorm<B>, Embedding<B>>;
@@ -311,13 +311,13 @@ impl<B: Backend> Trunk<B> {
                 positions.dims()[0]
             )));
         }
-        let mut x = features;
+        // Channels last from here: each convolution reads its windows in place.
+        let mut x = features.swap_dims(1, 2);
         for c in &f.convs {
-            x = f
-                .activation
-                .forward(conv1d(&c.conv, x, c.kernel, [c.stride, c.padding, 1]));
+            let shape = [c.kernel, c.stride, c.padding, 1];
+            x = conv_rows(&c.conv, x, shape, Some(f.activation));
         }
-        let x = x.swap_dims(1, 2) + positions.clone().narrow(0, 0, tokens).unsqueeze::<3>();
+        let x = x + positions.clone().narrow(0, 0, tokens).unsqueeze::<3>();
         Ok(self.finish(self.layers(self.embedding_normed(x), None)))
     }
 
@@ -347,19 +347,22 @@ impl<B: Backend> Trunk<B> {
                 "a row of {l} frames among rows of {frames}"
             )));
         }
-        let mut x: Tensor<B, 3> = samples.unsqueeze_dim(1);
+        // Channels last, `[batch, samples, 1]`: each convolution reads its windows in place.
+        let mut x: Tensor<B, 3> = samples.unsqueeze_dim(2);
+        let act = w.activation;
         for (c, norm) in w.convs.iter().zip(&w.norms) {
-            x = conv1d(&c.conv, x, c.kernel, [c.stride, c.padding, 1]);
+            let shape = [c.kernel, c.stride, c.padding, 1];
             x = match norm {
-                None => x,
-                Some(ConvNorm::Channel(n)) => n.forward_channels(x),
-                Some(ConvNorm::Frame(n)) => n.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
+                None => conv_rows(&c.conv, x, shape, Some(act)),
+                Some(ConvNorm::Channel(n)) => {
+                    n.forward_channels(conv_rows(&c.conv, x, shape, None), act)
+                }
+                Some(ConvNorm::Frame(n)) => {
+                    act.forward(n.forward(conv_rows(&c.conv, x, shape, None)))
+                }
             };
-            x = w.activation.forward(x);
         }
-        let mut x = w
-            .projection
-            .forward(w.projection_norm.forward(x.swap_dims(1, 2)));
+        let mut x = w.projection.forward(w.projection_norm.forward(x));
         let bias = frame_lengths.iter().any(|&l| l < frames).then(|| {
             let mask: Vec<i64> = frame_lengths
                 .iter()
@@ -374,10 +377,9 @@ impl<B: Backend> Trunk<B> {
         });
         // "Same" padding; an even kernel's extra last output is dropped.
         let p = &w.position;
-        let same = [1, p.kernel / 2, p.groups];
-        let positions = conv1d(&p.conv, x.clone().swap_dims(1, 2), p.kernel, same);
-        let positions = positions.narrow(2, 0, frames);
-        let x = x + w.activation.forward(positions).swap_dims(1, 2);
+        let same = [p.kernel, 1, p.kernel / 2, p.groups];
+        let positions = conv_rows(&p.conv, x.clone(), same, Some(act));
+        let x = x + positions.narrow(1, 0, frames);
         Ok(self.finish(self.layers(self.embedding_normed(x), bias.as_ref())))
     }
 
@@ -590,20 +592,33 @@ impl<B: Backend> Trunk<B> {
     }
 }
 
-/// `x` `[batch, in, length]` through `conv`, a convolution held as a dense layer over its
-/// flattened `[in / groups, kernel]` taps (the description's form of it), as burn's
-/// convolution.
-fn conv1d<B: Backend>(
+/// `act(conv(x))` for channels-last `x` `[batch, length, in]`: `conv` is a convolution held as
+/// a dense layer over its flattened `[in / groups, kernel]` taps (the description's form of it),
+/// `shape` its `[kernel, stride, padding, groups]`. Returns `[batch, length', out]`. On the
+/// CPU backend one product reads the input's windows in place, with the bias and activation
+/// in its output pass (`fast::conv1d`); elsewhere burn's convolution runs on the channels-first
+/// view.
+fn conv_rows<B: Backend>(
     conv: &Linear<B>,
     x: Tensor<B, 3>,
-    kernel: usize,
-    [stride, padding, groups]: [usize; 3],
+    shape: [usize; 4],
+    act: Option<Activation>,
 ) -> Tensor<B, 3> {
     let w = conv.weight();
+    let matrix = w.matrix();
+    if let Some(y) = crate::fast::conv1d(&x, &matrix, conv.bias(), shape, act) {
+        return y;
+    }
+    let [kernel, stride, padding, groups] = shape;
     let (out, taps) = (w.out_dim(), w.in_dim());
-    let weight = w.matrix().transpose().reshape([out, taps / kernel, kernel]);
+    let weight = matrix.transpose().reshape([out, taps / kernel, kernel]);
     let options = ConvOptions::new([stride], [padding], [1], groups);
-    crate::exact::conv1d(x, weight, conv.bias().cloned(), options)
+    let y = crate::exact::conv1d(x.swap_dims(1, 2), weight, conv.bias().cloned(), options);
+    let y = y.swap_dims(1, 2);
+    match act {
+        Some(act) => act.forward(y),
+        None => y,
+    }
 }
 
 /// Row `positions[b]` of each `[batch, seq, hidden]` row of `x`: `[batch, hidden]`. A position
@@ -672,4 +687,54 @@ pub fn head_logits<B: Backend>(
             down,
         } => HeadLogits::Token(down.forward(up.forward_act(h(), *activation))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_flex::Flex;
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 31 + seed * 17) % 29) as f32 * 0.07 - 1.0)
+            .collect()
+    }
+
+    /// The CPU's product over windows (channels last) against burn's convolution on the
+    /// channels-first view, for Whisper's padded convolutions, Wav2Vec2's strided ones and its
+    /// grouped positional one (an even kernel).
+    #[test]
+    fn windowed_convolutions_match_burns() {
+        let dev = Default::default();
+        // (batch, length, in, out, kernel, stride, padding, groups)
+        let shapes = [
+            (2, 23, 1, 6, 10, 5, 0, 1),
+            (1, 19, 6, 8, 3, 2, 0, 1),
+            (2, 12, 5, 7, 3, 1, 1, 1),
+            (2, 11, 8, 8, 4, 1, 2, 4),
+        ];
+        for (batch, length, cin, out, kernel, stride, padding, groups) in shapes {
+            let taps = cin / groups * kernel;
+            let weight = Tensor::<Flex, 2>::from_data(
+                TensorData::new(values(out * taps, 1), [out, taps]),
+                &dev,
+            );
+            let bias = Tensor::<Flex, 1>::from_data(TensorData::new(values(out, 2), [out]), &dev);
+            let conv = Linear::from_tensors(weight.clone(), Some(bias.clone()));
+            let x = Tensor::<Flex, 3>::from_data(
+                TensorData::new(values(batch * length * cin, 3), [batch, length, cin]),
+                &dev,
+            );
+            let shape = [kernel, stride, padding, groups];
+            let got = conv_rows(&conv, x.clone(), shape, Some(Activation::Gelu));
+            let options = ConvOptions::new([stride], [padding], [1], groups);
+            let burn_weight = weight.reshape([out, cin / groups, kernel]);
+            let want =
+                burn::tensor::module::conv1d(x.swap_dims(1, 2), burn_weight, Some(bias), options);
+            let want = Activation::Gelu.forward(want.swap_dims(1, 2));
+            assert_eq!(got.dims(), want.dims(), "{shape:?}");
+            let diff = (got - want).abs().max().into_scalar();
+            assert!(diff < 1e-5, "{shape:?}: {diff}");
+        }
+    }
 }

@@ -1,0 +1,459 @@
+//! One-dimensional convolutions over channels-last values, as matrix products whose rows are
+//! the input's overlapping windows: with the taps ordered by offset, then channel, a window of
+//! a channels-last signal is a contiguous run of memory, so the product reads the windows in
+//! place at a row stride of `stride · channels` and no im2col buffer is built. Then a
+//! per-channel norm for such values (Wav2Vec2's GroupNorm of one group per channel).
+
+use rayon::prelude::*;
+
+use crate::linear::{finish_parallel, EpilogueActivation};
+
+/// The shape of a 1-D convolution over channels-last values `[batch, length, channels]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv1d {
+    /// Signals.
+    pub batch: usize,
+    /// Frames per signal.
+    pub length: usize,
+    /// Input channels per frame.
+    pub channels: usize,
+    /// Output channels per frame.
+    pub out_channels: usize,
+    /// Taps per channel.
+    pub kernel: usize,
+    /// Frames between windows.
+    pub stride: usize,
+    /// Zero frames added at each end.
+    pub padding: usize,
+    /// Channel groups (each output channel sees the input channels of its group).
+    pub groups: usize,
+}
+
+impl Conv1d {
+    /// Output frames per signal, `(length + 2 · padding − kernel) / stride + 1`, or `None` when
+    /// no window fits or the shape is inconsistent (a zero kernel, stride or group count, or
+    /// groups that do not divide both channel counts).
+    pub fn out_length(&self) -> Option<usize> {
+        let consistent = self.kernel > 0
+            && self.stride > 0
+            && self.groups > 0
+            && self.channels.is_multiple_of(self.groups)
+            && self.out_channels.is_multiple_of(self.groups);
+        let padded = self.length.checked_add(self.padding.checked_mul(2)?)?;
+        (consistent && padded >= self.kernel).then(|| (padded - self.kernel) / self.stride + 1)
+    }
+}
+
+/// A pointer that rayon's tasks may share: each task writes its own disjoint part.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the tasks that share it write disjoint elements (see `conv1d`).
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The element `offset` places in (a method, so closures capture the whole `Send` value).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// `activation(conv(x) + bias)` for channels-last `x` `[batch, length, channels]`: returns
+/// `[batch, out_length, out_channels]` (see [`Conv1d::out_length`]).
+///
+/// `w` is `[channels / groups · kernel, out_channels]`, its row `c · kernel + j` the tap at
+/// offset `j` of the group's input channel `c`: PyTorch's `[out, in / groups, kernel]` weight
+/// flattened per output channel and transposed. Each group's taps are reordered once per call
+/// to offset-major order (a copy of the weight); the input is copied only when it needs
+/// padding or has several groups (then split per group).
+///
+/// # Panics
+/// When a slice's length does not match the shape, or the shape has no output
+/// ([`Conv1d::out_length`] is `None`).
+pub fn conv1d(
+    x: &[f32],
+    shape: Conv1d,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    activation: EpilogueActivation,
+) -> Vec<f32> {
+    let out_length = shape
+        .out_length()
+        .expect("conv1d: the shape has no output frames");
+    let Conv1d {
+        batch,
+        length,
+        channels,
+        out_channels: out,
+        kernel,
+        stride,
+        padding,
+        groups,
+    } = shape;
+    let (per_group_in, per_group_out) = (channels / groups, out / groups);
+    let taps = per_group_in * kernel;
+    assert_eq!(
+        x.len(),
+        batch * length * channels,
+        "conv1d: input is not [batch, length, channels]"
+    );
+    assert_eq!(
+        w.len(),
+        taps * out,
+        "conv1d: weight is not [channels / groups · kernel, out]"
+    );
+    assert!(
+        bias.is_none_or(|b| b.len() == out),
+        "conv1d: bias is not [out]"
+    );
+
+    // Group g's taps in window order: row j · per_group_in + c of its [taps, per_group_out].
+    let mut ordered = vec![0f32; groups * taps * per_group_out];
+    ordered
+        .par_chunks_mut(taps * per_group_out)
+        .enumerate()
+        .for_each(|(g, dst)| {
+            for c in 0..per_group_in {
+                for j in 0..kernel {
+                    let src = &w[(c * kernel + j) * out + g * per_group_out..][..per_group_out];
+                    dst[(j * per_group_in + c) * per_group_out..][..per_group_out]
+                        .copy_from_slice(src);
+                }
+            }
+        });
+
+    // Each (signal, group)'s frames as contiguous rows of the group's channels, zero-padded.
+    let padded = length + 2 * padding;
+    let split = groups > 1 || padding > 0;
+    let mut staged = Vec::new();
+    if split {
+        staged = vec![0f32; batch * groups * padded * per_group_in];
+        staged
+            .par_chunks_mut(padded * per_group_in)
+            .enumerate()
+            .for_each(|(bg, dst)| {
+                let (b, g) = (bg / groups, bg % groups);
+                for t in 0..length {
+                    let src = &x[(b * length + t) * channels + g * per_group_in..][..per_group_in];
+                    dst[(t + padding) * per_group_in..][..per_group_in].copy_from_slice(src);
+                }
+            });
+    }
+    let (source, signal_len) = if split {
+        (&staged[..], padded * per_group_in)
+    } else {
+        (x, length * channels)
+    };
+
+    let rows = batch * out_length;
+    let mut y: Vec<f32> = Vec::with_capacity(rows * out);
+    if rows * out > 0 {
+        let tasks = batch * groups;
+        let work = out_length * taps * per_group_out;
+        let parallel_tasks = groups > 1 && tasks > 1;
+        let inner = if !parallel_tasks && work >= crate::PARALLEL_THRESHOLD * 16 {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        let dst = SharedOut(y.as_mut_ptr());
+        let product = |task: usize| {
+            let (b, g) = (task / groups, task % groups);
+            let lhs = &source[(b * groups + g) * signal_len..][..signal_len];
+            let rhs = &ordered[g * taps * per_group_out..][..taps * per_group_out];
+            // SAFETY: window i reads lhs[i · stride · per_group_in ..][.. taps], inside `lhs`
+            // because (out_length − 1) · stride + kernel ≤ the signal's (padded) frames; rhs is
+            // [taps, per_group_out]; task (b, g) writes rows b · out_length .. + out_length,
+            // columns g · per_group_out .. + per_group_out of `y` (capacity rows × out), which
+            // no other task writes, without reading them (`read_dst = false`).
+            unsafe {
+                gemm::gemm(
+                    out_length,
+                    per_group_out,
+                    taps,
+                    dst.at(b * out_length * out + g * per_group_out),
+                    1,
+                    out as isize,
+                    false,
+                    lhs.as_ptr(),
+                    1,
+                    (stride * per_group_in) as isize,
+                    rhs.as_ptr(),
+                    1,
+                    per_group_out as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    inner,
+                );
+            }
+        };
+        if parallel_tasks {
+            (0..tasks).into_par_iter().for_each(product);
+        } else {
+            (0..tasks).for_each(product);
+        }
+        // SAFETY: the tasks together wrote every one of the rows × out values.
+        unsafe { y.set_len(rows * out) };
+    }
+    finish_parallel(&mut y, rows, out, bias, None, activation);
+    y
+}
+
+multiversion! {
+    /// `v · scale + shift` per channel over rows of `scale.len()` values.
+    fn scale_shift_rows(rows: &mut [f32], scale: &[f32], shift: &[f32]) {
+        for row in rows.chunks_exact_mut(scale.len()) {
+            for ((v, s), t) in row.iter_mut().zip(scale).zip(shift) {
+                *v = *v * *s + *t;
+            }
+        }
+    }
+}
+
+/// Per-channel sums of `f(v)` over rows of `channels` values, in f64, split across threads.
+fn channel_sums(x: &[f32], channels: usize, f: impl Fn(usize, f32) -> f64 + Sync) -> Vec<f64> {
+    let rows_per_task = (crate::PARALLEL_THRESHOLD / channels.max(1)).max(1);
+    x.par_chunks(rows_per_task * channels)
+        .map(|chunk| {
+            let mut sums = vec![0f64; channels];
+            for row in chunk.chunks_exact(channels) {
+                for (c, (s, &v)) in sums.iter_mut().zip(row).enumerate() {
+                    *s += f(c, v);
+                }
+            }
+            sums
+        })
+        .reduce(
+            || vec![0f64; channels],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            },
+        )
+}
+
+/// Normalises each channel of channels-last `x` `[batch, length, channels]` over its frames
+/// (the mean, then the biased variance around it; `eps` inside the square root), scales and
+/// shifts it by `gamma` and `beta`, then applies `activation`, in place: a GroupNorm of one
+/// group per channel on channels-last values.
+///
+/// # Panics
+/// When `x` is not `batch · length · channels` long, or `gamma` / `beta` not `channels`.
+pub fn channel_norm(
+    x: &mut [f32],
+    [batch, length, channels]: [usize; 3],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    eps: f32,
+    activation: EpilogueActivation,
+) {
+    assert_eq!(
+        x.len(),
+        batch * length * channels,
+        "channel_norm: x is not [batch, length, channels]"
+    );
+    assert_eq!(
+        gamma.len(),
+        channels,
+        "channel_norm: gamma is not [channels]"
+    );
+    assert!(
+        beta.is_none_or(|b| b.len() == channels),
+        "channel_norm: beta is not [channels]"
+    );
+    if x.is_empty() {
+        return;
+    }
+    let rows_per_task = (crate::PARALLEL_THRESHOLD / channels).max(1);
+    for signal in x.chunks_exact_mut(length * channels) {
+        let n = length as f64;
+        let mean: Vec<f64> = channel_sums(signal, channels, |_, v| f64::from(v))
+            .into_iter()
+            .map(|s| s / n)
+            .collect();
+        let var = channel_sums(signal, channels, |c, v| (f64::from(v) - mean[c]).powi(2));
+        let (scale, shift): (Vec<f32>, Vec<f32>) = (0..channels)
+            .map(|c| {
+                let s = f64::from(gamma[c]) / (var[c] / n + f64::from(eps)).sqrt();
+                let t = beta.map_or(0.0, |b| f64::from(b[c])) - mean[c] * s;
+                (s as f32, t as f32)
+            })
+            .unzip();
+        signal
+            .par_chunks_mut(rows_per_task * channels)
+            .for_each(|chunk| scale_shift_rows(chunk, &scale, &shift));
+        finish_parallel(signal, length, channels, None, None, activation);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: `[batch, out_length, out]` from channels-last `x` and PyTorch's weight
+    /// layout `[out, in / groups, kernel]`, in f64.
+    fn reference(x: &[f32], s: Conv1d, torch_w: &[f32], bias: &[f32]) -> Vec<f64> {
+        let n = s.out_length().unwrap();
+        let (cin, cout) = (s.channels / s.groups, s.out_channels / s.groups);
+        let mut y = vec![0f64; s.batch * n * s.out_channels];
+        for b in 0..s.batch {
+            for t in 0..n {
+                for o in 0..s.out_channels {
+                    let g = o / cout;
+                    let mut acc = f64::from(bias[o]);
+                    for c in 0..cin {
+                        for j in 0..s.kernel {
+                            let pos = (t * s.stride + j) as isize - s.padding as isize;
+                            if pos < 0 || pos as usize >= s.length {
+                                continue;
+                            }
+                            let xv = x[(b * s.length + pos as usize) * s.channels + g * cin + c];
+                            let wv = torch_w[(o * cin + c) * s.kernel + j];
+                            acc += f64::from(xv) * f64::from(wv);
+                        }
+                    }
+                    y[(b * n + t) * s.out_channels + o] = acc;
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn convolutions_match_the_definition() {
+        let shapes = [
+            // Wav2Vec2's first convolution (one channel), a strided one, Whisper's padded ones,
+            // a grouped "same" convolution with an even kernel, and a batch.
+            (1, 53, 1, 8, 10, 5, 0, 1),
+            (2, 40, 12, 16, 3, 2, 0, 1),
+            (1, 30, 6, 10, 3, 1, 1, 1),
+            (2, 31, 10, 10, 3, 2, 1, 1),
+            (2, 17, 12, 8, 4, 1, 2, 4),
+            (3, 9, 8, 8, 9, 1, 4, 2),
+        ];
+        for (batch, length, channels, out, kernel, stride, padding, groups) in shapes {
+            let s = Conv1d {
+                batch,
+                length,
+                channels,
+                out_channels: out,
+                kernel,
+                stride,
+                padding,
+                groups,
+            };
+            let taps = channels / groups * kernel;
+            let x: Vec<f32> = (0..batch * length * channels)
+                .map(|i| ((i * 37) % 23) as f32 * 0.1 - 1.1)
+                .collect();
+            let torch_w: Vec<f32> = (0..out * taps)
+                .map(|i| ((i * 11) % 17) as f32 * 0.05 - 0.4)
+                .collect();
+            let bias: Vec<f32> = (0..out).map(|i| i as f32 * 0.1 - 0.3).collect();
+            // The description's form: [taps, out], row c · kernel + j.
+            let mut w = vec![0f32; taps * out];
+            for o in 0..out {
+                for t in 0..taps {
+                    w[t * out + o] = torch_w[o * taps + t];
+                }
+            }
+            let want = reference(&x, s, &torch_w, &bias);
+            let got = conv1d(&x, s, &w, Some(&bias), EpilogueActivation::Identity);
+            assert_eq!(got.len(), want.len(), "{s:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!((f64::from(*g) - w).abs() < 1e-4, "{s:?}: {g} against {w}");
+            }
+            let relu = conv1d(&x, s, &w, Some(&bias), EpilogueActivation::Relu);
+            for (g, w) in relu.iter().zip(&want) {
+                assert!((f64::from(*g) - w.max(0.0)).abs() < 1e-4, "{s:?} relu");
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_without_output_are_refused() {
+        let base = Conv1d {
+            batch: 1,
+            length: 4,
+            channels: 2,
+            out_channels: 2,
+            kernel: 5,
+            stride: 1,
+            padding: 0,
+            groups: 1,
+        };
+        assert_eq!(base.out_length(), None);
+        assert_eq!(Conv1d { padding: 1, ..base }.out_length(), Some(2));
+        assert_eq!(
+            Conv1d {
+                stride: 0,
+                padding: 1,
+                ..base
+            }
+            .out_length(),
+            None
+        );
+        assert_eq!(
+            Conv1d {
+                groups: 3,
+                padding: 1,
+                ..base
+            }
+            .out_length(),
+            None
+        );
+    }
+
+    #[test]
+    fn channel_norm_matches_the_definition() {
+        let (batch, length, channels) = (2, 37, 5);
+        let x: Vec<f32> = (0..batch * length * channels)
+            .map(|i| ((i * 29) % 31) as f32 * 0.3 - 2.0 + (i % channels) as f32)
+            .collect();
+        let gamma: Vec<f32> = (0..channels).map(|c| 0.5 + c as f32 * 0.25).collect();
+        let beta: Vec<f32> = (0..channels).map(|c| c as f32 * 0.1 - 0.2).collect();
+        let eps = 1e-5f32;
+        let mut got = x.clone();
+        channel_norm(
+            &mut got,
+            [batch, length, channels],
+            &gamma,
+            Some(&beta),
+            eps,
+            EpilogueActivation::GeluErf,
+        );
+        for b in 0..batch {
+            for c in 0..channels {
+                let at = |t: usize| f64::from(x[(b * length + t) * channels + c]);
+                let mean = (0..length).map(at).sum::<f64>() / length as f64;
+                let var = (0..length).map(|t| (at(t) - mean).powi(2)).sum::<f64>() / length as f64;
+                for t in 0..length {
+                    let v = (at(t) - mean) / (var + f64::from(eps)).sqrt() * f64::from(gamma[c])
+                        + f64::from(beta[c]);
+                    let gelu = 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2));
+                    let g = f64::from(got[(b * length + t) * channels + c]);
+                    assert!(
+                        (g - gelu).abs() < 1e-5,
+                        "({b}, {t}, {c}): {g} against {gelu}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, under the test's bar).
+    fn erf(x: f64) -> f64 {
+        let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+        let y = 1.0
+            - (((((1.061_405_429 * t - 1.453_152_027) * t) + 1.421_413_741) * t - 0.284_496_736)
+                * t
+                + 0.254_829_592)
+                * t
+                * (-x * x).exp();
+        y.copysign(x)
+    }
+}
