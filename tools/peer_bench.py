@@ -33,9 +33,9 @@ import sys
 import time
 import traceback
 
-FAMILIES = ("bert", "vit", "clip", "whisper", "wav2vec2")
+FAMILIES = ("bert", "vit", "clip", "whisper", "wav2vec2", "detr")
 # Families only the torch peer runs (no ONNX export here).
-TORCH_ONLY = ("clip", "whisper")
+TORCH_ONLY = ("clip", "whisper", "detr")
 GENERATING = ("llama", "qwen2", "t5", "whisper", "llava")
 # torch-host: PyTorch eager from host inputs to host outputs (the inputs copied to the device and every
 # output tensor back in each timed call), as ours runs; torch keeps both on the device.
@@ -150,7 +150,7 @@ def time_calls(fn, warmup, iters):
 def build_torch_model(args, tf, torch):
     """The transformers model of the family: the checkpoint of --model-dir, or random weights of --config."""
     cls = {"bert": tf.BertModel, "vit": tf.ViTModel, "clip": tf.CLIPModel, "whisper": tf.WhisperModel,
-           "wav2vec2": tf.Wav2Vec2ForCTC}[args.family]
+           "wav2vec2": tf.Wav2Vec2ForCTC, "detr": tf.DetrForObjectDetection}[args.family]
     if args.model_dir:
         model = cls.from_pretrained(args.model_dir, attn_implementation="eager").eval()
     else:
@@ -180,6 +180,9 @@ def torch_inputs(args, torch, device, dtype):
         return dict(input_values=torch.randn(args.batch, args.seq, device=device, dtype=dtype))
     if args.family == "vit":
         return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype))
+    if args.family == "detr":  # --seq image side, every pixel real (as ours)
+        return dict(pixel_values=torch.randn(args.batch, 3, args.seq, args.seq, device=device, dtype=dtype),
+                    pixel_mask=torch.ones(args.batch, args.seq, args.seq, device=device, dtype=torch.long))
     g = torch.Generator().manual_seed(0)
     if args.family == "clip":  # --seq text tokens and one image of the config's size per row
         with open(args.config) as f:

@@ -21,8 +21,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub family: Option<String>,
     /// A named configuration with random weights (minilm-l6, bert-base, vit-base, clip-vit-b32,
-    /// whisper-tiny, whisper-base, wav2vec2-base, t5-small, t5-base, llama-135m, llama-1b,
-    /// qwen2-0.5b), a checkpoint folder, a config.json file (random weights), a llama.cpp `.gguf`
+    /// whisper-tiny, whisper-base, wav2vec2-base, detr-resnet50, t5-small, t5-base, llama-135m,
+    /// llama-1b, qwen2-0.5b), a checkpoint folder, a config.json file (random weights), a llama.cpp `.gguf`
     /// file (generation), or a hub model id (real weights, downloaded with a progress bar unless
     /// cached).
     #[arg(long, default_value = "minilm-l6")]

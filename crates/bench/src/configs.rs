@@ -12,6 +12,7 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
     ("whisper-tiny", "whisper", WHISPER_TINY),
     ("whisper-base", "whisper", WHISPER_BASE),
     ("wav2vec2-base", "wav2vec2", WAV2VEC2_BASE),
+    ("detr-resnet50", "detr", DETR_RESNET50),
     ("t5-small", "t5", T5_SMALL),
     ("t5-base", "t5", T5_BASE),
     ("llama-135m", "llama", SMOLLM2_135M),
@@ -32,6 +33,14 @@ pub fn preset_names() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _, _)| *n).collect()
 }
 
+/// facebook/detr-resnet-50, its ResNet-50 backbone written as transformers' own ResNet config
+/// (the checkpoint names timm's `resnet50`, the same network), 91 COCO classes.
+const DETR_RESNET50: &str = r#"{"model_type":"detr","use_timm_backbone":false,"use_pretrained_backbone":false,
+ "backbone_config":{"model_type":"resnet","num_channels":3,"embedding_size":64,"hidden_sizes":[256,512,1024,2048],
+ "depths":[3,4,6,3],"layer_type":"bottleneck","hidden_act":"relu","downsample_in_first_stage":false,
+ "out_features":["stage4"]},"num_queries":100,"d_model":256,"encoder_layers":6,"decoder_layers":6,
+ "encoder_ffn_dim":2048,"decoder_ffn_dim":2048,"encoder_attention_heads":8,"decoder_attention_heads":8,
+ "activation_function":"relu","position_embedding_type":"sine","dilation":false,"num_labels":91}"#;
 /// sentence-transformers/all-MiniLM-L6-v2.
 const MINILM_L6: &str = r#"{"model_type":"bert","vocab_size":30522,"hidden_size":384,"num_hidden_layers":6,
  "num_attention_heads":12,"intermediate_size":1536,"hidden_act":"gelu","max_position_embeddings":512,

@@ -64,8 +64,10 @@ impl TensorSource for RandomWeights {
     }
 }
 
-/// A deterministic tensor for `name`: rank-1 biases zeros, rank-1 weights ones, else roughly normal
-/// values with standard deviation `std`.
+/// A deterministic tensor for `name`: rank-1 biases zeros, rank-1 weights ones, a batch norm's
+/// `running_mean` zeros and `running_var` ones (PyTorch's initial statistics: a random variance
+/// would be negative, its square root NaN), else roughly normal values with standard deviation
+/// `std`.
 ///
 /// The element count is checked and the buffer reserved fallibly, so a configuration asking for
 /// an impossible tensor is an error naming it rather than an abort.
@@ -82,9 +84,9 @@ fn random_tensor(name: &str, shape: &[usize], seed: u64, std: f32) -> Result<Hos
         .ok_or_else(too_large)?;
     let mut values: Vec<f32> = Vec::new();
     values.try_reserve_exact(n).map_err(|_| too_large())?;
-    if shape.len() == 1 && name.ends_with("bias") {
+    if shape.len() == 1 && (name.ends_with("bias") || name.ends_with("running_mean")) {
         values.resize(n, 0.0);
-    } else if shape.len() == 1 && name.ends_with("weight") {
+    } else if shape.len() == 1 && (name.ends_with("weight") || name.ends_with("running_var")) {
         values.resize(n, 1.0);
     } else {
         let mut state = seed ^ fnv1a(name);
@@ -312,6 +314,20 @@ mod tests {
         let path = dir.path().join(crate::RANDOM_INIT_FILE);
         std::fs::write(&path, json).unwrap();
         RandomInit::from_file(&path)
+    }
+
+    #[test]
+    fn batch_norm_statistics_start_as_pytorchs() {
+        let init = init_from(r#"{"seed": 3, "std": 0.5}"#).unwrap();
+        let stats = |name: &str| init.tensor_shaped(name, &[8]).unwrap().to_f32_vec();
+        let prefix = "backbone.conv_encoder.model.encoder.stages.0.layers.0.shortcut.normalization";
+        assert_eq!(stats(&format!("{prefix}.running_var")), vec![1.0; 8]);
+        assert_eq!(stats(&format!("{prefix}.running_mean")), vec![0.0; 8]);
+        let conv = init
+            .tensor_shaped("backbone.embedder.convolution.weight", &[4, 3, 7, 7])
+            .unwrap()
+            .to_f32_vec();
+        assert!(conv.iter().any(|&v| v < 0.0) && conv.iter().any(|&v| v > 0.0));
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! the input's overlapping windows: with the taps ordered by offset, then channel, a window of
 //! a channels-last signal is a contiguous run of memory, so the product reads the windows in
 //! place at a row stride of `stride · channels` and no im2col buffer is built. Then a
-//! per-channel norm for such values (Wav2Vec2's GroupNorm of one group per channel).
+//! per-channel norm for such values (Wav2Vec2's GroupNorm of one group per channel), and 2-D
+//! convolutions over channels-first images as one product with a column matrix per image.
 
 use rayon::prelude::*;
 
-use crate::linear::{finish_parallel, EpilogueActivation};
+use crate::linear::{finish_parallel, finish_rows, EpilogueActivation};
 
 /// The shape of a 1-D convolution over channels-last values `[batch, length, channels]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +204,189 @@ pub fn conv1d(
     y
 }
 
+/// The shape of a 2-D convolution of one group over `[batch, channels, height, width]` values
+/// (no dilation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2d {
+    /// Images.
+    pub batch: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Input rows.
+    pub height: usize,
+    /// Input columns.
+    pub width: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Kernel rows and columns.
+    pub kernel: [usize; 2],
+    /// Rows and columns between windows.
+    pub stride: [usize; 2],
+    /// Zero rows and columns added at each edge.
+    pub padding: [usize; 2],
+}
+
+impl Conv2d {
+    /// Output rows and columns, or `None` when no window fits or a kernel or stride is zero.
+    pub fn out_size(&self) -> Option<[usize; 2]> {
+        let side = |input: usize, i: usize| -> Option<usize> {
+            let padded = input.checked_add(self.padding[i].checked_mul(2)?)?;
+            let ok = self.kernel[i] > 0 && self.stride[i] > 0 && padded >= self.kernel[i];
+            ok.then(|| (padded - self.kernel[i]) / self.stride[i] + 1)
+        };
+        Some([side(self.height, 0)?, side(self.width, 1)?])
+    }
+}
+
+/// Row `tap` of the `[channels · kh · kw, oh · ow]` column matrix of one image `x`
+/// `[channels, height, width]`: the input value under tap `(c, ky, kx)` of every window, zero
+/// in the padding.
+fn column_row(x: &[f32], s: &Conv2d, [oh, ow]: [usize; 2], tap: usize, row: &mut [f32]) {
+    let [kh, kw] = s.kernel;
+    let [sh, sw] = s.stride;
+    let [ph, pw] = s.padding;
+    let (c, ky, kx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+    // Columns ox whose input column ox · sw + kx − pw lies inside the image.
+    let first = pw.saturating_sub(kx).div_ceil(sw);
+    let last = (s.width + pw)
+        .checked_sub(kx + 1)
+        .map_or(0, |m| m / sw + 1)
+        .min(ow);
+    for (oy, dst) in row.chunks_exact_mut(ow).take(oh).enumerate() {
+        let iy = oy * sh + ky;
+        if iy < ph || iy - ph >= s.height || first >= last {
+            dst.fill(0.0);
+            continue;
+        }
+        let src = &x[(c * s.height + iy - ph) * s.width..][..s.width];
+        dst[..first].fill(0.0);
+        dst[last..].fill(0.0);
+        let start = first * sw + kx - pw;
+        if sw == 1 {
+            dst[first..last].copy_from_slice(&src[start..start + (last - first)]);
+        } else {
+            for (d, v) in dst[first..last]
+                .iter_mut()
+                .zip(src[start..].iter().step_by(sw))
+            {
+                *d = *v;
+            }
+        }
+    }
+}
+
+/// `activation(conv(x) + bias)` for `x` `[batch, channels, height, width]` and PyTorch's weight
+/// `w` `[out, channels, kh, kw]`: returns `[batch, out, oh, ow]` (see [`Conv2d::out_size`]). Each
+/// image is one product of the weight with its column matrix (built in parallel, one row per
+/// tap), or with the image itself for a 1 × 1 kernel of stride 1 without padding.
+///
+/// # Panics
+/// When a slice's length does not match the shape, or the shape has no output.
+pub fn conv2d(
+    x: &[f32],
+    shape: Conv2d,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    activation: EpilogueActivation,
+) -> Vec<f32> {
+    let [oh, ow] = shape.out_size().expect("conv2d: the shape has no output");
+    let Conv2d {
+        batch,
+        channels,
+        height,
+        width,
+        out_channels: out,
+        kernel: [kh, kw],
+        ..
+    } = shape;
+    let (image, positions, taps) = (channels * height * width, oh * ow, channels * kh * kw);
+    assert_eq!(
+        x.len(),
+        batch * image,
+        "conv2d: input is not [batch, channels, height, width]"
+    );
+    assert_eq!(
+        w.len(),
+        out * taps,
+        "conv2d: weight is not [out, channels, kh, kw]"
+    );
+    assert!(
+        bias.is_none_or(|b| b.len() == out),
+        "conv2d: bias is not [out]"
+    );
+    let direct = [kh, kw] == [1, 1] && shape.stride == [1, 1] && shape.padding == [0, 0];
+    let mut columns = if direct {
+        Vec::new()
+    } else {
+        vec![0f32; taps * positions]
+    };
+    let mut y: Vec<f32> = Vec::with_capacity(batch * out * positions);
+    let parallelism = if out * positions * taps >= crate::PARALLEL_THRESHOLD * 16 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    for b in 0..batch {
+        let xb = &x[b * image..][..image];
+        let rhs: &[f32] = if direct {
+            xb
+        } else {
+            columns
+                .par_chunks_mut(positions.max(1))
+                .enumerate()
+                .for_each(|(tap, row)| column_row(xb, &shape, [oh, ow], tap, row));
+            &columns
+        };
+        if out * positions == 0 || taps == 0 {
+            continue;
+        }
+        // SAFETY: `y` has capacity for batch × out × positions values and image b's
+        // out × positions block is written whole (read_dst = false) before the length is set;
+        // `w` is [out, taps] and `rhs` [taps, positions], both row-major.
+        unsafe {
+            gemm::gemm(
+                out,
+                positions,
+                taps,
+                y.as_mut_ptr().add(b * out * positions),
+                1,
+                positions as isize,
+                false,
+                w.as_ptr(),
+                1,
+                taps as isize,
+                rhs.as_ptr(),
+                1,
+                positions as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    }
+    if taps == 0 {
+        y.resize(batch * out * positions, 0.0);
+    } else {
+        // SAFETY: every image's block was written above.
+        unsafe { y.set_len(batch * out * positions) };
+    }
+    if (bias.is_some() || activation != EpilogueActivation::Identity) && positions > 0 {
+        y.par_chunks_mut(positions)
+            .enumerate()
+            .for_each(|(i, row)| {
+                if let Some(bias) = bias {
+                    let v = bias[i % out];
+                    row.iter_mut().for_each(|x| *x += v);
+                }
+                finish_rows(row, positions, None, None, activation);
+            });
+    }
+    y
+}
+
 multiversion! {
     /// `v · scale + shift` per channel over rows of `scale.len()` values.
     fn scale_shift_rows(rows: &mut [f32], scale: &[f32], shift: &[f32]) {
@@ -372,6 +556,107 @@ mod tests {
                 assert!((f64::from(*g) - w.max(0.0)).abs() < 1e-4, "{s:?} relu");
             }
         }
+    }
+
+    #[test]
+    fn image_convolutions_match_the_definition() {
+        // (batch, channels, height, width, out, [kh, kw], [sh, sw], [ph, pw]): a ResNet stem,
+        // 3 × 3 of stride 1 and 2, 1 × 1 direct and strided, a kernel wider than the image with
+        // padding, uneven strides and padding.
+        let shapes = [
+            (1, 3, 19, 17, 4, [7, 7], [2, 2], [3, 3]),
+            (2, 5, 9, 8, 6, [3, 3], [1, 1], [1, 1]),
+            (1, 4, 9, 11, 3, [3, 3], [2, 2], [1, 1]),
+            (2, 6, 5, 7, 5, [1, 1], [1, 1], [0, 0]),
+            (1, 6, 7, 7, 5, [1, 1], [2, 2], [0, 0]),
+            (1, 2, 3, 2, 3, [3, 5], [1, 1], [1, 2]),
+            (1, 3, 10, 9, 2, [2, 3], [3, 2], [0, 1]),
+        ];
+        for (batch, channels, height, width, out, kernel, stride, padding) in shapes {
+            let s = Conv2d {
+                batch,
+                channels,
+                height,
+                width,
+                out_channels: out,
+                kernel,
+                stride,
+                padding,
+            };
+            let [oh, ow] = s.out_size().unwrap();
+            let taps = channels * kernel[0] * kernel[1];
+            let x: Vec<f32> = (0..batch * channels * height * width)
+                .map(|i| ((i * 37) % 23) as f32 * 0.1 - 1.1)
+                .collect();
+            let w: Vec<f32> = (0..out * taps)
+                .map(|i| ((i * 11) % 17) as f32 * 0.05 - 0.4)
+                .collect();
+            let bias: Vec<f32> = (0..out).map(|i| i as f32 * 0.1 - 0.3).collect();
+            let got = conv2d(&x, s, &w, Some(&bias), EpilogueActivation::Identity);
+            let relu = conv2d(&x, s, &w, Some(&bias), EpilogueActivation::Relu);
+            for (r, g) in relu.iter().zip(&got) {
+                assert_eq!(*r, g.max(0.0), "{s:?} relu");
+            }
+            assert_eq!(got.len(), batch * out * oh * ow, "{s:?}");
+            for b in 0..batch {
+                for o in 0..out {
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            let mut want = f64::from(bias[o]);
+                            for c in 0..channels {
+                                for ky in 0..kernel[0] {
+                                    for kx in 0..kernel[1] {
+                                        let iy =
+                                            (oy * stride[0] + ky) as isize - padding[0] as isize;
+                                        let ix =
+                                            (ox * stride[1] + kx) as isize - padding[1] as isize;
+                                        if iy < 0
+                                            || ix < 0
+                                            || iy as usize >= height
+                                            || ix as usize >= width
+                                        {
+                                            continue;
+                                        }
+                                        let xv = x[((b * channels + c) * height + iy as usize)
+                                            * width
+                                            + ix as usize];
+                                        let wv = w[((o * channels + c) * kernel[0] + ky)
+                                            * kernel[1]
+                                            + kx];
+                                        want += f64::from(xv) * f64::from(wv);
+                                    }
+                                }
+                            }
+                            let g = got[((b * out + o) * oh + oy) * ow + ox];
+                            assert!(
+                                (f64::from(g) - want).abs() < 1e-4,
+                                "{s:?} ({b}, {o}, {oy}, {ox}): {g} against {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let none = Conv2d {
+            batch: 1,
+            channels: 1,
+            height: 2,
+            width: 2,
+            out_channels: 1,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [0, 0],
+        };
+        assert_eq!(none.out_size(), None);
+        assert_eq!(
+            Conv2d {
+                stride: [0, 1],
+                padding: [1, 1],
+                ..none
+            }
+            .out_size(),
+            None
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ mod qlinear;
 pub use amx::{amx_support, AmxSupport};
 pub use attention::{attention, StridedView};
 pub use bf16linear::{linear_bf16, round_bf16, Bf16Isa, PackedBf16};
-pub use conv::{channel_norm, conv1d, Conv1d};
+pub use conv::{channel_norm, conv1d, conv2d, Conv1d, Conv2d};
 pub use ggml::{
     bf16_to_f32, dequantize_row, f16_to_f32, ggml_isa, linear_ggml, linear_ggml_with, BlockType,
     GgmlBlocks, GgmlError, GgmlPath, PANEL_MIN_ROWS, PANEL_MIN_ROWS_FLOAT, QK_K,

@@ -14,7 +14,7 @@
 use burn::tensor::{backend::Backend, ops::ConvOptions, Tensor};
 use ipfs_accelerate_core::{Error, Result};
 
-use crate::VarBuilder;
+use crate::{Activation, ActivationForward, VarBuilder};
 
 /// The geometry of an N-d convolution: PyTorch's `stride`, `padding` (zeros, both sides),
 /// `dilation`, `groups` and `bias` arguments. [`ConvParams::default`] is stride 1, no padding,
@@ -239,14 +239,64 @@ impl<B: Backend> Conv1d<B> {
 
 impl<B: Backend> Conv2d<B> {
     /// `[batch, in, h, w]` → `[batch, out, h', w']`. The caller guarantees `in` equals
-    /// [`Conv::in_channels`] and the input is at least as large as the dilated kernel.
+    /// [`Conv::in_channels`] and the input is at least as large as the dilated kernel. On the
+    /// CPU backend a convolution of one group without dilation is one product per image with
+    /// its column matrix (`fast::conv2d`).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        crate::exact::conv2d(
+        self.forward_act(x, None)
+    }
+
+    /// `act(self.forward(x))`, with the activation applied in the bias pass on the CPU backend.
+    pub fn forward_act(&self, x: Tensor<B, 4>, act: Option<Activation>) -> Tensor<B, 4> {
+        let p = &self.params;
+        if p.groups == 1 && p.dilation == [1, 1] {
+            let geometry = [p.stride, p.padding];
+            let bias = self.bias.as_ref();
+            if let Some(y) = crate::fast::conv2d(&x, &self.weight, bias, geometry, act) {
+                return y;
+            }
+        }
+        let y = crate::exact::conv2d(
             x,
             self.weight.clone(),
             self.bias.clone(),
             self.params.burn_options(),
-        )
+        );
+        match act {
+            Some(act) => act.forward(y),
+            None => y,
+        }
+    }
+}
+
+impl<B: Backend, const N: usize, const W: usize> Conv<B, N, W> {
+    /// This convolution followed by `norm`, as one convolution: each output channel's weights
+    /// and bias scaled by the norm's scale, its shift added to the bias (`conv(x) · s + t =
+    /// conv_{w·s, b·s + t}(x)`; PyTorch's `fuse_conv_bn_eval`). A norm of another channel count
+    /// is an error.
+    pub fn with_norm_folded(self, norm: &FrozenBatchNorm<B>) -> Result<Self> {
+        let out = self.out_channels();
+        if norm.channels() != out {
+            return Err(Error::InvalidInput(format!(
+                "a batch norm of {} channels after a convolution of {out}",
+                norm.channels()
+            )));
+        }
+        let mut shape = [1usize; W];
+        shape[0] = out;
+        let weight = self.weight * norm.scale.clone().reshape(shape);
+        let bias = match self.bias {
+            Some(b) => b * norm.scale.clone() + norm.shift.clone(),
+            None => norm.shift.clone(),
+        };
+        Ok(Conv {
+            weight,
+            bias: Some(bias),
+            params: ConvParams {
+                bias: true,
+                ..self.params
+            },
+        })
     }
 }
 
@@ -589,6 +639,91 @@ mod tests {
             }
         }
         (out, [b, o, oh, ow])
+    }
+
+    /// One group without dilation: the CPU's product with a column matrix (and the direct
+    /// product for a 1 × 1 kernel).
+    #[test]
+    fn conv2d_of_one_group_matches_naive() {
+        let dev = Default::default();
+        for (k, stride, padding) in [(3, 2, 1), (1, 1, 0), (7, 2, 3)] {
+            let (b, c, h, w, o) = (2, 3, 9, 8, 5);
+            let p = ConvParams::<2>::default()
+                .with_stride(stride)
+                .with_padding(padding);
+            let (x, wt, bias) = (
+                values(b * c * h * w, 4),
+                values(o * c * k * k, 5),
+                values(o, 6),
+            );
+            let conv = Conv2d::<Flex>::from_tensors(
+                Tensor::from_data(TensorData::new(wt.clone(), [o, c, k, k]), &dev),
+                Some(Tensor::from_data(TensorData::new(bias.clone(), [o]), &dev)),
+                p,
+            )
+            .unwrap();
+            let got = conv.forward(Tensor::from_data(
+                TensorData::new(x.clone(), [b, c, h, w]),
+                &dev,
+            ));
+            let (want, shape) = naive_conv2d(&x, [b, c, h, w], &wt, [o, c, k, k], &bias, &p);
+            assert_eq!(got.dims(), shape);
+            let got = got.into_data().to_vec::<f32>().unwrap();
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-4, "k {k}: max diff {diff}");
+        }
+    }
+
+    /// A frozen batch norm folded into the convolution before it gives the pair's output, and
+    /// the fused activation its activation.
+    #[test]
+    fn a_folded_norm_is_the_convolution_then_the_norm() {
+        let dev = Default::default();
+        let (b, c, h, w, o, k) = (2, 3, 6, 5, 4, 3);
+        let p = ConvParams::<2>::default().with_padding(1);
+        let t = |v: Vec<f32>, n: usize| Tensor::<Flex, 1>::from_data(TensorData::new(v, [n]), &dev);
+        let conv = Conv2d::<Flex>::from_tensors(
+            Tensor::from_data(
+                TensorData::new(values(o * c * k * k, 7), [o, c, k, k]),
+                &dev,
+            ),
+            Some(t(values(o, 8), o)),
+            p,
+        )
+        .unwrap();
+        let variance: Vec<f32> = values(o, 9).iter().map(|v| v.abs() + 0.5).collect();
+        let norm = FrozenBatchNorm::from_tensors(
+            t(values(o, 10), o),
+            t(values(o, 11), o),
+            t(values(o, 12), o),
+            t(variance, o),
+            1e-5,
+        );
+        let x = Tensor::<Flex, 4>::from_data(
+            TensorData::new(values(b * c * h * w, 13), [b, c, h, w]),
+            &dev,
+        );
+        let want = Activation::Relu.forward(norm.forward(conv.forward(x.clone())));
+        let folded = conv.clone().with_norm_folded(&norm).unwrap();
+        let got = folded.forward_act(x, Some(Activation::Relu));
+        let diff = (got - want).abs().max().into_scalar();
+        assert!(diff < 1e-5, "{diff}");
+        let other = FrozenBatchNorm::from_tensors(
+            t(vec![1.0; 2], 2),
+            t(vec![0.0; 2], 2),
+            t(vec![0.0; 2], 2),
+            t(vec![1.0; 2], 2),
+            1e-5,
+        );
+        let err = conv.with_norm_folded(&other).unwrap_err().to_string();
+        assert!(
+            err.contains("2 channels") && err.contains("convolution of 4"),
+            "{err}"
+        );
     }
 
     #[test]

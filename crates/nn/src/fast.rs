@@ -28,10 +28,11 @@ pub fn enabled() -> bool {
     })
 }
 
-/// Whether the convolutions of audio front ends run as products over their input's windows
-/// (`kernels::conv1d`, channels last, and the fused per-channel norm): on with the kernels,
-/// unless `IPFS_ACCELERATE_CPU_CONV` is `0` / `false` / `off` (burn-flex's convolution then
-/// runs, to compare), read once.
+/// Whether convolutions run on the kernels' products: the audio front ends' over their input's
+/// windows (`kernels::conv1d`, channels last, with the fused per-channel norm) and images'
+/// with a column matrix per image (`kernels::conv2d`). On with the kernels, unless
+/// `IPFS_ACCELERATE_CPU_CONV` is `0` / `false` / `off` (burn-flex's convolutions then run, to
+/// compare); read once.
 fn windowed_convolutions() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
@@ -348,6 +349,57 @@ pub(crate) fn conv1d<B: Backend>(
         activation,
     );
     Some(from_flex(new_flex(y, vec![batch, out_length, out])))
+}
+
+/// `act(conv(x) + bias)` for `x` `[batch, in, height, width]` and PyTorch's weight
+/// `[out, in, kh, kw]` (one group, no dilation) through the kernels' product with a column
+/// matrix per image (`kernels::conv2d`), or `None` (inputs untouched) when the fast path does
+/// not apply.
+pub(crate) fn conv2d<B: Backend>(
+    x: &Tensor<B, 4>,
+    w: &Tensor<B, 4>,
+    bias: Option<&Tensor<B, 1>>,
+    [stride, padding]: [[usize; 2]; 2],
+    act: Option<Activation>,
+) -> Option<Tensor<B, 4>> {
+    if !(eligible(x) && eligible(w) && bias.is_none_or(eligible) && windowed_convolutions()) {
+        return None;
+    }
+    let activation = epilogue_activation(act)?;
+    let [batch, channels, height, width] = x.dims();
+    let [out, in_channels, kh, kw] = w.dims();
+    let shape = kernels::Conv2d {
+        batch,
+        channels,
+        height,
+        width,
+        out_channels: out,
+        kernel: [kh, kw],
+        stride,
+        padding,
+    };
+    let [oh, ow] = shape.out_size()?;
+    if in_channels != channels || bias.is_some_and(|b| b.dims() != [out]) {
+        return None;
+    }
+    let x = contiguous(into_flex(x.clone())?);
+    let w = contiguous(into_flex(w.clone())?);
+    let bias = match bias {
+        Some(b) => Some(contiguous(into_flex(b.clone())?)),
+        None => None,
+    };
+    let bias = match &bias {
+        Some(b) => Some(b.as_slice::<f32>()?),
+        None => None,
+    };
+    let y = kernels::conv2d(
+        x.as_slice::<f32>()?,
+        shape,
+        w.as_slice::<f32>()?,
+        bias,
+        activation,
+    );
+    Some(from_flex(new_flex(y, vec![batch, out, oh, ow])))
 }
 
 /// Each channel of channels-last `x` `[batch, length, channels]` normalised over its frames,

@@ -11,10 +11,10 @@ use ipfs_accelerate_nn::{
 
 use crate::config::{ResNetConfig, ResNetLayerType, BATCH_NORM_EPS};
 
-/// `ResNetConvLayer`: conv (no bias, padding `k / 2`) → frozen batch norm → optional activation.
+/// `ResNetConvLayer`: conv (no bias, padding `k / 2`) → frozen batch norm → optional activation,
+/// the norm folded into the convolution at load time ([`Conv2d::with_norm_folded`]).
 struct ConvLayer<B: Backend> {
     conv: Conv2d<B>,
-    norm: FrozenBatchNorm<B>,
     act: Option<Activation>,
 }
 
@@ -31,19 +31,16 @@ impl<B: Backend> ConvLayer<B> {
             .with_stride(stride)
             .with_padding(kernel / 2)
             .with_bias(false);
+        let conv = Conv2d::load(&vb.pp("convolution"), in_ch, out_ch, [kernel; 2], params)?;
+        let norm = FrozenBatchNorm::load(&vb.pp("normalization"), out_ch, BATCH_NORM_EPS)?;
         Ok(ConvLayer {
-            conv: Conv2d::load(&vb.pp("convolution"), in_ch, out_ch, [kernel; 2], params)?,
-            norm: FrozenBatchNorm::load(&vb.pp("normalization"), out_ch, BATCH_NORM_EPS)?,
+            conv: conv.with_norm_folded(&norm)?,
             act,
         })
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let y = self.norm.forward(self.conv.forward(x));
-        match self.act {
-            Some(a) => a.forward(y),
-            None => y,
-        }
+        self.conv.forward_act(x, self.act)
     }
 }
 
