@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use crate::linear::{finish_parallel, finish_rows, EpilogueActivation};
+use crate::linear::{finish_parallel, finish_rows, product, EpilogueActivation};
 
 /// The shape of a 1-D convolution over channels-last values `[batch, length, channels]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,25 +169,11 @@ pub fn conv1d(
             // columns g · per_group_out .. + per_group_out of `y` (capacity rows × out), which
             // no other task writes, without reading them (`read_dst = false`).
             unsafe {
-                gemm::gemm(
-                    out_length,
-                    per_group_out,
-                    taps,
-                    dst.at(b * out_length * out + g * per_group_out),
-                    1,
-                    out as isize,
-                    false,
-                    lhs.as_ptr(),
-                    1,
-                    (stride * per_group_in) as isize,
-                    rhs.as_ptr(),
-                    1,
-                    per_group_out as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
+                product(
+                    [out_length, per_group_out, taps],
+                    (dst.at(b * out_length * out + g * per_group_out), out),
+                    (lhs.as_ptr(), stride * per_group_in),
+                    (rhs.as_ptr(), per_group_out),
                     inner,
                 );
             }
@@ -344,25 +330,11 @@ pub fn conv2d(
         // out × positions block is written whole (read_dst = false) before the length is set;
         // `w` is [out, taps] and `rhs` [taps, positions], both row-major.
         unsafe {
-            gemm::gemm(
-                out,
-                positions,
-                taps,
-                y.as_mut_ptr().add(b * out * positions),
-                1,
-                positions as isize,
-                false,
-                w.as_ptr(),
-                1,
-                taps as isize,
-                rhs.as_ptr(),
-                1,
-                positions as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
+            product(
+                [out, positions, taps],
+                (y.as_mut_ptr().add(b * out * positions), positions),
+                (w.as_ptr(), taps),
+                (rhs.as_ptr(), positions),
                 parallelism,
             );
         }

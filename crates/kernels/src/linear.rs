@@ -121,25 +121,11 @@ pub fn linear(
         // reading (`read_dst = false`) before the length is set; `x` and `w` hold rows × k and
         // k × n values with the strides given.
         unsafe {
-            gemm::gemm(
-                rows,
-                n,
-                k,
-                out.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                x.as_ptr(),
-                1,
-                k as isize,
-                w.as_ptr(),
-                1,
-                n as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
+            product(
+                [rows, n, k],
+                (out.as_mut_ptr(), n),
+                (x.as_ptr(), k),
+                (w.as_ptr(), n),
                 parallelism,
             );
             out.set_len(rows * n);
@@ -147,6 +133,47 @@ pub fn linear(
     }
     finish_parallel(&mut out, rows, n, bias, residual, activation);
     out
+}
+
+/// `dst = lhs · rhs` through `gemm`, each matrix row-major with unit column stride and its row
+/// stride given beside its pointer: `lhs` `[m, k]`, `rhs` `[k, n]`, `dst` `[m, n]`, written
+/// without being read.
+///
+/// # Safety
+/// `lhs` must be valid for reads of `(m − 1) · lhs_rs + k` values, `rhs` of
+/// `(k − 1) · rhs_rs + n`, `dst` for writes of `(m − 1) · dst_rs + n`, and nothing else may
+/// access what `dst` covers meanwhile.
+pub(crate) unsafe fn product(
+    [m, n, k]: [usize; 3],
+    (dst, dst_rs): (*mut f32, usize),
+    (lhs, lhs_rs): (*const f32, usize),
+    (rhs, rhs_rs): (*const f32, usize),
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: the caller's contract is gemm's for these strides.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            false,
+            lhs,
+            1,
+            lhs_rs as isize,
+            rhs,
+            1,
+            rhs_rs as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
 }
 
 /// [`finish_rows`] over `rows` rows of `n` values, split across rayon's threads when large.

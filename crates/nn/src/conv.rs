@@ -641,39 +641,50 @@ mod tests {
         (out, [b, o, oh, ow])
     }
 
+    /// The largest difference between a `Conv2d` of values from `seed` and `naive_conv2d`.
+    fn against_naive(
+        [b, c, h, w]: [usize; 4],
+        o: usize,
+        k: usize,
+        p: ConvParams<2>,
+        seed: usize,
+    ) -> f32 {
+        let dev = Default::default();
+        let cg = c / p.groups;
+        let (x, wt, bias) = (
+            values(b * c * h * w, seed),
+            values(o * cg * k * k, seed + 1),
+            values(o, seed + 2),
+        );
+        let conv = Conv2d::<Flex>::from_tensors(
+            Tensor::from_data(TensorData::new(wt.clone(), [o, cg, k, k]), &dev),
+            Some(Tensor::from_data(TensorData::new(bias.clone(), [o]), &dev)),
+            p,
+        )
+        .unwrap();
+        assert_eq!(conv.in_channels(), c);
+        let got = conv.forward(Tensor::from_data(
+            TensorData::new(x.clone(), [b, c, h, w]),
+            &dev,
+        ));
+        let (want, shape) = naive_conv2d(&x, [b, c, h, w], &wt, [o, cg, k, k], &bias, &p);
+        assert_eq!(got.dims(), shape);
+        let got = got.into_data().to_vec::<f32>().unwrap();
+        got.iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+    }
+
     /// One group without dilation: the CPU's product with a column matrix (and the direct
     /// product for a 1 × 1 kernel).
     #[test]
     fn conv2d_of_one_group_matches_naive() {
-        let dev = Default::default();
         for (k, stride, padding) in [(3, 2, 1), (1, 1, 0), (7, 2, 3)] {
-            let (b, c, h, w, o) = (2, 3, 9, 8, 5);
             let p = ConvParams::<2>::default()
                 .with_stride(stride)
                 .with_padding(padding);
-            let (x, wt, bias) = (
-                values(b * c * h * w, 4),
-                values(o * c * k * k, 5),
-                values(o, 6),
-            );
-            let conv = Conv2d::<Flex>::from_tensors(
-                Tensor::from_data(TensorData::new(wt.clone(), [o, c, k, k]), &dev),
-                Some(Tensor::from_data(TensorData::new(bias.clone(), [o]), &dev)),
-                p,
-            )
-            .unwrap();
-            let got = conv.forward(Tensor::from_data(
-                TensorData::new(x.clone(), [b, c, h, w]),
-                &dev,
-            ));
-            let (want, shape) = naive_conv2d(&x, [b, c, h, w], &wt, [o, c, k, k], &bias, &p);
-            assert_eq!(got.dims(), shape);
-            let got = got.into_data().to_vec::<f32>().unwrap();
-            let diff = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let diff = against_naive([2, 3, 9, 8], 5, k, p, 4);
             assert!(diff < 1e-4, "k {k}: max diff {diff}");
         }
     }
@@ -728,35 +739,12 @@ mod tests {
 
     #[test]
     fn conv2d_matches_naive_with_stride_padding_dilation_groups() {
-        let dev = Default::default();
-        let (b, c, h, w, o, k) = (2, 4, 7, 6, 6, 3);
         let p = ConvParams::<2>::default()
             .with_stride(2)
             .with_padding(2)
             .with_dilation(2)
             .with_groups(2);
-        let x = values(b * c * h * w, 1);
-        let wt = values(o * (c / 2) * k * k, 2);
-        let bias = values(o, 3);
-        let conv = Conv2d::<Flex>::from_tensors(
-            Tensor::from_data(TensorData::new(wt.clone(), [o, c / 2, k, k]), &dev),
-            Some(Tensor::from_data(TensorData::new(bias.clone(), [o]), &dev)),
-            p,
-        )
-        .unwrap();
-        assert_eq!(conv.in_channels(), c);
-        let got = conv.forward(Tensor::from_data(
-            TensorData::new(x.clone(), [b, c, h, w]),
-            &dev,
-        ));
-        let (want, shape) = naive_conv2d(&x, [b, c, h, w], &wt, [o, c / 2, k, k], &bias, &p);
-        assert_eq!(got.dims(), shape);
-        let got = got.into_data().to_vec::<f32>().unwrap();
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let diff = against_naive([2, 4, 7, 6], 6, 3, p, 1);
         assert!(diff < 1e-4, "max diff {diff}");
     }
 

@@ -331,6 +331,20 @@ pub(crate) fn conv1d<B: Backend>(
     if taps != channels / groups * kernel || bias.is_some_and(|b| b.dims() != [out]) {
         return None;
     }
+    let y = on_values(x, w, bias, |x, w, b| {
+        kernels::conv1d(x, shape, w, b, activation)
+    })?;
+    Some(from_flex(new_flex(y, vec![batch, out_length, out])))
+}
+
+/// `f` on the f32 values of `x`, `w` and `bias` (copied only where a layout is strided), or
+/// `None` for a quantized tensor.
+fn on_values<B: Backend, const D: usize, const E: usize, R>(
+    x: &Tensor<B, D>,
+    w: &Tensor<B, E>,
+    bias: Option<&Tensor<B, 1>>,
+    f: impl FnOnce(&[f32], &[f32], Option<&[f32]>) -> R,
+) -> Option<R> {
     let x = contiguous(into_flex(x.clone())?);
     let w = contiguous(into_flex(w.clone())?);
     let bias = match bias {
@@ -341,14 +355,7 @@ pub(crate) fn conv1d<B: Backend>(
         Some(b) => Some(b.as_slice::<f32>()?),
         None => None,
     };
-    let y = kernels::conv1d(
-        x.as_slice::<f32>()?,
-        shape,
-        w.as_slice::<f32>()?,
-        bias,
-        activation,
-    );
-    Some(from_flex(new_flex(y, vec![batch, out_length, out])))
+    Some(f(x.as_slice::<f32>()?, w.as_slice::<f32>()?, bias))
 }
 
 /// `act(conv(x) + bias)` for `x` `[batch, in, height, width]` and PyTorch's weight
@@ -382,23 +389,9 @@ pub(crate) fn conv2d<B: Backend>(
     if in_channels != channels || bias.is_some_and(|b| b.dims() != [out]) {
         return None;
     }
-    let x = contiguous(into_flex(x.clone())?);
-    let w = contiguous(into_flex(w.clone())?);
-    let bias = match bias {
-        Some(b) => Some(contiguous(into_flex(b.clone())?)),
-        None => None,
-    };
-    let bias = match &bias {
-        Some(b) => Some(b.as_slice::<f32>()?),
-        None => None,
-    };
-    let y = kernels::conv2d(
-        x.as_slice::<f32>()?,
-        shape,
-        w.as_slice::<f32>()?,
-        bias,
-        activation,
-    );
+    let y = on_values(x, w, bias, |x, w, b| {
+        kernels::conv2d(x, shape, w, b, activation)
+    })?;
     Some(from_flex(new_flex(y, vec![batch, out, oh, ow])))
 }
 
