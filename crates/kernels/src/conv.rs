@@ -261,8 +261,9 @@ fn column_row(x: &[f32], s: &Conv2d, [oh, ow]: [usize; 2], tap: usize, row: &mut
     }
 }
 
-/// `activation(conv(x) + bias)` for `x` `[batch, channels, height, width]` and PyTorch's weight
-/// `w` `[out, channels, kh, kw]`: returns `[batch, out, oh, ow]` (see [`Conv2d::out_size`]). Each
+/// `activation(conv(x) + bias + residual)` for `x` `[batch, channels, height, width]` and
+/// PyTorch's weight `w` `[out, channels, kh, kw]`: returns `[batch, out, oh, ow]` (see
+/// [`Conv2d::out_size`]), the shape `residual` must have. Each
 /// image is one product of the weight with its column matrix (built in parallel, one row per
 /// tap), or with the image itself for a 1 × 1 kernel of stride 1 without padding.
 ///
@@ -273,6 +274,7 @@ pub fn conv2d(
     shape: Conv2d,
     w: &[f32],
     bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
     activation: EpilogueActivation,
 ) -> Vec<f32> {
     let [oh, ow] = shape.out_size().expect("conv2d: the shape has no output");
@@ -299,6 +301,10 @@ pub fn conv2d(
     assert!(
         bias.is_none_or(|b| b.len() == out),
         "conv2d: bias is not [out]"
+    );
+    assert!(
+        residual.is_none_or(|r| r.len() == batch * out * oh * ow),
+        "conv2d: residual is not [batch, out, oh, ow]"
     );
     let direct = [kh, kw] == [1, 1] && shape.stride == [1, 1] && shape.padding == [0, 0];
     let mut columns = if direct {
@@ -345,7 +351,8 @@ pub fn conv2d(
         // SAFETY: every image's block was written above.
         unsafe { y.set_len(batch * out * positions) };
     }
-    if (bias.is_some() || activation != EpilogueActivation::Identity) && positions > 0 {
+    let idle = bias.is_none() && residual.is_none() && activation == EpilogueActivation::Identity;
+    if !idle && positions > 0 {
         y.par_chunks_mut(positions)
             .enumerate()
             .for_each(|(i, row)| {
@@ -353,7 +360,8 @@ pub fn conv2d(
                     let v = bias[i % out];
                     row.iter_mut().for_each(|x| *x += v);
                 }
-                finish_rows(row, positions, None, None, activation);
+                let res = residual.map(|r| &r[i * positions..][..positions]);
+                finish_rows(row, positions, None, res, activation);
             });
     }
     y
@@ -564,10 +572,21 @@ mod tests {
                 .map(|i| ((i * 11) % 17) as f32 * 0.05 - 0.4)
                 .collect();
             let bias: Vec<f32> = (0..out).map(|i| i as f32 * 0.1 - 0.3).collect();
-            let got = conv2d(&x, s, &w, Some(&bias), EpilogueActivation::Identity);
-            let relu = conv2d(&x, s, &w, Some(&bias), EpilogueActivation::Relu);
-            for (r, g) in relu.iter().zip(&got) {
-                assert_eq!(*r, g.max(0.0), "{s:?} relu");
+            let got = conv2d(&x, s, &w, Some(&bias), None, EpilogueActivation::Identity);
+            let residual: Vec<f32> = (0..got.len()).map(|i| (i % 7) as f32 * 0.3 - 0.9).collect();
+            let relu = conv2d(
+                &x,
+                s,
+                &w,
+                Some(&bias),
+                Some(&residual),
+                EpilogueActivation::Relu,
+            );
+            for ((r, g), res) in relu.iter().zip(&got).zip(&residual) {
+                assert!(
+                    (r - (g + res).max(0.0)).abs() < 1e-6,
+                    "{s:?} residual + relu"
+                );
             }
             assert_eq!(got.len(), batch * out * oh * ow, "{s:?}");
             for b in 0..batch {

@@ -243,25 +243,48 @@ impl<B: Backend> Conv2d<B> {
     /// CPU backend a convolution of one group without dilation is one product per image with
     /// its column matrix (`fast::conv2d`).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.forward_act(x, None)
+        self.forward_fused(x, None, None)
     }
 
     /// `act(self.forward(x))`, with the activation applied in the bias pass on the CPU backend.
     pub fn forward_act(&self, x: Tensor<B, 4>, act: Option<Activation>) -> Tensor<B, 4> {
+        self.forward_fused(x, None, act)
+    }
+
+    /// `act(self.forward(x) + residual)` (a residual connection of the output's shape), with the
+    /// add and the activation in the bias pass on the CPU backend.
+    pub fn forward_add_act(
+        &self,
+        x: Tensor<B, 4>,
+        residual: Tensor<B, 4>,
+        act: Activation,
+    ) -> Tensor<B, 4> {
+        self.forward_fused(x, Some(residual), Some(act))
+    }
+
+    fn forward_fused(
+        &self,
+        x: Tensor<B, 4>,
+        residual: Option<Tensor<B, 4>>,
+        act: Option<Activation>,
+    ) -> Tensor<B, 4> {
         let p = &self.params;
         if p.groups == 1 && p.dilation == [1, 1] {
             let geometry = [p.stride, p.padding];
-            let bias = self.bias.as_ref();
-            if let Some(y) = crate::fast::conv2d(&x, &self.weight, bias, geometry, act) {
+            let (bias, res) = (self.bias.as_ref(), residual.as_ref());
+            if let Some(y) = crate::fast::conv2d(&x, &self.weight, bias, geometry, res, act) {
                 return y;
             }
         }
-        let y = crate::exact::conv2d(
+        let mut y = crate::exact::conv2d(
             x,
             self.weight.clone(),
             self.bias.clone(),
             self.params.burn_options(),
         );
+        if let Some(r) = residual {
+            y = y + r;
+        }
         match act {
             Some(act) => act.forward(y),
             None => y,
@@ -720,9 +743,15 @@ mod tests {
         );
         let want = Activation::Relu.forward(norm.forward(conv.forward(x.clone())));
         let folded = conv.clone().with_norm_folded(&norm).unwrap();
-        let got = folded.forward_act(x, Some(Activation::Relu));
+        let got = folded.forward_act(x.clone(), Some(Activation::Relu));
         let diff = (got - want).abs().max().into_scalar();
         assert!(diff < 1e-5, "{diff}");
+        let residual = norm.forward(conv.forward(x.clone())) * 0.5 - 0.25;
+        let want =
+            Activation::Relu.forward(norm.forward(conv.forward(x.clone())) + residual.clone());
+        let got = folded.forward_add_act(x, residual, Activation::Relu);
+        let diff = (got - want).abs().max().into_scalar();
+        assert!(diff < 1e-5, "residual: {diff}");
         let other = FrozenBatchNorm::from_tensors(
             t(vec![1.0; 2], 2),
             t(vec![0.0; 2], 2),

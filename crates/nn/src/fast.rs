@@ -358,7 +358,7 @@ fn on_values<B: Backend, const D: usize, const E: usize, R>(
     Some(f(x.as_slice::<f32>()?, w.as_slice::<f32>()?, bias))
 }
 
-/// `act(conv(x) + bias)` for `x` `[batch, in, height, width]` and PyTorch's weight
+/// `act(conv(x) + bias + residual)` for `x` `[batch, in, height, width]` and PyTorch's weight
 /// `[out, in, kh, kw]` (one group, no dilation) through the kernels' product with a column
 /// matrix per image (`kernels::conv2d`), or `None` (inputs untouched) when the fast path does
 /// not apply.
@@ -367,9 +367,11 @@ pub(crate) fn conv2d<B: Backend>(
     w: &Tensor<B, 4>,
     bias: Option<&Tensor<B, 1>>,
     [stride, padding]: [[usize; 2]; 2],
+    residual: Option<&Tensor<B, 4>>,
     act: Option<Activation>,
 ) -> Option<Tensor<B, 4>> {
-    if !(eligible(x) && eligible(w) && bias.is_none_or(eligible) && windowed_convolutions()) {
+    let inputs = eligible(x) && eligible(w) && bias.is_none_or(eligible);
+    if !(inputs && residual.is_none_or(eligible) && windowed_convolutions()) {
         return None;
     }
     let activation = epilogue_activation(act)?;
@@ -386,11 +388,22 @@ pub(crate) fn conv2d<B: Backend>(
         padding,
     };
     let [oh, ow] = shape.out_size()?;
-    if in_channels != channels || bias.is_some_and(|b| b.dims() != [out]) {
+    if in_channels != channels
+        || bias.is_some_and(|b| b.dims() != [out])
+        || residual.is_some_and(|r| r.dims() != [batch, out, oh, ow])
+    {
         return None;
     }
+    let residual = match residual {
+        Some(r) => Some(contiguous(into_flex(r.clone())?)),
+        None => None,
+    };
+    let residual = match &residual {
+        Some(r) => Some(r.as_slice::<f32>()?),
+        None => None,
+    };
     let y = on_values(x, w, bias, |x, w, b| {
-        kernels::conv2d(x, shape, w, b, activation)
+        kernels::conv2d(x, shape, w, b, residual, activation)
     })?;
     Some(from_flex(new_flex(y, vec![batch, out, oh, ow])))
 }

@@ -37,8 +37,9 @@ impl<B: Backend> LayerNorm<B> {
     /// Normalises each channel of channels-last `x` `[batch, length, channels]` over its frames,
     /// scales and shifts it by that channel's weight and bias, then applies `act`: a GroupNorm of
     /// one group per channel (Wav2Vec2's first feature convolution, [`crate::conv::GroupNorm`]'s
-    /// arithmetic), held as this norm's `channels`-wide weights and epsilon. One fused pass on
-    /// the CPU backend.
+    /// arithmetic), held as this norm's `channels`-wide weights and epsilon. One kernel on the
+    /// CPU backend (`kernels::channel_norm`: the statistics, then the scale, shift and
+    /// activation in place).
     pub fn forward_channels(&self, x: Tensor<B, 3>, act: Activation) -> Tensor<B, 3> {
         let x = match crate::fast::channel_norm(
             x,

@@ -106,8 +106,15 @@ impl<B: Backend> ResidualLayer<B> {
             Some(s) => s.forward(x.clone()),
             None => x.clone(),
         };
-        let y = self.convs.iter().fold(x, |h, conv| conv.forward(h));
-        self.act.forward(y + residual)
+        // The stack's last convolution has no activation of its own: the residual add and the
+        // layer's activation run in its output pass.
+        match self.convs.split_last() {
+            Some((last, first)) => {
+                let h = first.iter().fold(x, |h, conv| conv.forward(h));
+                last.conv.forward_add_act(h, residual, self.act)
+            }
+            None => self.act.forward(x + residual),
+        }
     }
 }
 
