@@ -747,4 +747,15 @@ verify_engines 40
 echo "== X-CLIP's whole fixture on cuda, f32 (vision tower on the engine; MIT and prompt generator on CubeCL)"
 timeout 240 ./xtask verify --fixtures fixtures --family xclip --backend cuda --precision f32 2>&1 | grep -v "^ *$" | tail -5
 fi
+if [ "$PART" = 46 ]; then
+# Session 34: the CPU's convolutions moved onto the kernels, with burn's convolutions kept on the channels-first
+# view elsewhere, and DETR's frozen batch norms folded into their convolutions at load. On cuda, DETR and CLAP
+# run on CubeCL (burn), so they check that fallback and the folded norms; then every engine family, as before.
+# On a fresh machine CubeCL's compiles took the whole 300 s the first call gave this step (it printed nothing);
+# a second call on the warm machine passed in 105 s (docs/data/h200-session34.log).
+echo "== DETR and CLAP on cuda (CubeCL, compiling on the machine), f32"
+timeout 540 ./xtask verify --fixtures fixtures --family detr,clap --backend cuda --precision f32 2>&1 | grep -v "^ *$" | grep -v blocks- | tail -10
+echo "== verify f32 and f16, every family's shipped fixtures (and wav2vec2/layer_*) on the cuBLAS engines"
+verify_engines 40
+fi
 ls -la $OUT
