@@ -108,6 +108,13 @@ pub fn conv1d(
         bias.is_none_or(|b| b.len() == out),
         "conv1d: bias is not [out]"
     );
+    let rows = batch * out_length;
+    if taps == 0 || rows * out == 0 {
+        // No input channels (every output is the bias), or no output at all.
+        let mut y = vec![0f32; rows * out];
+        finish_parallel(&mut y, rows, out, bias, None, activation);
+        return y;
+    }
 
     // Group g's taps in window order: row j · per_group_in + c of its [taps, per_group_out].
     let mut ordered = vec![0f32; groups * taps * per_group_out];
@@ -147,45 +154,42 @@ pub fn conv1d(
         (x, length * channels)
     };
 
-    let rows = batch * out_length;
     let mut y: Vec<f32> = Vec::with_capacity(rows * out);
-    if rows * out > 0 {
-        let tasks = batch * groups;
-        let work = out_length * taps * per_group_out;
-        let parallel_tasks = groups > 1 && tasks > 1;
-        let inner = if !parallel_tasks && work >= crate::PARALLEL_THRESHOLD * 16 {
-            gemm::Parallelism::Rayon(0)
-        } else {
-            gemm::Parallelism::None
-        };
-        let dst = SharedOut(y.as_mut_ptr());
-        let product = |task: usize| {
-            let (b, g) = (task / groups, task % groups);
-            let lhs = &source[(b * groups + g) * signal_len..][..signal_len];
-            let rhs = &ordered[g * taps * per_group_out..][..taps * per_group_out];
-            // SAFETY: window i reads lhs[i · stride · per_group_in ..][.. taps], inside `lhs`
-            // because (out_length − 1) · stride + kernel ≤ the signal's (padded) frames; rhs is
-            // [taps, per_group_out]; task (b, g) writes rows b · out_length .. + out_length,
-            // columns g · per_group_out .. + per_group_out of `y` (capacity rows × out), which
-            // no other task writes, without reading them (`read_dst = false`).
-            unsafe {
-                product(
-                    [out_length, per_group_out, taps],
-                    (dst.at(b * out_length * out + g * per_group_out), out),
-                    (lhs.as_ptr(), stride * per_group_in),
-                    (rhs.as_ptr(), per_group_out),
-                    inner,
-                );
-            }
-        };
-        if parallel_tasks {
-            (0..tasks).into_par_iter().for_each(product);
-        } else {
-            (0..tasks).for_each(product);
+    let tasks = batch * groups;
+    let work = out_length * taps * per_group_out;
+    let parallel_tasks = groups > 1 && tasks > 1;
+    let inner = if !parallel_tasks && work >= crate::PARALLEL_THRESHOLD * 16 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    let dst = SharedOut(y.as_mut_ptr());
+    let run_task = |task: usize| {
+        let (b, g) = (task / groups, task % groups);
+        let lhs = &source[(b * groups + g) * signal_len..][..signal_len];
+        let rhs = &ordered[g * taps * per_group_out..][..taps * per_group_out];
+        // SAFETY: window i reads lhs[i · stride · per_group_in ..][.. taps], inside `lhs`
+        // because (out_length − 1) · stride + kernel ≤ the signal's (padded) frames; rhs is
+        // [taps, per_group_out]; task (b, g) writes rows b · out_length .. + out_length,
+        // columns g · per_group_out .. + per_group_out of `y` (capacity rows × out), which
+        // no other task writes, without reading them (`read_dst = false`).
+        unsafe {
+            product(
+                [out_length, per_group_out, taps],
+                (dst.at(b * out_length * out + g * per_group_out), out),
+                (lhs.as_ptr(), stride * per_group_in),
+                (rhs.as_ptr(), per_group_out),
+                inner,
+            );
         }
-        // SAFETY: the tasks together wrote every one of the rows × out values.
-        unsafe { y.set_len(rows * out) };
+    };
+    if parallel_tasks {
+        (0..tasks).into_par_iter().for_each(run_task);
+    } else {
+        (0..tasks).for_each(run_task);
     }
+    // SAFETY: the tasks together wrote every one of the rows × out values.
+    unsafe { y.set_len(rows * out) };
     finish_parallel(&mut y, rows, out, bias, None, activation);
     y
 }
@@ -639,6 +643,30 @@ mod tests {
             padding: [0, 0],
         };
         assert_eq!(none.out_size(), None);
+        // No input channels: every output is the bias (and the activation of it).
+        let empty = Conv2d {
+            channels: 0,
+            padding: [1, 1],
+            ..none
+        };
+        let y = conv2d(
+            &[],
+            empty,
+            &[],
+            Some(&[-0.5]),
+            None,
+            EpilogueActivation::Relu,
+        );
+        assert_eq!(y, vec![0.0; 4]);
+        let y = conv2d(
+            &[],
+            empty,
+            &[],
+            Some(&[0.5]),
+            None,
+            EpilogueActivation::Identity,
+        );
+        assert_eq!(y, vec![0.5; 4]);
         assert_eq!(
             Conv2d {
                 stride: [0, 1],
@@ -682,6 +710,20 @@ mod tests {
             .out_length(),
             None
         );
+        // No input channels: every output is the bias.
+        let empty = Conv1d {
+            channels: 0,
+            padding: 1,
+            ..base
+        };
+        let y = conv1d(
+            &[],
+            empty,
+            &[],
+            Some(&[0.5, -1.0]),
+            EpilogueActivation::Identity,
+        );
+        assert_eq!(y, vec![0.5, -1.0, 0.5, -1.0]);
     }
 
     #[test]
