@@ -333,7 +333,6 @@ pub fn max_pool2d<B: Backend>(
     burn::tensor::module::max_pool2d(x, kernel, stride, padding, [1, 1], false)
 }
 
-/// A per-channel `[1, C, 1, ...]` view of a `[C]` vector, to broadcast over dimension 1.
 /// `nn.GroupNorm`'s arithmetic: `x` `[batch, channels, ...]` normalised over each group of
 /// `channels / groups` channels and every position (biased variance, `eps` inside the square
 /// root), then scaled by `weight` and shifted by `bias` per channel. The caller guarantees that
@@ -361,6 +360,7 @@ pub(crate) fn group_norm<B: Backend, const D: usize>(
     y
 }
 
+/// A per-channel `[1, C, 1, ...]` view of a `[C]` vector, to broadcast over dimension 1.
 fn per_channel<B: Backend, const D: usize>(v: &Tensor<B, 1>) -> Tensor<B, D> {
     let mut shape = [1usize; D];
     shape[1] = v.dims()[0];

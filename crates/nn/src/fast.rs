@@ -20,12 +20,12 @@ use crate::Activation;
 /// `off`), read once.
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("IPFS_ACCELERATE_CPU_KERNELS").as_deref(),
-            Ok("0" | "false" | "off")
-        )
-    })
+    *ON.get_or_init(|| !switched_off("IPFS_ACCELERATE_CPU_KERNELS"))
+}
+
+/// Whether the environment variable `name` is `0`, `false` or `off`.
+fn switched_off(name: &str) -> bool {
+    matches!(std::env::var(name).as_deref(), Ok("0" | "false" | "off"))
 }
 
 /// Whether convolutions run on the kernels' products: the audio front ends' over their input's
@@ -35,12 +35,7 @@ pub fn enabled() -> bool {
 /// compare); read once.
 fn windowed_convolutions() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("IPFS_ACCELERATE_CPU_CONV").as_deref(),
-            Ok("0" | "false" | "off")
-        )
-    })
+    *ON.get_or_init(|| !switched_off("IPFS_ACCELERATE_CPU_CONV"))
 }
 
 /// Whether `B` is the CPU backend (burn-flex).
@@ -81,6 +76,43 @@ fn contiguous(t: FlexTensor) -> FlexTensor {
     } else {
         t.to_contiguous()
     }
+}
+
+/// An optional tensor as a contiguous burn-flex tensor: `Some(None)` when absent, `None` when it
+/// is quantized.
+fn optional_flex<B: Backend, const D: usize>(
+    t: Option<&Tensor<B, D>>,
+) -> Option<Option<FlexTensor>> {
+    match t {
+        Some(t) => Some(Some(contiguous(into_flex(t.clone())?))),
+        None => Some(None),
+    }
+}
+
+/// The f32 values of an [`optional_flex`] tensor: `Some(None)` when absent.
+fn optional_values(t: &Option<FlexTensor>) -> Option<Option<&[f32]>> {
+    match t {
+        Some(t) => Some(Some(t.as_slice::<f32>()?)),
+        None => Some(None),
+    }
+}
+
+/// `kernel` applied in place to a burn-flex tensor of `shape` (a copy only when it shares or
+/// overhangs its storage).
+fn in_place(flex: FlexTensor, shape: Vec<usize>, kernel: impl FnOnce(&mut [f32])) -> FlexTensor {
+    let mut flex = contiguous(flex);
+    if let Some(values) = flex.try_storage_mut::<f32>() {
+        if values.len() == shape.iter().product::<usize>() {
+            kernel(values);
+            return flex;
+        }
+    }
+    let mut values = flex
+        .as_slice::<f32>()
+        .map(<[f32]>::to_vec)
+        .unwrap_or_default();
+    kernel(&mut values);
+    new_flex(values, shape)
 }
 
 /// A new contiguous f32 burn-flex tensor of `shape` holding `values`.
@@ -240,23 +272,10 @@ fn fused<B: Backend>(
         return None;
     }
     let x = contiguous(into_flex(x.clone())?);
-    let bias = match bias {
-        Some(b) => Some(contiguous(into_flex(b.clone())?)),
-        None => None,
-    };
-    let residual = match residual {
-        Some(r) => Some(contiguous(into_flex(r.clone())?)),
-        None => None,
-    };
+    let (bias, residual) = (optional_flex(bias)?, optional_flex(residual)?);
     let epilogue = Epilogue {
-        bias: match &bias {
-            Some(b) => Some(b.as_slice::<f32>()?),
-            None => None,
-        },
-        residual: match &residual {
-            Some(r) => Some(r.as_slice::<f32>()?),
-            None => None,
-        },
+        bias: optional_values(&bias)?,
+        residual: optional_values(&residual)?,
         activation,
     };
     let out = product(x.as_slice::<f32>()?, rows, epilogue)?;
@@ -284,19 +303,7 @@ pub(crate) fn activation<B: Backend, const D: usize>(
         return Err(x);
     };
     drop(x);
-    let mut flex = contiguous(flex);
-    if let Some(values) = flex.try_storage_mut::<f32>() {
-        if values.len() == shape.iter().product::<usize>() {
-            kernel(values);
-            return Ok(from_flex(flex));
-        }
-    }
-    let mut values = flex
-        .as_slice::<f32>()
-        .map(<[f32]>::to_vec)
-        .unwrap_or_default();
-    kernel(&mut values);
-    Ok(from_flex(new_flex(values, shape)))
+    Ok(from_flex(in_place(flex, shape, kernel)))
 }
 
 /// `act(conv(x) + bias)` for channels-last `x` `[batch, length, in]` and a convolution held as
@@ -347,15 +354,12 @@ fn on_values<B: Backend, const D: usize, const E: usize, R>(
 ) -> Option<R> {
     let x = contiguous(into_flex(x.clone())?);
     let w = contiguous(into_flex(w.clone())?);
-    let bias = match bias {
-        Some(b) => Some(contiguous(into_flex(b.clone())?)),
-        None => None,
-    };
-    let bias = match &bias {
-        Some(b) => Some(b.as_slice::<f32>()?),
-        None => None,
-    };
-    Some(f(x.as_slice::<f32>()?, w.as_slice::<f32>()?, bias))
+    let bias = optional_flex(bias)?;
+    Some(f(
+        x.as_slice::<f32>()?,
+        w.as_slice::<f32>()?,
+        optional_values(&bias)?,
+    ))
 }
 
 /// `act(conv(x) + bias + residual)` for `x` `[batch, in, height, width]` and PyTorch's weight
@@ -394,14 +398,8 @@ pub(crate) fn conv2d<B: Backend>(
     {
         return None;
     }
-    let residual = match residual {
-        Some(r) => Some(contiguous(into_flex(r.clone())?)),
-        None => None,
-    };
-    let residual = match &residual {
-        Some(r) => Some(r.as_slice::<f32>()?),
-        None => None,
-    };
+    let residual = optional_flex(residual)?;
+    let residual = optional_values(&residual)?;
     let y = on_values(x, w, bias, |x, w, b| {
         kernels::conv2d(x, shape, w, b, residual, activation)
     })?;
@@ -428,35 +426,22 @@ pub(crate) fn channel_norm<B: Backend>(
     let Some(activation) = epilogue_activation(act).filter(|_| fits) else {
         return Err(x);
     };
-    let Some(gamma) = into_flex(gamma.clone()).map(contiguous) else {
+    let (Some(gamma), Some(beta)) = (optional_flex(Some(gamma)), optional_flex(beta)) else {
         return Err(x);
     };
-    let beta = match beta.map(|b| into_flex(b.clone()).map(contiguous)) {
-        Some(None) => return Err(x),
-        b => b.flatten(),
-    };
-    let (Some(g), Some(flex)) = (gamma.as_slice::<f32>(), into_flex(x.clone())) else {
+    let (Some(Some(g)), Some(b), Some(flex)) = (
+        optional_values(&gamma),
+        optional_values(&beta),
+        into_flex(x.clone()),
+    ) else {
         return Err(x);
-    };
-    let b = match beta.as_ref().map(|b| b.as_slice::<f32>()) {
-        Some(None) => return Err(x),
-        b => b.flatten(),
     };
     drop(x);
     let eps = eps as f32;
-    let mut flex = contiguous(flex);
-    if let Some(values) = flex.try_storage_mut::<f32>() {
-        if values.len() == dims.iter().product::<usize>() {
-            kernels::channel_norm(values, dims, g, b, eps, activation);
-            return Ok(from_flex(flex));
-        }
-    }
-    let mut values = flex
-        .as_slice::<f32>()
-        .map(<[f32]>::to_vec)
-        .unwrap_or_default();
-    kernels::channel_norm(&mut values, dims, g, b, eps, activation);
-    Ok(from_flex(new_flex(values, dims.to_vec())))
+    let normed = in_place(flex, dims.to_vec(), |values| {
+        kernels::channel_norm(values, dims, g, b, eps, activation)
+    });
+    Ok(from_flex(normed))
 }
 
 /// A 4-D burn-flex tensor's storage as a strided view.
